@@ -1,0 +1,166 @@
+//! # ucrypt-backend: where ciphertext is stored
+//!
+//! One small trait, [`Backend`], for every kind of storage: regular files and block devices
+//! ([`file`]), a sparse ramdisk like brd ([`memory`]), a sink like dm-zero ([`zero`]) and an
+//! error-injecting wrapper for tests like dm-flakey ([`faulty`]). The decrypted view
+//! (`ucrypt_engine::Volume`) implements the same trait, so layers stack and a raw
+//! passthrough needs no special path. Knows nothing of encryption.
+//!
+//! ```text
+//!   engine::Volume ──► Arc<dyn Backend> ──► FileBackend | MemoryBackend | ZeroBackend
+//!                                                 ▲
+//!                                     FaultyBackend (wraps any)
+//! ```
+
+mod error;
+pub mod faulty;
+pub mod file;
+pub mod memory;
+pub mod testing;
+pub mod zero;
+
+pub use error::BackendError;
+
+/// How a backend supports an optional operation (nbdkit's `can_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// Not at all: callers must not call it.
+    None,
+    /// Emulated (e.g. write-zeroes as ordinary writes): correct, not faster.
+    Emulate,
+    /// Natively, cheaper than the emulation.
+    Native,
+}
+
+/// What a backend can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Flush (and FUA) make data durable; `None` means writes are durable at once or never.
+    pub flush: Support,
+    /// Discard (TRIM).
+    pub discard: Support,
+    /// Write zeroes.
+    pub write_zeroes: Support,
+    /// Refuses writes.
+    pub read_only: bool,
+}
+
+/// Sizes and capabilities of a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Smallest I/O unit that works (O_DIRECT needs the device's logical block size).
+    pub logical_block: u32,
+    /// Preferred minimum I/O unit.
+    pub physical_block: u32,
+    /// Preferred I/O size.
+    pub optimal_block: u32,
+    /// Capabilities.
+    pub caps: Caps,
+}
+
+/// One write of a batch handed to [`Backend::submit_writes`].
+#[derive(Debug)]
+pub struct WriteOp<'a> {
+    /// Byte offset.
+    pub offset: u64,
+    /// Data.
+    pub buf: &'a [u8],
+    /// Durable before completion (Force Unit Access).
+    pub fua: bool,
+}
+
+/// Storage for ciphertext (or, for a `Volume`, plaintext).
+///
+/// Offsets and lengths are bytes. Callers validate ranges against `info().size_bytes`
+/// before calling; implementations still return [`BackendError::OutOfRange`] rather than
+/// touching anything outside the device.
+pub trait Backend: Send + Sync {
+    /// Sizes and capabilities.
+    fn info(&self) -> &BackendInfo;
+
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    ///
+    /// # Errors
+    /// I/O errors, out-of-range requests.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError>;
+
+    /// Writes all of `buf` at `offset`; with `fua` the data is durable on return.
+    ///
+    /// # Errors
+    /// I/O errors, out-of-range requests, read-only backends.
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError>;
+
+    /// Makes every completed write durable.
+    ///
+    /// # Errors
+    /// I/O errors.
+    fn flush(&self) -> Result<(), BackendError>;
+
+    /// Discards a range (contents afterwards unspecified, but reads succeed).
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] unless `caps.discard` allows it.
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        let _ = (offset, len);
+        Err(BackendError::Unsupported("discard"))
+    }
+
+    /// Writes zeroes over a range.
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] unless `caps.write_zeroes` allows it.
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
+        let _ = (offset, len, fua);
+        Err(BackendError::Unsupported("write_zeroes"))
+    }
+
+    /// One plug: the device receives these writes together, in this order. The default
+    /// issues them one by one; backends with a batch interface (io_uring) override it.
+    ///
+    /// # Errors
+    /// The first failing write's error; later writes of the batch may or may not have been
+    /// issued.
+    fn submit_writes(&self, batch: &[WriteOp<'_>]) -> Result<(), BackendError> {
+        for w in batch {
+            self.write_at(w.buf, w.offset, w.fua)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `[offset, offset + len)` lies inside a device of `size` bytes.
+///
+/// # Errors
+/// [`BackendError::OutOfRange`] otherwise (including on overflow).
+pub fn check_range(offset: u64, len: u64, size: u64) -> Result<(), BackendError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(BackendError::OutOfRange { offset, len, size }),
+    }
+}
+
+impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
+    fn info(&self) -> &BackendInfo {
+        (**self).info()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+        (**self).write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        (**self).flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        (**self).discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
+        (**self).write_zeroes(offset, len, fua)
+    }
+    fn submit_writes(&self, batch: &[WriteOp<'_>]) -> Result<(), BackendError> {
+        (**self).submit_writes(batch)
+    }
+}

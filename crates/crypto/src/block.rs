@@ -1,0 +1,160 @@
+//! Block ciphers by their kernel names, behind one object-safe trait.
+//!
+//! Every cipher here comes from a maintained crate (RustCrypto); nothing in ucrypt
+//! implements a block cipher itself. The kernel names are the ones dm-crypt accepts in a
+//! cipher spec: `aes`, `serpent`, `twofish`, `camellia`, `blowfish`, `des3_ede`,
+//! `cipher_null`.
+
+use crate::CryptoError;
+use cipher::{array::Array, BlockCipherDecrypt, BlockCipherEncrypt, BlockSizeUser, KeyInit};
+
+/// The block ciphers ucrypt knows, by kernel name.
+pub const CIPHER_NAMES: &str = "aes, serpent, twofish, camellia, blowfish, des3_ede, cipher_null";
+
+/// A keyed block cipher working on whole blocks in place.
+pub trait BlockCipher: Send + Sync {
+    /// Block size in bytes (16, or 8 for blowfish and des3_ede, 1 for cipher_null).
+    fn block_size(&self) -> usize;
+    /// Encrypts whole blocks in place, independently (ECB).
+    ///
+    /// # Panics
+    /// If `data.len()` is not a multiple of the block size.
+    fn encrypt_blocks(&self, data: &mut [u8]);
+    /// Decrypts whole blocks in place, independently (ECB).
+    ///
+    /// # Panics
+    /// If `data.len()` is not a multiple of the block size.
+    fn decrypt_blocks(&self, data: &mut [u8]);
+}
+
+struct Rc<C>(C);
+
+impl<C> BlockCipher for Rc<C>
+where
+    C: BlockCipherEncrypt + BlockCipherDecrypt + BlockSizeUser + Send + Sync,
+{
+    fn block_size(&self) -> usize {
+        C::block_size()
+    }
+    fn encrypt_blocks(&self, data: &mut [u8]) {
+        let (blocks, rest) = Array::slice_as_chunks_mut(data);
+        assert!(rest.is_empty(), "BUG: data is not a whole number of blocks");
+        self.0.encrypt_blocks(blocks);
+    }
+    fn decrypt_blocks(&self, data: &mut [u8]) {
+        let (blocks, rest) = Array::slice_as_chunks_mut(data);
+        assert!(rest.is_empty(), "BUG: data is not a whole number of blocks");
+        self.0.decrypt_blocks(blocks);
+    }
+}
+
+/// `cipher_null`: the kernel's identity "cipher" (block size 1, no key).
+struct NullCipher;
+
+impl BlockCipher for NullCipher {
+    fn block_size(&self) -> usize {
+        1
+    }
+    fn encrypt_blocks(&self, _data: &mut [u8]) {}
+    fn decrypt_blocks(&self, _data: &mut [u8]) {}
+}
+
+fn rc<C>(key: &[u8]) -> Option<Box<dyn BlockCipher>>
+where
+    C: KeyInit + BlockCipherEncrypt + BlockCipherDecrypt + BlockSizeUser + Send + Sync + 'static,
+{
+    C::new_from_slice(key).ok().map(|c| Box::new(Rc(c)) as Box<dyn BlockCipher>)
+}
+
+/// The key lengths (bytes) a cipher accepts, for error messages.
+pub fn key_lengths(name: &str) -> &'static str {
+    match name {
+        "aes" | "twofish" | "camellia" => "16, 24 or 32",
+        "serpent" => "16 to 32",
+        "blowfish" => "4 to 56",
+        "des3_ede" => "24",
+        "cipher_null" => "0",
+        _ => "?",
+    }
+}
+
+/// Whether `name` is a block cipher ucrypt knows.
+pub fn is_known(name: &str) -> bool {
+    matches!(
+        name,
+        "aes" | "serpent" | "twofish" | "camellia" | "blowfish" | "des3_ede" | "cipher_null"
+    )
+}
+
+/// Block size of a known cipher, without a key.
+pub fn block_size_of(name: &str) -> Option<usize> {
+    match name {
+        "aes" | "serpent" | "twofish" | "camellia" => Some(16),
+        "blowfish" | "des3_ede" => Some(8),
+        "cipher_null" => Some(1),
+        _ => None,
+    }
+}
+
+/// Builds the cipher `name` with `key`.
+///
+/// # Errors
+/// [`CryptoError::Unknown`] for an unknown name, [`CryptoError::KeyLength`] when the cipher
+/// refuses the key length.
+pub fn new_block_cipher(name: &str, key: &[u8]) -> Result<Box<dyn BlockCipher>, CryptoError> {
+    let built = match name {
+        "aes" => match key.len() {
+            16 => rc::<aes::Aes128>(key),
+            24 => rc::<aes::Aes192>(key),
+            32 => rc::<aes::Aes256>(key),
+            _ => None,
+        },
+        "serpent" => rc::<serpent::Serpent>(key),
+        "twofish" => rc::<twofish::Twofish>(key),
+        "camellia" => match key.len() {
+            16 => rc::<camellia::Camellia128>(key),
+            24 => rc::<camellia::Camellia192>(key),
+            32 => rc::<camellia::Camellia256>(key),
+            _ => None,
+        },
+        "blowfish" => rc::<blowfish::Blowfish>(key),
+        "des3_ede" => rc::<des::TdesEde3>(key),
+        "cipher_null" => key.is_empty().then(|| Box::new(NullCipher) as Box<dyn BlockCipher>),
+        other => {
+            return Err(CryptoError::Unknown {
+                what: "cipher",
+                name: other.to_string(),
+                expected: CIPHER_NAMES,
+            })
+        }
+    };
+    built.ok_or_else(|| CryptoError::KeyLength {
+        got: key.len(),
+        spec: name.to_string(),
+        reason: format!("{name} takes keys of {} bytes", key_lengths(name)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aes_128_matches_fips_197_vector() {
+        let key = hex::decode("000102030405060708090a0b0c0d0e0f").unwrap();
+        let mut block = hex::decode("00112233445566778899aabbccddeeff").unwrap();
+        let c = new_block_cipher("aes", &key).unwrap();
+        c.encrypt_blocks(&mut block);
+        assert_eq!(hex::encode(&block), "69c4e0d86a7b0430d8cdb78070b4c55a");
+        c.decrypt_blocks(&mut block);
+        assert_eq!(hex::encode(&block), "00112233445566778899aabbccddeeff");
+    }
+
+    #[test]
+    fn wrong_key_length_names_the_accepted_lengths() {
+        let err = new_block_cipher("aes", &[0; 20]).err().unwrap().to_string();
+        assert!(err.contains("16, 24 or 32"), "{err}");
+        let err = new_block_cipher("rot13", &[0; 16]).err().unwrap().to_string();
+        assert!(err.contains("unknown cipher \"rot13\""), "{err}");
+    }
+}
