@@ -29,6 +29,7 @@ pub mod legacy;
 pub mod mode;
 mod sector;
 mod spec;
+pub mod testing;
 
 pub use error::CryptoError;
 pub use key::VolumeKey;

@@ -1,1 +1,22 @@
-//! x
+//! # ucrypt-format: what describes a volume
+//!
+//! Parses and prints dm-crypt table lines ([`table`]) and reads keys from the kernel
+//! keyring ([`keyring`]). On-disk headers (plain mode rules, LUKS1, LUKS2) grow here too.
+//! Knows nothing of I/O scheduling or protocols.
+//!
+//! ```text
+//! "0 2048 crypt aes-xts-plain64 <key> 0 disk.img 0 1 sector_size:4096"
+//!      │ TableLine::from_str          ▲ TableLine::to_line(ShowKeys)
+//!      ▼                              │
+//!  TableLine { cipher: CipherSpec, key: KeySource, opts: Vec<OptParam>, .. }
+//!      │ TableLine::validate / build_cipher
+//!      ▼
+//!  Box<dyn ucrypt_crypto::SectorCipher>
+//! ```
+
+mod error;
+pub mod keyring;
+pub mod table;
+
+pub use error::FormatError;
+pub use table::{KeySource, OptParam, TableLine, ValidateOptions};

@@ -1,0 +1,98 @@
+//! Helpers for checking a [`SectorCipher`] against known ciphertext, shared by this crate's
+//! tests and the other crates' (one checker drives every path).
+
+use crate::{Sector512, SectorCipher};
+
+/// The golden vectors' plaintext ("pattern-v1"): byte `i` of 512-byte sector `n` (counted
+/// from the start of the mapping) is `(n*31 + i) & 0xff`.
+pub fn pattern_v1(first: Sector512, sectors: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity((sectors as usize) << 9);
+    for n in first.0..first.0 + sectors {
+        out.extend((0..512u64).map(|i| ((n * 31 + i) & 0xff) as u8));
+    }
+    out
+}
+
+/// Ways of cutting a run of sectors into calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// One call for the whole run.
+    Whole,
+    /// One call per sector.
+    PerSector,
+    /// Uneven chunks of 1, 2, 3, ... sectors (as if split across workers).
+    Uneven,
+}
+
+/// Every split.
+pub const SPLITS: [Split; 3] = [Split::Whole, Split::PerSector, Split::Uneven];
+
+fn chunks(total_sectors: usize, split: Split) -> Vec<usize> {
+    match split {
+        Split::Whole => vec![total_sectors],
+        Split::PerSector => vec![1; total_sectors],
+        Split::Uneven => {
+            let mut v = Vec::new();
+            let (mut left, mut n) = (total_sectors, 1);
+            while left > 0 {
+                let take = n.min(left);
+                v.push(take);
+                left -= take;
+                n = n % 7 + 1;
+            }
+            v
+        }
+    }
+}
+
+/// Encrypts `plain` (whole sectors starting at `first`) with the given split.
+pub fn encrypt_split(c: &dyn SectorCipher, first: Sector512, plain: &[u8], split: Split) -> Vec<u8> {
+    run_split(c, first, plain, split, true)
+}
+
+/// Decrypts `ct` (whole sectors starting at `first`) with the given split.
+pub fn decrypt_split(c: &dyn SectorCipher, first: Sector512, ct: &[u8], split: Split) -> Vec<u8> {
+    run_split(c, first, ct, split, false)
+}
+
+fn run_split(c: &dyn SectorCipher, first: Sector512, data: &[u8], split: Split, enc: bool) -> Vec<u8> {
+    let ss = c.sector_size();
+    let mut out = data.to_vec();
+    let mut pos = 0usize;
+    let mut sector = first.0;
+    for n in chunks(data.len() / ss.len(), split) {
+        let bytes = n * ss.len();
+        let run = &mut out[pos..pos + bytes];
+        if enc {
+            c.encrypt(Sector512(sector), run);
+        } else {
+            c.decrypt(Sector512(sector), run);
+        }
+        pos += bytes;
+        sector += n as u64 * ss.sectors512();
+    }
+    out
+}
+
+/// Checks both directions under every split; returns a description of each mismatch.
+pub fn check(c: &dyn SectorCipher, first: Sector512, plain: &[u8], ct: &[u8]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for split in SPLITS {
+        let got = encrypt_split(c, first, plain, split);
+        if got != ct {
+            failures.push(format!("encrypt ({split:?}) differs {}", first_diff(&got, ct)));
+        }
+        let got = decrypt_split(c, first, ct, split);
+        if got != plain {
+            failures.push(format!("decrypt ({split:?}) differs {}", first_diff(&got, plain)));
+        }
+    }
+    failures
+}
+
+fn first_diff(a: &[u8], b: &[u8]) -> String {
+    match a.iter().zip(b).position(|(x, y)| x != y) {
+        Some(i) => format!("from byte {i} (512-byte sector {})", i / 512),
+        None => format!("in length ({} vs {})", a.len(), b.len()),
+    }
+}
