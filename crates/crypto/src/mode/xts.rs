@@ -71,7 +71,7 @@ fn halve(e: CryptoError, cipher: &str) -> CryptoError {
             got: got * 2,
             spec: format!("{cipher}-xts"),
             reason: format!(
-                "XTS needs twice a {cipher} key ({} bytes per half)",
+                "XTS needs two {cipher} keys of {} bytes each",
                 crate::block::key_lengths(cipher)
             ),
         },

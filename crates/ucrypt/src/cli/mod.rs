@@ -1,0 +1,121 @@
+//! Command-line front end: parse (clap), call the library, print. One file per command.
+//!
+//! Exit codes follow cryptsetup's: 1 wrong parameters, 2 no permission or bad passphrase,
+//! 3 out of memory, 4 wrong device, 5 device busy.
+
+mod benchmark;
+mod read;
+mod table;
+mod write;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// dm-crypt rebuilt in userspace.
+#[derive(Parser)]
+#[command(name = "ucrypt", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write plaintext through a table's mapping into its device (offline access).
+    Write(write::Args),
+    /// Read the plaintext view of a table's mapping (offline access).
+    Read(read::Args),
+    /// Check a table line and print it in the kernel's canonical form.
+    Table(table::Args),
+    /// Measure cipher throughput per cipher spec and sector size, like cryptsetup benchmark.
+    Benchmark(benchmark::Args),
+}
+
+/// An error with the exit code it maps to.
+pub(crate) struct CliError {
+    code: u8,
+    err: anyhow::Error,
+}
+
+/// Exit code for wrong parameters (cryptsetup's 1).
+pub(crate) const EXIT_PARAMS: u8 = 1;
+/// Exit code for a wrong device (cryptsetup's 4).
+pub(crate) const EXIT_DEVICE: u8 = 4;
+
+impl<E: Into<anyhow::Error>> From<E> for CliError {
+    fn from(e: E) -> Self {
+        CliError { code: EXIT_PARAMS, err: e.into() }
+    }
+}
+
+/// Attaches an exit code to an error.
+pub(crate) trait WithCode<T> {
+    fn code(self, code: u8) -> Result<T, CliError>;
+}
+
+impl<T, E: Into<anyhow::Error>> WithCode<T> for Result<T, E> {
+    fn code(self, code: u8) -> Result<T, CliError> {
+        self.map_err(|e| CliError { code, err: e.into() })
+    }
+}
+
+/// Shared table-line input: `--table LINE` or `--table-file PATH` (keeps the key out of
+/// the process's command line).
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+pub(crate) struct TableArg {
+    /// The dm-crypt table line: '<start> <length> crypt <cipher> <key> <iv_offset> <device> <offset> [<#opts> <opts>...]'.
+    #[arg(long)]
+    table: Option<String>,
+    /// Read the table line from a file ('-' for standard input).
+    #[arg(long, value_name = "PATH")]
+    table_file: Option<std::path::PathBuf>,
+}
+
+impl TableArg {
+    pub(crate) fn line(&self) -> Result<zeroize::Zeroizing<String>, CliError> {
+        if let Some(t) = &self.table {
+            return Ok(zeroize::Zeroizing::new(t.clone()));
+        }
+        let path = self.table_file.as_ref().expect("clap requires one of the two");
+        let text = if path.as_os_str() == "-" {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+            s
+        } else {
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading table file {}: {e}", path.display()))?
+        };
+        let line = text.lines().find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+        Ok(zeroize::Zeroizing::new(line.unwrap_or("").trim().to_string()))
+    }
+}
+
+/// Classifies an open error: device problems exit 4, everything else 1.
+pub(crate) fn open_error(e: anyhow::Error) -> CliError {
+    let device = e.chain().any(|c| {
+        c.downcast_ref::<ucrypt_backend::BackendError>().is_some()
+            || c.downcast_ref::<ucrypt_engine::EngineError>().is_some()
+    });
+    CliError { code: if device { EXIT_DEVICE } else { EXIT_PARAMS }, err: e }
+}
+
+/// Parses the command line, runs the command, prints any error as one line on stderr.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Write(a) => write::run(a),
+        Command::Read(a) => read::run(a),
+        Command::Table(a) => table::run(a),
+        Command::Benchmark(a) => benchmark::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError { code, err }) => {
+            // One line: the context chain, outermost first.
+            let msg: Vec<String> = err.chain().map(ToString::to_string).collect();
+            eprintln!("ucrypt: {}", msg.join(": "));
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! Assembling a volume from a table line: the one place that shows where every part of
+//! the line goes (cipher and key → crypto, device → backend, offsets and flags → engine).
+
+use anyhow::{Context, Result};
+use std::sync::Arc;
+use ucrypt_backend::file::{FileBackend, FileOptions};
+use ucrypt_backend::Backend;
+use ucrypt_engine::{Volume, VolumeConfig};
+use ucrypt_format::{OptParam, TableLine, ValidateOptions};
+
+/// How to open a table's device.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenOptions {
+    /// Open the device read-only.
+    pub read_only: bool,
+    /// Bypass the page cache on the device.
+    pub direct: bool,
+    /// Accept sector sizes above 4096 (not openable by the kernel).
+    pub allow_large_sectors: bool,
+}
+
+/// A table line opened: the volume and what it was built from.
+pub struct OpenedTable {
+    /// The parsed line.
+    pub table: TableLine,
+    /// The decrypted view.
+    pub volume: Arc<Volume>,
+}
+
+/// Parses `line`, opens its device and builds the volume.
+///
+/// # Errors
+/// Table errors (with the rule that failed), device open errors (with the path), and a
+/// device too small for the mapping.
+pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
+    let table: TableLine = line.trim().parse().context("parsing the table line")?;
+    let cipher = table
+        .build_cipher(ValidateOptions { allow_large_sectors: opts.allow_large_sectors })
+        .context("checking the table line")?;
+    let backend = FileBackend::open(
+        &table.device,
+        FileOptions { read_only: opts.read_only, direct: opts.direct },
+    )
+    .with_context(|| format!("opening device {}", table.device))?;
+    let backend: Arc<dyn Backend> = Arc::new(backend);
+    let volume = Volume::new(
+        Arc::from(cipher),
+        backend,
+        VolumeConfig {
+            data_offset_bytes: table.offset_bytes(),
+            length_bytes: table.length_bytes(),
+            read_only: opts.read_only,
+            allow_discards: table.has(OptParam::AllowDiscards),
+        },
+    )
+    .with_context(|| format!("mapping device {}", table.device))?;
+    Ok(OpenedTable { table, volume: Arc::new(volume) })
+}
