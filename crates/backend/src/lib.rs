@@ -1,10 +1,13 @@
 //! # ucrypt-backend: where ciphertext is stored
 //!
 //! One small trait, [`Backend`], for every kind of storage: regular files and block devices
-//! ([`file`]), a sparse ramdisk like brd ([`memory`]), a sink like dm-zero ([`zero`]) and an
+//! ([`mod@file`]), a sparse ramdisk like brd ([`memory`]), a sink like dm-zero ([`zero`]) and an
 //! error-injecting wrapper for tests like dm-flakey ([`faulty`]). The decrypted view
 //! (`ucrypt_engine::Volume`) implements the same trait, so layers stack and a raw
 //! passthrough needs no special path. Knows nothing of encryption.
+//!
+//! [`testing`] holds the conformance suite every implementation runs; [`aligned`] the
+//! aligned buffers `O_DIRECT` needs.
 //!
 //! ```text
 //!   engine::Volume ──► Arc<dyn Backend> ──► FileBackend | MemoryBackend | ZeroBackend
@@ -12,6 +15,7 @@
 //!                                     FaultyBackend (wraps any)
 //! ```
 
+pub mod aligned;
 mod error;
 pub mod faulty;
 pub mod file;
@@ -19,7 +23,12 @@ pub mod memory;
 pub mod testing;
 pub mod zero;
 
+pub use aligned::AlignedBuf;
 pub use error::BackendError;
+pub use faulty::FaultyBackend;
+pub use file::{FileBackend, FileOptions};
+pub use memory::MemoryBackend;
+pub use zero::ZeroBackend;
 
 /// How a backend supports an optional operation (nbdkit's `can_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +70,7 @@ pub struct BackendInfo {
 }
 
 /// One write of a batch handed to [`Backend::submit_writes`].
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct WriteOp<'a> {
     /// Byte offset.
     pub offset: u64,

@@ -4,6 +4,8 @@
 //! `aes-xts-plain64/512bit` against `raw-awslc-xts`: the ratio is what ucrypt's layering
 //! costs over calling AWS-LC once per sector directly.
 
+#![allow(clippy::unwrap_used)]
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use ucrypt_crypto::mode::aws_xts::RawLibraryXts;
@@ -31,18 +33,25 @@ fn bench(c: &mut Criterion) {
         let key: Vec<u8> = (0..64u8).collect();
         let mut data = vec![0x5au8; RUN_BYTES];
         let mut raw = RawLibraryXts::new(&key).expect("AWS-LC XTS key");
-        g.bench_function("raw-awslc-xts/512bit", |b| b.iter(|| raw.run(black_box(&mut data), ss as usize, true)));
+        g.bench_function("raw-awslc-xts/512bit", |b| {
+            b.iter(|| raw.run(black_box(&mut data), ss as usize, true))
+        });
         for (spec, key_len) in specs() {
             let cipher = spec
                 .parse::<CipherSpec>()
                 .unwrap()
                 .build(
                     &VolumeKey::new(key[..key_len].to_vec()),
-                    SectorParams { sector_size: SectorSize::new(ss).unwrap(), ..Default::default() },
+                    SectorParams {
+                        sector_size: SectorSize::new(ss).unwrap(),
+                        ..Default::default()
+                    },
                 )
                 .unwrap();
             let id = BenchmarkId::new(spec, format!("{}bit", key_len * 8));
-            g.bench_function(id, |b| b.iter(|| cipher.encrypt(Sector512(0), black_box(&mut data))));
+            g.bench_function(id, |b| {
+                b.iter(|| cipher.encrypt(Sector512(0), black_box(&mut data)))
+            });
         }
         g.finish();
     }

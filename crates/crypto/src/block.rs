@@ -63,7 +63,9 @@ fn rc<C>(key: &[u8]) -> Option<Box<dyn BlockCipher>>
 where
     C: KeyInit + BlockCipherEncrypt + BlockCipherDecrypt + BlockSizeUser + Send + Sync + 'static,
 {
-    C::new_from_slice(key).ok().map(|c| Box::new(Rc(c)) as Box<dyn BlockCipher>)
+    C::new_from_slice(key)
+        .ok()
+        .map(|c| Box::new(Rc(c)) as Box<dyn BlockCipher>)
 }
 
 /// The key lengths (bytes) a cipher accepts, for error messages.
@@ -119,7 +121,9 @@ pub fn new_block_cipher(name: &str, key: &[u8]) -> Result<Box<dyn BlockCipher>, 
         },
         "blowfish" => rc::<blowfish::Blowfish>(key),
         "des3_ede" => rc::<des::TdesEde3>(key),
-        "cipher_null" => key.is_empty().then(|| Box::new(NullCipher) as Box<dyn BlockCipher>),
+        "cipher_null" => key
+            .is_empty()
+            .then(|| Box::new(NullCipher) as Box<dyn BlockCipher>),
         other => {
             return Err(CryptoError::Unknown {
                 what: "cipher",
@@ -154,7 +158,10 @@ mod tests {
     fn wrong_key_length_names_the_accepted_lengths() {
         let err = new_block_cipher("aes", &[0; 20]).err().unwrap().to_string();
         assert!(err.contains("16, 24 or 32"), "{err}");
-        let err = new_block_cipher("rot13", &[0; 16]).err().unwrap().to_string();
+        let err = new_block_cipher("rot13", &[0; 16])
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("unknown cipher \"rot13\""), "{err}");
     }
 }

@@ -19,12 +19,18 @@ impl VolumeKey {
         let boxed: Box<[u8]> = bytes.as_slice().into();
         zeroize::Zeroize::zeroize(&mut bytes);
         let locked = lock_memory(&boxed);
-        VolumeKey { bytes: Zeroizing::new(boxed), locked }
+        VolumeKey {
+            bytes: Zeroizing::new(boxed),
+            locked,
+        }
     }
 
     /// An empty key, for key-less ciphers (`cipher_null`), written `-` in a table line.
     pub fn empty() -> Self {
-        VolumeKey { bytes: Zeroizing::new(Box::new([])), locked: false }
+        VolumeKey {
+            bytes: Zeroizing::new(Box::new([])),
+            locked: false,
+        }
     }
 
     /// Parses a table-line key: hex digits (either case) or `-` for no key.

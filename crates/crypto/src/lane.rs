@@ -111,8 +111,11 @@ impl DmCipher {
             "BUG: sector run not aligned to sector size {ss}"
         );
         let cc_first = first.0.wrapping_add(self.params.iv_offset);
-        let (shift, step) =
-            if self.params.iv_large_sectors { (ss.shift(), 1) } else { (0, unit) };
+        let (shift, step) = if self.params.iv_large_sectors {
+            (ss.shift(), 1)
+        } else {
+            (0, unit)
+        };
         if self.lanes.len() == 1 {
             let lane = &self.lanes[0];
             if encrypt {

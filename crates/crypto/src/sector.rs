@@ -64,6 +64,7 @@ impl SectorSize {
         self.0
     }
     /// Size in bytes, as `usize`.
+    #[allow(clippy::len_without_is_empty)] // a sector size is never empty
     pub fn len(self) -> usize {
         self.0 as usize
     }

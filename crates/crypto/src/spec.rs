@@ -39,7 +39,10 @@ impl std::fmt::Display for CipherSpec {
 }
 
 fn spec_err(spec: &str, reason: impl Into<String>) -> CryptoError {
-    CryptoError::Spec { spec: spec.to_string(), reason: reason.into() }
+    CryptoError::Spec {
+        spec: spec.to_string(),
+        reason: reason.into(),
+    }
 }
 
 impl FromStr for CipherSpec {
@@ -77,7 +80,10 @@ fn parse_legacy(text: &str) -> Result<CipherSpec, CryptoError> {
         None => (cipher_part, 1),
         Some((c, k)) => {
             let n: u32 = k.parse().map_err(|_| {
-                spec_err(text, format!("bad cipher key count \"{k}\" (expected a power of two)"))
+                spec_err(
+                    text,
+                    format!("bad cipher key count \"{k}\" (expected a power of two)"),
+                )
             })?;
             if !n.is_power_of_two() {
                 return Err(spec_err(
@@ -105,7 +111,14 @@ fn parse_legacy(text: &str) -> Result<CipherSpec, CryptoError> {
     }
     let iv = parse_iv(text, ivpart)?;
     check_cipher(text, cipher, mode)?;
-    Ok(CipherSpec { text: text.to_string(), cipher: cipher.to_string(), keycount, mode, iv, capi: false })
+    Ok(CipherSpec {
+        text: text.to_string(),
+        cipher: cipher.to_string(),
+        keycount,
+        mode,
+        iv,
+        capi: false,
+    })
 }
 
 fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
@@ -115,7 +128,10 @@ fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
         _ => (api, None),
     };
     let open = alg.find('(').ok_or_else(|| {
-        spec_err(text, "crypto API name must be mode(cipher), e.g. capi:xts(aes)-plain64")
+        spec_err(
+            text,
+            "crypto API name must be mode(cipher), e.g. capi:xts(aes)-plain64",
+        )
     })?;
     if !alg.ends_with(')') {
         return Err(spec_err(text, "unbalanced parentheses in crypto API name"));
@@ -131,7 +147,14 @@ fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
     let iv = parse_iv(text, ivpart)?;
     check_cipher(text, cipher, mode)?;
     let keycount = if iv == Some(IvMode::Lmk) { 64 } else { 1 };
-    Ok(CipherSpec { text: text.to_string(), cipher: cipher.to_string(), keycount, mode, iv, capi: true })
+    Ok(CipherSpec {
+        text: text.to_string(),
+        cipher: cipher.to_string(),
+        keycount,
+        mode,
+        iv,
+        capi: true,
+    })
 }
 
 fn check_cipher(text: &str, cipher: &str, mode: ChainMode) -> Result<(), CryptoError> {
@@ -146,7 +169,10 @@ fn check_cipher(text: &str, cipher: &str, mode: ChainMode) -> Result<(), CryptoE
         });
     }
     if cipher == "cipher_null" && mode != ChainMode::Ecb {
-        return Err(spec_err(text, "cipher_null only works with ecb (cipher_null-ecb)"));
+        return Err(spec_err(
+            text,
+            "cipher_null only works with ecb (cipher_null-ecb)",
+        ));
     }
     Ok(())
 }
@@ -182,21 +208,36 @@ impl CipherSpec {
         }
         let _ = parts;
         if extra > key_len {
-            return Err(self.key_err(key_len, format!("the {} IV mode needs {extra} extra key bytes", self.iv_name())));
+            return Err(self.key_err(
+                key_len,
+                format!(
+                    "the {} IV mode needs {extra} extra key bytes",
+                    self.iv_name()
+                ),
+            ));
         }
         let subkey_len = (key_len - extra) / tfms;
         if subkey_len * tfms + extra != key_len {
             return Err(self.key_err(key_len, format!("not divisible into {tfms} equal keys")));
         }
-        Ok(KeyLayout { subkey_len, extra_len: extra })
+        Ok(KeyLayout {
+            subkey_len,
+            extra_len: extra,
+        })
     }
 
     fn iv_name(&self) -> String {
-        self.iv.as_ref().map_or_else(|| "(none)".to_string(), IvMode::name)
+        self.iv
+            .as_ref()
+            .map_or_else(|| "(none)".to_string(), IvMode::name)
     }
 
     fn key_err(&self, got: usize, reason: String) -> CryptoError {
-        CryptoError::KeyLength { got, spec: self.text.clone(), reason }
+        CryptoError::KeyLength {
+            got,
+            spec: self.text.clone(),
+            reason,
+        }
     }
 
     /// Builds the sector cipher for `key` and `params`.
@@ -225,7 +266,9 @@ impl CipherSpec {
             });
         }
         if self.mode == ChainMode::Adiantum && ss.len() > crate::mode::adiantum::MAX_SECTOR_BYTES {
-            return Err(CryptoError::Unsupported(format!("adiantum with sector_size {ss}")));
+            return Err(CryptoError::Unsupported(format!(
+                "adiantum with sector_size {ss}"
+            )));
         }
         let bytes = key.as_bytes();
         let layout = self.key_layout(bytes.len())?;
@@ -236,7 +279,10 @@ impl CipherSpec {
             lanes.push(self.lane(subkey, extra, params).map_err(|e| match e {
                 CryptoError::KeyLength { reason, .. } if self.keycount > 1 => self.key_err(
                     bytes.len(),
-                    format!("each of the {} keys is {} bytes: {reason}", self.keycount, layout.subkey_len),
+                    format!(
+                        "each of the {} keys is {} bytes: {reason}",
+                        self.keycount, layout.subkey_len
+                    ),
                 ),
                 CryptoError::KeyLength { reason, .. } => self.key_err(bytes.len(), reason),
                 other => other,
@@ -245,7 +291,12 @@ impl CipherSpec {
         Ok(Box::new(DmCipher { lanes, params }))
     }
 
-    fn lane(&self, subkey: &[u8], extra: &[u8], params: SectorParams) -> Result<Box<dyn Lane>, CryptoError> {
+    fn lane(
+        &self,
+        subkey: &[u8],
+        extra: &[u8],
+        params: SectorParams,
+    ) -> Result<Box<dyn Lane>, CryptoError> {
         let ss = params.sector_size;
         let cipher = self.cipher.as_str();
         match &self.iv {
@@ -260,11 +311,15 @@ impl CipherSpec {
                 check_512(self, ss)?;
                 let iv_size = self.iv_size();
                 let (seed, whitening) = extra.split_at(iv_size);
-                return Ok(Box::new(legacy::tcw::Tcw::new(cipher, subkey, seed, whitening)?));
+                return Ok(Box::new(legacy::tcw::Tcw::new(
+                    cipher, subkey, seed, whitening,
+                )?));
             }
             Some(IvMode::Elephant) => {
                 check_mode(self, ChainMode::Cbc)?;
-                return Ok(Box::new(legacy::elephant::Elephant::new(cipher, subkey, extra, ss)?));
+                return Ok(Box::new(legacy::elephant::Elephant::new(
+                    cipher, subkey, extra, ss,
+                )?));
             }
             _ => {}
         }
@@ -274,7 +329,10 @@ impl CipherSpec {
             && self.iv == Some(IvMode::Plain64)
         {
             if let Some(xts) = AwsXts::new(subkey) {
-                return Ok(Box::new(AwsXtsPlain64Lane { xts, sector_bytes: ss.len() }));
+                return Ok(Box::new(AwsXtsPlain64Lane {
+                    xts,
+                    sector_bytes: ss.len(),
+                }));
             }
         }
         let mode = self.mode.build(cipher, subkey)?;
@@ -287,7 +345,9 @@ impl CipherSpec {
                 IvMode::Plain64 => Box::new(iv::plain64::Plain64),
                 IvMode::Plain64Be => Box::new(iv::plain64be::Plain64Be),
                 IvMode::Null => Box::new(iv::null::Null),
-                IvMode::Benbi => Box::new(iv::benbi::Benbi::new(block_size_of(cipher).unwrap_or(16))?),
+                IvMode::Benbi => {
+                    Box::new(iv::benbi::Benbi::new(block_size_of(cipher).unwrap_or(16))?)
+                }
                 IvMode::Essiv(h) => Box::new(iv::essiv::Essiv::new(cipher, h, subkey)?),
                 IvMode::Eboiv => {
                     check_mode(self, ChainMode::Cbc)?;
@@ -298,7 +358,12 @@ impl CipherSpec {
                 }
             })
         };
-        Ok(Box::new(ModeLane { mode, iv, iv_size, sector_bytes: ss.len() }))
+        Ok(Box::new(ModeLane {
+            mode,
+            iv,
+            iv_size,
+            sector_bytes: ss.len(),
+        }))
     }
 }
 
@@ -308,7 +373,11 @@ fn check_mode(spec: &CipherSpec, want: ChainMode) -> Result<(), CryptoError> {
     } else {
         Err(CryptoError::IvMode {
             iv: spec.iv_name(),
-            reason: format!("it only works with {} (got {})", want.name(), spec.mode.name()),
+            reason: format!(
+                "it only works with {} (got {})",
+                want.name(),
+                spec.mode.name()
+            ),
         })
     }
 }
@@ -335,18 +404,24 @@ mod tests {
     #[test]
     fn legacy_form_parses_keycount_mode_and_iv() {
         let s = parse("aes:64-cbc-lmk");
-        assert_eq!((s.cipher.as_str(), s.keycount, s.mode, s.iv), ("aes", 64, ChainMode::Cbc, Some(IvMode::Lmk)));
+        assert_eq!(
+            (s.cipher.as_str(), s.keycount, s.mode, s.iv),
+            ("aes", 64, ChainMode::Cbc, Some(IvMode::Lmk))
+        );
         let s = parse("aes-cbc-essiv:sha256");
         assert_eq!(s.iv, Some(IvMode::Essiv("sha256".into())));
         let s = parse("xchacha12,aes-adiantum-plain64");
-        assert_eq!((s.cipher.as_str(), s.mode), ("xchacha12,aes", ChainMode::Adiantum));
+        assert_eq!(
+            (s.cipher.as_str(), s.mode),
+            ("xchacha12,aes", ChainMode::Adiantum)
+        );
     }
 
     #[test]
     fn bare_cipher_means_cbc_plain() {
         let s = parse("aes");
-        assert_eq!((s.mode, s.iv), (ChainMode::Cbc, Some(IvMode::Plain)));
         assert_eq!(s.to_string(), "aes");
+        assert_eq!((s.mode, s.iv), (ChainMode::Cbc, Some(IvMode::Plain)));
         let s = parse("aes-plain");
         assert_eq!((s.mode, s.iv), (ChainMode::Cbc, Some(IvMode::Plain)));
     }
@@ -354,11 +429,20 @@ mod tests {
     #[test]
     fn capi_form_parses_and_lmk_implies_64_keys() {
         let s = parse("capi:xts(aes)-plain64");
-        assert_eq!((s.cipher.as_str(), s.mode, s.iv, s.capi), ("aes", ChainMode::Xts, Some(IvMode::Plain64), true));
+        assert_eq!(
+            (s.cipher.as_str(), s.mode, s.iv, s.capi),
+            ("aes", ChainMode::Xts, Some(IvMode::Plain64), true)
+        );
         let s = parse("capi:ecb(cipher_null)");
-        assert_eq!((s.cipher.as_str(), s.mode, s.iv), ("cipher_null", ChainMode::Ecb, None));
+        assert_eq!(
+            (s.cipher.as_str(), s.mode, s.iv),
+            ("cipher_null", ChainMode::Ecb, None)
+        );
         assert_eq!(parse("capi:cbc(aes)-lmk").keycount, 64);
-        assert_eq!(parse("capi:cbc(aes)-essiv:sha256").iv, Some(IvMode::Essiv("sha256".into())));
+        assert_eq!(
+            parse("capi:cbc(aes)-essiv:sha256").iv,
+            Some(IvMode::Essiv("sha256".into()))
+        );
     }
 
     #[test]
@@ -369,29 +453,52 @@ mod tests {
 
     #[test]
     fn rejects_bad_keycount_and_unknown_names() {
-        let e = "aes:3-cbc-plain".parse::<CipherSpec>().unwrap_err().to_string();
+        let e = "aes:3-cbc-plain"
+            .parse::<CipherSpec>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("key count 3"), "{e}");
-        let e = "aes-cbc-plian64".parse::<CipherSpec>().unwrap_err().to_string();
+        let e = "aes-cbc-plian64"
+            .parse::<CipherSpec>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown IV mode \"plian64\""), "{e}");
-        let e = "aes-ctr-plain64".parse::<CipherSpec>().unwrap_err().to_string();
+        let e = "aes-ctr-plain64"
+            .parse::<CipherSpec>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown chain mode \"ctr\""), "{e}");
-        let e = "rot13-cbc-plain64".parse::<CipherSpec>().unwrap_err().to_string();
+        let e = "rot13-cbc-plain64"
+            .parse::<CipherSpec>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown cipher \"rot13\""), "{e}");
-        let e = "aes-cbc-essiv".parse::<CipherSpec>().unwrap_err().to_string();
+        let e = "aes-cbc-essiv"
+            .parse::<CipherSpec>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("digest algorithm missing"), "{e}");
     }
 
     #[test]
     fn random_iv_is_refused_when_built() {
         let s = parse("aes-cbc-random");
-        let e = s.build(&VolumeKey::new(vec![0; 32]), SectorParams::default()).err().unwrap().to_string();
+        let e = s
+            .build(&VolumeKey::new(vec![0; 32]), SectorParams::default())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("dm-integrity"), "{e}");
     }
 
     #[test]
     fn xts_with_a_128_bit_key_is_refused() {
         let s = parse("aes-xts-plain64");
-        let e = s.build(&VolumeKey::new(vec![1; 16]), SectorParams::default()).err().unwrap().to_string();
+        let e = s
+            .build(&VolumeKey::new(vec![1; 16]), SectorParams::default())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("key of 16 bytes"), "{e}");
     }
 }

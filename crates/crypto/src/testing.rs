@@ -46,7 +46,12 @@ fn chunks(total_sectors: usize, split: Split) -> Vec<usize> {
 }
 
 /// Encrypts `plain` (whole sectors starting at `first`) with the given split.
-pub fn encrypt_split(c: &dyn SectorCipher, first: Sector512, plain: &[u8], split: Split) -> Vec<u8> {
+pub fn encrypt_split(
+    c: &dyn SectorCipher,
+    first: Sector512,
+    plain: &[u8],
+    split: Split,
+) -> Vec<u8> {
     run_split(c, first, plain, split, true)
 }
 
@@ -55,7 +60,13 @@ pub fn decrypt_split(c: &dyn SectorCipher, first: Sector512, ct: &[u8], split: S
     run_split(c, first, ct, split, false)
 }
 
-fn run_split(c: &dyn SectorCipher, first: Sector512, data: &[u8], split: Split, enc: bool) -> Vec<u8> {
+fn run_split(
+    c: &dyn SectorCipher,
+    first: Sector512,
+    data: &[u8],
+    split: Split,
+    enc: bool,
+) -> Vec<u8> {
     let ss = c.sector_size();
     let mut out = data.to_vec();
     let mut pos = 0usize;
@@ -80,11 +91,17 @@ pub fn check(c: &dyn SectorCipher, first: Sector512, plain: &[u8], ct: &[u8]) ->
     for split in SPLITS {
         let got = encrypt_split(c, first, plain, split);
         if got != ct {
-            failures.push(format!("encrypt ({split:?}) differs {}", first_diff(&got, ct)));
+            failures.push(format!(
+                "encrypt ({split:?}) differs {}",
+                first_diff(&got, ct)
+            ));
         }
         let got = decrypt_split(c, first, ct, split);
         if got != plain {
-            failures.push(format!("decrypt ({split:?}) differs {}", first_diff(&got, plain)));
+            failures.push(format!(
+                "decrypt ({split:?}) differs {}",
+                first_diff(&got, plain)
+            ));
         }
     }
     failures

@@ -3,15 +3,19 @@
 //! run, one sector at a time and in uneven chunks. Under CI a missing vector directory
 //! fails; locally it skips with a message.
 
+#![allow(clippy::unwrap_used)]
+
 use std::io::Read;
 use std::path::PathBuf;
 use ucrypt_crypto::testing::{check, pattern_v1};
 use ucrypt_crypto::{CipherSpec, Sector512, SectorParams, SectorSize, VolumeKey};
 
 fn golden_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("UCRYPT_GOLDEN_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
-    });
+    let dir = std::env::var_os("UCRYPT_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
+        });
     if dir.join("manifest.jsonl").exists() {
         return Some(dir);
     }
@@ -26,7 +30,10 @@ fn golden_dir() -> Option<PathBuf> {
 
 fn params(case: &serde_json::Value) -> SectorParams {
     let opts = case["opt_params"].as_str().unwrap_or("");
-    let mut p = SectorParams { iv_offset: case["iv_offset"].as_u64().unwrap(), ..Default::default() };
+    let mut p = SectorParams {
+        iv_offset: case["iv_offset"].as_u64().unwrap(),
+        ..Default::default()
+    };
     for o in opts.split_whitespace().skip(1) {
         if let Some(n) = o.strip_prefix("sector_size:") {
             p.sector_size = SectorSize::new(n.parse().unwrap()).unwrap();
@@ -51,13 +58,20 @@ fn every_accepted_kernel_case_matches_in_both_directions() {
         let name = case["name"].as_str().unwrap();
         let mut ct = Vec::new();
         let gz = std::fs::File::open(dir.join(case["ciphertext_file"].as_str().unwrap())).unwrap();
-        flate2::read::GzDecoder::new(gz).read_to_end(&mut ct).unwrap();
+        flate2::read::GzDecoder::new(gz)
+            .read_to_end(&mut ct)
+            .unwrap();
         let plain = pattern_v1(Sector512(0), case["sectors"].as_u64().unwrap());
         let built = case["cipher"]
             .as_str()
             .unwrap()
             .parse::<CipherSpec>()
-            .and_then(|s| s.build(&VolumeKey::from_hex(case["key_hex"].as_str().unwrap())?, params(&case)));
+            .and_then(|s| {
+                s.build(
+                    &VolumeKey::from_hex(case["key_hex"].as_str().unwrap())?,
+                    params(&case),
+                )
+            });
         match built {
             Err(e) => failures.push(format!("{name}: refused: {e}")),
             Ok(c) => {
@@ -76,6 +90,11 @@ fn every_accepted_kernel_case_matches_in_both_directions() {
         checked += 1;
     }
     assert!(checked >= 40, "only {checked} accepted cases found");
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     eprintln!("{checked} kernel cases match");
 }

@@ -4,7 +4,9 @@
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// The mapping does not fit the backend.
-    #[error("mapping of {length} bytes at offset {offset} does not fit a device of {device} bytes")]
+    #[error(
+        "mapping of {length} bytes at offset {offset} does not fit a device of {device} bytes"
+    )]
     TooSmall {
         /// Data offset in bytes.
         offset: u64,

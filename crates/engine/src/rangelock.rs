@@ -27,10 +27,16 @@ impl RangeLocks {
     pub(crate) fn lock(&self, start: u64, end: u64) -> RangeGuard<'_> {
         let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
         while active.iter().any(|&(s, e)| s < end && start < e) {
-            active = self.released.wait(active).unwrap_or_else(|p| p.into_inner());
+            active = self
+                .released
+                .wait(active)
+                .unwrap_or_else(|p| p.into_inner());
         }
         active.push((start, end));
-        RangeGuard { locks: self, range: (start, end) }
+        RangeGuard {
+            locks: self,
+            range: (start, end),
+        }
     }
 }
 

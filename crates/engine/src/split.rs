@@ -25,7 +25,11 @@ pub struct Partial {
 
 /// Splits `[offset, offset + len)` for sectors of `sector` bytes (a power of two).
 pub fn split(offset: u64, len: u64, sector: u64) -> Split {
-    let mut out = Split { head: None, body: None, tail: None };
+    let mut out = Split {
+        head: None,
+        body: None,
+        tail: None,
+    };
     if len == 0 {
         return out;
     }
@@ -53,7 +57,11 @@ pub fn split(offset: u64, len: u64, sector: u64) -> Split {
         out.body = Some((first_whole, last_whole - first_whole));
     }
     if end & mask != 0 {
-        out.tail = Some(Partial { sector_start: last_whole, skip: 0, len: (end - last_whole) as usize });
+        out.tail = Some(Partial {
+            sector_start: last_whole,
+            skip: 0,
+            len: (end - last_whole) as usize,
+        });
     }
     out
 }
@@ -65,13 +73,27 @@ mod tests {
 
     #[test]
     fn aligned_range_is_all_body() {
-        assert_eq!(split(4096, 8192, 4096), Split { head: None, body: Some((4096, 8192)), tail: None });
+        assert_eq!(
+            split(4096, 8192, 4096),
+            Split {
+                head: None,
+                body: Some((4096, 8192)),
+                tail: None
+            }
+        );
     }
 
     #[test]
     fn range_inside_one_sector_is_a_head() {
         let s = split(10, 20, 512);
-        assert_eq!(s.head, Some(Partial { sector_start: 0, skip: 10, len: 20 }));
+        assert_eq!(
+            s.head,
+            Some(Partial {
+                sector_start: 0,
+                skip: 10,
+                len: 20
+            })
+        );
         assert_eq!((s.body, s.tail), (None, None));
     }
 

@@ -51,13 +51,24 @@ impl Volume {
     ) -> Result<Self, EngineError> {
         let ss = cipher.sector_size();
         let sector_bytes = u64::from(ss.bytes());
-        for (what, value) in [("length", cfg.length_bytes), ("data offset", cfg.data_offset_bytes)] {
+        for (what, value) in [
+            ("length", cfg.length_bytes),
+            ("data offset", cfg.data_offset_bytes),
+        ] {
             if value % sector_bytes != 0 {
-                return Err(EngineError::Misaligned { what, value, sector_size: ss.bytes() });
+                return Err(EngineError::Misaligned {
+                    what,
+                    value,
+                    sector_size: ss.bytes(),
+                });
             }
         }
         let device = backend.info().size_bytes;
-        if cfg.data_offset_bytes.checked_add(cfg.length_bytes).is_none_or(|end| end > device) {
+        if cfg
+            .data_offset_bytes
+            .checked_add(cfg.length_bytes)
+            .is_none_or(|end| end > device)
+        {
             return Err(EngineError::TooSmall {
                 offset: cfg.data_offset_bytes,
                 length: cfg.length_bytes,
@@ -82,7 +93,14 @@ impl Volume {
                 read_only: cfg.read_only || lower.caps.read_only,
             },
         };
-        Ok(Volume { cipher, backend, cfg, info, sector_bytes, locks: RangeLocks::default() })
+        Ok(Volume {
+            cipher,
+            backend,
+            cfg,
+            info,
+            sector_bytes,
+            locks: RangeLocks::default(),
+        })
     }
 
     /// The sector cipher.
@@ -165,7 +183,8 @@ impl Backend for Volume {
         }
         let skip = (offset - start) as usize;
         out[skip..skip + buf.len()].copy_from_slice(buf);
-        self.cipher.encrypt(Sector512::from_bytes_floor(start), &mut out);
+        self.cipher
+            .encrypt(Sector512::from_bytes_floor(start), &mut out);
         self.backend.write_at(&out, self.lower(start), fua)
     }
 
@@ -175,7 +194,9 @@ impl Backend for Volume {
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         if self.info.caps.discard == Support::None {
-            return Err(BackendError::Unsupported("discard (the table has no allow_discards)"));
+            return Err(BackendError::Unsupported(
+                "discard (the table has no allow_discards)",
+            ));
         }
         check_range(offset, len, self.info.size_bytes)?;
         // Only whole sectors are discarded; a partial sector keeps its data (discard is

@@ -20,7 +20,13 @@ pub fn read_user_key(description: &str, expected_len: usize) -> Result<VolumeKey
     // SAFETY: request_key(2) with valid NUL-terminated strings, no callout info and
     // destination keyring 0 (none); it only reads its arguments.
     let serial = unsafe {
-        libc::syscall(libc::SYS_request_key, ty.as_ptr(), desc.as_ptr(), std::ptr::null::<u8>(), 0)
+        libc::syscall(
+            libc::SYS_request_key,
+            ty.as_ptr(),
+            desc.as_ptr(),
+            std::ptr::null::<u8>(),
+            0,
+        )
     };
     if serial < 0 {
         let err = std::io::Error::last_os_error();
@@ -32,12 +38,20 @@ pub fn read_user_key(description: &str, expected_len: usize) -> Result<VolumeKey
     // SAFETY: keyctl(KEYCTL_READ) writes at most buf.len() bytes into buf, which is live and
     // writable for that length; it returns the key's full length.
     let n = unsafe {
-        libc::syscall(libc::SYS_keyctl, libc::KEYCTL_READ, serial, buf.as_mut_ptr(), buf.len())
+        libc::syscall(
+            libc::SYS_keyctl,
+            libc::KEYCTL_READ,
+            serial,
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
     };
     if n < 0 {
         let err = std::io::Error::last_os_error();
         buf.zeroize();
-        return Err(FormatError::Key(format!("cannot read user key \"{description}\" ({err})")));
+        return Err(FormatError::Key(format!(
+            "cannot read user key \"{description}\" ({err})"
+        )));
     }
     let n = usize::try_from(n).unwrap_or(usize::MAX);
     if n != expected_len {

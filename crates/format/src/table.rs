@@ -83,9 +83,14 @@ impl FromStr for OptParam {
     type Err = FormatError;
 
     fn from_str(s: &str) -> Result<Self, FormatError> {
-        let err = |reason: &str| FormatError::OptParam { param: s.to_string(), reason: reason.to_string() };
+        let err = |reason: &str| FormatError::OptParam {
+            param: s.to_string(),
+            reason: reason.to_string(),
+        };
         if let Some(v) = s.strip_prefix("sector_size:") {
-            let n: u32 = v.parse().map_err(|_| err("sector size must be a number of bytes"))?;
+            let n: u32 = v
+                .parse()
+                .map_err(|_| err("sector size must be a number of bytes"))?;
             return Ok(OptParam::SectorSize(n));
         }
         if s.starts_with("integrity:") {
@@ -125,7 +130,11 @@ impl fmt::Debug for KeySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeySource::Hex(k) => write!(f, "Hex({k:?})"),
-            KeySource::Keyring { size, key_type, description } => {
+            KeySource::Keyring {
+                size,
+                key_type,
+                description,
+            } => {
                 write!(f, "Keyring(:{size}:{key_type}:{description})")
             }
         }
@@ -138,16 +147,23 @@ impl KeySource {
             return Ok(KeySource::Hex(VolumeKey::from_hex(text)?));
         };
         let bad = |why: &str| {
-            FormatError::Key(format!("keyring key must be :<size>:<type>:<description> ({why})"))
+            FormatError::Key(format!(
+                "keyring key must be :<size>:<type>:<description> ({why})"
+            ))
         };
         let mut it = rest.splitn(3, ':');
         let size: usize = it
             .next()
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| bad("size is not a number"))?;
-        let key_type = it.next().filter(|t| !t.is_empty()).ok_or_else(|| bad("no key type"))?;
-        let description =
-            it.next().filter(|d| !d.is_empty()).ok_or_else(|| bad("no description"))?;
+        let key_type = it
+            .next()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| bad("no key type"))?;
+        let description = it
+            .next()
+            .filter(|d| !d.is_empty())
+            .ok_or_else(|| bad("no description"))?;
         Ok(KeySource::Keyring {
             size,
             key_type: key_type.to_string(),
@@ -163,7 +179,11 @@ impl KeySource {
     pub fn load(&self) -> Result<VolumeKey, FormatError> {
         match self {
             KeySource::Hex(k) => Ok(VolumeKey::new(k.as_bytes().to_vec())),
-            KeySource::Keyring { size, key_type, description } => match key_type.as_str() {
+            KeySource::Keyring {
+                size,
+                key_type,
+                description,
+            } => match key_type.as_str() {
                 "user" => keyring::read_user_key(description, *size),
                 "logon" => Err(FormatError::Key(format!(
                     "logon key \"{description}\" cannot be read from userspace (the kernel \
@@ -208,7 +228,9 @@ pub struct TableLine {
 
 fn number(field: &str, text: &str) -> Result<u64, FormatError> {
     text.parse().map_err(|_| {
-        FormatError::Table(format!("{field} \"{text}\" is not a whole number of sectors"))
+        FormatError::Table(format!(
+            "{field} \"{text}\" is not a whole number of sectors"
+        ))
     })
 }
 
@@ -240,7 +262,9 @@ impl FromStr for TableLine {
         let mut opts = Vec::new();
         if let Some(count) = args.get(8) {
             let n: usize = count.parse().map_err(|_| {
-                FormatError::Table(format!("number of optional parameters \"{count}\" is not a number"))
+                FormatError::Table(format!(
+                    "number of optional parameters \"{count}\" is not a number"
+                ))
             })?;
             let rest = &args[9..];
             if n != rest.len() {
@@ -254,13 +278,23 @@ impl FromStr for TableLine {
                 // A repeated flag means the same as one (the kernel sets a bit); a repeated
                 // sector_size keeps the last, as the kernel does.
                 opts.retain(|o: &OptParam| {
-                    !(o == &p || matches!((o, p), (OptParam::SectorSize(_), OptParam::SectorSize(_))))
+                    !(o == &p
+                        || matches!((o, p), (OptParam::SectorSize(_), OptParam::SectorSize(_))))
                 });
                 opts.push(p);
             }
         }
         opts.sort_by_key(|o| o.rank());
-        Ok(TableLine { start, length, cipher, key, iv_offset, device, offset, opts })
+        Ok(TableLine {
+            start,
+            length,
+            cipher,
+            key,
+            iv_offset,
+            device,
+            offset,
+            opts,
+        })
     }
 }
 
@@ -292,7 +326,10 @@ impl TableLine {
             SectorSize::new_extended(bytes).map_err(FormatError::from)
         } else {
             SectorSize::new(bytes).map_err(|e| {
-                if bytes.is_power_of_two() && bytes > SectorSize::KERNEL_MAX && bytes <= SectorSize::EXTENDED_MAX {
+                if bytes.is_power_of_two()
+                    && bytes > SectorSize::KERNEL_MAX
+                    && bytes <= SectorSize::EXTENDED_MAX
+                {
                     FormatError::Rule(format!(
                         "sector_size {bytes} is larger than the kernel's limit of 4096; ucrypt \
                          can use up to 65536 with --large-sectors, but such a volume cannot be \
@@ -305,7 +342,9 @@ impl TableLine {
         }?;
         let unit = sector_size.sectors512();
         if self.length == 0 {
-            return Err(FormatError::Rule("length is 0: a mapping needs at least one sector".into()));
+            return Err(FormatError::Rule(
+                "length is 0: a mapping needs at least one sector".into(),
+            ));
         }
         if self.start != 0 {
             return Err(FormatError::Rule(format!(
@@ -335,7 +374,11 @@ impl TableLine {
             }
             .into());
         }
-        if self.offset.checked_add(self.length).is_none_or(|end| end > u64::MAX >> 9) {
+        if self
+            .offset
+            .checked_add(self.length)
+            .is_none_or(|end| end > u64::MAX >> 9)
+        {
             return Err(FormatError::Rule("offset + length overflows".into()));
         }
         Ok(SectorParams {
@@ -349,7 +392,10 @@ impl TableLine {
     ///
     /// # Errors
     /// Any rule of [`TableLine::validate`], key errors, cipher errors.
-    pub fn build_cipher(&self, opts: ValidateOptions) -> Result<Box<dyn SectorCipher>, FormatError> {
+    pub fn build_cipher(
+        &self,
+        opts: ValidateOptions,
+    ) -> Result<Box<dyn SectorCipher>, FormatError> {
         let params = self.validate(opts)?;
         let key = self.key.load()?;
         Ok(self.cipher.build(&key, params)?)
@@ -361,7 +407,11 @@ impl TableLine {
         let key = match &self.key {
             KeySource::Hex(k) if show_keys || k.is_empty() => k.to_hex().to_string(),
             KeySource::Hex(k) => format!("<key:{}-bytes>", k.len()),
-            KeySource::Keyring { size, key_type, description } => {
+            KeySource::Keyring {
+                size,
+                key_type,
+                description,
+            } => {
                 format!(":{size}:{key_type}:{description}")
             }
         };
@@ -422,8 +472,12 @@ mod tests {
 
     #[test]
     fn prints_options_in_kernel_order() {
-        let t: TableLine = line(" 3 iv_large_sectors no_write_workqueue sector_size:4096").parse().unwrap();
-        assert!(t.to_line(true).ends_with(" 3 no_write_workqueue sector_size:4096 iv_large_sectors"));
+        let t: TableLine = line(" 3 iv_large_sectors no_write_workqueue sector_size:4096")
+            .parse()
+            .unwrap();
+        assert!(t
+            .to_line(true)
+            .ends_with(" 3 no_write_workqueue sector_size:4096 iv_large_sectors"));
     }
 
     #[test]
@@ -443,65 +497,109 @@ mod tests {
 
     #[test]
     fn rejects_opt_count_mismatch() {
-        let e = line(" 3 allow_discards").parse::<TableLine>().unwrap_err().to_string();
+        let e = line(" 3 allow_discards")
+            .parse::<TableLine>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("number of feature args"), "{e}");
     }
 
     #[test]
     fn rejects_unknown_opt_and_integrity() {
-        let e = line(" 1 frobnicate").parse::<TableLine>().unwrap_err().to_string();
+        let e = line(" 1 frobnicate")
+            .parse::<TableLine>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("\"frobnicate\": unknown"), "{e}");
-        let e = line(" 1 integrity:28:aead").parse::<TableLine>().unwrap_err().to_string();
+        let e = line(" 1 integrity:28:aead")
+            .parse::<TableLine>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not supported yet"), "{e}");
     }
 
     #[test]
     fn rejects_length_not_multiple_of_sector_size() {
-        let t: TableLine = format!("0 12 crypt aes-xts-plain64 {K64} 0 d 0 1 sector_size:4096").parse().unwrap();
-        let e = t.validate(ValidateOptions::default()).unwrap_err().to_string();
+        let t: TableLine = format!("0 12 crypt aes-xts-plain64 {K64} 0 d 0 1 sector_size:4096")
+            .parse()
+            .unwrap();
+        let e = t
+            .validate(ValidateOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a multiple of sector_size"), "{e}");
     }
 
     #[test]
     fn rejects_offset_not_aligned_to_sector_size() {
-        let t: TableLine = format!("0 64 crypt aes-xts-plain64 {K64} 0 d 3 1 sector_size:4096").parse().unwrap();
-        let e = t.validate(ValidateOptions::default()).unwrap_err().to_string();
+        let t: TableLine = format!("0 64 crypt aes-xts-plain64 {K64} 0 d 3 1 sector_size:4096")
+            .parse()
+            .unwrap();
+        let e = t
+            .validate(ValidateOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("offset 3 is not aligned"), "{e}");
     }
 
     #[test]
     fn rejects_iv_offset_not_aligned_with_large_sectors() {
-        let t: TableLine = format!("0 64 crypt aes-xts-plain64 {K64} 3 d 0 2 sector_size:4096 iv_large_sectors").parse().unwrap();
-        let e = t.validate(ValidateOptions::default()).unwrap_err().to_string();
+        let t: TableLine =
+            format!("0 64 crypt aes-xts-plain64 {K64} 3 d 0 2 sector_size:4096 iv_large_sectors")
+                .parse()
+                .unwrap();
+        let e = t
+            .validate(ValidateOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("iv_offset 3"), "{e}");
     }
 
     #[test]
     fn large_sectors_need_the_opt_in() {
         let t: TableLine = line(" 1 sector_size:65536").parse().unwrap();
-        let e = t.validate(ValidateOptions::default()).unwrap_err().to_string();
+        let e = t
+            .validate(ValidateOptions::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--large-sectors"), "{e}");
-        let p = t.validate(ValidateOptions { allow_large_sectors: true }).unwrap();
+        let p = t
+            .validate(ValidateOptions {
+                allow_large_sectors: true,
+            })
+            .unwrap();
         assert_eq!(p.sector_size.bytes(), 65536);
         let t: TableLine = line(" 1 sector_size:1000").parse().unwrap();
-        let e = t.validate(ValidateOptions { allow_large_sectors: true }).unwrap_err().to_string();
+        let e = t
+            .validate(ValidateOptions {
+                allow_large_sectors: true,
+            })
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sector_size 1000"), "{e}");
     }
 
     #[test]
     fn rejects_short_lines_and_other_targets() {
         assert!("0 64 crypt aes".parse::<TableLine>().is_err());
-        let e = format!("0 64 linear aes-xts-plain64 {K64} 0 d 0").parse::<TableLine>().unwrap_err().to_string();
+        let e = format!("0 64 linear aes-xts-plain64 {K64} 0 d 0")
+            .parse::<TableLine>()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not crypt"), "{e}");
     }
 
     #[test]
     fn keyring_key_form_parses_and_logon_is_explained() {
-        let t: TableLine = "0 64 crypt aes-xts-plain64 :64:logon:cryptsetup:abc 0 d 0".parse().unwrap();
+        let t: TableLine = "0 64 crypt aes-xts-plain64 :64:logon:cryptsetup:abc 0 d 0"
+            .parse()
+            .unwrap();
         assert!(t.to_line(false).contains(":64:logon:cryptsetup:abc"));
         let e = t.key.load().unwrap_err().to_string();
         assert!(e.contains("cannot be read from userspace"), "{e}");
-        assert!("0 64 crypt aes-xts-plain64 :x:user:d 0 d 0".parse::<TableLine>().is_err());
+        assert!("0 64 crypt aes-xts-plain64 :x:user:d 0 d 0"
+            .parse::<TableLine>()
+            .is_err());
     }
 
     proptest::proptest! {

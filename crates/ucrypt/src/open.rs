@@ -35,11 +35,16 @@ pub struct OpenedTable {
 pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
     let table: TableLine = line.trim().parse().context("parsing the table line")?;
     let cipher = table
-        .build_cipher(ValidateOptions { allow_large_sectors: opts.allow_large_sectors })
+        .build_cipher(ValidateOptions {
+            allow_large_sectors: opts.allow_large_sectors,
+        })
         .context("checking the table line")?;
     let backend = FileBackend::open(
         &table.device,
-        FileOptions { read_only: opts.read_only, direct: opts.direct },
+        FileOptions {
+            read_only: opts.read_only,
+            direct: opts.direct,
+        },
     )
     .with_context(|| format!("opening device {}", table.device))?;
     let backend: Arc<dyn Backend> = Arc::new(backend);
@@ -54,5 +59,8 @@ pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
         },
     )
     .with_context(|| format!("mapping device {}", table.device))?;
-    Ok(OpenedTable { table, volume: Arc::new(volume) })
+    Ok(OpenedTable {
+        table,
+        volume: Arc::new(volume),
+    })
 }

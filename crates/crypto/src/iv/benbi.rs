@@ -22,7 +22,9 @@ impl Benbi {
                 reason: format!("cipher block size {block_size} is not a power of two up to 512"),
             });
         }
-        Ok(Benbi { shift: 9 - block_size.trailing_zeros() })
+        Ok(Benbi {
+            shift: 9 - block_size.trailing_zeros(),
+        })
     }
 }
 

@@ -18,7 +18,10 @@ impl Eboiv {
     /// # Errors
     /// Key errors of the cipher.
     pub fn new(cipher: &str, subkey: &[u8], sector_bytes: u32) -> Result<Self, CryptoError> {
-        Ok(Eboiv { cipher: new_block_cipher(cipher, subkey)?, sector_bytes: u64::from(sector_bytes) })
+        Ok(Eboiv {
+            cipher: new_block_cipher(cipher, subkey)?,
+            sector_bytes: u64::from(sector_bytes),
+        })
     }
 }
 

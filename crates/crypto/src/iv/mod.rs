@@ -29,7 +29,8 @@ pub mod plain64be;
 use crate::CryptoError;
 
 /// The IV modes ucrypt knows, by kernel name.
-pub const IV_NAMES: &str = "plain, plain64, plain64be, essiv, benbi, null, eboiv, lmk, tcw, elephant";
+pub const IV_NAMES: &str =
+    "plain, plain64, plain64be, essiv, benbi, null, eboiv, lmk, tcw, elephant";
 
 /// Fills the IV for one IV-sector number. Pure: no state changes between calls.
 pub trait IvGenerator: Send + Sync {

@@ -35,8 +35,12 @@ impl Adiantum {
             reason: "Adiantum takes a 32-byte key".into(),
         };
         let inner = match cipher {
-            "xchacha12,aes" => Inner::X12(Box::new(Xc12::new_from_slice(key).map_err(|_| bad_len())?)),
-            "xchacha20,aes" => Inner::X20(Box::new(Xc20::new_from_slice(key).map_err(|_| bad_len())?)),
+            "xchacha12,aes" => {
+                Inner::X12(Box::new(Xc12::new_from_slice(key).map_err(|_| bad_len())?))
+            }
+            "xchacha20,aes" => {
+                Inner::X20(Box::new(Xc20::new_from_slice(key).map_err(|_| bad_len())?))
+            }
             other => {
                 return Err(CryptoError::Unknown {
                     what: "Adiantum cipher pair",

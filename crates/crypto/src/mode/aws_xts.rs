@@ -40,7 +40,10 @@ impl Ctx {
         // SAFETY: plain constructor calls; failures are checked below and the partially
         // built Ctx is dropped (freeing whatever was allocated) on every error path.
         unsafe {
-            let ctx = Ctx { enc: ffi::EVP_CIPHER_CTX_new(), dec: ffi::EVP_CIPHER_CTX_new() };
+            let ctx = Ctx {
+                enc: ffi::EVP_CIPHER_CTX_new(),
+                dec: ffi::EVP_CIPHER_CTX_new(),
+            };
             if ctx.enc.is_null() || ctx.dec.is_null() {
                 return None;
             }
@@ -83,7 +86,10 @@ impl Ctx {
                 && ffi::EVP_CipherUpdate(ctx, data.as_mut_ptr(), &mut out_len, data.as_ptr(), len)
                     == 1
         };
-        assert!(ok && out_len == len, "BUG: AWS-LC XTS refused a whole sector");
+        assert!(
+            ok && out_len == len,
+            "BUG: AWS-LC XTS refused a whole sector"
+        );
     }
 }
 
@@ -109,8 +115,12 @@ impl AwsXts {
         // Why this many: one per CPU is enough for the worker pool; twice that leaves room
         // for receiving threads doing crypto inline, so try_lock nearly always succeeds.
         let n = std::thread::available_parallelism().map_or(2, |n| n.get()) * 2;
-        let slots = (0..n).map(|_| Ctx::new(key).map(Mutex::new)).collect::<Option<Vec<_>>>()?;
-        Some(AwsXts { slots: slots.into_boxed_slice() })
+        let slots = (0..n)
+            .map(|_| Ctx::new(key).map(Mutex::new))
+            .collect::<Option<Vec<_>>>()?;
+        Some(AwsXts {
+            slots: slots.into_boxed_slice(),
+        })
     }
 
     /// Runs `f` with a context slot held.
@@ -158,26 +168,6 @@ impl Mode for AwsXts {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn matches_the_generic_xts() {
-        let key: Vec<u8> = (0..64).map(|i| (i * 13 + 1) as u8).collect();
-        let fast = AwsXts::new(&key).expect("AWS-LC keys AES-256-XTS");
-        let slow = super::super::xts::Xts::new("aes", &key).unwrap();
-        let mut a: Vec<u8> = (0..4096).map(|i| (i * 31) as u8).collect();
-        let mut b = a.clone();
-        let iv = [9u8; 16];
-        fast.encrypt(&iv, &mut a);
-        slow.encrypt(&iv, &mut b);
-        assert_eq!(a, b);
-        fast.decrypt(&iv, &mut a);
-        assert!(a.iter().enumerate().all(|(i, &x)| x == (i * 31) as u8));
-    }
-}
-
 /// The raw library rate benchmarks compare against: one keyed AWS-LC context, one
 /// `EVP_CipherInit_ex` (IV only) + `EVP_CipherUpdate` per sector with a plain64 IV, no
 /// ucrypt code in between.
@@ -199,5 +189,25 @@ impl RawLibraryXts {
             iv[..8].copy_from_slice(&(n as u64).to_le_bytes());
             Ctx::unit(c, &iv, sector);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_the_generic_xts() {
+        let key: Vec<u8> = (0..64).map(|i| (i * 13 + 1) as u8).collect();
+        let fast = AwsXts::new(&key).expect("AWS-LC keys AES-256-XTS");
+        let slow = super::super::xts::Xts::new("aes", &key).unwrap();
+        let mut a: Vec<u8> = (0..4096).map(|i| (i * 31) as u8).collect();
+        let mut b = a.clone();
+        let iv = [9u8; 16];
+        fast.encrypt(&iv, &mut a);
+        slow.encrypt(&iv, &mut b);
+        assert_eq!(a, b);
+        fast.decrypt(&iv, &mut a);
+        assert!(a.iter().enumerate().all(|(i, &x)| x == (i * 31) as u8));
     }
 }

@@ -20,7 +20,9 @@ impl Cbc {
     /// # Errors
     /// As [`new_block_cipher`].
     pub fn new(cipher: &str, key: &[u8]) -> Result<Self, CryptoError> {
-        Ok(Cbc { cipher: new_block_cipher(cipher, key)? })
+        Ok(Cbc {
+            cipher: new_block_cipher(cipher, key)?,
+        })
     }
 
     /// The underlying block cipher (for IV generators that encrypt with the data key).

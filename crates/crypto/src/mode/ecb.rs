@@ -15,7 +15,9 @@ impl Ecb {
     /// # Errors
     /// As [`new_block_cipher`].
     pub fn new(cipher: &str, key: &[u8]) -> Result<Self, CryptoError> {
-        Ok(Ecb { cipher: new_block_cipher(cipher, key)? })
+        Ok(Ecb {
+            cipher: new_block_cipher(cipher, key)?,
+        })
     }
 }
 

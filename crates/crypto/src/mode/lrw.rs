@@ -84,7 +84,11 @@ impl Lrw {
             *step = acc;
             power = mul_x(power);
         }
-        Ok(Lrw { cipher: cipher_box, k2, steps })
+        Ok(Lrw {
+            cipher: cipher_box,
+            k2,
+            steps,
+        })
     }
 
     fn run(&self, iv: &[u8], data: &mut [u8], encrypt: bool) {

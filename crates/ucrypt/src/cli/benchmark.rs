@@ -79,7 +79,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let per_round = Duration::from_secs_f64(a.seconds.max(0.05) / ROUNDS as f64);
     let specs: Vec<(String, usize)> = match &a.cipher {
         Some(c) => vec![(c.clone(), a.key_size)],
-        None => DEFAULT_SPECS.iter().map(|(s, k)| (s.to_string(), *k)).collect(),
+        None => DEFAULT_SPECS
+            .iter()
+            .map(|(s, k)| (s.to_string(), *k))
+            .collect(),
     };
     let key_bytes: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
     let mut data = vec![0x5au8; buffer];
@@ -87,19 +90,38 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     for (spec, bits) in &specs {
         let cipher: Box<dyn SectorCipher> = spec.parse::<CipherSpec>()?.build(
             &VolumeKey::new(key_bytes[..bits / 8].to_vec()),
-            SectorParams { sector_size: ss, ..Default::default() },
+            SectorParams {
+                sector_size: ss,
+                ..Default::default()
+            },
         )?;
-        let enc = measure(buffer, per_round, || cipher.encrypt(Sector512(0), &mut data));
-        let dec = measure(buffer, per_round, || cipher.decrypt(Sector512(0), &mut data));
-        rows.push(Row { name: spec.clone(), key_bits: *bits, enc, dec });
+        let enc = measure(buffer, per_round, || {
+            cipher.encrypt(Sector512(0), &mut data)
+        });
+        let dec = measure(buffer, per_round, || {
+            cipher.decrypt(Sector512(0), &mut data)
+        });
+        rows.push(Row {
+            name: spec.clone(),
+            key_bits: *bits,
+            enc,
+            dec,
+        });
     }
     // The raw library baseline for the hot path, in the same run.
     let raw = RawLibraryXts::new(&key_bytes[..64]).map(|mut raw| {
         let enc = measure(buffer, per_round, || raw.run(&mut data, ss.len(), true));
         let dec = measure(buffer, per_round, || raw.run(&mut data, ss.len(), false));
-        Row { name: "raw AWS-LC aes-256-xts (one call per sector)".into(), key_bits: 512, enc, dec }
+        Row {
+            name: "raw AWS-LC aes-256-xts (one call per sector)".into(),
+            key_bits: 512,
+            enc,
+            dec,
+        }
     });
-    let ours = rows.iter().find(|r| r.name == "aes-xts-plain64" && r.key_bits == 512);
+    let ours = rows
+        .iter()
+        .find(|r| r.name == "aes-xts-plain64" && r.key_bits == 512);
     if a.json {
         for r in rows.iter().chain(raw.iter()) {
             println!(
@@ -109,9 +131,15 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         }
     } else {
         println!("# Tests are approximate using memory only (no storage IO); sector size {ss}, {buffer} bytes per call, median of {ROUNDS} rounds.");
-        println!("#{:>34} {:>6} {:>14} {:>14}", "Algorithm", "Key", "Encryption", "Decryption");
+        println!(
+            "#{:>34} {:>6} {:>14} {:>14}",
+            "Algorithm", "Key", "Encryption", "Decryption"
+        );
         for r in rows.iter().chain(raw.iter()) {
-            println!("{:>35} {:>5}b {:>9.1} MiB/s {:>9.1} MiB/s", r.name, r.key_bits, r.enc, r.dec);
+            println!(
+                "{:>35} {:>5}b {:>9.1} MiB/s {:>9.1} MiB/s",
+                r.name, r.key_bits, r.enc, r.dec
+            );
         }
     }
     if let (Some(o), Some(r)) = (ours, &raw) {

@@ -44,7 +44,10 @@ pub(crate) const EXIT_DEVICE: u8 = 4;
 
 impl<E: Into<anyhow::Error>> From<E> for CliError {
     fn from(e: E) -> Self {
-        CliError { code: EXIT_PARAMS, err: e.into() }
+        CliError {
+            code: EXIT_PARAMS,
+            err: e.into(),
+        }
     }
 }
 
@@ -55,7 +58,10 @@ pub(crate) trait WithCode<T> {
 
 impl<T, E: Into<anyhow::Error>> WithCode<T> for Result<T, E> {
     fn code(self, code: u8) -> Result<T, CliError> {
-        self.map_err(|e| CliError { code, err: e.into() })
+        self.map_err(|e| CliError {
+            code,
+            err: e.into(),
+        })
     }
 }
 
@@ -77,7 +83,10 @@ impl TableArg {
         if let Some(t) = &self.table {
             return Ok(zeroize::Zeroizing::new(t.clone()));
         }
-        let path = self.table_file.as_ref().expect("clap requires one of the two");
+        let path = self
+            .table_file
+            .as_ref()
+            .expect("clap requires one of the two");
         let text = if path.as_os_str() == "-" {
             let mut s = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
@@ -86,8 +95,12 @@ impl TableArg {
             std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("reading table file {}: {e}", path.display()))?
         };
-        let line = text.lines().find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
-        Ok(zeroize::Zeroizing::new(line.unwrap_or("").trim().to_string()))
+        let line = text
+            .lines()
+            .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+        Ok(zeroize::Zeroizing::new(
+            line.unwrap_or("").trim().to_string(),
+        ))
     }
 }
 
@@ -97,7 +110,10 @@ pub(crate) fn open_error(e: anyhow::Error) -> CliError {
         c.downcast_ref::<ucrypt_backend::BackendError>().is_some()
             || c.downcast_ref::<ucrypt_engine::EngineError>().is_some()
     });
-    CliError { code: if device { EXIT_DEVICE } else { EXIT_PARAMS }, err: e }
+    CliError {
+        code: if device { EXIT_DEVICE } else { EXIT_PARAMS },
+        err: e,
+    }
 }
 
 /// Parses the command line, runs the command, prints any error as one line on stderr.

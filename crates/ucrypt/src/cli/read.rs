@@ -42,7 +42,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let line = a.table.line()?;
     let opened = ucrypt::open_table(
         &line,
-        ucrypt::OpenOptions { read_only: true, direct: a.direct, allow_large_sectors: a.large_sectors },
+        ucrypt::OpenOptions {
+            read_only: true,
+            direct: a.direct,
+            allow_large_sectors: a.large_sectors,
+        },
     )
     .map_err(open_error)?;
     warn_large(&opened.table);

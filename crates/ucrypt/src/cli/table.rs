@@ -19,8 +19,13 @@ pub(crate) struct Args {
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let line = a.table.line()?;
     let table: TableLine = line.parse()?;
-    table.build_cipher(ValidateOptions { allow_large_sectors: a.large_sectors })?;
+    table.build_cipher(ValidateOptions {
+        allow_large_sectors: a.large_sectors,
+    })?;
     super::read::warn_large(&table);
-    println!("{}", zeroize::Zeroizing::new(table.to_line(a.showkeys)).as_str());
+    println!(
+        "{}",
+        zeroize::Zeroizing::new(table.to_line(a.showkeys)).as_str()
+    );
     Ok(())
 }

@@ -29,15 +29,22 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let line = a.table.line()?;
     let opened = ucrypt::open_table(
         &line,
-        ucrypt::OpenOptions { read_only: false, direct: a.direct, allow_large_sectors: a.large_sectors },
+        ucrypt::OpenOptions {
+            read_only: false,
+            direct: a.direct,
+            allow_large_sectors: a.large_sectors,
+        },
     )
     .map_err(open_error)?;
     super::read::warn_large(&opened.table);
     let volume = &opened.volume;
     let size = volume.info().size_bytes;
     if a.offset > size {
-        return Err(anyhow::anyhow!("offset {} is past the end of the mapping ({size} bytes)", a.offset))
-            .code(EXIT_PARAMS);
+        return Err(anyhow::anyhow!(
+            "offset {} is past the end of the mapping ({size} bytes)",
+            a.offset
+        ))
+        .code(EXIT_PARAMS);
     }
     let mut input: Box<dyn Read> = match &a.input {
         None => Box::new(std::io::stdin().lock()),

@@ -1,0 +1,214 @@
+//! The offline commands as a user meets them: errors, bounds, keys kept out of output.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+use common::*;
+
+const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f";
+
+fn table(img: &std::path::Path, rest: &str) -> String {
+    format!(
+        "0 64 crypt aes-xts-plain64 {KEY} 0 {} 8{rest}",
+        img.display()
+    )
+}
+
+#[test]
+fn round_trip_and_nothing_outside_the_mapping_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 8 sectors before, 64 mapped, 8 after, all 0xee.
+    let img = tmp.path().join("d.img");
+    std::fs::write(&img, vec![0xeeu8; 80 * 512]).unwrap();
+    let t = table(&img, "");
+    let data: Vec<u8> = (0..64 * 512).map(|i| (i * 7 % 251) as u8).collect();
+    ok(ucrypt(&["write", "--table", &t], &data));
+    let disk = std::fs::read(&img).unwrap();
+    assert!(disk[..8 * 512]
+        .iter()
+        .chain(&disk[72 * 512..])
+        .all(|&b| b == 0xee));
+    assert_ne!(&disk[8 * 512..72 * 512], &data[..]);
+    assert_eq!(ok(ucrypt(&["read", "--table", &t], b"")), data);
+}
+
+#[test]
+fn writing_past_the_end_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = image(tmp.path(), "d.img", 80 * 512);
+    let t = table(&img, "");
+    let out = ucrypt(&["write", "--table", &t, "--offset", "32000"], &[1u8; 1000]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("longer than the mapping"));
+    let input = tmp.path().join("in.bin");
+    std::fs::write(&input, vec![1u8; 64 * 512 + 1]).unwrap();
+    let before = std::fs::read(&img).unwrap();
+    let out = ucrypt(
+        &["write", "--table", &t, "--input", input.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing written"));
+    assert_eq!(std::fs::read(&img).unwrap(), before);
+    let out = ucrypt(
+        &[
+            "read", "--table", &t, "--offset", "32000", "--length", "1000",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn missing_device_exits_4_and_small_device_exits_4() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = ucrypt(
+        &["read", "--table", &table(&tmp.path().join("nope"), "")],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+    let img = image(tmp.path(), "small.img", 4096);
+    let out = ucrypt(&["read", "--table", &table(&img, "")], b"");
+    assert_eq!(out.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not fit"));
+}
+
+#[test]
+fn errors_never_show_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    for t in [
+        table(&tmp.path().join("nope"), ""),
+        table(&tmp.path().join("nope"), " 1 frobnicate"),
+        format!("0 63 crypt aes-xts-plain64 {KEY} 0 x 0 1 sector_size:4096"),
+        format!("0 64 crypt aes-cbc-plain64 {KEY}0 0 x 0"),
+    ] {
+        let out = ucrypt(&["read", "--table", &t], b"");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(!err.contains(&KEY[..16]), "key leaked: {err}");
+    }
+}
+
+#[test]
+fn table_command_prints_canonically_and_hides_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = table(
+        &tmp.path().join("x"),
+        " 3 iv_large_sectors allow_discards sector_size:4096",
+    );
+    let out = String::from_utf8(ok(ucrypt(&["table", "--table", &t], b""))).unwrap();
+    assert!(
+        out.ends_with(" 8 3 allow_discards sector_size:4096 iv_large_sectors\n"),
+        "{out}"
+    );
+    assert!(!out.contains(KEY));
+    let out = String::from_utf8(ok(ucrypt(&["table", "--showkeys", "--table", &t], b""))).unwrap();
+    assert!(out.contains(KEY));
+}
+
+#[test]
+fn table_file_keeps_the_key_off_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = image(tmp.path(), "d.img", 80 * 512);
+    let tf = tmp.path().join("table");
+    std::fs::write(&tf, format!("# comment\n{}\n", table(&img, ""))).unwrap();
+    ok(ucrypt(
+        &["write", "--table-file", tf.to_str().unwrap()],
+        b"hello",
+    ));
+    let out = ok(ucrypt(
+        &["read", "--table", &table(&img, ""), "--length", "5"],
+        b"",
+    ));
+    assert_eq!(out, b"hello");
+}
+
+#[test]
+fn large_sectors_need_the_flag_and_warn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = image(tmp.path(), "d.img", 1 << 20);
+    let t = format!(
+        "0 1024 crypt aes-xts-plain64 {KEY} 0 {} 0 1 sector_size:65536",
+        img.display()
+    );
+    let out = ucrypt(&["write", "--table", &t], b"x");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--large-sectors"));
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    let out = ucrypt(
+        &[
+            "write",
+            "--large-sectors",
+            "--table",
+            &t,
+            "--offset",
+            "1000",
+        ],
+        &data,
+    );
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open this volume"));
+    let out = ok(ucrypt(
+        &[
+            "read",
+            "--large-sectors",
+            "--table",
+            &t,
+            "--offset",
+            "1000",
+            "--length",
+            "200000",
+        ],
+        b"",
+    ));
+    assert_eq!(out, data);
+}
+
+#[test]
+fn keyring_user_key_works_like_the_hex_key() {
+    if std::process::Command::new("keyctl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var("CI").is_err(),
+            "keyctl missing: scripts/setup.sh installs keyutils"
+        );
+        eprintln!("SKIP: keyctl not installed");
+        return;
+    }
+    let desc = format!("ucrypt-test-{}", std::process::id());
+    let key = hex::decode(KEY).unwrap();
+    let mut child = std::process::Command::new("keyctl")
+        .args(["padd", "user", &desc, "@u"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &key).unwrap();
+    drop(child.stdin.take());
+    let id = String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let img = image(tmp.path(), "d.img", 80 * 512);
+    let kt = format!(
+        "0 64 crypt aes-xts-plain64 :64:user:{desc} 0 {} 8",
+        img.display()
+    );
+    ok(ucrypt(&["write", "--table", &kt], b"via keyring"));
+    let out = ok(ucrypt(
+        &["read", "--table", &table(&img, ""), "--length", "11"],
+        b"",
+    ));
+    assert_eq!(out, b"via keyring");
+    let wrong = format!(
+        "0 64 crypt aes-xts-plain64 :32:user:{desc} 0 {} 8",
+        img.display()
+    );
+    let out = ucrypt(&["read", "--table", &wrong], b"");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is 64 bytes, the table says 32"));
+    let _ = std::process::Command::new("keyctl")
+        .args(["unlink", id.trim(), "@u"])
+        .output();
+}

@@ -1,0 +1,87 @@
+//! Shared helpers for the CLI tests: golden manifest, the binary, temp images.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The golden directory, or None (skip) outside CI; under CI a missing directory fails.
+pub fn golden_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("UCRYPT_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
+        });
+    if dir.join("manifest.jsonl").exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "golden vectors missing at {}",
+        dir.display()
+    );
+    eprintln!("SKIP: golden vectors not found at {}", dir.display());
+    None
+}
+
+/// All manifest cases.
+pub fn cases(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("manifest.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A case's ciphertext.
+pub fn ciphertext(dir: &Path, case: &serde_json::Value) -> Vec<u8> {
+    let gz = std::fs::File::open(dir.join(case["ciphertext_file"].as_str().unwrap())).unwrap();
+    let mut ct = Vec::new();
+    flate2::read::GzDecoder::new(gz)
+        .read_to_end(&mut ct)
+        .unwrap();
+    ct
+}
+
+/// The golden plaintext for `sectors` 512-byte sectors.
+pub fn pattern(sectors: u64) -> Vec<u8> {
+    ucrypt_crypto::testing::pattern_v1(ucrypt_crypto::Sector512(0), sectors)
+}
+
+/// Runs the ucrypt binary with `args`, feeding `stdin`.
+pub fn ucrypt(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sin = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    let feeder = std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut sin, &data);
+    });
+    let out = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    out
+}
+
+/// Asserts success and returns stdout.
+pub fn ok(out: Output) -> Vec<u8> {
+    assert!(
+        out.status.success(),
+        "ucrypt failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Creates a zero-filled image of `bytes`.
+pub fn image(dir: &Path, name: &str, bytes: u64) -> PathBuf {
+    let p = dir.join(name);
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(bytes).unwrap();
+    p
+}

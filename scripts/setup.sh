@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what ucrypt's build and tests need on Debian 12. Idempotent: safe to run again.
+#   - gcc/make/pkg-config: aws-lc-sys builds its C with the cc crate
+#   - keyutils: keyctl, for the kernel-keyring key tests
+#   - peers used by interop tests and benchmarks: cryptsetup, qemu-utils, nbdkit, libnbd
+#     tools, fio, fuse3
+set -euo pipefail
+
+packages=(
+  build-essential pkg-config
+  keyutils
+  cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup: system packages present"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null 2>&1 || { echo "setup: cargo (Rust stable) is required and was not found" >&2; exit 1; }
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt 2>/dev/null || true
+echo "setup: $(cargo --version)"
