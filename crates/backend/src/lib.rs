@@ -69,6 +69,14 @@ pub struct BackendInfo {
     pub caps: Caps,
 }
 
+/// Who issued a request: carried with every request so stats and fairness can be per
+/// client (the userspace analogue of dm-crypt forwarding the bio's cgroup to its workers).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct IoCtx {
+    /// Client number (the NBD server uses its connection number; 0 = unattributed).
+    pub client: u32,
+}
+
 /// One write of a batch handed to [`Backend::submit_writes`].
 #[derive(Debug, Clone, Copy)]
 pub struct WriteOp<'a> {
@@ -100,6 +108,31 @@ pub trait Backend: Send + Sync {
     /// # Errors
     /// I/O errors, out-of-range requests, read-only backends.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError>;
+
+    /// [`Backend::read_at`] on behalf of a client. Backends that keep per-client state
+    /// (the engine's `Volume`) override it; the default ignores the context.
+    ///
+    /// # Errors
+    /// As [`Backend::read_at`].
+    fn read_at_ctx(&self, buf: &mut [u8], offset: u64, ctx: IoCtx) -> Result<(), BackendError> {
+        let _ = ctx;
+        self.read_at(buf, offset)
+    }
+
+    /// [`Backend::write_at`] on behalf of a client; see [`Backend::read_at_ctx`].
+    ///
+    /// # Errors
+    /// As [`Backend::write_at`].
+    fn write_at_ctx(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        let _ = ctx;
+        self.write_at(buf, offset, fua)
+    }
 
     /// Makes every completed write durable.
     ///
@@ -159,6 +192,18 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
         (**self).write_at(buf, offset, fua)
+    }
+    fn read_at_ctx(&self, buf: &mut [u8], offset: u64, ctx: IoCtx) -> Result<(), BackendError> {
+        (**self).read_at_ctx(buf, offset, ctx)
+    }
+    fn write_at_ctx(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        (**self).write_at_ctx(buf, offset, fua, ctx)
     }
     fn flush(&self) -> Result<(), BackendError> {
         (**self).flush()

@@ -200,10 +200,9 @@ impl CipherSpec {
                 extra = key_len / parts;
             }
             Some(IvMode::Tcw) => extra = self.iv_size() + legacy::tcw::WHITENING_SIZE,
-            Some(IvMode::Elephant) => {
-                parts += 1;
-                extra = key_len / parts;
-            }
+            // The kernel splits elephant keys in halves whatever the keycount: the second
+            // half is the Elephant key.
+            Some(IvMode::Elephant) => extra = key_len / 2,
             _ => {}
         }
         let _ = parts;
@@ -276,17 +275,21 @@ impl CipherSpec {
         let mut lanes: Vec<Box<dyn Lane>> = Vec::with_capacity(self.keycount as usize);
         for i in 0..self.keycount as usize {
             let subkey = &bytes[i * layout.subkey_len..(i + 1) * layout.subkey_len];
-            lanes.push(self.lane(subkey, extra, params).map_err(|e| match e {
-                CryptoError::KeyLength { reason, .. } if self.keycount > 1 => self.key_err(
-                    bytes.len(),
-                    format!(
-                        "each of the {} keys is {} bytes: {reason}",
-                        self.keycount, layout.subkey_len
-                    ),
-                ),
-                CryptoError::KeyLength { reason, .. } => self.key_err(bytes.len(), reason),
-                other => other,
-            })?);
+            let first_subkey = &bytes[..layout.subkey_len];
+            lanes.push(
+                self.lane(subkey, first_subkey, extra, params)
+                    .map_err(|e| match e {
+                        CryptoError::KeyLength { reason, .. } if self.keycount > 1 => self.key_err(
+                            bytes.len(),
+                            format!(
+                                "each of the {} keys is {} bytes: {reason}",
+                                self.keycount, layout.subkey_len
+                            ),
+                        ),
+                        CryptoError::KeyLength { reason, .. } => self.key_err(bytes.len(), reason),
+                        other => other,
+                    })?,
+            );
         }
         Ok(Box::new(DmCipher { lanes, params }))
     }
@@ -294,6 +297,7 @@ impl CipherSpec {
     fn lane(
         &self,
         subkey: &[u8],
+        first_subkey: &[u8],
         extra: &[u8],
         params: SectorParams,
     ) -> Result<Box<dyn Lane>, CryptoError> {
@@ -351,7 +355,8 @@ impl CipherSpec {
                 IvMode::Essiv(h) => Box::new(iv::essiv::Essiv::new(cipher, h, subkey)?),
                 IvMode::Eboiv => {
                     check_mode(self, ChainMode::Cbc)?;
-                    Box::new(iv::eboiv::Eboiv::new(cipher, subkey, ss.bytes())?)
+                    // dm-crypt computes eboiv with the first key's cipher for every key.
+                    Box::new(iv::eboiv::Eboiv::new(cipher, first_subkey, ss.bytes())?)
                 }
                 IvMode::Lmk | IvMode::Tcw | IvMode::Elephant | IvMode::Random => {
                     unreachable!("BUG: handled above")

@@ -25,4 +25,7 @@ pub enum EngineError {
         /// The sector size in bytes.
         sector_size: u32,
     },
+    /// The buffer pool could not be allocated.
+    #[error("allocating the buffer pool")]
+    Pool(#[source] ucrypt_backend::BackendError),
 }

@@ -17,9 +17,17 @@
 //! ```
 
 mod error;
+pub mod options;
+pub mod pool;
 mod rangelock;
+mod request;
 pub mod split;
+pub mod stats;
+mod submit;
 mod volume;
+mod workers;
 
 pub use error::EngineError;
+pub use options::{AutoPolicy, EngineOptions, Placement, PoolOptions, WriteOrder};
+pub use stats::ClientStats;
 pub use volume::{Volume, VolumeConfig};

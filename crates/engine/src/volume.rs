@@ -2,13 +2,23 @@
 //!
 //! Mirrors what `crypt_map` does for one bio: positions are relative to the mapping
 //! (`dm_target_offset`), ciphertext lives at `data_offset + position` on the device
-//! (`cc->start`), and the IV numbering is the cipher's business.
+//! (`cc->start`), and the IV numbering is the cipher's business. Where the crypto of a
+//! request runs is decided in one function, [`Volume::placement`].
 
+use crate::options::{EngineOptions, Placement};
+use crate::pool::{BufferPool, Segment};
 use crate::rangelock::RangeLocks;
+use crate::request::Completion;
 use crate::split::{split, Partial};
+use crate::stats::{ClientStats, Stats};
+use crate::submit::{Batch, SubmitterThread};
+use crate::workers::{Job, JobKind, Workers};
 use crate::EngineError;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use ucrypt_backend::{check_range, Backend, BackendError, BackendInfo, Caps, Support};
+use ucrypt_backend::{
+    check_range, Backend, BackendError, BackendInfo, Caps, IoCtx, Support, WriteOp,
+};
 use ucrypt_crypto::{Sector512, SectorCipher};
 
 /// Where the mapping sits on the backend and what it allows.
@@ -27,27 +37,60 @@ pub struct VolumeConfig {
 /// Zeros written per call by `write_zeroes` (encrypted like any data, never a hole).
 const ZERO_CHUNK: usize = 1 << 20;
 
+/// Jobs handed to workers per round (bounds the stack array; 64 × 128 KiB = 8 MiB).
+const JOBS_PER_ROUND: usize = 64;
+
+/// Decrements the in-flight count when a request ends.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The decrypted view of a backend; itself a [`Backend`].
 pub struct Volume {
     cipher: Arc<dyn SectorCipher>,
     backend: Arc<dyn Backend>,
     cfg: VolumeConfig,
+    opts: EngineOptions,
     info: BackendInfo,
     sector_bytes: u64,
     locks: RangeLocks,
+    pool: BufferPool,
+    // Drop order matters: workers (which may hand batches to the submitter) stop first.
+    workers: Option<Workers>,
+    submitter: Option<SubmitterThread>,
+    inflight: AtomicUsize,
+    stats: Stats,
 }
 
 impl Volume {
-    /// Builds the view. Nothing outside `[data_offset, data_offset + length)` of the backend
-    /// is ever read or written.
+    /// Builds the view with the default engine options. Nothing outside
+    /// `[data_offset, data_offset + length)` of the backend is ever read or written.
     ///
     /// # Errors
-    /// [`EngineError::TooSmall`] if the mapping does not fit the backend,
-    /// [`EngineError::Misaligned`] if offset or length are not whole sectors.
+    /// As [`Volume::with_options`].
     pub fn new(
         cipher: Arc<dyn SectorCipher>,
         backend: Arc<dyn Backend>,
         cfg: VolumeConfig,
+    ) -> Result<Self, EngineError> {
+        Self::with_options(cipher, backend, cfg, EngineOptions::default())
+    }
+
+    /// Builds the view with explicit engine options.
+    ///
+    /// # Errors
+    /// [`EngineError::TooSmall`] if the mapping does not fit the backend,
+    /// [`EngineError::Misaligned`] if offset or length are not whole sectors,
+    /// [`EngineError::Pool`] if the buffer pool cannot be allocated.
+    pub fn with_options(
+        cipher: Arc<dyn SectorCipher>,
+        backend: Arc<dyn Backend>,
+        cfg: VolumeConfig,
+        mut opts: EngineOptions,
     ) -> Result<Self, EngineError> {
         let ss = cipher.sector_size();
         let sector_bytes = u64::from(ss.bytes());
@@ -75,6 +118,14 @@ impl Volume {
                 device,
             });
         }
+        // Chunks and buffers hold whole sectors.
+        opts.split_bytes = opts.split_bytes.max(ss.len()).next_multiple_of(ss.len());
+        opts.pool.buffer_bytes = opts
+            .pool
+            .buffer_bytes
+            .max(ss.len())
+            .next_multiple_of(ss.len());
+        let pool = BufferPool::new(opts.pool).map_err(EngineError::Pool)?;
         let lower = backend.info().clone();
         let discard = if cfg.allow_discards && lower.caps.discard != Support::None {
             lower.caps.discard
@@ -93,13 +144,30 @@ impl Volume {
                 read_only: cfg.read_only || lower.caps.read_only,
             },
         };
+        let submitter = (opts.needs_workers() && !opts.submit_from_crypt_cpus)
+            .then(|| SubmitterThread::start(Arc::clone(&backend), opts.write_order));
+        let workers = opts.needs_workers().then(|| {
+            Workers::start(
+                opts.workers,
+                opts.same_cpu_crypt && opts.auto.is_none(),
+                Arc::clone(&cipher),
+                Arc::clone(&backend),
+                submitter.as_ref().map(|s| Arc::clone(&s.shared)),
+            )
+        });
         Ok(Volume {
             cipher,
             backend,
             cfg,
+            opts,
             info,
             sector_bytes,
             locks: RangeLocks::default(),
+            pool,
+            workers,
+            submitter,
+            inflight: AtomicUsize::new(0),
+            stats: Stats::new(),
         })
     }
 
@@ -113,24 +181,259 @@ impl Volume {
         &self.backend
     }
 
+    /// The engine options in force.
+    pub fn options(&self) -> &EngineOptions {
+        &self.opts
+    }
+
+    /// Per-client request counters.
+    pub fn client_stats(&self) -> Vec<ClientStats> {
+        self.stats.snapshot()
+    }
+
+    /// How often a writer waited for a pool buffer (backpressure events).
+    pub fn pool_waits(&self) -> u64 {
+        self.pool.waits()
+    }
+
+    /// Where this request's crypto runs: the one place that decides.
+    pub fn placement(&self, write: bool, len: usize, inflight: usize) -> Placement {
+        let Some(workers) = &self.workers else {
+            return Placement::Inline;
+        };
+        if let Some(auto) = self.opts.auto {
+            // Split across workers only when it adds CPUs: a large request and fewer
+            // requests in flight than workers; otherwise the receiving thread is as good a
+            // CPU as any and handing off only adds latency (seed 000).
+            return if len >= auto.split_min_bytes && inflight < workers.len() {
+                Placement::Workers
+            } else {
+                Placement::Inline
+            };
+        }
+        let inline = if write {
+            self.opts.no_write_workqueue
+        } else {
+            self.opts.no_read_workqueue
+        };
+        if inline {
+            Placement::Inline
+        } else {
+            Placement::Workers
+        }
+    }
+
     fn lower(&self, pos: u64) -> u64 {
         self.cfg.data_offset_bytes + pos
     }
 
-    /// Reads and decrypts whole sectors at `pos` into `buf`.
-    fn read_sectors(&self, buf: &mut [u8], pos: u64) -> Result<(), BackendError> {
-        self.backend.read_at(buf, self.lower(pos))?;
-        self.cipher.decrypt(Sector512::from_bytes_floor(pos), buf);
+    fn enter(&self) -> (InFlight<'_>, usize) {
+        let n = self.inflight.fetch_add(1, Ordering::Relaxed) + 1;
+        (InFlight(&self.inflight), n)
+    }
+
+    /// Decrypts whole sectors at position `pos` in place, where the placement says.
+    fn decrypt(&self, pos: u64, data: &mut [u8], place: Placement) -> Result<(), BackendError> {
+        let workers = match (&self.workers, place) {
+            (Some(w), Placement::Workers) => w,
+            _ => {
+                self.cipher.decrypt(Sector512::from_bytes_floor(pos), data);
+                return Ok(());
+            }
+        };
+        let split = self.opts.split_bytes;
+        for (r, group) in data.chunks_mut(split * JOBS_PER_ROUND).enumerate() {
+            let base = pos + (r * split * JOBS_PER_ROUND) as u64;
+            let n = group.len().div_ceil(split);
+            let completion = Completion::new(n);
+            let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
+            for (i, chunk) in group.chunks_mut(split).enumerate() {
+                jobs[i] = Job {
+                    kind: JobKind::Decrypt {
+                        completion: &completion,
+                    },
+                    first: Sector512::from_bytes_floor(base + (i * split) as u64),
+                    ptr: chunk.as_mut_ptr(),
+                    len: chunk.len(),
+                };
+            }
+            workers.submit(&jobs[..n]);
+            // Waiting here is what keeps `group` and `completion` alive for the workers.
+            completion.wait()?;
+        }
         Ok(())
     }
 
+    fn read_sectors(&self, buf: &mut [u8], pos: u64, place: Placement) -> Result<(), BackendError> {
+        self.backend.read_at(buf, self.lower(pos))?;
+        self.decrypt(pos, buf, place)
+    }
+
     fn read_partial(&self, buf: &mut [u8], p: Partial) -> Result<(), BackendError> {
-        let mut sector = vec![0u8; self.sector_bytes as usize];
-        self.read_sectors(&mut sector, p.sector_start)?;
+        let mut seg = self.pool.get_segment(self.sector_bytes as usize)?;
+        let sector = seg.pieces().next().expect("BUG: empty segment");
+        self.read_sectors(sector, p.sector_start, Placement::Inline)?;
         buf.copy_from_slice(&sector[p.skip..p.skip + p.len]);
         Ok(())
     }
+
+    /// Encrypts and writes one segment (pool buffers holding the plaintext of whole sectors
+    /// from position `start`), where the placement says.
+    fn write_segment(
+        &self,
+        start: u64,
+        seg: &mut Segment<'_>,
+        fua: bool,
+        place: Placement,
+    ) -> Result<(), BackendError> {
+        let Some(workers) = self
+            .workers
+            .as_ref()
+            .filter(|_| place == Placement::Workers)
+        else {
+            // Inline (dm-crypt no_write_workqueue): encrypt here, submit from here, the
+            // segment as one plug.
+            let mut at = start;
+            for piece in seg.pieces() {
+                self.cipher.encrypt(Sector512::from_bytes_floor(at), piece);
+                at += piece.len() as u64;
+            }
+            let mut ops = [WriteOp {
+                offset: 0,
+                buf: &[],
+                fua,
+            }; crate::pool::MAX_PIECES];
+            let mut at = start;
+            for (op, piece) in ops.iter_mut().zip(seg.pieces_ref()) {
+                *op = WriteOp {
+                    offset: self.lower(at),
+                    buf: piece,
+                    fua,
+                };
+                at += piece.len() as u64;
+            }
+            return self.backend.submit_writes(&ops[..seg.len()]);
+        };
+        let split = self.opts.split_bytes;
+        let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
+        let mut n = 0;
+        let mut at = start;
+        let completion = Completion::new(seg_chunks(seg, split));
+        let mut batch = None;
+        if !self.opts.submit_from_crypt_cpus {
+            let sub = self
+                .submitter
+                .as_ref()
+                .expect("BUG: ordered writes without a submitter");
+            let mut b = Batch::new(sub.shared.next_seq(), seg_chunks(seg, split), fua);
+            let mut pos = start;
+            for (i, piece) in seg.pieces_ref().enumerate() {
+                b.pieces[i] = (self.lower(pos), piece.as_ptr(), piece.len());
+                pos += piece.len() as u64;
+            }
+            b.n_pieces = seg.len();
+            batch = Some(b);
+        }
+        for piece in seg.pieces() {
+            for chunk in piece.chunks_mut(split) {
+                let kind = match &batch {
+                    Some(b) => JobKind::EncryptOrdered { batch: b },
+                    None => JobKind::EncryptWrite {
+                        completion: &completion,
+                        offset: self.lower(at),
+                        fua,
+                    },
+                };
+                jobs[n] = Job {
+                    kind,
+                    first: Sector512::from_bytes_floor(at),
+                    ptr: chunk.as_mut_ptr(),
+                    len: chunk.len(),
+                };
+                n += 1;
+                at += chunk.len() as u64;
+                if n == JOBS_PER_ROUND {
+                    workers.submit(&jobs);
+                    n = 0;
+                }
+            }
+        }
+        workers.submit(&jobs[..n]);
+        // Waiting keeps the segment, the batch and the completion alive for the workers
+        // and the submitter.
+        match &batch {
+            Some(b) => b.completion.wait(),
+            None => completion.wait(),
+        }
+    }
+
+    fn write_impl(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        if self.info.caps.read_only {
+            return Err(BackendError::ReadOnly);
+        }
+        check_range(offset, buf.len() as u64, self.info.size_bytes)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.stats.write(ctx, buf.len());
+        let (_inflight, depth) = self.enter();
+        let ss = self.sector_bytes;
+        let mask = ss - 1;
+        let start = offset & !mask;
+        let end = (offset + buf.len() as u64 + mask) & !mask;
+        let _guard = self.locks.lock(start, end);
+        let place = self.placement(true, buf.len(), depth);
+        let s = split(offset, buf.len() as u64, ss);
+        let seg_bytes = self.pool.segment_bytes() as u64;
+        let mut seg_start = start;
+        while seg_start < end {
+            let seg_end = (seg_start + seg_bytes).min(end);
+            let mut seg = self.pool.get_segment((seg_end - seg_start) as usize)?;
+            // Read-modify-write: a partial edge sector starts from its current plaintext.
+            for p in [s.head, s.tail].into_iter().flatten() {
+                if (seg_start..seg_end).contains(&p.sector_start) {
+                    // Straight into the segment: buffers are whole sectors, so a sector
+                    // never straddles two; and taking another pool buffer while holding
+                    // these could deadlock.
+                    let at = (p.sector_start - seg_start) as usize;
+                    let sector = seg
+                        .slice_mut(at, ss as usize)
+                        .expect("BUG: sector straddles buffers");
+                    self.read_sectors(sector, p.sector_start, Placement::Inline)?;
+                }
+            }
+            // The caller's bytes that fall into this segment.
+            let lo = seg_start.max(offset);
+            let hi = seg_end.min(offset + buf.len() as u64);
+            seg.copy_in(
+                (lo - seg_start) as usize,
+                &buf[(lo - offset) as usize..(hi - offset) as usize],
+            );
+            self.write_segment(seg_start, &mut seg, fua, place)?;
+            seg_start = seg_end;
+        }
+        Ok(())
+    }
 }
+
+fn seg_chunks(seg: &Segment<'_>, split: usize) -> usize {
+    seg.pieces_ref().map(|p| p.len().div_ceil(split)).sum()
+}
+
+const EMPTY_JOB: Job = Job {
+    kind: JobKind::Decrypt {
+        completion: std::ptr::null(),
+    },
+    first: Sector512(0),
+    ptr: std::ptr::null_mut(),
+    len: 0,
+};
 
 impl Backend for Volume {
     fn info(&self) -> &BackendInfo {
@@ -138,7 +441,13 @@ impl Backend for Volume {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+        self.read_at_ctx(buf, offset, IoCtx::default())
+    }
+
+    fn read_at_ctx(&self, buf: &mut [u8], offset: u64, ctx: IoCtx) -> Result<(), BackendError> {
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
+        self.stats.read(ctx, buf.len());
+        let (_inflight, depth) = self.enter();
         let s = split(offset, buf.len() as u64, self.sector_bytes);
         let mut at = 0usize;
         if let Some(h) = s.head {
@@ -147,7 +456,8 @@ impl Backend for Volume {
         }
         if let Some((pos, len)) = s.body {
             // Whole sectors: decrypt in place in the caller's buffer, no copy.
-            self.read_sectors(&mut buf[at..at + len as usize], pos)?;
+            let place = self.placement(false, len as usize, depth);
+            self.read_sectors(&mut buf[at..at + len as usize], pos, place)?;
             at += len as usize;
         }
         if let Some(t) = s.tail {
@@ -157,38 +467,23 @@ impl Backend for Volume {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-        if self.info.caps.read_only {
-            return Err(BackendError::ReadOnly);
-        }
-        check_range(offset, buf.len() as u64, self.info.size_bytes)?;
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let mask = self.sector_bytes - 1;
-        let start = offset & !mask;
-        let end = (offset + buf.len() as u64 + mask) & !mask;
-        let _guard = self.locks.lock(start, end);
-        let mut out = vec![0u8; (end - start) as usize];
-        let s = split(offset, buf.len() as u64, self.sector_bytes);
-        let ss = self.sector_bytes as usize;
-        // Read-modify-write: partial edge sectors start from their current plaintext.
-        if let Some(h) = s.head {
-            self.read_sectors(&mut out[..ss], h.sector_start)?;
-        }
-        if let Some(t) = s.tail {
-            if s.head.is_none_or(|h| h.sector_start != t.sector_start) {
-                let n = out.len();
-                self.read_sectors(&mut out[n - ss..], t.sector_start)?;
-            }
-        }
-        let skip = (offset - start) as usize;
-        out[skip..skip + buf.len()].copy_from_slice(buf);
-        self.cipher
-            .encrypt(Sector512::from_bytes_floor(start), &mut out);
-        self.backend.write_at(&out, self.lower(start), fua)
+        self.write_impl(buf, offset, fua, IoCtx::default())
+    }
+
+    fn write_at_ctx(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        self.write_impl(buf, offset, fua, ctx)
     }
 
     fn flush(&self) -> Result<(), BackendError> {
+        // Every write acknowledged so far has reached the backend (writes complete only
+        // after the backend call returns), so flushing the backend covers them all, from
+        // every client.
         self.backend.flush()
     }
 

@@ -19,6 +19,10 @@
 //! and taps at +2 and +5 (indices modulo the word count). The IV is `eboiv`'s, with the data
 //! key: like `eboiv` and the sector key, it multiplies `s` by the sector size even without
 //! `iv_large_sectors`.
+//!
+//! Multi-key tables (`aes:N-cbc-elephant`, never produced by BitLocker tools) are not exact:
+//! the kernel splits only the first half of the key into the N data keys and computes the
+//! eboiv IV with the first data key for every lane, while each lane here uses its own key.
 
 use crate::block::{new_block_cipher, BlockCipher};
 use crate::iv::eboiv::Eboiv;

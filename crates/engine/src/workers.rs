@@ -1,0 +1,240 @@
+//! The crypt worker pool: dm-crypt's kcryptd workqueue, in userspace.
+//!
+//! One thread per CPU, each pinned to its CPU. With `same_cpu_crypt` every worker has its
+//! own queue and a request goes to the worker of the CPU that received it (dm-crypt's
+//! per-CPU bound workqueue). Without it there is one shared queue and any idle worker
+//! takes the next chunk (the 2013 unbound workqueue), so one large request spreads over
+//! all CPUs.
+//!
+//! Jobs point into buffers owned by the thread that submitted them. That thread waits on
+//! the job's [`Completion`] (or, for ordered writes, the submitter's) before it returns, so
+//! the memory outlives the job: the one invariant the `unsafe` blocks below rely on.
+
+use crate::request::Completion;
+use crate::submit::{Batch, Submitter};
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use ucrypt_backend::{Backend, BackendError};
+use ucrypt_crypto::{Sector512, SectorCipher};
+
+/// What a worker does with its chunk.
+#[derive(Clone, Copy)]
+pub(crate) enum JobKind {
+    /// Decrypt in place, then count the chunk done.
+    Decrypt { completion: *const Completion },
+    /// Encrypt in place, then write it to the backend at `offset` (submit_from_crypt_cpus).
+    EncryptWrite {
+        completion: *const Completion,
+        offset: u64,
+        fua: bool,
+    },
+    /// Encrypt in place, then tell the ordered submitter the chunk of `batch` is ready.
+    EncryptOrdered { batch: *const Batch },
+}
+
+/// One chunk of crypto.
+#[derive(Clone, Copy)]
+pub(crate) struct Job {
+    pub kind: JobKind,
+    /// Position of the chunk's first sector.
+    pub first: Sector512,
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: a Job only points at memory whose owner waits for the job's completion (module
+// docs), and each chunk is touched by exactly one worker.
+unsafe impl Send for Job {}
+
+/// Jobs queued for workers, with the condition workers sleep on.
+struct Queue {
+    jobs: Mutex<VecDeque<Job>>,
+    ready: Condvar,
+}
+
+impl Queue {
+    fn new() -> Self {
+        // Why this capacity: the pool and the callers' depth bound the jobs in flight;
+        // reserving up front keeps the hot path free of allocation.
+        Queue {
+            jobs: Mutex::new(VecDeque::with_capacity(4096)),
+            ready: Condvar::new(),
+        }
+    }
+}
+
+struct Shared {
+    /// `same_cpu_crypt`: one queue per worker; otherwise a single shared queue.
+    queues: Vec<Queue>,
+    cipher: Arc<dyn SectorCipher>,
+    backend: Arc<dyn Backend>,
+    submitter: Option<Arc<Submitter>>,
+    stop: AtomicBool,
+}
+
+/// The running pool.
+pub(crate) struct Workers {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    same_cpu: bool,
+}
+
+fn current_cpu() -> usize {
+    // SAFETY: sched_getcpu has no arguments and no memory effects.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).unwrap_or(0)
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: the cpu_set_t is zero-initialised then filled by the libc macros; the call
+    // affects only the calling thread (pid 0). Failure (restricted cpuset) is harmless.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+impl Workers {
+    pub(crate) fn start(
+        n: usize,
+        same_cpu: bool,
+        cipher: Arc<dyn SectorCipher>,
+        backend: Arc<dyn Backend>,
+        submitter: Option<Arc<Submitter>>,
+    ) -> Self {
+        let n = n.max(1);
+        let queues = (0..if same_cpu { n } else { 1 })
+            .map(|_| Queue::new())
+            .collect();
+        let shared = Arc::new(Shared {
+            queues,
+            cipher,
+            backend,
+            submitter,
+            stop: AtomicBool::new(false),
+        });
+        let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let threads = (0..n)
+            .map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("ucrypt-crypt{i}"))
+                    .spawn(move || {
+                        pin_to_cpu(i % cpus);
+                        worker_loop(&s, if same_cpu { i } else { 0 });
+                    })
+                    .expect("spawning a crypt worker thread")
+            })
+            .collect();
+        Workers {
+            shared,
+            threads,
+            same_cpu,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Queues jobs: all on the receiving CPU's worker (`same_cpu_crypt`) or on the shared
+    /// queue.
+    pub(crate) fn submit(&self, jobs: &[Job]) {
+        let q = if self.same_cpu {
+            &self.shared.queues[current_cpu() % self.shared.queues.len()]
+        } else {
+            &self.shared.queues[0]
+        };
+        let mut queue = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        queue.extend(jobs.iter().copied());
+        drop(queue);
+        if jobs.len() == 1 || self.same_cpu {
+            q.ready.notify_one();
+        } else {
+            q.ready.notify_all();
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for q in &self.shared.queues {
+            let _guard = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            q.ready.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn worker_loop(s: &Shared, queue: usize) {
+    let q = &s.queues[queue];
+    loop {
+        let job = {
+            let mut jobs = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if let Some(j) = jobs.pop_front() {
+                    break j;
+                }
+                if s.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                jobs = q.ready.wait(jobs).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        run_job(s, job);
+    }
+}
+
+fn run_job(s: &Shared, job: Job) {
+    // SAFETY: see the module docs: the submitter of the job keeps this memory alive and
+    // untouched until the job's completion is counted, which happens below.
+    let data = unsafe { std::slice::from_raw_parts_mut(job.ptr, job.len) };
+    let encrypt = !matches!(job.kind, JobKind::Decrypt { .. });
+    // A panic in crypto is a bug; it must still complete the request (as an error), or
+    // its submitter would wait forever.
+    let crypto = catch_unwind(AssertUnwindSafe(|| {
+        if encrypt {
+            s.cipher.encrypt(job.first, data);
+        } else {
+            s.cipher.decrypt(job.first, data);
+        }
+    }))
+    .map_err(|_| BackendError::Other("BUG: crypto worker panicked".into()));
+    match job.kind {
+        JobKind::Decrypt { completion } => {
+            // SAFETY: the completion lives until its count reaches zero (module docs).
+            let completion = unsafe { &*completion };
+            completion.done(crypto);
+        }
+        JobKind::EncryptWrite {
+            completion,
+            offset,
+            fua,
+        } => {
+            let r = crypto.and_then(|()| s.backend.write_at(data, offset, fua));
+            // SAFETY: as above.
+            let completion = unsafe { &*completion };
+            completion.done(r);
+        }
+        JobKind::EncryptOrdered { batch } => {
+            // SAFETY: the batch lives until the submitter completes it (module docs).
+            let batch = unsafe { &*batch };
+            if let Err(e) = crypto {
+                batch.fail(e);
+            }
+            if batch.chunk_encrypted() {
+                s.submitter
+                    .as_ref()
+                    .expect("BUG: ordered write without a submitter")
+                    .ready(batch);
+            }
+        }
+    }
+}
