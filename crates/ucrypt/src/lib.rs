@@ -10,6 +10,7 @@
 //!                                                           engine::Volume
 //! ```
 
+pub mod config;
 pub mod open;
 
 pub use open::{open_table, OpenOptions, OpenedTable};

@@ -1,6 +1,7 @@
 //! Assembling a volume from a table line: the one place that shows where every part of
 //! the line goes (cipher and key → crypto, device → backend, offsets and flags → engine).
 
+use crate::config::{engine_options, PerfOptions};
 use anyhow::{Context, Result};
 use std::sync::Arc;
 use ucrypt_backend::file::{FileBackend, FileOptions};
@@ -17,6 +18,8 @@ pub struct OpenOptions {
     pub direct: bool,
     /// Accept sector sizes above 4096 (not openable by the kernel).
     pub allow_large_sectors: bool,
+    /// Engine settings from the command line.
+    pub perf: PerfOptions,
 }
 
 /// A table line opened: the volume and what it was built from.
@@ -48,7 +51,7 @@ pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
     )
     .with_context(|| format!("opening device {}", table.device))?;
     let backend: Arc<dyn Backend> = Arc::new(backend);
-    let volume = Volume::new(
+    let volume = Volume::with_options(
         Arc::from(cipher),
         backend,
         VolumeConfig {
@@ -57,6 +60,7 @@ pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
             read_only: opts.read_only,
             allow_discards: table.has(OptParam::AllowDiscards),
         },
+        engine_options(Some(&table), &opts.perf),
     )
     .with_context(|| format!("mapping device {}", table.device))?;
     Ok(OpenedTable {

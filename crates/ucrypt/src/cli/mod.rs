@@ -104,6 +104,59 @@ impl TableArg {
     }
 }
 
+/// Engine flags: cryptsetup's `--perf-*` (dm-crypt's names) and ucrypt's own.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct PerfArgs {
+    /// Decrypt reads in the receiving thread (dm-crypt no_read_workqueue).
+    #[arg(long = "perf-no_read_workqueue")]
+    no_read_workqueue: bool,
+    /// Encrypt writes in the receiving thread (dm-crypt no_write_workqueue).
+    #[arg(long = "perf-no_write_workqueue")]
+    no_write_workqueue: bool,
+    /// Keep a request's crypto on the receiving CPU's worker (dm-crypt same_cpu_crypt).
+    #[arg(long = "perf-same_cpu_crypt")]
+    same_cpu_crypt: bool,
+    /// Crypt workers submit writes themselves, unordered (dm-crypt submit_from_crypt_cpus).
+    #[arg(long = "perf-submit_from_crypt_cpus")]
+    submit_from_crypt_cpus: bool,
+    /// Order of the write submitter: issue (requests in arrival order) or sorted (by sector).
+    #[arg(long, value_parser = ["issue", "sorted"], default_value = "issue")]
+    write_order: String,
+    /// Chunk size in bytes for splitting large requests across workers (kernel: 131072).
+    #[arg(long)]
+    split_bytes: Option<usize>,
+    /// Crypt worker threads (default: one per CPU).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// auto (ucrypt's measured policy) or kernel (dm-crypt's fixed workqueue placement).
+    #[arg(long, value_parser = ["auto", "kernel"], default_value = "auto")]
+    placement: String,
+}
+
+impl PerfArgs {
+    pub(crate) fn options(&self) -> ucrypt::config::PerfOptions {
+        use ucrypt::config::{PerfOptions, PlacementPolicy};
+        PerfOptions {
+            no_read_workqueue: self.no_read_workqueue,
+            no_write_workqueue: self.no_write_workqueue,
+            same_cpu_crypt: self.same_cpu_crypt,
+            submit_from_crypt_cpus: self.submit_from_crypt_cpus,
+            write_order: if self.write_order == "sorted" {
+                ucrypt_engine::WriteOrder::Sorted
+            } else {
+                ucrypt_engine::WriteOrder::Issue
+            },
+            split_bytes: self.split_bytes,
+            workers: self.workers,
+            placement: if self.placement == "kernel" {
+                PlacementPolicy::Kernel
+            } else {
+                PlacementPolicy::Auto
+            },
+        }
+    }
+}
+
 /// Classifies an open error: device problems exit 4, everything else 1.
 pub(crate) fn open_error(e: anyhow::Error) -> CliError {
     let device = e.chain().any(|c| {

@@ -24,6 +24,8 @@ pub(crate) struct Args {
     /// Bypass the page cache on the device (O_DIRECT).
     #[arg(long)]
     direct: bool,
+    #[command(flatten)]
+    perf: super::PerfArgs,
 }
 
 const CHUNK: u64 = 1 << 20;
@@ -46,6 +48,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             read_only: true,
             direct: a.direct,
             allow_large_sectors: a.large_sectors,
+            perf: a.perf.options(),
         },
     )
     .map_err(open_error)?;

@@ -21,6 +21,8 @@ pub(crate) struct Args {
     /// Bypass the page cache on the device (O_DIRECT).
     #[arg(long)]
     direct: bool,
+    #[command(flatten)]
+    perf: super::PerfArgs,
 }
 
 const CHUNK: usize = 1 << 20;
@@ -33,6 +35,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             read_only: false,
             direct: a.direct,
             allow_large_sectors: a.large_sectors,
+            perf: a.perf.options(),
         },
     )
     .map_err(open_error)?;
