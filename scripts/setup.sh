@@ -2,13 +2,14 @@
 # Installs what ucrypt's build and tests need on Debian 12. Idempotent: safe to run again.
 #   - gcc/make/pkg-config: aws-lc-sys builds its C with the cc crate
 #   - keyutils: keyctl, for the kernel-keyring key tests
+#   - libcryptsetup-dev: LUKS headers and keyslots go through libcryptsetup (-lcryptsetup)
 #   - peers used by interop tests and benchmarks: cryptsetup, qemu-utils, nbdkit, libnbd
 #     tools, fio, fuse3
 set -euo pipefail
 
 packages=(
   build-essential pkg-config
-  keyutils
+  keyutils libcryptsetup-dev
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3
 )
 

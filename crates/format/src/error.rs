@@ -25,7 +25,60 @@ pub enum FormatError {
     /// The key could not be obtained (keyring).
     #[error("key: {0}")]
     Key(String),
+    /// A libcryptsetup call failed (`errno` is the positive error number it returned;
+    /// `detail` is the library's own message, never key material).
+    #[error("{op} on {device}: {}", cryptsetup_detail(.detail, *.errno))]
+    Cryptsetup {
+        /// What was being done ("loading the header").
+        op: String,
+        /// The device or file.
+        device: String,
+        /// Positive errno (EPERM: no keyslot opens with that passphrase).
+        errno: i32,
+        /// The library's error lines.
+        detail: String,
+    },
+    /// The header is readable but must not be opened or changed (requirements, unbound
+    /// keyslots, kernel driver cipher names).
+    #[error("{0}")]
+    Refused(String),
     /// The cipher part is refused by the crypto layer.
     #[error(transparent)]
     Crypto(#[from] CryptoError),
+}
+
+fn cryptsetup_detail(detail: &str, errno: i32) -> String {
+    let what = match errno {
+        libc::EPERM => "no key available with this passphrase (or permission denied)",
+        libc::ENOENT => "not found",
+        libc::EINVAL => "invalid argument or no valid header",
+        libc::EBUSY => "device busy",
+        libc::ENOMEM => "out of memory",
+        libc::ENOTBLK | libc::ENODEV => "wrong device",
+        libc::EEXIST => "already exists",
+        libc::ENOTSUP => "not supported",
+        _ => "failed",
+    };
+    if detail.is_empty() {
+        format!("{what} (errno {errno})")
+    } else {
+        format!("{detail} (errno {errno}: {what})")
+    }
+}
+
+impl FormatError {
+    /// cryptsetup's exit code for this error: 1 wrong parameters, 2 no permission or bad
+    /// passphrase, 3 out of memory, 4 wrong device, 5 device busy.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            FormatError::Cryptsetup { errno, .. } => match *errno {
+                libc::EPERM => 2,
+                libc::ENOMEM => 3,
+                libc::ENOTBLK | libc::ENODEV => 4,
+                libc::EBUSY | libc::EEXIST => 5,
+                _ => 1,
+            },
+            _ => 1,
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! # ucrypt-format: what describes a volume
 //!
 //! Parses and prints dm-crypt table lines ([`table`]) and reads keys from the kernel
-//! keyring ([`keyring`]). On-disk headers (plain mode rules, LUKS1, LUKS2) grow here too.
+//! keyring ([`keyring`]). On-disk headers go through libcryptsetup ([`cryptsetup`]: LUKS1,
+//! LUKS2, and the other types it reads); [`plain`] holds cryptsetup's plain-mode key rules.
 //! Knows nothing of I/O scheduling or protocols.
 //!
 //! ```text
@@ -14,8 +15,10 @@
 //!  Box<dyn ucrypt_crypto::SectorCipher>
 //! ```
 
+pub mod cryptsetup;
 mod error;
 pub mod keyring;
+pub mod plain;
 pub mod table;
 
 pub use error::FormatError;

@@ -1,0 +1,868 @@
+//! [`CryptDevice`]: a safe owner of one libcryptsetup `struct crypt_device`.
+//!
+//! Every call goes through [`CryptDevice::call`], which clears the captured library log,
+//! runs the call and turns a negative errno into [`FormatError::Cryptsetup`] carrying the
+//! library's own error lines (cryptsetup's wording). Secrets cross the boundary only as
+//! borrowed slices; what comes back (volume keys) lands in [`VolumeKey`] or `Zeroizing`.
+
+use super::ffi;
+use crate::FormatError;
+use std::cell::RefCell;
+use std::ffi::{CStr, CString};
+use std::path::Path;
+use std::ptr::{self, NonNull};
+use std::sync::Once;
+use ucrypt_crypto::VolumeKey;
+use zeroize::Zeroizing;
+
+thread_local! {
+    /// Messages libcryptsetup logged on this thread since the last [`take_log`]. The library
+    /// logs through one global callback; keeping the buffer per thread keeps concurrent
+    /// devices on different threads apart.
+    static LOG: RefCell<Vec<(i32, String)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The global log callback: stores error and normal lines, drops debug output.
+///
+/// # Safety
+/// Called by libcryptsetup with a NUL-terminated `msg` (or NULL).
+unsafe extern "C" fn log_cb(level: libc::c_int, msg: *const libc::c_char, _usr: *mut libc::c_void) {
+    if msg.is_null() || level < 0 {
+        return;
+    }
+    // SAFETY: libcryptsetup passes a valid NUL-terminated string that lives for this call.
+    let text = unsafe { CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned();
+    LOG.with(|l| l.borrow_mut().push((level, text)));
+}
+
+fn take_log() -> Vec<(i32, String)> {
+    LOG.with(|l| std::mem::take(&mut *l.borrow_mut()))
+}
+
+/// The library's error lines, joined into one sentence list.
+fn errors_of(log: &[(i32, String)]) -> String {
+    log.iter()
+        .filter(|(lvl, _)| *lvl == ffi::CRYPT_LOG_ERROR)
+        .map(|(_, m)| m.trim().trim_end_matches('.').to_string())
+        .filter(|m| !m.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+static INIT: Once = Once::new();
+
+/// Installs the log callback and makes metadata locking work for an unprivileged or
+/// container user: libcryptsetup locks in `/run/cryptsetup`; when that cannot be created,
+/// locking is turned off (plain image files are not shared with udev or the kernel).
+fn global_init() {
+    INIT.call_once(|| {
+        // SAFETY: setting the default (NULL device) log callback; `log_cb` has the
+        // required signature and never unwinds.
+        unsafe { ffi::crypt_set_log_callback(ptr::null_mut(), Some(log_cb), ptr::null_mut()) };
+        if std::fs::create_dir_all("/run/cryptsetup").is_err() {
+            // SAFETY: the device argument is unused by this global setting.
+            unsafe { ffi::crypt_metadata_locking(ptr::null_mut(), 0) };
+        }
+    });
+}
+
+fn cstring(what: &str, s: &str) -> Result<CString, FormatError> {
+    CString::new(s).map_err(|_| FormatError::Rule(format!("{what} \"{s}\" contains a NUL byte")))
+}
+
+fn path_cstring(p: &Path) -> Result<CString, FormatError> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| FormatError::Rule(format!("path {} contains a NUL byte", p.display())))
+}
+
+/// Copies a C string the library returned (NULL → None).
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string that stays valid during this call.
+unsafe fn opt_string(p: *const libc::c_char) -> Option<String> {
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: per this function's contract.
+        Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    }
+}
+
+/// A header type libcryptsetup knows (`CRYPT_LUKS1`, `CRYPT_LUKS2`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderType {
+    /// LUKS version 1.
+    Luks1,
+    /// LUKS version 2.
+    Luks2,
+    /// Plain dm-crypt (no header).
+    Plain,
+    /// TrueCrypt / VeraCrypt.
+    Tcrypt,
+    /// BitLocker.
+    Bitlk,
+    /// FileVault2.
+    Fvault2,
+}
+
+impl HeaderType {
+    /// libcryptsetup's name (`"LUKS2"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            HeaderType::Luks1 => "LUKS1",
+            HeaderType::Luks2 => "LUKS2",
+            HeaderType::Plain => "PLAIN",
+            HeaderType::Tcrypt => "TCRYPT",
+            HeaderType::Bitlk => "BITLK",
+            HeaderType::Fvault2 => "FVAULT2",
+        }
+    }
+
+    fn c_name(self) -> &'static CStr {
+        match self {
+            HeaderType::Luks1 => c"LUKS1",
+            HeaderType::Luks2 => c"LUKS2",
+            HeaderType::Plain => c"PLAIN",
+            HeaderType::Tcrypt => c"TCRYPT",
+            HeaderType::Bitlk => c"BITLK",
+            HeaderType::Fvault2 => c"FVAULT2",
+        }
+    }
+
+    fn from_name(s: &str) -> Option<Self> {
+        [
+            HeaderType::Luks1,
+            HeaderType::Luks2,
+            HeaderType::Plain,
+            HeaderType::Tcrypt,
+            HeaderType::Bitlk,
+            HeaderType::Fvault2,
+        ]
+        .into_iter()
+        .find(|t| t.name() == s)
+    }
+
+    /// How many keyslots this type has (LUKS1: 8, LUKS2: 32, others 0).
+    pub fn keyslot_max(self) -> u32 {
+        // SAFETY: a static NUL-terminated type name; the call only compares it.
+        let n = unsafe { ffi::crypt_keyslot_max(self.c_name().as_ptr()) };
+        u32::try_from(n).unwrap_or(0)
+    }
+}
+
+impl std::fmt::Display for HeaderType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A PBKDF for new keyslots (`crypt_set_pbkdf_type`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pbkdf {
+    /// `pbkdf2`, `argon2i` or `argon2id`.
+    pub kind: String,
+    /// Hash for PBKDF2 (and the LUKS2 digest); default sha256.
+    pub hash: Option<String>,
+    /// Fixed iteration count (time cost for Argon2): no benchmark.
+    pub iterations: Option<u32>,
+    /// Target unlock time in ms when benchmarking (default 2000).
+    pub time_ms: Option<u32>,
+    /// Argon2 memory cost in KiB (default 1048576).
+    pub memory_kb: Option<u32>,
+    /// Argon2 threads (default 4).
+    pub parallel: Option<u32>,
+}
+
+/// What to give `crypt_format` for a new LUKS header.
+#[derive(Debug, Clone, Default)]
+pub struct LuksFormat {
+    /// LUKS1 or LUKS2.
+    pub luks2: bool,
+    /// Cipher spec as cryptsetup takes it (`aes-xts-plain64`).
+    pub cipher: String,
+    /// Volume key size in bytes.
+    pub key_bytes: usize,
+    /// Header UUID (default: random).
+    pub uuid: Option<String>,
+    /// LUKS1 header hash / LUKS2 digest hash (default sha256).
+    pub hash: Option<String>,
+    /// Encryption sector size (LUKS2 only; None: libcryptsetup chooses).
+    pub sector_size: Option<u32>,
+    /// LUKS2 label.
+    pub label: Option<String>,
+    /// LUKS2 subsystem label.
+    pub subsystem: Option<String>,
+    /// Data device when the header is detached.
+    pub data_device: Option<std::path::PathBuf>,
+    /// Data alignment in 512-byte sectors (None: default).
+    pub align_sectors: Option<u64>,
+}
+
+/// Keyslot state (`crypt_keyslot_info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyslotStatus {
+    /// No such slot.
+    Invalid,
+    /// Free.
+    Inactive,
+    /// In use.
+    Active,
+    /// In use, and the last one that opens the volume.
+    ActiveLast,
+    /// In use, but holds a key not bound to the data segment (LUKS2).
+    Unbound,
+}
+
+/// Header facts libcryptsetup reports after `crypt_load` / `crypt_format`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderInfo {
+    /// Header type.
+    pub kind: Option<HeaderType>,
+    /// Cipher name (`aes`).
+    pub cipher: String,
+    /// Cipher mode with IV (`xts-plain64`).
+    pub cipher_mode: String,
+    /// UUID, if the format has one.
+    pub uuid: Option<String>,
+    /// LUKS2 label.
+    pub label: Option<String>,
+    /// Data area start in 512-byte sectors.
+    pub data_offset: u64,
+    /// IV offset in 512-byte sectors.
+    pub iv_offset: u64,
+    /// Volume key size in bytes.
+    pub key_bytes: usize,
+    /// Encryption sector size in bytes.
+    pub sector_size: u32,
+}
+
+impl HeaderInfo {
+    /// The dm-crypt cipher spec (`aes-xts-plain64`).
+    pub fn cipher_spec(&self) -> String {
+        if self.cipher_mode.is_empty() {
+            self.cipher.clone()
+        } else {
+            format!("{}-{}", self.cipher, self.cipher_mode)
+        }
+    }
+}
+
+/// Splits `aes-xts-plain64` into (`aes`, `xts-plain64`) as `crypt_parse_name_and_mode`.
+///
+/// # Errors
+/// [`FormatError::Rule`] for an empty cipher.
+pub fn split_cipher(spec: &str) -> Result<(String, String), FormatError> {
+    if spec.is_empty() || spec.starts_with('-') {
+        return Err(FormatError::Rule(format!(
+            "cipher \"{spec}\" is not <cipher>-<mode>-<iv> (e.g. aes-xts-plain64)"
+        )));
+    }
+    Ok(match spec.split_once('-') {
+        Some((c, m)) => (c.to_string(), m.to_string()),
+        None => (spec.to_string(), "cbc-plain".to_string()),
+    })
+}
+
+/// One libcryptsetup device context (header device, optionally a separate data device).
+///
+/// Not `Send`: libcryptsetup contexts are used from the thread that made them.
+pub struct CryptDevice {
+    cd: NonNull<ffi::crypt_device>,
+    name: String,
+}
+
+impl Drop for CryptDevice {
+    fn drop(&mut self) {
+        // SAFETY: `cd` came from crypt_init* and is freed exactly once, here.
+        unsafe { ffi::crypt_free(self.cd.as_ptr()) };
+    }
+}
+
+impl std::fmt::Debug for CryptDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CryptDevice")
+            .field("device", &self.name)
+            .finish()
+    }
+}
+
+impl CryptDevice {
+    /// `crypt_init`: a context on `device` (header and data on the same device).
+    ///
+    /// # Errors
+    /// The device does not exist or cannot be opened (`ENOENT`, `ENOTBLK`...).
+    pub fn init(device: &Path) -> Result<Self, FormatError> {
+        Self::init_with(device, None)
+    }
+
+    /// `crypt_init_data_device`: header on `header`, encrypted data on `data` (cryptsetup
+    /// `--header`).
+    ///
+    /// # Errors
+    /// As [`CryptDevice::init`], for either path.
+    pub fn init_detached(header: &Path, data: &Path) -> Result<Self, FormatError> {
+        Self::init_with(header, Some(data))
+    }
+
+    fn init_with(device: &Path, data: Option<&Path>) -> Result<Self, FormatError> {
+        global_init();
+        let name = device.display().to_string();
+        let dev = path_cstring(device)?;
+        let data_c = data.map(path_cstring).transpose()?;
+        let mut cd: *mut ffi::crypt_device = ptr::null_mut();
+        take_log();
+        // SAFETY: `cd` is a valid out-pointer; both paths are NUL-terminated and outlive
+        // the call (libcryptsetup copies them).
+        let r = unsafe {
+            match &data_c {
+                None => ffi::crypt_init(&mut cd, dev.as_ptr()),
+                Some(d) => ffi::crypt_init_data_device(&mut cd, dev.as_ptr(), d.as_ptr()),
+            }
+        };
+        let log = take_log();
+        let Some(cd) = NonNull::new(cd).filter(|_| r >= 0) else {
+            return Err(FormatError::Cryptsetup {
+                op: "opening device".into(),
+                device: name,
+                errno: -r.min(-1),
+                detail: errors_of(&log),
+            });
+        };
+        Ok(CryptDevice { cd, name })
+    }
+
+    /// The device path this context was opened on.
+    pub fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs one libcryptsetup call; a negative return becomes an error naming `op`.
+    fn call(
+        &mut self,
+        op: &str,
+        f: impl FnOnce(*mut ffi::crypt_device) -> i32,
+    ) -> Result<i32, FormatError> {
+        take_log();
+        let r = f(self.cd.as_ptr());
+        let log = take_log();
+        if r < 0 {
+            return Err(FormatError::Cryptsetup {
+                op: op.to_string(),
+                device: self.name.clone(),
+                errno: -r,
+                detail: errors_of(&log),
+            });
+        }
+        Ok(r)
+    }
+
+    /// `crypt_load`: reads the header. `None` accepts LUKS1 or LUKS2.
+    ///
+    /// # Errors
+    /// `EINVAL` when no (valid) header of that type is on the device.
+    pub fn load(&mut self, kind: Option<HeaderType>) -> Result<(), FormatError> {
+        let t = kind.map_or(ptr::null(), |k| k.c_name().as_ptr());
+        // SAFETY: `t` is NULL or a static C string; NULL params is allowed for LUKS.
+        self.call("loading the header", |cd| unsafe {
+            ffi::crypt_load(cd, t, ptr::null_mut())
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_set_pbkdf_type` for the keyslots added next.
+    ///
+    /// # Errors
+    /// Unknown PBKDF or hash, or costs out of range.
+    pub fn set_pbkdf(&mut self, p: &Pbkdf) -> Result<(), FormatError> {
+        let kind = cstring("PBKDF", &p.kind)?;
+        let hash = cstring("hash", p.hash.as_deref().unwrap_or("sha256"))?;
+        let argon = p.kind.starts_with("argon2");
+        let params = ffi::crypt_pbkdf_type {
+            type_: kind.as_ptr(),
+            hash: hash.as_ptr(),
+            time_ms: p.time_ms.unwrap_or(2000),
+            iterations: p.iterations.unwrap_or(0),
+            max_memory_kb: if argon {
+                p.memory_kb.unwrap_or(1_048_576)
+            } else {
+                0
+            },
+            parallel_threads: if argon { p.parallel.unwrap_or(4) } else { 0 },
+            flags: if p.iterations.is_some() {
+                ffi::CRYPT_PBKDF_NO_BENCHMARK
+            } else {
+                0
+            },
+        };
+        // SAFETY: `params` and its strings outlive the call; the library copies them.
+        self.call("setting the PBKDF", |cd| unsafe {
+            ffi::crypt_set_pbkdf_type(cd, &params)
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_format` with LUKS1 or LUKS2 parameters. `volume_key` None: a random key.
+    ///
+    /// # Errors
+    /// Bad cipher or sizes, a device too small, or a device the library refuses.
+    pub fn format_luks(
+        &mut self,
+        f: &LuksFormat,
+        volume_key: Option<&VolumeKey>,
+    ) -> Result<(), FormatError> {
+        let (cipher, mode) = split_cipher(&f.cipher)?;
+        let cipher = cstring("cipher", &cipher)?;
+        let mode = cstring("cipher mode", &mode)?;
+        let uuid = f.uuid.as_deref().map(|u| cstring("UUID", u)).transpose()?;
+        let hash = f.hash.as_deref().map(|h| cstring("hash", h)).transpose()?;
+        let label = f
+            .label
+            .as_deref()
+            .map(|l| cstring("label", l))
+            .transpose()?;
+        let subsystem = f
+            .subsystem
+            .as_deref()
+            .map(|l| cstring("subsystem", l))
+            .transpose()?;
+        let data_device = f.data_device.as_deref().map(path_cstring).transpose()?;
+        let ptr_of = |c: &Option<CString>| c.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        let align = usize::try_from(f.align_sectors.unwrap_or(0)).unwrap_or(0);
+        let mut p1 = ffi::crypt_params_luks1 {
+            hash: ptr_of(&hash),
+            data_alignment: align,
+            data_device: ptr_of(&data_device),
+        };
+        let mut p2 = ffi::crypt_params_luks2 {
+            pbkdf: ptr::null(),
+            integrity: ptr::null(),
+            integrity_params: ptr::null(),
+            data_alignment: align,
+            data_device: ptr_of(&data_device),
+            sector_size: f.sector_size.unwrap_or(0),
+            label: ptr_of(&label),
+            subsystem: ptr_of(&subsystem),
+        };
+        let (kind, params): (HeaderType, *mut libc::c_void) = if f.luks2 {
+            (
+                HeaderType::Luks2,
+                (&mut p2 as *mut ffi::crypt_params_luks2).cast(),
+            )
+        } else {
+            if f.sector_size.is_some_and(|s| s != 512) {
+                return Err(FormatError::Rule(format!(
+                    "sector size {} needs LUKS2 (LUKS1 supports only 512)",
+                    f.sector_size.unwrap_or(0)
+                )));
+            }
+            (
+                HeaderType::Luks1,
+                (&mut p1 as *mut ffi::crypt_params_luks1).cast(),
+            )
+        };
+        let vk = volume_key.map_or(ptr::null(), |k| k.as_bytes().as_ptr().cast());
+        let uuid_p = ptr_of(&uuid);
+        let key_bytes = f.key_bytes;
+        // SAFETY: every pointer is NULL or points to data alive until the call returns;
+        // `params` matches `kind`'s struct; `vk` has `key_bytes` bytes when non-NULL.
+        self.call("formatting", |cd| unsafe {
+            if volume_key.is_some_and(|k| k.len() != key_bytes) {
+                return -libc::EINVAL;
+            }
+            ffi::crypt_format(
+                cd,
+                kind.c_name().as_ptr(),
+                cipher.as_ptr(),
+                mode.as_ptr(),
+                uuid_p,
+                vk,
+                key_bytes,
+                params,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_format(CRYPT_PLAIN)` with a passphrase hash, so that
+    /// [`CryptDevice::volume_key`] applies cryptsetup's plain-mode hashing.
+    ///
+    /// # Errors
+    /// Bad cipher, key size or hash name.
+    pub fn format_plain(
+        &mut self,
+        cipher: &str,
+        key_bytes: usize,
+        hash: &str,
+        sizes: (u64, u64, u64, u32),
+    ) -> Result<(), FormatError> {
+        let (c, m) = split_cipher(cipher)?;
+        let c = cstring("cipher", &c)?;
+        let m = cstring("cipher mode", &m)?;
+        let h = cstring("hash", hash)?;
+        let (offset, skip, size, sector_size) = sizes;
+        let mut p = ffi::crypt_params_plain {
+            hash: h.as_ptr(),
+            offset,
+            skip,
+            size,
+            sector_size,
+        };
+        // SAFETY: strings and params outlive the call; NULL volume key = none yet.
+        self.call("setting up plain mode", |cd| unsafe {
+            ffi::crypt_format(
+                cd,
+                HeaderType::Plain.c_name().as_ptr(),
+                c.as_ptr(),
+                m.as_ptr(),
+                ptr::null(),
+                ptr::null(),
+                key_bytes,
+                (&mut p as *mut ffi::crypt_params_plain).cast(),
+            )
+        })?;
+        Ok(())
+    }
+
+    fn slot_arg(slot: Option<u32>) -> libc::c_int {
+        slot.and_then(|s| libc::c_int::try_from(s).ok())
+            .unwrap_or(ffi::CRYPT_ANY_SLOT)
+    }
+
+    fn slot_ret(r: i32) -> u32 {
+        u32::try_from(r).unwrap_or(0)
+    }
+
+    /// `crypt_keyslot_add_by_volume_key`: a new keyslot for `passphrase`, holding
+    /// `volume_key` (None: the key of the header just formatted). Returns the slot.
+    ///
+    /// # Errors
+    /// No free slot, the slot in use, or a volume key that does not match the header.
+    pub fn add_keyslot_by_volume_key(
+        &mut self,
+        slot: Option<u32>,
+        volume_key: Option<&VolumeKey>,
+        passphrase: &[u8],
+    ) -> Result<u32, FormatError> {
+        let (vk, vk_len) =
+            volume_key.map_or((ptr::null(), 0), |k| (k.as_bytes().as_ptr(), k.len()));
+        // SAFETY: buffers are valid for the lengths given for the duration of the call.
+        let r = self.call("adding a keyslot", |cd| unsafe {
+            ffi::crypt_keyslot_add_by_volume_key(
+                cd,
+                Self::slot_arg(slot),
+                vk.cast(),
+                vk_len,
+                passphrase.as_ptr().cast(),
+                passphrase.len(),
+            )
+        })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_keyslot_add_by_passphrase`: unlock with `old`, add `new`. Returns the slot.
+    ///
+    /// # Errors
+    /// `EPERM` when `old` opens no keyslot; no free slot.
+    pub fn add_keyslot_by_passphrase(
+        &mut self,
+        slot: Option<u32>,
+        old: &[u8],
+        new: &[u8],
+    ) -> Result<u32, FormatError> {
+        // SAFETY: buffers are valid for the lengths given for the duration of the call.
+        let r = self.call("adding a keyslot", |cd| unsafe {
+            ffi::crypt_keyslot_add_by_passphrase(
+                cd,
+                Self::slot_arg(slot),
+                old.as_ptr().cast(),
+                old.len(),
+                new.as_ptr().cast(),
+                new.len(),
+            )
+        })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_keyslot_change_by_passphrase`: replaces the passphrase of the slot `old`
+    /// opens (or `old_slot`), writing the new one to `new_slot` (None: same slot when
+    /// possible). Returns the new slot.
+    ///
+    /// # Errors
+    /// `EPERM` when `old` opens no keyslot.
+    pub fn change_keyslot(
+        &mut self,
+        old_slot: Option<u32>,
+        new_slot: Option<u32>,
+        old: &[u8],
+        new: &[u8],
+    ) -> Result<u32, FormatError> {
+        // SAFETY: buffers are valid for the lengths given for the duration of the call.
+        let r = self.call("changing a keyslot", |cd| unsafe {
+            ffi::crypt_keyslot_change_by_passphrase(
+                cd,
+                Self::slot_arg(old_slot),
+                Self::slot_arg(new_slot),
+                old.as_ptr().cast(),
+                old.len(),
+                new.as_ptr().cast(),
+                new.len(),
+            )
+        })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_keyslot_destroy`: wipes one keyslot.
+    ///
+    /// # Errors
+    /// A slot number out of range or a free slot.
+    pub fn destroy_keyslot(&mut self, slot: u32) -> Result<(), FormatError> {
+        let s = Self::slot_arg(Some(slot));
+        // SAFETY: plain integer arguments on a valid context.
+        self.call(&format!("destroying keyslot {slot}"), |cd| unsafe {
+            ffi::crypt_keyslot_destroy(cd, s)
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_keyslot_status`.
+    pub fn keyslot_status(&mut self, slot: u32) -> KeyslotStatus {
+        let s = Self::slot_arg(Some(slot));
+        // SAFETY: plain integer arguments on a valid context.
+        match unsafe { ffi::crypt_keyslot_status(self.cd.as_ptr(), s) } {
+            1 => KeyslotStatus::Inactive,
+            2 => KeyslotStatus::Active,
+            3 => KeyslotStatus::ActiveLast,
+            4 => KeyslotStatus::Unbound,
+            _ => KeyslotStatus::Invalid,
+        }
+    }
+
+    /// `crypt_activate_by_passphrase(cd, NULL, ...)`: checks `passphrase` without creating
+    /// any mapping. Returns the slot it opened.
+    ///
+    /// # Errors
+    /// `EPERM` when no keyslot (or not `slot`) opens with it.
+    pub fn check_passphrase(
+        &mut self,
+        slot: Option<u32>,
+        passphrase: &[u8],
+    ) -> Result<u32, FormatError> {
+        // SAFETY: NULL name = check only; the buffer is valid for its length.
+        let r = self.call("checking the passphrase", |cd| unsafe {
+            ffi::crypt_activate_by_passphrase(
+                cd,
+                ptr::null(),
+                Self::slot_arg(slot),
+                passphrase.as_ptr().cast(),
+                passphrase.len(),
+                0,
+            )
+        })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_volume_key_get`, then `crypt_volume_key_verify` (so a LUKS2 key that is not
+    /// bound to the data segment is refused). Returns the slot and the key.
+    ///
+    /// # Errors
+    /// `EPERM` for a wrong passphrase; `EPERM` also when the unlocked key is not the data
+    /// segment's key.
+    pub fn volume_key(
+        &mut self,
+        slot: Option<u32>,
+        passphrase: &[u8],
+    ) -> Result<(u32, VolumeKey), FormatError> {
+        let size = self.info().key_bytes.max(1);
+        let mut buf = Zeroizing::new(vec![0u8; size]);
+        let mut len: libc::size_t = size;
+        // SAFETY: `buf` has `len` writable bytes; the library writes at most `len` and
+        // updates it; the passphrase buffer is valid for its length.
+        let r = self.call("unlocking the volume key", |cd| unsafe {
+            ffi::crypt_volume_key_get(
+                cd,
+                Self::slot_arg(slot),
+                buf.as_mut_ptr().cast(),
+                &mut len,
+                passphrase.as_ptr().cast(),
+                passphrase.len(),
+            )
+        })?;
+        let len = len.min(size);
+        if self
+            .info()
+            .kind
+            .is_some_and(|k| matches!(k, HeaderType::Luks1 | HeaderType::Luks2))
+        {
+            let p = buf.as_ptr();
+            // SAFETY: `p` holds `len` initialised bytes.
+            self.call("verifying the volume key", |cd| unsafe {
+                ffi::crypt_volume_key_verify(cd, p.cast(), len)
+            })
+            .map_err(|e| match e {
+                FormatError::Cryptsetup { device, .. } => FormatError::Refused(format!(
+                    "{device}: keyslot {r} holds a key that is not bound to the data segment (unbound keyslot); it cannot open the volume"
+                )),
+                other => other,
+            })?;
+        }
+        buf.truncate(len);
+        Ok((Self::slot_ret(r), VolumeKey::new(std::mem::take(&mut *buf))))
+    }
+
+    /// Header facts (`crypt_get_*`).
+    pub fn info(&mut self) -> HeaderInfo {
+        let cd = self.cd.as_ptr();
+        // SAFETY: getters on a valid context; returned strings are owned by the context
+        // and copied at once.
+        unsafe {
+            HeaderInfo {
+                kind: opt_string(ffi::crypt_get_type(cd)).and_then(|t| HeaderType::from_name(&t)),
+                cipher: opt_string(ffi::crypt_get_cipher(cd)).unwrap_or_default(),
+                cipher_mode: opt_string(ffi::crypt_get_cipher_mode(cd)).unwrap_or_default(),
+                uuid: opt_string(ffi::crypt_get_uuid(cd)),
+                label: opt_string(ffi::crypt_get_label(cd)).filter(|l| !l.is_empty()),
+                data_offset: ffi::crypt_get_data_offset(cd),
+                iv_offset: ffi::crypt_get_iv_offset(cd),
+                key_bytes: usize::try_from(ffi::crypt_get_volume_key_size(cd)).unwrap_or(0),
+                sector_size: u32::try_from(ffi::crypt_get_sector_size(cd)).unwrap_or(512),
+            }
+        }
+    }
+
+    /// `crypt_persistent_flags_get`: (activation flags, requirement flags). Both 0 for
+    /// LUKS1.
+    ///
+    /// # Errors
+    /// Only for a context without a loaded header.
+    pub fn persistent_flags(&mut self) -> Result<(u32, u32), FormatError> {
+        if self.info().kind != Some(HeaderType::Luks2) {
+            return Ok((0, 0));
+        }
+        let mut act = 0u32;
+        let mut req = 0u32;
+        // SAFETY: valid out-pointers.
+        self.call("reading persistent flags", |cd| unsafe {
+            ffi::crypt_persistent_flags_get(cd, ffi::CRYPT_FLAGS_ACTIVATION, &mut act)
+        })?;
+        // SAFETY: valid out-pointers.
+        self.call("reading requirement flags", |cd| unsafe {
+            ffi::crypt_persistent_flags_get(cd, ffi::CRYPT_FLAGS_REQUIREMENTS, &mut req)
+        })?;
+        Ok((act, req))
+    }
+
+    /// `crypt_get_metadata_size`: (metadata area, keyslots area) in bytes (LUKS2).
+    ///
+    /// # Errors
+    /// Not a LUKS2 context.
+    pub fn metadata_size(&mut self) -> Result<(u64, u64), FormatError> {
+        let mut m = 0u64;
+        let mut k = 0u64;
+        // SAFETY: valid out-pointers.
+        self.call("reading metadata size", |cd| unsafe {
+            ffi::crypt_get_metadata_size(cd, &mut m, &mut k)
+        })?;
+        Ok((m, k))
+    }
+
+    /// `crypt_dump`: the header as cryptsetup's `luksDump` prints it.
+    ///
+    /// # Errors
+    /// No header loaded.
+    pub fn dump(&mut self) -> Result<String, FormatError> {
+        take_log();
+        // SAFETY: valid context; output goes to the log callback.
+        let r = unsafe { ffi::crypt_dump(self.cd.as_ptr()) };
+        let log = take_log();
+        if r < 0 {
+            return Err(FormatError::Cryptsetup {
+                op: "dumping the header".into(),
+                device: self.name.clone(),
+                errno: -r,
+                detail: errors_of(&log),
+            });
+        }
+        Ok(log
+            .into_iter()
+            .filter(|(l, _)| *l == ffi::CRYPT_LOG_NORMAL || *l == ffi::CRYPT_LOG_VERBOSE)
+            .map(|(_, m)| m)
+            .collect())
+    }
+
+    /// `crypt_dump_json`: the LUKS2 JSON metadata.
+    ///
+    /// # Errors
+    /// `EINVAL` for LUKS1 ("not supported for this device type").
+    pub fn dump_json(&mut self) -> Result<String, FormatError> {
+        let mut p: *const libc::c_char = ptr::null();
+        // SAFETY: valid out-pointer; the string stays owned by the context.
+        self.call("dumping JSON metadata", |cd| unsafe {
+            ffi::crypt_dump_json(cd, &mut p, 0)
+        })?;
+        // SAFETY: set by the successful call, valid until the next call on this context.
+        Ok(unsafe { opt_string(p) }.unwrap_or_default())
+    }
+
+    /// `crypt_header_backup` to `file` (must not exist).
+    ///
+    /// # Errors
+    /// The file exists or cannot be written; no header.
+    pub fn header_backup(&mut self, file: &Path) -> Result<(), FormatError> {
+        let f = path_cstring(file)?;
+        // SAFETY: NULL type = the loaded LUKS type; path valid during the call.
+        self.call("backing up the header", |cd| unsafe {
+            ffi::crypt_header_backup(cd, ptr::null(), f.as_ptr())
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_header_restore` from `file`.
+    ///
+    /// # Errors
+    /// Not a valid header backup, or one that does not match the device.
+    pub fn header_restore(&mut self, file: &Path) -> Result<(), FormatError> {
+        let f = path_cstring(file)?;
+        // SAFETY: NULL type = any LUKS; path valid during the call.
+        self.call("restoring the header", |cd| unsafe {
+            ffi::crypt_header_restore(cd, ptr::null(), f.as_ptr())
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_set_uuid` (None: a new random UUID).
+    ///
+    /// # Errors
+    /// A malformed UUID.
+    pub fn set_uuid(&mut self, uuid: Option<&str>) -> Result<(), FormatError> {
+        let u = uuid.map(|u| cstring("UUID", u)).transpose()?;
+        let p = u.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        // SAFETY: NULL or a valid C string.
+        self.call("setting the UUID", |cd| unsafe {
+            ffi::crypt_set_uuid(cd, p)
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_set_label` (LUKS2).
+    ///
+    /// # Errors
+    /// Not LUKS2.
+    pub fn set_label(
+        &mut self,
+        label: Option<&str>,
+        subsystem: Option<&str>,
+    ) -> Result<(), FormatError> {
+        let l = label.map(|u| cstring("label", u)).transpose()?;
+        let s = subsystem.map(|u| cstring("subsystem", u)).transpose()?;
+        let lp = l.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        let sp = s.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        // SAFETY: NULL or valid C strings.
+        self.call("setting the label", |cd| unsafe {
+            ffi::crypt_set_label(cd, lp, sp)
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,39 @@
+//! libcryptsetup, the reference LUKS implementation, behind a safe API.
+//!
+//! ```text
+//!  CryptDevice::init(path) ──► load / format_luks / format_plain
+//!        │                          │
+//!        │   keyslots: add_*, change, destroy, status, check_passphrase
+//!        ▼
+//!  volume_key(passphrase) ──► VolumeKey  +  info(): cipher, offsets, sector size
+//! ```
+//!
+//! Header and keyslot work goes through the library (`libcryptsetup.h`, 2.6), linked as
+//! `-lcryptsetup` with hand-written declarations ([`ffi`], no bindgen/clang). It works on
+//! image files without device-mapper: `crypt_activate_by_passphrase` with a NULL name only
+//! checks a passphrase. ucrypt does the data path itself from what [`HeaderInfo`] says.
+//! All `unsafe` of the format crate lives in this module.
+
+mod device;
+mod ffi;
+
+pub use device::{
+    split_cipher, CryptDevice, HeaderInfo, HeaderType, KeyslotStatus, LuksFormat, Pbkdf,
+};
+
+/// Persistent activation flag `CRYPT_ACTIVATE_ALLOW_DISCARDS`.
+pub const ACTIVATE_ALLOW_DISCARDS: u32 = 1 << 3;
+/// Persistent activation flag `CRYPT_ACTIVATE_SAME_CPU_CRYPT`.
+pub const ACTIVATE_SAME_CPU_CRYPT: u32 = 1 << 6;
+/// Persistent activation flag `CRYPT_ACTIVATE_SUBMIT_FROM_CRYPT_CPUS`.
+pub const ACTIVATE_SUBMIT_FROM_CRYPT_CPUS: u32 = 1 << 7;
+/// Persistent activation flag `CRYPT_ACTIVATE_NO_READ_WORKQUEUE`.
+pub const ACTIVATE_NO_READ_WORKQUEUE: u32 = 1 << 24;
+/// Persistent activation flag `CRYPT_ACTIVATE_NO_WRITE_WORKQUEUE`.
+pub const ACTIVATE_NO_WRITE_WORKQUEUE: u32 = 1 << 25;
+/// Requirement flag: an offline reencryption is unfinished (LUKS2).
+pub const REQUIREMENT_OFFLINE_REENCRYPT: u32 = 1;
+/// Requirement flag: an online reencryption is unfinished (LUKS2).
+pub const REQUIREMENT_ONLINE_REENCRYPT: u32 = 1 << 1;
+/// Requirement flag: a requirement this libcryptsetup does not know.
+pub const REQUIREMENT_UNKNOWN: u32 = 1 << 31;
