@@ -1,0 +1,605 @@
+//! The fixed newstyle handshake as a sans-IO state machine: bytes in, bytes out, no sockets
+//! (NBD `doc/proto.md`, "Fixed newstyle negotiation", "Option types", "Option reply types",
+//! and "Block size constraints").
+//!
+//! The driver sends [`Handshake::greeting`], then repeatedly reads exactly
+//! [`Handshake::wants`] bytes, hands them to [`Handshake::feed`], and writes whatever `feed`
+//! appended to `out`, until `feed` says [`Step::Transmission`] or [`Step::Close`]:
+//!
+//! ```text
+//!  ClientFlags(4) ──► OptionHeader(16) ──► OptionData(len) ──┬─► OptionHeader(16) ...
+//!                                                            ├─► Transmission (GO, EXPORT_NAME)
+//!                                                            └─► Close (ABORT, bad input)
+//! ```
+
+use crate::proto::*;
+use crate::ProtocolViolation;
+
+/// Option data longer than this is a denial-of-service attempt: every option we support
+/// fits in a few KiB (strings are at most 4096 bytes by the spec), and reading a client's
+/// 4 GiB "option" into memory is what a bounded server must not do.
+pub const MAX_OPTION_BYTES: u32 = 64 * 1024;
+
+/// Options per connection before we treat the client as a denial of service ("if a server
+/// believes a client's behaviour constitutes a denial of service, it MAY initiate a hard
+/// disconnect").
+pub const MAX_OPTIONS: u32 = 1024;
+
+/// What is exported, as the handshake announces it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Export name ("" is the default export; both it and this name are accepted).
+    pub name: String,
+    /// Human-readable description (`NBD_INFO_DESCRIPTION`, `NBD_REP_SERVER` details).
+    pub description: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Transmission flags, without `NBD_FLAG_SEND_DF` (added only once structured replies
+    /// are negotiated, as the spec requires).
+    pub flags: u16,
+    /// Minimum block size (`NBD_INFO_BLOCK_SIZE`): the encryption sector size.
+    pub min_block: u32,
+    /// Preferred block size.
+    pub preferred_block: u32,
+    /// Maximum block size: the largest READ/WRITE payload the server accepts.
+    pub max_block: u32,
+}
+
+/// What the client and server agreed on, for the transmission phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    /// Structured replies were negotiated (`NBD_OPT_STRUCTURED_REPLY`).
+    pub structured_replies: bool,
+    /// The transmission flags the client was given.
+    pub flags: u16,
+    /// The client entered transmission with `NBD_OPT_GO` having asked for
+    /// `NBD_INFO_BLOCK_SIZE` (it promised to honour the constraints).
+    pub block_size_agreed: bool,
+}
+
+/// What the driver does after [`Handshake::feed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Send `out`, read [`Handshake::wants`] more bytes.
+    Continue,
+    /// Send `out`, then enter the transmission phase.
+    Transmission(Negotiated),
+    /// Send `out` (if anything), then close the connection.
+    Close,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    ClientFlags,
+    OptionHeader,
+    OptionData { option: u32, len: u32 },
+    Done,
+}
+
+/// The server side of a fixed newstyle handshake for one export.
+#[derive(Debug)]
+pub struct Handshake {
+    export: ExportInfo,
+    state: State,
+    no_zeroes: bool,
+    structured: bool,
+    shutting_down: bool,
+    options_seen: u32,
+}
+
+impl Handshake {
+    /// A handshake that will offer `export`.
+    pub fn new(export: ExportInfo) -> Self {
+        Handshake {
+            export,
+            state: State::ClientFlags,
+            no_zeroes: false,
+            structured: false,
+            shutting_down: false,
+            options_seen: 0,
+        }
+    }
+
+    /// The server's first 18 bytes: NBDMAGIC, IHAVEOPT, handshake flags.
+    pub fn greeting(&self) -> [u8; 18] {
+        let mut g = [0u8; 18];
+        g[..8].copy_from_slice(&NBDMAGIC.to_be_bytes());
+        g[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
+        g[16..].copy_from_slice(&(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES).to_be_bytes());
+        g
+    }
+
+    /// From now on, answer options (other than ABORT) with `NBD_REP_ERR_SHUTDOWN`: "If the
+    /// server is in the process of being shut down it ... SHOULD error further options
+    /// received (other than an NBD_OPT_ABORT) with NBD_REP_ERR_SHUTDOWN."
+    pub fn set_shutting_down(&mut self) {
+        self.shutting_down = true;
+    }
+
+    /// How many bytes the next [`Handshake::feed`] needs (may be 0 for an empty option).
+    pub fn wants(&self) -> usize {
+        match self.state {
+            State::ClientFlags => 4,
+            State::OptionHeader => 16,
+            State::OptionData { len, .. } => len as usize,
+            State::Done => 0,
+        }
+    }
+
+    /// Consumes exactly [`Handshake::wants`] bytes and appends the reply bytes to `out`.
+    ///
+    /// # Errors
+    /// A [`ProtocolViolation`] when the client broke a MUST of the spec (or sent input too
+    /// large to be anything but an attack); the driver closes the connection without reply.
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<Step, ProtocolViolation> {
+        if input.len() != self.wants() {
+            return Err(ProtocolViolation::ShortInput {
+                wanted: self.wants(),
+                got: input.len(),
+            });
+        }
+        match self.state {
+            State::ClientFlags => {
+                let flags = be_u32(input, 0);
+                // "the server MUST drop the TCP connection if the client sets an unknown
+                // flag, or a flag that does not match something advertised by the server."
+                if flags & !(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES) != 0 {
+                    return Err(ProtocolViolation::UnknownClientFlags(flags));
+                }
+                self.no_zeroes = flags & NBD_FLAG_C_NO_ZEROES != 0;
+                self.state = State::OptionHeader;
+                Ok(Step::Continue)
+            }
+            State::OptionHeader => {
+                let magic = be_u64(input, 0);
+                if magic != IHAVEOPT {
+                    return Err(ProtocolViolation::BadOptionMagic(magic));
+                }
+                self.options_seen += 1;
+                if self.options_seen > MAX_OPTIONS {
+                    return Err(ProtocolViolation::TooManyOptions(MAX_OPTIONS));
+                }
+                let option = be_u32(input, 8);
+                let len = be_u32(input, 12);
+                if len > MAX_OPTION_BYTES {
+                    return Err(ProtocolViolation::OptionTooLarge { option, len });
+                }
+                self.state = State::OptionData { option, len };
+                if len == 0 {
+                    return self.feed(&[], out);
+                }
+                Ok(Step::Continue)
+            }
+            State::OptionData { option, .. } => {
+                self.state = State::OptionHeader;
+                self.option(option, input, out)
+            }
+            State::Done => Err(ProtocolViolation::HandshakeOver),
+        }
+    }
+
+    fn option(
+        &mut self,
+        option: u32,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Step, ProtocolViolation> {
+        if option == NBD_OPT_ABORT {
+            // "The server MUST reply with NBD_REP_ACK."
+            reply(out, option, NBD_REP_ACK, &[]);
+            self.state = State::Done;
+            return Ok(Step::Close);
+        }
+        if self.shutting_down {
+            if option == NBD_OPT_EXPORT_NAME {
+                // EXPORT_NAME cannot be errored: terminate the session.
+                self.state = State::Done;
+                return Ok(Step::Close);
+            }
+            error(
+                out,
+                option,
+                NBD_REP_ERR_SHUTDOWN,
+                "the server is shutting down",
+            );
+            return Ok(Step::Continue);
+        }
+        match option {
+            NBD_OPT_EXPORT_NAME => {
+                // "If the chosen export does not exist ... the server MUST terminate the
+                // session."
+                if !self.name_matches(data) {
+                    self.state = State::Done;
+                    return Ok(Step::Close);
+                }
+                let flags = self.flags();
+                out.extend_from_slice(&self.export.size_bytes.to_be_bytes());
+                out.extend_from_slice(&flags.to_be_bytes());
+                if !self.no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                self.state = State::Done;
+                Ok(Step::Transmission(Negotiated {
+                    structured_replies: self.structured,
+                    flags,
+                    block_size_agreed: false,
+                }))
+            }
+            NBD_OPT_LIST => {
+                if !data.is_empty() {
+                    // The spec's own example of NBD_REP_ERR_INVALID.
+                    error(
+                        out,
+                        option,
+                        NBD_REP_ERR_INVALID,
+                        "NBD_OPT_LIST takes no data",
+                    );
+                    return Ok(Step::Continue);
+                }
+                let name = self.export.name.as_bytes();
+                let mut payload =
+                    Vec::with_capacity(4 + name.len() + self.export.description.len());
+                payload.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                payload.extend_from_slice(name);
+                payload.extend_from_slice(self.export.description.as_bytes());
+                reply(out, option, NBD_REP_SERVER, &payload);
+                reply(out, option, NBD_REP_ACK, &[]);
+                Ok(Step::Continue)
+            }
+            NBD_OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    error(
+                        out,
+                        option,
+                        NBD_REP_ERR_INVALID,
+                        "NBD_OPT_STRUCTURED_REPLY takes no data",
+                    );
+                    return Ok(Step::Continue);
+                }
+                self.structured = true;
+                reply(out, option, NBD_REP_ACK, &[]);
+                Ok(Step::Continue)
+            }
+            NBD_OPT_INFO | NBD_OPT_GO => self.info_or_go(option, data, out),
+            // NOTLS mode: "If the server receives NBD_OPT_STARTTLS it MUST respond with
+            // NBD_REP_ERR_POLICY ... [or] NBD_REP_ERR_UNSUP".
+            _ => {
+                error(
+                    out,
+                    option,
+                    NBD_REP_ERR_UNSUP,
+                    "option not supported by this server",
+                );
+                Ok(Step::Continue)
+            }
+        }
+    }
+
+    fn info_or_go(
+        &mut self,
+        option: u32,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Step, ProtocolViolation> {
+        // Data: 32-bit name length, name, 16-bit number of information requests, 16 bits each.
+        let Some((name, requests)) = parse_info_request(data) else {
+            error(
+                out,
+                option,
+                NBD_REP_ERR_INVALID,
+                "malformed NBD_OPT_INFO/GO data",
+            );
+            return Ok(Step::Continue);
+        };
+        if !self.name_matches(name) {
+            error(out, option, NBD_REP_ERR_UNKNOWN, "no such export");
+            return Ok(Step::Continue);
+        }
+        let flags = self.flags();
+        let mut export = Vec::with_capacity(12);
+        export.extend_from_slice(&NBD_INFO_EXPORT.to_be_bytes());
+        export.extend_from_slice(&self.export.size_bytes.to_be_bytes());
+        export.extend_from_slice(&flags.to_be_bytes());
+        reply(out, option, NBD_REP_INFO, &export);
+        let asked = |t: u16| requests.contains(&t);
+        if asked(NBD_INFO_NAME) {
+            let mut p = NBD_INFO_NAME.to_be_bytes().to_vec();
+            p.extend_from_slice(self.export.name.as_bytes());
+            reply(out, option, NBD_REP_INFO, &p);
+        }
+        if asked(NBD_INFO_DESCRIPTION) && !self.export.description.is_empty() {
+            let mut p = NBD_INFO_DESCRIPTION.to_be_bytes().to_vec();
+            p.extend_from_slice(self.export.description.as_bytes());
+            reply(out, option, NBD_REP_INFO, &p);
+        }
+        // Sent whether asked or not (as nbdkit and qemu-nbd do): "The server MUST send this
+        // info if it is requested and it intends to enforce block size constraints other
+        // than the defaults"; clients ignore information they did not ask for.
+        let mut bs = Vec::with_capacity(14);
+        bs.extend_from_slice(&NBD_INFO_BLOCK_SIZE.to_be_bytes());
+        bs.extend_from_slice(&self.export.min_block.to_be_bytes());
+        bs.extend_from_slice(&self.export.preferred_block.to_be_bytes());
+        bs.extend_from_slice(&self.export.max_block.to_be_bytes());
+        reply(out, option, NBD_REP_INFO, &bs);
+        reply(out, option, NBD_REP_ACK, &[]);
+        if option == NBD_OPT_GO {
+            self.state = State::Done;
+            return Ok(Step::Transmission(Negotiated {
+                structured_replies: self.structured,
+                flags,
+                block_size_agreed: asked(NBD_INFO_BLOCK_SIZE),
+            }));
+        }
+        Ok(Step::Continue)
+    }
+
+    fn name_matches(&self, name: &[u8]) -> bool {
+        name.is_empty() || name == self.export.name.as_bytes()
+    }
+
+    /// The transmission flags as of now: `NBD_FLAG_SEND_DF` only with structured replies
+    /// ("MUST leave this flag clear if structured replies have not been negotiated").
+    fn flags(&self) -> u16 {
+        let mut f = self.export.flags | NBD_FLAG_HAS_FLAGS;
+        if self.structured {
+            f |= NBD_FLAG_SEND_DF;
+        } else {
+            f &= !NBD_FLAG_SEND_DF;
+        }
+        f
+    }
+}
+
+/// Splits INFO/GO data into the export name and the information requests; `None` if the
+/// lengths do not add up exactly.
+fn parse_info_request(data: &[u8]) -> Option<(&[u8], Vec<u16>)> {
+    let name_len = usize::try_from(u32::from_be_bytes(data.get(..4)?.try_into().ok()?)).ok()?;
+    let name_end = 4usize.checked_add(name_len)?;
+    let name = data.get(4..name_end)?;
+    let count = u16::from_be_bytes(data.get(name_end..name_end + 2)?.try_into().ok()?) as usize;
+    let rest = data.get(name_end + 2..)?;
+    if rest.len() != count * 2 {
+        return None;
+    }
+    let requests = rest
+        .chunks_exact(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
+    Some((name, requests))
+}
+
+fn reply(out: &mut Vec<u8>, option: u32, kind: u32, data: &[u8]) {
+    out.extend_from_slice(&NBD_REP_MAGIC.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+fn error(out: &mut Vec<u8>, option: u32, kind: u32, message: &str) {
+    reply(out, option, kind, message.as_bytes());
+}
+
+fn be_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn be_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export() -> ExportInfo {
+        ExportInfo {
+            name: "vol".into(),
+            description: "test volume".into(),
+            size_bytes: 1 << 20,
+            flags: NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH,
+            min_block: 4096,
+            preferred_block: 4096,
+            max_block: 32 << 20,
+        }
+    }
+
+    fn opt(option: u32, data: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let mut h = Vec::new();
+        h.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        h.extend_from_slice(&option.to_be_bytes());
+        h.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        (h, data.to_vec())
+    }
+
+    /// Drives a handshake through client flags and the given options.
+    fn run(opts: &[(u32, Vec<u8>)]) -> (Vec<u8>, Result<Step, ProtocolViolation>) {
+        let mut hs = Handshake::new(export());
+        let mut out = Vec::new();
+        assert_eq!(hs.feed(&1u32.to_be_bytes(), &mut out), Ok(Step::Continue));
+        let mut last = Ok(Step::Continue);
+        for (o, d) in opts {
+            let (h, d) = opt(*o, d);
+            last = hs.feed(&h, &mut out);
+            if last == Ok(Step::Continue) && !d.is_empty() {
+                last = hs.feed(&d, &mut out);
+            }
+        }
+        (out, last)
+    }
+
+    fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+        for i in infos {
+            d.extend_from_slice(&i.to_be_bytes());
+        }
+        d
+    }
+
+    /// Splits option replies into (option, type, data).
+    fn replies(mut b: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut v = Vec::new();
+        while !b.is_empty() {
+            assert_eq!(be_u64(b, 0), NBD_REP_MAGIC);
+            let len = be_u32(b, 16) as usize;
+            v.push((be_u32(b, 8), be_u32(b, 12), b[20..20 + len].to_vec()));
+            b = &b[20 + len..];
+        }
+        v
+    }
+
+    #[test]
+    fn greeting_offers_fixed_newstyle_and_no_zeroes() {
+        let g = Handshake::new(export()).greeting();
+        assert_eq!(&g[..16], b"NBDMAGICIHAVEOPT");
+        assert_eq!(&g[16..], &[0, 3]);
+    }
+
+    #[test]
+    fn unknown_client_flags_close_the_connection() {
+        let mut hs = Handshake::new(export());
+        assert_eq!(
+            hs.feed(&4u32.to_be_bytes(), &mut Vec::new()),
+            Err(ProtocolViolation::UnknownClientFlags(4))
+        );
+    }
+
+    #[test]
+    fn go_sends_export_and_block_size_then_ack() {
+        let (out, step) = run(&[(NBD_OPT_GO, go_data("", &[NBD_INFO_BLOCK_SIZE]))]);
+        let r = replies(&out);
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].1, NBD_REP_INFO);
+        assert_eq!(&r[0].2[..2], &NBD_INFO_EXPORT.to_be_bytes());
+        assert_eq!(be_u64(&r[0].2, 2), 1 << 20);
+        assert_eq!(r[1].2[..2], NBD_INFO_BLOCK_SIZE.to_be_bytes());
+        assert_eq!(be_u32(&r[1].2, 2), 4096);
+        assert_eq!(be_u32(&r[1].2, 10), 32 << 20);
+        assert_eq!(r[2].1, NBD_REP_ACK);
+        let Ok(Step::Transmission(n)) = step else {
+            panic!("{step:?}")
+        };
+        assert!(n.block_size_agreed && !n.structured_replies);
+        assert_eq!(n.flags & NBD_FLAG_SEND_DF, 0);
+    }
+
+    #[test]
+    fn structured_reply_then_go_advertises_df() {
+        let (_, step) = run(&[
+            (NBD_OPT_STRUCTURED_REPLY, vec![]),
+            (NBD_OPT_GO, go_data("vol", &[])),
+        ]);
+        let Ok(Step::Transmission(n)) = step else {
+            panic!("{step:?}")
+        };
+        assert!(n.structured_replies);
+        assert_ne!(n.flags & NBD_FLAG_SEND_DF, 0);
+    }
+
+    #[test]
+    fn info_does_not_end_the_handshake() {
+        let (out, step) = run(&[(
+            NBD_OPT_INFO,
+            go_data("", &[NBD_INFO_NAME, NBD_INFO_DESCRIPTION]),
+        )]);
+        assert_eq!(step, Ok(Step::Continue));
+        let r = replies(&out);
+        assert_eq!(&r[1].2[2..], b"vol");
+        assert_eq!(&r[2].2[2..], b"test volume");
+        assert_eq!(r.last().map(|x| x.1), Some(NBD_REP_ACK));
+    }
+
+    #[test]
+    fn go_for_an_unknown_export_is_err_unknown() {
+        let (out, step) = run(&[(NBD_OPT_GO, go_data("other", &[]))]);
+        assert_eq!(step, Ok(Step::Continue));
+        assert_eq!(replies(&out)[0].1, NBD_REP_ERR_UNKNOWN);
+    }
+
+    #[test]
+    fn malformed_go_data_is_err_invalid() {
+        let mut d = go_data("", &[1]);
+        d.push(0);
+        let (out, _) = run(&[(NBD_OPT_GO, d)]);
+        assert_eq!(replies(&out)[0].1, NBD_REP_ERR_INVALID);
+        let (out, _) = run(&[(NBD_OPT_GO, vec![0, 0, 1, 0])]);
+        assert_eq!(replies(&out)[0].1, NBD_REP_ERR_INVALID);
+    }
+
+    #[test]
+    fn list_names_the_export() {
+        let (out, _) = run(&[(NBD_OPT_LIST, vec![])]);
+        let r = replies(&out);
+        assert_eq!(r[0].1, NBD_REP_SERVER);
+        assert_eq!(be_u32(&r[0].2, 0), 3);
+        assert_eq!(&r[0].2[4..7], b"vol");
+        assert_eq!(r[1].1, NBD_REP_ACK);
+        let (out, _) = run(&[(NBD_OPT_LIST, vec![1])]);
+        assert_eq!(replies(&out)[0].1, NBD_REP_ERR_INVALID);
+    }
+
+    #[test]
+    fn abort_is_acked_and_closes() {
+        let (out, step) = run(&[(NBD_OPT_ABORT, vec![])]);
+        assert_eq!(step, Ok(Step::Close));
+        assert_eq!(replies(&out)[0].1, NBD_REP_ACK);
+    }
+
+    #[test]
+    fn starttls_and_unknown_options_are_unsupported() {
+        for o in [NBD_OPT_STARTTLS, NBD_OPT_SET_META_CONTEXT, 999] {
+            let (out, step) = run(&[(o, vec![])]);
+            assert_eq!(step, Ok(Step::Continue));
+            assert_eq!(replies(&out)[0].1, NBD_REP_ERR_UNSUP);
+        }
+    }
+
+    #[test]
+    fn export_name_sends_size_flags_and_zeroes() {
+        let (out, step) = run(&[(NBD_OPT_EXPORT_NAME, b"vol".to_vec())]);
+        assert!(matches!(step, Ok(Step::Transmission(_))));
+        assert_eq!(out.len(), 8 + 2 + 124);
+        assert_eq!(be_u64(&out, 0), 1 << 20);
+        let (out, step) = run(&[(NBD_OPT_EXPORT_NAME, b"nope".to_vec())]);
+        assert_eq!((out.len(), step), (0, Ok(Step::Close)));
+    }
+
+    #[test]
+    fn no_zeroes_drops_the_padding() {
+        let mut hs = Handshake::new(export());
+        let mut out = Vec::new();
+        hs.feed(&3u32.to_be_bytes(), &mut out).unwrap();
+        let (h, _) = opt(NBD_OPT_EXPORT_NAME, b"");
+        assert!(matches!(hs.feed(&h, &mut out), Ok(Step::Transmission(_))));
+        assert_eq!(out.len(), 10);
+    }
+
+    #[test]
+    fn shutting_down_errors_options_but_acks_abort() {
+        let mut hs = Handshake::new(export());
+        let mut out = Vec::new();
+        hs.feed(&1u32.to_be_bytes(), &mut out).unwrap();
+        hs.set_shutting_down();
+        let (h, _) = opt(NBD_OPT_LIST, b"");
+        assert_eq!(hs.feed(&h, &mut out), Ok(Step::Continue));
+        assert_eq!(replies(&out)[0].1, NBD_REP_ERR_SHUTDOWN);
+    }
+
+    #[test]
+    fn oversized_option_is_a_violation_not_an_allocation() {
+        let mut hs = Handshake::new(export());
+        let mut out = Vec::new();
+        hs.feed(&1u32.to_be_bytes(), &mut out).unwrap();
+        let mut h = IHAVEOPT.to_be_bytes().to_vec();
+        h.extend_from_slice(&NBD_OPT_GO.to_be_bytes());
+        h.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            hs.feed(&h, &mut out),
+            Err(ProtocolViolation::OptionTooLarge { .. })
+        ));
+    }
+}

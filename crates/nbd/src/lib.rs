@@ -1,0 +1,28 @@
+//! # ucrypt-nbd: the NBD front end
+//!
+//! Serves any `Arc<dyn Backend>` (the decrypted `engine::Volume`, or a raw `FileBackend`
+//! as a baseline) to NBD clients: the kernel's `nbd-client`, QEMU, libnbd's `nbdinfo`,
+//! `nbdcopy` and `nbdfuse`, fio's `nbd` engine. Knows nothing of ciphers.
+//!
+//! ```text
+//!  socket ──► handshake (sans-IO) ──► reader ──► command::validate ──► workers ──► Backend
+//!                                        │                               │
+//!                                        └── errors ──► writer ◄─ replies (completion order)
+//! ```
+//!
+//! - [`proto`]: the spec's constants under the spec's names.
+//! - [`handshake`]: fixed newstyle negotiation as a state machine (bytes in, bytes out).
+//! - [`command`]: request parsing and validation, with the spec's errnos.
+//! - [`server`]: listeners (unix, TCP), the connection limit, per-connection reader,
+//!   workers and writer, graceful shutdown ([`serve`]).
+//!
+//! Spec: NetworkBlockDevice/nbd `doc/proto.md`.
+
+pub mod command;
+mod error;
+pub mod handshake;
+pub mod proto;
+pub mod server;
+
+pub use error::{NbdError, ProtocolViolation};
+pub use server::{serve, Listener, ServeOptions, Shutdown};
