@@ -4,6 +4,7 @@
 //! 3 out of memory, 4 wrong device, 5 device busy.
 
 mod benchmark;
+mod open;
 mod read;
 mod table;
 mod write;
@@ -29,6 +30,8 @@ enum Command {
     Table(table::Args),
     /// Measure cipher throughput per cipher spec and sector size, like cryptsetup benchmark.
     Benchmark(benchmark::Args),
+    /// Serve a table's decrypted view over NBD (unix socket or TCP), in the foreground.
+    Open(open::Args),
 }
 
 /// An error with the exit code it maps to.
@@ -177,6 +180,7 @@ pub fn run() -> ExitCode {
         Command::Read(a) => read::run(a),
         Command::Table(a) => table::run(a),
         Command::Benchmark(a) => benchmark::run(a),
+        Command::Open(a) => open::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,276 @@
+//! `ucrypt open`: serve a table's decrypted view over NBD, in the foreground, like nbdkit.
+//!
+//! ```text
+//! ucrypt open --table LINE | --table-file PATH
+//!             [--socket PATH | --listen ADDR:PORT] [--run 'CMD'] [--pid-file FILE]
+//!             [--read-only] [--raw]
+//! ```
+//!
+//! **Readiness.** The server is ready when the socket is listening. At that moment (and not
+//! before) the pid file is written (atomically: written aside, then renamed into place) and,
+//! unless `--run` is given, the export's URI is printed as one line on stdout
+//! (`nbd+unix:///?socket=PATH` or `nbd://127.0.0.1:10809/`). A script can wait for either.
+//!
+//! **`--run 'CMD'`** runs `sh -c CMD` once the server is ready, with `$uri`, `$nbd` (the
+//! same URI), `$unixsocket` (unix sockets) or `$port` (TCP) and `$exportname` set; when CMD
+//! exits, the server shuts down (in-flight requests finish, the export is flushed) and
+//! `ucrypt open` exits with CMD's status. Without `--socket`/`--listen`, `--run` uses a
+//! private unix socket in a fresh temporary directory.
+//!
+//! **Signals.** SIGTERM/SIGINT shut down the same way (a second one exits at once).
+//!
+//! The table line (and its key) is never printed or logged.
+
+use super::{open_error, CliError, PerfArgs, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::Arc;
+use ucrypt_backend::{Backend, FileBackend, FileOptions};
+use ucrypt_nbd::{Listener, ServeOptions, Shutdown};
+
+/// Default TCP address (NBD's IANA port, loopback only).
+const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+/// Arguments of `ucrypt open`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    table: TableArg,
+    /// Serve on a unix socket at PATH.
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    socket: Option<PathBuf>,
+    /// Serve on TCP ADDR:PORT (default 127.0.0.1:10809; port 0 picks a free port; a bare
+    /// PORT means 127.0.0.1:PORT).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<String>,
+    /// Run CMD (via sh -c) once serving, with $uri, $nbd, $unixsocket/$port set; stop when
+    /// it exits and return its status.
+    #[arg(long, value_name = "CMD")]
+    run: Option<String>,
+    /// Write the server's pid to FILE once it is listening.
+    #[arg(long, value_name = "FILE")]
+    pid_file: Option<PathBuf>,
+    /// Export read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Export the table's device as it is (ciphertext, no encryption): a baseline.
+    #[arg(long)]
+    raw: bool,
+    /// Connections served at once.
+    #[arg(long, default_value_t = 16)]
+    max_connections: usize,
+    /// Worker threads per connection (0: each request runs in the thread that read it).
+    #[arg(long, default_value_t = 4)]
+    nbd_workers: usize,
+    /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
+    #[arg(long)]
+    large_sectors: bool,
+    /// Bypass the page cache on the device (O_DIRECT).
+    #[arg(long)]
+    direct: bool,
+    /// Print per-connection errors on stderr.
+    #[arg(long, short)]
+    verbose: bool,
+    #[command(flatten)]
+    perf: PerfArgs,
+}
+
+/// Removes a path when dropped (the pid file, the private socket directory).
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in self.0.iter().rev() {
+            if p.is_dir() {
+                let _ = std::fs::remove_dir_all(p);
+            } else {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    // First, before any thread exists (the engine starts workers): threads inherit the
+    // blocked mask, so only the signal thread ever takes SIGTERM/SIGINT.
+    let shutdown = Shutdown::default();
+    ucrypt_nbd::server::shutdown_on_signals(&shutdown).code(EXIT_PARAMS)?;
+
+    let line = a.table.line()?;
+    let (export, description) = open_export(&a, &line)?;
+    drop(line);
+
+    let mut cleanup = Cleanup(Vec::new());
+    let listener = listen(&a, &mut cleanup)?;
+    let uri = listener.uri();
+    if let Some(p) = &a.pid_file {
+        write_pid_file(p)?;
+        cleanup.0.push(p.clone());
+    }
+    let env = run_env(&listener, &uri);
+    if a.run.is_none() {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{uri}")?;
+        out.flush()?;
+    }
+
+    let opts = ServeOptions {
+        description,
+        read_only: a.read_only,
+        max_connections: a.max_connections,
+        workers: a.nbd_workers,
+        shutdown: shutdown.clone(),
+        log_errors: a.verbose,
+        ..ServeOptions::default()
+    };
+    let server = std::thread::Builder::new()
+        .name("nbd-accept".into())
+        .spawn(move || ucrypt_nbd::serve(listener, export, opts))?;
+
+    let Some(cmd) = &a.run else {
+        let served = server
+            .join()
+            .map_err(|_| anyhow::anyhow!("the server thread panicked"))?;
+        drop(cleanup);
+        return served.map_err(anyhow::Error::from).code(EXIT_DEVICE);
+    };
+
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .envs(env)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("starting --run command: {e}"))?;
+    let pid = child.id();
+    let waiter = {
+        let shutdown = shutdown.clone();
+        std::thread::spawn(move || {
+            let status = child.wait();
+            shutdown.trigger();
+            status
+        })
+    };
+    let served = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("the server thread panicked"))?;
+    if !waiter.is_finished() {
+        // The server stopped first (a signal): stop the command too.
+        if let Ok(pid) = libc::pid_t::try_from(pid) {
+            // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child,
+            // not yet reaped (the waiter has not returned), so it cannot have been reused.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+    }
+    let status = waiter
+        .join()
+        .map_err(|_| anyhow::anyhow!("the --run waiter panicked"))?
+        .map_err(|e| anyhow::anyhow!("waiting for --run command: {e}"))?;
+    drop(cleanup);
+    served.map_err(anyhow::Error::from).code(EXIT_DEVICE)?;
+    // The server is down and flushed, files are cleaned up: hand back CMD's status.
+    std::process::exit(exit_code(status));
+}
+
+/// The decrypted volume, or with `--raw` the table's device as it is.
+fn open_export(a: &Args, line: &str) -> Result<(Arc<dyn Backend>, String), CliError> {
+    if a.raw {
+        let table: ucrypt_format::TableLine = line
+            .trim()
+            .parse()
+            .map_err(|e| anyhow::anyhow!("parsing the table line: {e}"))?;
+        let file = FileBackend::open(
+            &table.device,
+            FileOptions {
+                read_only: a.read_only,
+                direct: a.direct,
+            },
+        )
+        .map_err(|e| anyhow::Error::new(e).context(format!("opening device {}", table.device)))
+        .code(EXIT_DEVICE)?;
+        return Ok((
+            Arc::new(file),
+            format!("ucrypt raw export of {}", table.device),
+        ));
+    }
+    let opened = ucrypt::open_table(
+        line,
+        ucrypt::OpenOptions {
+            read_only: a.read_only,
+            direct: a.direct,
+            allow_large_sectors: a.large_sectors,
+            perf: a.perf.options(),
+        },
+    )
+    .map_err(open_error)?;
+    super::read::warn_large(&opened.table);
+    let description = format!(
+        "ucrypt {} ({}-byte sectors) on {}",
+        opened.table.cipher,
+        opened.table.sector_size_bytes(),
+        opened.table.device
+    );
+    Ok((opened.volume, description))
+}
+
+/// Binds the socket the options ask for.
+fn listen(a: &Args, cleanup: &mut Cleanup) -> Result<Listener, CliError> {
+    if let Some(p) = &a.socket {
+        return Listener::bind_unix(p)
+            .map_err(anyhow::Error::from)
+            .code(EXIT_PARAMS);
+    }
+    if a.listen.is_none() && a.run.is_some() {
+        // A private socket, as nbdkit does for --run without a port.
+        let dir = std::env::temp_dir().join(format!("ucrypt-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+        cleanup.0.push(dir.clone());
+        return Listener::bind_unix(dir.join("nbd.sock"))
+            .map_err(anyhow::Error::from)
+            .code(EXIT_PARAMS);
+    }
+    let addr = a.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    let addr = if addr.contains(':') {
+        addr.to_string()
+    } else {
+        format!("127.0.0.1:{addr}")
+    };
+    Listener::bind_tcp(addr.as_str())
+        .map_err(anyhow::Error::from)
+        .code(EXIT_PARAMS)
+}
+
+/// The environment `--run` gets (nbdkit's names).
+fn run_env(listener: &Listener, uri: &str) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("uri", uri.to_string()),
+        ("nbd", uri.to_string()),
+        ("exportname", String::new()),
+    ];
+    if let Some(p) = listener.unix_path() {
+        env.push(("unixsocket", p.display().to_string()));
+    }
+    if let Some(a) = listener.tcp_addr() {
+        env.push(("port", a.port().to_string()));
+    }
+    env
+}
+
+/// Writes our pid to `path` atomically (a reader never sees a partial file).
+fn write_pid_file(path: &Path) -> Result<(), CliError> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, format!("{}\n", std::process::id()))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| anyhow::anyhow!("writing pid file {}: {e}", path.display()))?;
+    Ok(())
+}
+
+/// A child's status as an exit code (signals as 128 + signal number, like the shell).
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
