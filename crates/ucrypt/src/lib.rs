@@ -11,6 +11,8 @@
 //! ```
 
 pub mod config;
+pub mod header;
 pub mod open;
 
-pub use open::{open_table, OpenOptions, OpenedTable};
+pub use header::{open_header, unlock, HeaderOptions, Unlocked, VolumeType};
+pub use open::{open_parsed, open_table, OpenOptions, OpenedTable};

@@ -37,6 +37,15 @@ pub struct OpenedTable {
 /// device too small for the mapping.
 pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
     let table: TableLine = line.trim().parse().context("parsing the table line")?;
+    open_parsed(table, opts)
+}
+
+/// Opens the device of an already parsed (or assembled, e.g. from a LUKS header) table
+/// line and builds the volume.
+///
+/// # Errors
+/// As [`open_table`], without the parse step.
+pub fn open_parsed(table: TableLine, opts: OpenOptions) -> Result<OpenedTable> {
     let cipher = table
         .build_cipher(ValidateOptions {
             allow_large_sectors: opts.allow_large_sectors,

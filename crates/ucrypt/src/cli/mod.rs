@@ -4,8 +4,21 @@
 //! 3 out of memory, 4 wrong device, 5 device busy.
 
 mod benchmark;
+mod is_luks;
+mod luks;
+mod luks_add_key;
+mod luks_change_key;
+mod luks_dump;
+mod luks_format;
+mod luks_header_backup;
+mod luks_header_restore;
+mod luks_kill_slot;
+mod luks_open;
+mod luks_remove_key;
+mod luks_uuid;
 mod open;
 mod read;
+mod secret;
 mod table;
 mod write;
 
@@ -30,6 +43,39 @@ enum Command {
     Table(table::Args),
     /// Measure cipher throughput per cipher spec and sector size, like cryptsetup benchmark.
     Benchmark(benchmark::Args),
+    /// Create a LUKS2 (or --type luks1) header on a device, like cryptsetup luksFormat.
+    #[command(name = "luksFormat")]
+    LuksFormat(luks_format::Args),
+    /// Print a LUKS header (text, --dump-json-metadata, or --dump-volume-key).
+    #[command(name = "luksDump")]
+    LuksDump(luks_dump::Args),
+    /// Add a passphrase in a new keyslot, unlocked by an existing one.
+    #[command(name = "luksAddKey")]
+    LuksAddKey(luks_add_key::Args),
+    /// Remove the keyslot a passphrase opens.
+    #[command(name = "luksRemoveKey")]
+    LuksRemoveKey(luks_remove_key::Args),
+    /// Change the passphrase of a keyslot.
+    #[command(name = "luksChangeKey")]
+    LuksChangeKey(luks_change_key::Args),
+    /// Destroy a keyslot by number.
+    #[command(name = "luksKillSlot")]
+    LuksKillSlot(luks_kill_slot::Args),
+    /// Exit 0 if the device holds a valid LUKS header.
+    #[command(name = "isLuks")]
+    IsLuks(is_luks::Args),
+    /// Print or set the LUKS header UUID.
+    #[command(name = "luksUUID")]
+    LuksUuid(luks_uuid::Args),
+    /// Save the LUKS header area to a file.
+    #[command(name = "luksHeaderBackup")]
+    LuksHeaderBackup(luks_header_backup::Args),
+    /// Write a saved LUKS header area back to the device.
+    #[command(name = "luksHeaderRestore")]
+    LuksHeaderRestore(luks_header_restore::Args),
+    /// Check a passphrase (--test-passphrase) or print the volume's table line (--print-table).
+    #[command(name = "luksOpen")]
+    LuksOpen(luks_open::Args),
     /// Serve a table's decrypted view over NBD (unix socket or TCP), in the foreground.
     Open(open::Args),
 }
@@ -180,6 +226,17 @@ pub fn run() -> ExitCode {
         Command::Read(a) => read::run(a),
         Command::Table(a) => table::run(a),
         Command::Benchmark(a) => benchmark::run(a),
+        Command::LuksFormat(a) => luks_format::run(a),
+        Command::LuksDump(a) => luks_dump::run(a),
+        Command::LuksAddKey(a) => luks_add_key::run(a),
+        Command::LuksRemoveKey(a) => luks_remove_key::run(a),
+        Command::LuksChangeKey(a) => luks_change_key::run(a),
+        Command::LuksKillSlot(a) => luks_kill_slot::run(a),
+        Command::IsLuks(a) => is_luks::run(a),
+        Command::LuksUuid(a) => luks_uuid::run(a),
+        Command::LuksHeaderBackup(a) => luks_header_backup::run(a),
+        Command::LuksHeaderRestore(a) => luks_header_restore::run(a),
+        Command::LuksOpen(a) => luks_open::run(a),
         Command::Open(a) => open::run(a),
     };
     match result {

@@ -1,0 +1,46 @@
+//! `ucrypt luksChangeKey <device> [<new key file>]`: replaces the passphrase of the
+//! keyslot the old passphrase opens.
+
+use super::luks::{luks_type, verbose, CsResult, DeviceArgs};
+use super::luks_add_key::PbkdfArgs;
+use super::secret::{self, KeyFileArgs};
+use super::CliError;
+use std::path::PathBuf;
+use ucrypt::header::VolumeType;
+
+/// Arguments of `ucrypt luksChangeKey`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    dev: DeviceArgs,
+    /// File with the new passphrase (default: prompt, or the second line of stdin).
+    new_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    key: KeyFileArgs,
+    /// Only the passphrase of this keyslot is changed.
+    #[arg(short = 'S', long)]
+    key_slot: Option<u32>,
+    /// Expected LUKS type.
+    #[arg(long = "type", short = 'M', default_value = "luks", value_parser = luks_type)]
+    kind: VolumeType,
+    #[command(flatten)]
+    pbkdf: PbkdfArgs,
+    /// Print the slot used.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    let mut cd = a.dev.load(a.kind)?;
+    ucrypt::header::check_requirements(&mut cd).cs()?;
+    let old = secret::existing(&a.key, &a.dev.device)?;
+    let new = secret::get(
+        a.new_key_file.as_deref().map(|p| (p, 0, 0)),
+        "Enter new passphrase: ",
+        true,
+    )?;
+    a.pbkdf.apply(&mut cd)?;
+    let slot = cd.change_keyslot(a.key_slot, a.key_slot, &old, &new).cs()?;
+    verbose(a.verbose, format_args!("Key slot {slot} changed."));
+    Ok(())
+}

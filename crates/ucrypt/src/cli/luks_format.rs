@@ -1,0 +1,162 @@
+//! `ucrypt luksFormat <device> [<key file>]`: a new LUKS1 or LUKS2 header through
+//! libcryptsetup, with cryptsetup's defaults (LUKS2, aes-xts-plain64, 512-bit key,
+//! argon2id for LUKS2 and pbkdf2 for LUKS1, sector size chosen by the library).
+
+use super::luks::{verbose, CsResult, DeviceArgs};
+use super::secret::{self, KeyFileArgs};
+use super::{CliError, WithCode, EXIT_PARAMS};
+use std::path::PathBuf;
+use ucrypt_format::cryptsetup::{LuksFormat, Pbkdf};
+
+/// Arguments of `ucrypt luksFormat`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    dev: DeviceArgs,
+    /// Key file with the new passphrase (same as --key-file).
+    new_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    key: KeyFileArgs,
+    /// luks2 (default) or luks1.
+    #[arg(long = "type", short = 'M', default_value = "luks2", value_parser = ["luks", "luks1", "luks2"])]
+    kind: String,
+    /// Cipher spec.
+    #[arg(short, long, default_value = "aes-xts-plain64")]
+    cipher: String,
+    /// Volume key size in bits (default 512 for XTS, 256 otherwise).
+    #[arg(short = 's', long)]
+    key_size: Option<u32>,
+    /// Encryption sector size in bytes (LUKS2 only).
+    #[arg(long)]
+    sector_size: Option<u32>,
+    /// Hash for PBKDF2 and the header digest (default sha256).
+    #[arg(long)]
+    hash: Option<String>,
+    /// PBKDF: pbkdf2, argon2i, argon2id (default argon2id for LUKS2, pbkdf2 for LUKS1).
+    #[arg(long, value_parser = ["pbkdf2", "argon2i", "argon2id"])]
+    pbkdf: Option<String>,
+    /// Fixed PBKDF iterations (time cost for Argon2), no benchmark.
+    #[arg(long)]
+    pbkdf_force_iterations: Option<u32>,
+    /// Target PBKDF time in milliseconds when benchmarking.
+    #[arg(short = 'i', long)]
+    iter_time: Option<u32>,
+    /// Argon2 memory cost in KiB.
+    #[arg(long)]
+    pbkdf_memory: Option<u32>,
+    /// Argon2 parallel threads.
+    #[arg(long)]
+    pbkdf_parallel: Option<u32>,
+    /// UUID for the new header.
+    #[arg(long)]
+    uuid: Option<String>,
+    /// LUKS2 label.
+    #[arg(long)]
+    label: Option<String>,
+    /// LUKS2 subsystem label.
+    #[arg(long)]
+    subsystem: Option<String>,
+    /// Keyslot for the passphrase (default: the first).
+    #[arg(short = 'S', long)]
+    key_slot: Option<u32>,
+    /// Data alignment in 512-byte sectors.
+    #[arg(long)]
+    align_payload: Option<u64>,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long)]
+    batch_mode: bool,
+    /// Print what was done.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    let luks2 = a.kind != "luks1";
+    if !luks2 {
+        if a.pbkdf.as_deref().is_some_and(|p| p != "pbkdf2") {
+            return Err(anyhow::anyhow!(
+                "LUKS1 keyslots use pbkdf2 only (got --pbkdf {})",
+                a.pbkdf.as_deref().unwrap_or_default()
+            ))
+            .code(EXIT_PARAMS);
+        }
+        if a.label.is_some() || a.subsystem.is_some() {
+            return Err(anyhow::anyhow!("--label and --subsystem need LUKS2")).code(EXIT_PARAMS);
+        }
+    }
+    let key_bits = a
+        .key_size
+        .unwrap_or(if a.cipher.contains("xts") { 512 } else { 256 });
+    if key_bits == 0 || key_bits % 8 != 0 {
+        return Err(anyhow::anyhow!(
+            "--key-size {key_bits} is not a positive multiple of 8 bits"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    // The data path is ucrypt's: refuse a cipher it cannot serve before writing anything.
+    a.cipher
+        .parse::<ucrypt_crypto::CipherSpec>()
+        .map_err(|e| anyhow::anyhow!("--cipher {}: {e}", a.cipher))
+        .code(EXIT_PARAMS)?;
+    if a.new_key_file.is_some() && a.key.key_file.is_some() {
+        return Err(anyhow::anyhow!(
+            "give the key file either positionally or with --key-file"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    let key_file = a.new_key_file.as_deref().or(a.key.key_file.as_deref());
+    secret::confirm(
+        a.batch_mode,
+        &format!(
+            "This will overwrite data on {} irrevocably",
+            a.dev.header_path().display()
+        ),
+    )?;
+    let pass = secret::get(
+        key_file.map(|p| (p, a.key.keyfile_offset, a.key.keyfile_size)),
+        &format!("Enter passphrase for {}: ", a.dev.header_path().display()),
+        true,
+    )?;
+    // A detached header is formatted on its own file (created if missing, as cryptsetup
+    // does), naming the data device in the format parameters.
+    if let Some(h) = &a.dev.header {
+        if !h.exists() {
+            std::fs::File::create(h)
+                .map_err(|e| anyhow::anyhow!("creating header file {}: {e}", h.display()))?;
+        }
+    }
+    let mut cd = ucrypt::header::crypt_device(a.dev.header_path(), None).cs()?;
+    let kind = a
+        .pbkdf
+        .clone()
+        .unwrap_or_else(|| if luks2 { "argon2id" } else { "pbkdf2" }.to_string());
+    cd.set_pbkdf(&Pbkdf {
+        kind,
+        hash: a.hash.clone(),
+        iterations: a.pbkdf_force_iterations,
+        time_ms: a.iter_time,
+        memory_kb: a.pbkdf_memory,
+        parallel: a.pbkdf_parallel,
+    })
+    .cs()?;
+    cd.format_luks(
+        &LuksFormat {
+            luks2,
+            cipher: a.cipher.clone(),
+            key_bytes: key_bits as usize / 8,
+            uuid: a.uuid.clone(),
+            hash: a.hash.clone(),
+            sector_size: a.sector_size,
+            label: a.label.clone(),
+            subsystem: a.subsystem.clone(),
+            data_device: a.dev.header.as_ref().map(|_| a.dev.device.clone()),
+            align_sectors: a.align_payload,
+        },
+        None,
+    )
+    .cs()?;
+    let slot = cd.add_keyslot_by_volume_key(a.key_slot, None, &pass).cs()?;
+    verbose(a.verbose, format_args!("Key slot {slot} created."));
+    verbose(a.verbose, "Command successful.");
+    Ok(())
+}

@@ -1,0 +1,22 @@
+//! `ucrypt luksHeaderBackup <device> --header-backup-file FILE`: copies the whole LUKS
+//! header area (binary headers, keyslots) to a new file.
+
+use super::luks::{CsResult, DeviceArgs};
+use super::CliError;
+use std::path::PathBuf;
+use ucrypt::header::VolumeType;
+
+/// Arguments of `ucrypt luksHeaderBackup`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    dev: DeviceArgs,
+    /// The backup file to create (must not exist).
+    #[arg(long, value_name = "FILE")]
+    header_backup_file: PathBuf,
+}
+
+pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    let mut cd = a.dev.load(VolumeType::Luks)?;
+    cd.header_backup(&a.header_backup_file).cs()
+}

@@ -1,0 +1,156 @@
+//! `ucrypt luksOpen <device> --test-passphrase`: checks a passphrase against the header
+//! without mapping anything (libcryptsetup's activate with a NULL name), and
+//! `--print-table`: prints the dm-crypt table line cryptsetup would load (key hidden
+//! unless `--showkeys`), for `ucrypt read/write --table-file -`.
+//!
+//! Serving the volume over NBD belongs to `ucrypt open`.
+
+use super::luks::{cs_error, CsResult, DeviceArgs};
+use super::secret::{self, KeyFileArgs};
+use super::{CliError, WithCode, EXIT_PARAMS};
+use ucrypt::header::{HeaderOptions, VolumeType};
+use ucrypt_format::plain::PlainOptions;
+
+/// Plain-mode options (`--type plain`), cryptsetup's names and 2.6 defaults.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct PlainArgs {
+    /// Cipher (plain default aes-cbc-essiv:sha256).
+    #[arg(short, long)]
+    pub(crate) cipher: Option<String>,
+    /// Key size in bits (plain default 256).
+    #[arg(short = 's', long)]
+    pub(crate) key_size: Option<u32>,
+    /// Passphrase hash (plain default ripemd160; "plain" for none).
+    #[arg(long)]
+    pub(crate) hash: Option<String>,
+    /// Data start on the device in 512-byte sectors.
+    #[arg(short = 'o', long, default_value_t = 0)]
+    pub(crate) offset: u64,
+    /// IV offset in 512-byte sectors.
+    #[arg(short = 'p', long, default_value_t = 0)]
+    pub(crate) skip: u64,
+    /// Mapping size in 512-byte sectors (0: to the end).
+    #[arg(short = 'b', long, default_value_t = 0)]
+    pub(crate) size: u64,
+    /// Encryption sector size in bytes.
+    #[arg(long, default_value_t = 512)]
+    pub(crate) sector_size: u32,
+    /// Count IVs in sector-size units (plain mode).
+    #[arg(long)]
+    pub(crate) iv_large_sectors: bool,
+}
+
+impl PlainArgs {
+    pub(crate) fn options(&self) -> PlainOptions {
+        let d = PlainOptions::default();
+        PlainOptions {
+            cipher: self.cipher.clone().unwrap_or(d.cipher),
+            key_bits: self.key_size.unwrap_or(d.key_bits),
+            hash: Some(
+                self.hash
+                    .clone()
+                    .unwrap_or_else(|| d.hash.unwrap_or_default()),
+            ),
+            offset: self.offset,
+            skip: self.skip,
+            size: self.size,
+            sector_size: self.sector_size,
+            iv_large_sectors: self.iv_large_sectors,
+        }
+    }
+}
+
+/// Arguments of `ucrypt luksOpen`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    dev: DeviceArgs,
+    /// Mapping name (accepted for cryptsetup compatibility; nothing is mapped).
+    name: Option<String>,
+    /// Device type: luks (any), luks1, luks2, plain.
+    #[arg(long = "type", short = 'M', default_value = "luks")]
+    kind: String,
+    /// Only check the passphrase.
+    #[arg(long)]
+    test_passphrase: bool,
+    /// Print the equivalent dm-crypt table line.
+    #[arg(long)]
+    print_table: bool,
+    /// With --print-table: show the volume key in the line.
+    #[arg(long)]
+    showkeys: bool,
+    /// Only try this keyslot.
+    #[arg(short = 'S', long)]
+    key_slot: Option<u32>,
+    /// Add allow_discards to the mapping.
+    #[arg(long)]
+    allow_discards: bool,
+    #[command(flatten)]
+    key: KeyFileArgs,
+    #[command(flatten)]
+    plain: PlainArgs,
+}
+
+/// Builds the header options and reads the secret the way cryptsetup does for `kind`.
+pub(crate) fn unlock_inputs(
+    dev: &DeviceArgs,
+    kind: VolumeType,
+    key: &KeyFileArgs,
+    key_slot: Option<u32>,
+    allow_discards: bool,
+    plain: &PlainArgs,
+) -> Result<(HeaderOptions, secret::Secret), CliError> {
+    let mut hopts = HeaderOptions {
+        kind,
+        header: dev.header.clone(),
+        key_slot,
+        plain: plain.options(),
+        plain_raw_key: false,
+        allow_discards,
+    };
+    let secret = if kind == VolumeType::Plain {
+        // cryptsetup: a key file other than stdin is the raw key, exactly key-size bytes
+        // from --keyfile-offset (--hash and --keyfile-size do not apply).
+        match key.key_file.as_deref().filter(|p| p.as_os_str() != "-") {
+            Some(p) => {
+                hopts.plain_raw_key = true;
+                let bytes = hopts.plain.key_bytes().map_err(|e| cs_error(e.into()))?;
+                secret::read_key_file(p, key.keyfile_offset, bytes as u64)?
+            }
+            None => secret::existing(key, &dev.device)?,
+        }
+    } else {
+        secret::existing(key, &dev.device)?
+    };
+    Ok((hopts, secret))
+}
+
+pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    let kind: VolumeType = a
+        .kind
+        .parse()
+        .map_err(anyhow::Error::from)
+        .code(EXIT_PARAMS)?;
+    if !a.test_passphrase && !a.print_table {
+        return Err(anyhow::anyhow!(
+            "luksOpen only checks (--test-passphrase) or prints the table (--print-table); \
+             serve the volume with `ucrypt open`"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    let (hopts, secret) =
+        unlock_inputs(&a.dev, kind, &a.key, a.key_slot, a.allow_discards, &a.plain)?;
+    if a.test_passphrase && !a.print_table && kind != VolumeType::Plain {
+        // The passphrase check alone, exactly as `cryptsetup open --test-passphrase`.
+        let mut cd = a.dev.load(kind)?;
+        cd.check_passphrase(a.key_slot, &secret).cs()?;
+        return Ok(());
+    }
+    let unlocked = ucrypt::unlock(&a.dev.device, &secret, &hopts).cs()?;
+    if a.print_table {
+        let mut line = unlocked.table.to_line(a.showkeys);
+        println!("{line}");
+        zeroize::Zeroize::zeroize(&mut line);
+    }
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! Passphrases and key files, read the way cryptsetup reads them (`tools_get_key`):
+//!
+//! - `--key-file FILE`: the file's bytes from `--keyfile-offset`, at most `--keyfile-size`
+//!   (0: all, up to 8 MiB), newlines included; `-` is standard input read the same way.
+//! - no key file, standard input a terminal: a prompt on the terminal with echo off (and a
+//!   second "Verify passphrase" prompt for new passphrases).
+//! - no key file, standard input a pipe: one line, without its newline.
+//!
+//! Never from the command line itself. Secrets live in `Zeroizing` buffers.
+
+use super::{CliError, WithCode, EXIT_PARAMS};
+use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
+use zeroize::Zeroizing;
+
+/// cryptsetup's maximum key file size (8192 kB).
+const MAX_KEYFILE: u64 = 8192 * 1024;
+/// cryptsetup's maximum interactive passphrase length.
+const MAX_PASSPHRASE: usize = 512;
+
+/// A secret's bytes.
+pub(crate) type Secret = Zeroizing<Vec<u8>>;
+
+/// `--key-file` and its modifiers, as cryptsetup spells them.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct KeyFileArgs {
+    /// Read the passphrase from this file ('-' = standard input) instead of a prompt.
+    #[arg(short = 'd', long, value_name = "FILE")]
+    pub(crate) key_file: Option<PathBuf>,
+    /// Skip this many bytes at the start of the key file.
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    pub(crate) keyfile_offset: u64,
+    /// Read at most this many bytes from the key file (0: all).
+    #[arg(short = 'l', long, default_value_t = 0, value_name = "BYTES")]
+    pub(crate) keyfile_size: u64,
+}
+
+/// Reads `size` bytes (0: up to the cryptsetup limit) from `r` after skipping `offset`.
+fn read_limited(mut r: impl Read, what: &str, offset: u64, size: u64) -> Result<Secret, CliError> {
+    std::io::copy(&mut (&mut r).take(offset), &mut std::io::sink())
+        .map_err(|e| anyhow::anyhow!("reading {what}: {e}"))?;
+    let limit = if size == 0 { MAX_KEYFILE } else { size };
+    let mut buf = Zeroizing::new(Vec::new());
+    r.take(limit)
+        .read_to_end(&mut buf)
+        .map_err(|e| anyhow::anyhow!("reading {what}: {e}"))?;
+    if size != 0 && (buf.len() as u64) < size {
+        return Err(anyhow::anyhow!(
+            "cannot read {size} bytes from {what} (only {} available after offset {offset})",
+            buf.len()
+        ))
+        .code(EXIT_PARAMS);
+    }
+    Ok(buf)
+}
+
+/// Reads a key file: a path or '-' for standard input.
+pub(crate) fn read_key_file(path: &Path, offset: u64, size: u64) -> Result<Secret, CliError> {
+    if path.as_os_str() == "-" {
+        return read_limited(std::io::stdin().lock(), "standard input", offset, size);
+    }
+    let f = std::fs::File::open(path)
+        .map_err(|e| anyhow::anyhow!("cannot open key file {}: {e}", path.display()))?;
+    read_limited(f, &format!("key file {}", path.display()), offset, size)
+}
+
+fn stdin_is_tty() -> bool {
+    // SAFETY: isatty only inspects the descriptor.
+    unsafe { libc::isatty(libc::STDIN_FILENO) == 1 }
+}
+
+/// Reads one line from standard input (a pipe), without the newline.
+fn read_line() -> Result<Secret, CliError> {
+    let mut line = Zeroizing::new(Vec::new());
+    std::io::stdin()
+        .lock()
+        .read_until(b'\n', &mut line)
+        .map_err(|e| anyhow::anyhow!("reading the passphrase from standard input: {e}"))?;
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    }
+    Ok(line)
+}
+
+/// Echo off on the terminal for the guard's lifetime.
+struct NoEcho {
+    fd: i32,
+    saved: libc::termios,
+}
+
+impl NoEcho {
+    fn new(fd: i32) -> Option<Self> {
+        // SAFETY: termios is plain data; tcgetattr fills it for a terminal descriptor.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: `t` is a valid out-pointer.
+        if unsafe { libc::tcgetattr(fd, &mut t) } != 0 {
+            return None;
+        }
+        let saved = t;
+        t.c_lflag &= !libc::ECHO;
+        t.c_lflag |= libc::ICANON;
+        // SAFETY: `t` is a valid termios for this descriptor.
+        unsafe { libc::tcsetattr(fd, libc::TCSAFLUSH, &t) };
+        Some(NoEcho { fd, saved })
+    }
+}
+
+impl Drop for NoEcho {
+    fn drop(&mut self) {
+        // SAFETY: restores the settings read in `new` on the same descriptor.
+        unsafe { libc::tcsetattr(self.fd, libc::TCSAFLUSH, &self.saved) };
+    }
+}
+
+/// Prompts on the terminal with echo off and reads one line.
+fn prompt_tty(prompt: &str) -> Result<Secret, CliError> {
+    use std::io::Write;
+    let mut err = std::io::stderr();
+    let _ = write!(err, "{prompt}");
+    let _ = err.flush();
+    let line = {
+        let _guard = NoEcho::new(libc::STDIN_FILENO);
+        read_line()?
+    };
+    let _ = writeln!(err);
+    if line.len() > MAX_PASSPHRASE {
+        return Err(anyhow::anyhow!(
+            "passphrase is longer than {MAX_PASSPHRASE} characters"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    Ok(line)
+}
+
+/// Gets a secret: from `file` if given, else a prompt on a terminal, else one line of
+/// standard input. `verify`: ask twice on a terminal (new passphrases).
+pub(crate) fn get(
+    file: Option<(&Path, u64, u64)>,
+    prompt: &str,
+    verify: bool,
+) -> Result<Secret, CliError> {
+    if let Some((path, offset, size)) = file {
+        return read_key_file(path, offset, size);
+    }
+    if stdin_is_tty() {
+        let first = prompt_tty(prompt)?;
+        if verify {
+            let second = prompt_tty("Verify passphrase: ")?;
+            if *first != *second {
+                return Err(anyhow::anyhow!("passphrases do not match")).code(2);
+            }
+        }
+        return Ok(first);
+    }
+    read_line()
+}
+
+/// The existing passphrase for `device`, from `--key-file` or a prompt.
+pub(crate) fn existing(k: &KeyFileArgs, device: &Path) -> Result<Secret, CliError> {
+    get(
+        k.key_file
+            .as_deref()
+            .map(|p| (p, k.keyfile_offset, k.keyfile_size)),
+        &format!("Enter passphrase for {}: ", device.display()),
+        false,
+    )
+}
+
+/// Asks "Are you sure? (Type 'yes' in capital letters)" unless `batch`; a non-terminal
+/// without `--batch-mode` is a refusal.
+pub(crate) fn confirm(batch: bool, warning: &str) -> Result<(), CliError> {
+    if batch {
+        return Ok(());
+    }
+    if !stdin_is_tty() {
+        return Err(anyhow::anyhow!(
+            "{warning}; not confirmed (use --batch-mode / -q to confirm without a terminal)"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    eprintln!("\nWARNING!\n========\n{warning}.\n");
+    eprint!("Are you sure? (Type 'yes' in capital letters): ");
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?;
+    if answer.trim_end_matches('\n') != "YES" {
+        return Err(anyhow::anyhow!("operation aborted")).code(EXIT_PARAMS);
+    }
+    Ok(())
+}
