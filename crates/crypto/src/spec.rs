@@ -270,6 +270,13 @@ impl CipherSpec {
             )));
         }
         let bytes = key.as_bytes();
+        if self.cipher == "cipher_null" {
+            if !bytes.is_empty() {
+                return Err(self.key_err(bytes.len(), "cipher_null takes no key (write -)".into()));
+            }
+            // The kernel's cipher_null leaves data as it is: nothing to run per sector.
+            return Ok(Box::new(crate::lane::Identity(ss)));
+        }
         let layout = self.key_layout(bytes.len())?;
         let extra = &bytes[bytes.len() - layout.extra_len..];
         let mut lanes: Vec<Box<dyn Lane>> = Vec::with_capacity(self.keycount as usize);

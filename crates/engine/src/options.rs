@@ -25,8 +25,13 @@ pub enum WriteOrder {
 pub enum Placement {
     /// In the thread that received the request.
     Inline,
-    /// On the worker pool, cut into `split_bytes` chunks (one chunk for small requests).
+    /// On the worker pool, cut into `split_bytes` chunks (one chunk for small requests);
+    /// dm-crypt's workqueue.
     Workers,
+    /// Cut into `split_bytes` chunks shared by the workers and the receiving thread, which
+    /// works too and submits the write itself (the automatic policy's choice for large
+    /// requests).
+    Split,
 }
 
 /// How buffers for encrypted writes are obtained.

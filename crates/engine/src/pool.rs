@@ -18,10 +18,17 @@ const ALIGN: usize = 4096;
 
 /// The pool.
 pub struct BufferPool {
-    free: Mutex<Vec<AlignedBuf>>,
+    free: Mutex<Free>,
     returned: Condvar,
     opts: PoolOptions,
     waits: AtomicU64,
+}
+
+/// Free buffers and how many callers wait for them (so returning a buffer wakes nobody,
+/// and makes no system call, when nobody waits).
+struct Free {
+    bufs: Vec<AlignedBuf>,
+    waiters: usize,
 }
 
 /// A borrowed buffer, `len` bytes long; returns itself to the pool on drop.
@@ -52,7 +59,10 @@ impl BufferPool {
             free.push(AlignedBuf::zeroed(opts.buffer_bytes, ALIGN)?);
         }
         Ok(BufferPool {
-            free: Mutex::new(free),
+            free: Mutex::new(Free {
+                bufs: free,
+                waiters: 0,
+            }),
             returned: Condvar::new(),
             opts,
             waits: AtomicU64::new(0),
@@ -92,7 +102,7 @@ impl BufferPool {
         }
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if let Some(buf) = free.pop() {
+            if let Some(buf) = free.bufs.pop() {
                 return Ok(PoolBuf {
                     pool: self,
                     buf: Some(buf),
@@ -100,7 +110,9 @@ impl BufferPool {
                 });
             }
             self.waits.fetch_add(1, Ordering::Relaxed);
+            free.waiters += 1;
             free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+            free.waiters -= 1;
         }
     }
 }
@@ -202,12 +214,14 @@ impl BufferPool {
             return Ok(seg);
         }
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        while free.len() < n {
+        while free.bufs.len() < n {
             self.waits.fetch_add(1, Ordering::Relaxed);
+            free.waiters += 1;
             free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+            free.waiters -= 1;
         }
         for i in 0..n {
-            let buf = free.pop();
+            let buf = free.bufs.pop();
             seg.bufs[i] = Some(PoolBuf {
                 pool: self,
                 buf,
@@ -225,10 +239,13 @@ impl Drop for PoolBuf<'_> {
             return; // freed here: that is the point of the baseline
         }
         let mut free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
-        free.push(buf);
+        free.bufs.push(buf);
+        let waiters = free.waiters;
         drop(free);
-        // notify_all: a waiter may need several buffers, another just one.
-        self.pool.returned.notify_all();
+        if waiters > 0 {
+            // notify_all: a waiter may need several buffers, another just one.
+            self.pool.returned.notify_all();
+        }
     }
 }
 

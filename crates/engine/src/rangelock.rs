@@ -12,8 +12,15 @@ use std::sync::{Condvar, Mutex};
 /// Active ranges; small (bounded by requests in flight), so a linear scan is cheapest.
 #[derive(Default)]
 pub(crate) struct RangeLocks {
-    active: Mutex<Vec<(u64, u64)>>,
+    active: Mutex<Active>,
     released: Condvar,
+}
+
+/// Held ranges and how many writers wait (no wake-up system call when none do).
+#[derive(Default)]
+struct Active {
+    ranges: Vec<(u64, u64)>,
+    waiters: usize,
 }
 
 /// Held while a write runs; releases on drop.
@@ -26,13 +33,15 @@ impl RangeLocks {
     /// Waits until `[start, end)` overlaps no held range, then holds it.
     pub(crate) fn lock(&self, start: u64, end: u64) -> RangeGuard<'_> {
         let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
-        while active.iter().any(|&(s, e)| s < end && start < e) {
+        while active.ranges.iter().any(|&(s, e)| s < end && start < e) {
+            active.waiters += 1;
             active = self
                 .released
                 .wait(active)
                 .unwrap_or_else(|p| p.into_inner());
+            active.waiters -= 1;
         }
-        active.push((start, end));
+        active.ranges.push((start, end));
         RangeGuard {
             locks: self,
             range: (start, end),
@@ -43,10 +52,13 @@ impl RangeLocks {
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
         let mut active = self.locks.active.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = active.iter().position(|r| *r == self.range) {
-            active.swap_remove(i);
+        if let Some(i) = active.ranges.iter().position(|r| *r == self.range) {
+            active.ranges.swap_remove(i);
         }
+        let waiters = active.waiters;
         drop(active);
-        self.locks.released.notify_all();
+        if waiters > 0 {
+            self.locks.released.notify_all();
+        }
     }
 }

@@ -206,7 +206,7 @@ impl Volume {
             // requests in flight than workers; otherwise the receiving thread is as good a
             // CPU as any and handing off only adds latency (seed 000).
             return if len >= auto.split_min_bytes && inflight < workers.len() {
-                Placement::Workers
+                Placement::Split
             } else {
                 Placement::Inline
             };
@@ -223,6 +223,14 @@ impl Volume {
         }
     }
 
+    /// Whether a waiting issuer should spin: not when its work runs on its own CPU
+    /// (same_cpu_crypt), and not when more requests are in flight than CPUs (the spinning
+    /// would take CPU time from the workers).
+    fn spin(&self) -> bool {
+        let depth = self.inflight.load(Ordering::Relaxed);
+        !self.opts.same_cpu_crypt && depth <= self.workers.as_ref().map_or(0, Workers::len)
+    }
+
     fn lower(&self, pos: u64) -> u64 {
         self.cfg.data_offset_bytes + pos
     }
@@ -235,7 +243,7 @@ impl Volume {
     /// Decrypts whole sectors at position `pos` in place, where the placement says.
     fn decrypt(&self, pos: u64, data: &mut [u8], place: Placement) -> Result<(), BackendError> {
         let workers = match (&self.workers, place) {
-            (Some(w), Placement::Workers) => w,
+            (Some(w), Placement::Workers | Placement::Split) => w,
             _ => {
                 self.cipher.decrypt(Sector512::from_bytes_floor(pos), data);
                 return Ok(());
@@ -259,14 +267,51 @@ impl Volume {
             }
             workers.submit(&jobs[..n]);
             // Waiting here is what keeps `group` and `completion` alive for the workers.
-            completion.wait()?;
+            if place == Placement::Split {
+                workers.help_until(&completion)?;
+            } else {
+                completion.wait(self.spin())?;
+            }
         }
         Ok(())
     }
 
     fn read_sectors(&self, buf: &mut [u8], pos: u64, place: Placement) -> Result<(), BackendError> {
+        if let (Some(workers), Placement::Split) = (&self.workers, place) {
+            return self.read_split(workers, buf, pos);
+        }
         self.backend.read_at(buf, self.lower(pos))?;
         self.decrypt(pos, buf, place)
+    }
+
+    /// The automatic policy's large read: every chunk read and decrypted in parallel by
+    /// the workers and this thread (dm-crypt reads the whole bio, then decrypts).
+    fn read_split(&self, workers: &Workers, buf: &mut [u8], pos: u64) -> Result<(), BackendError> {
+        let split = self.opts.split_bytes;
+        for (r, group) in buf.chunks_mut(split * JOBS_PER_ROUND).enumerate() {
+            let base = pos + (r * split * JOBS_PER_ROUND) as u64;
+            let n = group.len().div_ceil(split);
+            let completion = Completion::new(n);
+            let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
+            for (i, chunk) in group.chunks_mut(split).enumerate() {
+                let at = base + (i * split) as u64;
+                let kind = JobKind::ReadDecrypt {
+                    completion: &completion,
+                    offset: self.lower(at),
+                };
+                let first = Sector512::from_bytes_floor(at);
+                jobs[i] = Job {
+                    kind,
+                    first,
+                    ptr: chunk.as_mut_ptr(),
+                    len: chunk.len(),
+                };
+            }
+            workers.submit(&jobs[..n]);
+            // Helping and then waiting keeps `group` and `completion` alive for the workers.
+            workers.help_until(&completion)?;
+        }
+        Ok(())
     }
 
     fn read_partial(&self, buf: &mut [u8], p: Partial) -> Result<(), BackendError> {
@@ -286,6 +331,36 @@ impl Volume {
         fua: bool,
         place: Placement,
     ) -> Result<(), BackendError> {
+        if let (Some(workers), Placement::Split) = (&self.workers, place) {
+            // Encrypt on the workers and here, then submit from here as one plug.
+            let split = self.opts.split_bytes;
+            let completion = Completion::new(seg_chunks(seg, split));
+            let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
+            let (mut n, mut at) = (0, start);
+            for piece in seg.pieces() {
+                for chunk in piece.chunks_mut(split) {
+                    let kind = JobKind::Encrypt {
+                        completion: &completion,
+                    };
+                    let first = Sector512::from_bytes_floor(at);
+                    jobs[n] = Job {
+                        kind,
+                        first,
+                        ptr: chunk.as_mut_ptr(),
+                        len: chunk.len(),
+                    };
+                    n += 1;
+                    at += chunk.len() as u64;
+                    if n == JOBS_PER_ROUND {
+                        workers.submit(&jobs);
+                        n = 0;
+                    }
+                }
+            }
+            workers.submit(&jobs[..n]);
+            workers.help_until(&completion)?;
+            return self.submit_segment(start, seg, fua);
+        }
         let Some(workers) = self
             .workers
             .as_ref()
@@ -298,21 +373,7 @@ impl Volume {
                 self.cipher.encrypt(Sector512::from_bytes_floor(at), piece);
                 at += piece.len() as u64;
             }
-            let mut ops = [WriteOp {
-                offset: 0,
-                buf: &[],
-                fua,
-            }; crate::pool::MAX_PIECES];
-            let mut at = start;
-            for (op, piece) in ops.iter_mut().zip(seg.pieces_ref()) {
-                *op = WriteOp {
-                    offset: self.lower(at),
-                    buf: piece,
-                    fua,
-                };
-                at += piece.len() as u64;
-            }
-            return self.backend.submit_writes(&ops[..seg.len()]);
+            return self.submit_segment(start, seg, fua);
         };
         let split = self.opts.split_bytes;
         let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
@@ -362,9 +423,28 @@ impl Volume {
         // Waiting keeps the segment, the batch and the completion alive for the workers
         // and the submitter.
         match &batch {
-            Some(b) => b.completion.wait(),
-            None => completion.wait(),
+            Some(b) => b.completion.wait(self.spin()),
+            None => completion.wait(self.spin()),
         }
+    }
+
+    /// Hands an encrypted segment to the backend as one plug, from this thread.
+    fn submit_segment(&self, start: u64, seg: &Segment<'_>, fua: bool) -> Result<(), BackendError> {
+        let mut ops = [WriteOp {
+            offset: 0,
+            buf: &[],
+            fua,
+        }; crate::pool::MAX_PIECES];
+        let mut at = start;
+        for (op, piece) in ops.iter_mut().zip(seg.pieces_ref()) {
+            *op = WriteOp {
+                offset: self.lower(at),
+                buf: piece,
+                fua,
+            };
+            at += piece.len() as u64;
+        }
+        self.backend.submit_writes(&ops[..seg.len()])
     }
 
     fn write_impl(

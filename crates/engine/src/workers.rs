@@ -14,7 +14,7 @@ use crate::request::Completion;
 use crate::submit::{Batch, Submitter};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use ucrypt_backend::{Backend, BackendError};
@@ -25,6 +25,14 @@ use ucrypt_crypto::{Sector512, SectorCipher};
 pub(crate) enum JobKind {
     /// Decrypt in place, then count the chunk done.
     Decrypt { completion: *const Completion },
+    /// Read the chunk's ciphertext from the backend at `offset`, decrypt it in place,
+    /// count it done: the whole read in parallel (the automatic policy's split reads).
+    ReadDecrypt {
+        completion: *const Completion,
+        offset: u64,
+    },
+    /// Encrypt in place, then count the chunk done (the issuer submits the write).
+    Encrypt { completion: *const Completion },
     /// Encrypt in place, then write it to the backend at `offset` (submit_from_crypt_cpus).
     EncryptWrite {
         completion: *const Completion,
@@ -51,8 +59,16 @@ unsafe impl Send for Job {}
 
 /// Jobs queued for workers, with the condition workers sleep on.
 struct Queue {
-    jobs: Mutex<VecDeque<Job>>,
+    jobs: Mutex<Jobs>,
     ready: Condvar,
+    /// Jobs queued, readable without the lock so idle workers can spin on it.
+    queued: AtomicUsize,
+}
+
+struct Jobs {
+    list: VecDeque<Job>,
+    /// Workers asleep on `ready`: submitters make the wake-up system call only when > 0.
+    sleepers: usize,
 }
 
 impl Queue {
@@ -60,8 +76,12 @@ impl Queue {
         // Why this capacity: the pool and the callers' depth bound the jobs in flight;
         // reserving up front keeps the hot path free of allocation.
         Queue {
-            jobs: Mutex::new(VecDeque::with_capacity(4096)),
+            jobs: Mutex::new(Jobs {
+                list: VecDeque::with_capacity(4096),
+                sleepers: 0,
+            }),
             ready: Condvar::new(),
+            queued: AtomicUsize::new(0),
         }
     }
 }
@@ -149,14 +169,46 @@ impl Workers {
         } else {
             &self.shared.queues[0]
         };
-        let mut queue = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        queue.extend(jobs.iter().copied());
-        drop(queue);
-        if jobs.len() == 1 || self.same_cpu {
-            q.ready.notify_one();
-        } else {
-            q.ready.notify_all();
+        if jobs.is_empty() {
+            return;
         }
+        let mut queue = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        queue.list.extend(jobs.iter().copied());
+        q.queued.fetch_add(jobs.len(), Ordering::Release);
+        let sleepers = queue.sleepers;
+        drop(queue);
+        if sleepers > 0 {
+            if jobs.len() == 1 || self.same_cpu {
+                q.ready.notify_one();
+            } else {
+                q.ready.notify_all();
+            }
+        }
+    }
+
+    /// The issuer of a split request helps: it runs queued jobs itself until its own
+    /// request is done, then waits for chunks still running on workers. Work is balanced
+    /// without a wake-up when the issuer gets there first.
+    pub(crate) fn help_until(&self, completion: &Completion) -> Result<(), BackendError> {
+        let q = &self.shared.queues[0];
+        while !completion.is_done() {
+            if q.queued.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            let job = {
+                let mut jobs = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
+                let j = jobs.list.pop_front();
+                if j.is_some() {
+                    q.queued.fetch_sub(1, Ordering::Relaxed);
+                }
+                j
+            };
+            match job {
+                Some(j) => run_job(&self.shared, j),
+                None => break,
+            }
+        }
+        completion.wait(true)
     }
 }
 
@@ -176,16 +228,22 @@ impl Drop for Workers {
 fn worker_loop(s: &Shared, queue: usize) {
     let q = &s.queues[queue];
     loop {
+        // No spinning here: on a machine with as many workers as CPUs a spinning worker
+        // takes the CPU from the thread that is about to hand it work (measured: 1 MiB
+        // split reads got slower than inline). The issuer helps instead (help_until).
         let job = {
             let mut jobs = q.jobs.lock().unwrap_or_else(|p| p.into_inner());
             loop {
-                if let Some(j) = jobs.pop_front() {
+                if let Some(j) = jobs.list.pop_front() {
+                    q.queued.fetch_sub(1, Ordering::Relaxed);
                     break j;
                 }
                 if s.stop.load(Ordering::Acquire) {
                     return;
                 }
+                jobs.sleepers += 1;
                 jobs = q.ready.wait(jobs).unwrap_or_else(|p| p.into_inner());
+                jobs.sleepers -= 1;
             }
         };
         run_job(s, job);
@@ -196,7 +254,18 @@ fn run_job(s: &Shared, job: Job) {
     // SAFETY: see the module docs: the submitter of the job keeps this memory alive and
     // untouched until the job's completion is counted, which happens below.
     let data = unsafe { std::slice::from_raw_parts_mut(job.ptr, job.len) };
-    let encrypt = !matches!(job.kind, JobKind::Decrypt { .. });
+    let encrypt = !matches!(
+        job.kind,
+        JobKind::Decrypt { .. } | JobKind::ReadDecrypt { .. }
+    );
+    if let JobKind::ReadDecrypt { completion, offset } = job.kind {
+        if let Err(e) = s.backend.read_at(data, offset) {
+            // SAFETY: the completion lives until its count reaches zero (module docs).
+            let completion = unsafe { &*completion };
+            completion.done(Err(e));
+            return;
+        }
+    }
     // A panic in crypto is a bug; it must still complete the request (as an error), or
     // its submitter would wait forever.
     let crypto = catch_unwind(AssertUnwindSafe(|| {
@@ -208,7 +277,9 @@ fn run_job(s: &Shared, job: Job) {
     }))
     .map_err(|_| BackendError::Other("BUG: crypto worker panicked".into()));
     match job.kind {
-        JobKind::Decrypt { completion } => {
+        JobKind::Decrypt { completion }
+        | JobKind::Encrypt { completion }
+        | JobKind::ReadDecrypt { completion, .. } => {
             // SAFETY: the completion lives until its count reaches zero (module docs).
             let completion = unsafe { &*completion };
             completion.done(crypto);

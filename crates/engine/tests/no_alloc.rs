@@ -42,7 +42,8 @@ static GLOBAL: Counting = Counting;
 
 fn workload(v: &dyn Backend, buf: &mut [u8]) {
     for i in 0..64u64 {
-        v.write_at(&buf[..4096], (i * 4096) % (1 << 20), i % 7 == 0).unwrap();
+        v.write_at(&buf[..4096], (i * 4096) % (1 << 20), i % 7 == 0)
+            .unwrap();
         v.read_at(&mut buf[..4096], (i * 8192) % (1 << 20)).unwrap();
     }
     for i in 0..4u64 {
@@ -56,7 +57,10 @@ fn workload(v: &dyn Backend, buf: &mut [u8]) {
 fn steady_state_io_makes_no_allocations_in_any_placement() {
     // Only the pooled configurations: "per-request-alloc" allocates on purpose.
     let mut report = Vec::new();
-    for (name, opts) in configs().into_iter().filter(|(n, _)| *n != "per-request-alloc") {
+    for (name, opts) in configs()
+        .into_iter()
+        .filter(|(n, _)| *n != "per-request-alloc")
+    {
         let v = volume(memory(1 << 20), cipher("aes-xts-plain64", 4096), 0, opts);
         let mut buf = vec![0x33u8; 1 << 20];
         workload(&v, &mut buf); // warm-up: backend chunks, thread handles, lazy state
@@ -67,5 +71,8 @@ fn steady_state_io_makes_no_allocations_in_any_placement() {
         report.push((name, ALLOCS.load(Ordering::SeqCst)));
     }
     eprintln!("allocations during 136 steady-state requests: {report:?}");
-    assert!(report.iter().all(|(_, n)| *n == 0), "allocations on the hot path: {report:?}");
+    assert!(
+        report.iter().all(|(_, n)| *n == 0),
+        "allocations on the hot path: {report:?}"
+    );
 }

@@ -10,6 +10,7 @@
 //!                                                           engine::Volume
 //! ```
 
+pub mod bench;
 pub mod config;
 pub mod header;
 pub mod open;

@@ -3,6 +3,7 @@
 //! Exit codes follow cryptsetup's: 1 wrong parameters, 2 no permission or bad passphrase,
 //! 3 out of memory, 4 wrong device, 5 device busy.
 
+mod bench;
 mod benchmark;
 mod is_luks;
 mod luks;
@@ -41,6 +42,8 @@ enum Command {
     Read(read::Args),
     /// Check a table line and print it in the kernel's canonical form.
     Table(table::Args),
+    /// Reproduce the seeds' I/O-engine experiments against a raw passthrough.
+    Bench(bench::Args),
     /// Measure cipher throughput per cipher spec and sector size, like cryptsetup benchmark.
     Benchmark(benchmark::Args),
     /// Create a LUKS2 (or --type luks1) header on a device, like cryptsetup luksFormat.
@@ -238,6 +241,7 @@ pub fn run() -> ExitCode {
         Command::LuksHeaderRestore(a) => luks_header_restore::run(a),
         Command::LuksOpen(a) => luks_open::run(a),
         Command::Open(a) => open::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,304 @@
+//! The seeds' experiments, each a list of cells (op × block size × depth × cipher ×
+//! sector size) measured for a raw passthrough and each engine variant, interleaved and
+//! repeated within one run.
+//!
+//! | experiment | seed | question |
+//! |---|---|---|
+//! | `cloudflare` | 000 | workqueue vs inline for 4 KiB I/O on a ramdisk, null cipher and AES |
+//! | `parallel` | 001, 003 | placement × write order across sizes and depths |
+//! | `alloc` | 002 | pooled buffers vs per-request allocation at 1 MiB writes |
+//! | `sector-size` | 004 | 512 vs 4096 vs 64 KiB encryption sectors |
+
+use super::load::{self, Op, Sample};
+use std::sync::Arc;
+use ucrypt_backend::{Backend, MemoryBackend};
+use ucrypt_crypto::{CipherSpec, SectorParams, SectorSize, VolumeKey};
+use ucrypt_engine::{EngineOptions, PoolOptions, Volume, VolumeConfig, WriteOrder};
+
+/// Every experiment name.
+pub const EXPERIMENTS: [&str; 4] = ["cloudflare", "parallel", "alloc", "sector-size"];
+
+/// What is measured in one cell, besides the variants.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    /// Experiment name.
+    pub experiment: &'static str,
+    /// Read or write.
+    pub op: Op,
+    /// Request size.
+    pub block: usize,
+    /// Concurrent requests.
+    pub depth: usize,
+    /// Cipher spec.
+    pub cipher: &'static str,
+    /// Encryption sector size.
+    pub sector: u32,
+    /// Engine variants to compare (the raw passthrough is always measured too).
+    pub variants: Vec<(&'static str, EngineOptions)>,
+}
+
+/// One measured row.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// The cell.
+    pub cell: Cell,
+    /// Variant name (`raw` for the passthrough).
+    pub variant: &'static str,
+    /// Median sample.
+    pub median: Sample,
+    /// Lowest and highest MiB/s of the repeats.
+    pub spread: (f64, f64),
+    /// Median MiB/s over the raw passthrough's median MiB/s.
+    pub ratio_to_raw: f64,
+}
+
+/// Run settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Seconds per measurement.
+    pub secs: f64,
+    /// Repeats per variant.
+    pub repeats: usize,
+    /// Bytes of the memory backend the load runs over.
+    pub region: u64,
+    /// Fewer cells.
+    pub quick: bool,
+}
+
+/// The placements dm-crypt offers, plus ucrypt's automatic policy.
+pub fn placements() -> Vec<(&'static str, EngineOptions)> {
+    let kernel = EngineOptions::kernel_default();
+    vec![
+        ("workqueue", kernel),
+        (
+            "inline",
+            EngineOptions {
+                no_read_workqueue: true,
+                no_write_workqueue: true,
+                ..kernel
+            },
+        ),
+        (
+            "same_cpu_crypt",
+            EngineOptions {
+                same_cpu_crypt: true,
+                ..kernel
+            },
+        ),
+        (
+            "submit_from_crypt_cpus",
+            EngineOptions {
+                submit_from_crypt_cpus: true,
+                ..kernel
+            },
+        ),
+        (
+            "sorted",
+            EngineOptions {
+                write_order: WriteOrder::Sorted,
+                ..kernel
+            },
+        ),
+        ("auto", EngineOptions::default()),
+    ]
+}
+
+/// The cells of one experiment.
+pub fn cells(experiment: &str, quick: bool) -> Vec<Cell> {
+    let kernel = EngineOptions::kernel_default();
+    let auto = EngineOptions::default();
+    let inline = EngineOptions {
+        no_read_workqueue: true,
+        no_write_workqueue: true,
+        ..kernel
+    };
+    let mut out = Vec::new();
+    let cell = |experiment, op, block, depth, cipher, sector, variants| Cell {
+        experiment,
+        op,
+        block,
+        depth,
+        cipher,
+        sector,
+        variants,
+    };
+    match experiment {
+        "cloudflare" => {
+            for cipher in ["capi:ecb(cipher_null)", "aes-xts-plain64"] {
+                for depth in [1, 32] {
+                    for op in [Op::Read, Op::Write] {
+                        let v = vec![("workqueue", kernel), ("inline", inline), ("auto", auto)];
+                        out.push(cell("cloudflare", op, 4096, depth, cipher, 512, v));
+                    }
+                }
+            }
+        }
+        "parallel" => {
+            let blocks: &[usize] = if quick {
+                &[4096, 1 << 20]
+            } else {
+                &[4096, 16384, 65536, 262_144, 1 << 20]
+            };
+            let depths: &[usize] = if quick { &[1, 32] } else { &[1, 4, 32, 256] };
+            for &block in blocks {
+                for &depth in depths {
+                    for op in [Op::Read, Op::Write] {
+                        out.push(cell(
+                            "parallel",
+                            op,
+                            block,
+                            depth,
+                            "aes-xts-plain64",
+                            4096,
+                            placements(),
+                        ));
+                    }
+                }
+            }
+        }
+        "alloc" => {
+            let per_req = PoolOptions {
+                per_request_alloc: true,
+                ..PoolOptions::default()
+            };
+            for depth in [1, 8] {
+                let v = vec![
+                    ("pool", kernel),
+                    (
+                        "per-request-alloc",
+                        EngineOptions {
+                            pool: per_req,
+                            ..kernel
+                        },
+                    ),
+                    ("pool-inline", inline),
+                    (
+                        "per-request-alloc-inline",
+                        EngineOptions {
+                            pool: per_req,
+                            ..inline
+                        },
+                    ),
+                ];
+                out.push(cell(
+                    "alloc",
+                    Op::Write,
+                    1 << 20,
+                    depth,
+                    "capi:ecb(cipher_null)",
+                    4096,
+                    v,
+                ));
+            }
+        }
+        "sector-size" => {
+            for sector in [512u32, 4096, 65536] {
+                for op in [Op::Read, Op::Write] {
+                    let v = vec![("auto", auto), ("inline", inline)];
+                    out.push(cell(
+                        "sector-size",
+                        op,
+                        1 << 20,
+                        1,
+                        "aes-xts-plain64",
+                        sector,
+                        v,
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+fn volume(
+    backend: &Arc<dyn Backend>,
+    cell: &Cell,
+    opts: EngineOptions,
+) -> Result<Arc<dyn Backend>, String> {
+    let key_len = if cell.cipher.contains("null") { 0 } else { 64 };
+    let key = VolumeKey::new((0..key_len as u8).collect());
+    let sector = SectorSize::new_extended(cell.sector).map_err(|e| e.to_string())?;
+    let cipher = cell
+        .cipher
+        .parse::<CipherSpec>()
+        .and_then(|s| {
+            s.build(
+                &key,
+                SectorParams {
+                    sector_size: sector,
+                    ..Default::default()
+                },
+            )
+        })
+        .map_err(|e| e.to_string())?;
+    let cfg = VolumeConfig {
+        data_offset_bytes: 0,
+        length_bytes: backend.info().size_bytes,
+        read_only: false,
+        allow_discards: false,
+    };
+    let v = Volume::with_options(Arc::from(cipher), Arc::clone(backend), cfg, opts)
+        .map_err(|e| e.to_string())?;
+    Ok(Arc::new(v))
+}
+
+/// A memory backend of `region` bytes, filled so reads touch real memory (brd allocates
+/// on write, like this backend).
+///
+/// # Errors
+/// Allocation failure.
+pub fn ramdisk(region: u64) -> Result<Arc<dyn Backend>, String> {
+    let mem = MemoryBackend::new(region).map_err(|e| e.to_string())?;
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut at = 0;
+    while at < region {
+        let n = (region - at).min(chunk.len() as u64) as usize;
+        mem.write_at(&chunk[..n], at, false)
+            .map_err(|e| e.to_string())?;
+        at += n as u64;
+    }
+    Ok(Arc::new(mem))
+}
+
+/// Measures one cell: raw and every variant, interleaved, `repeats` times each.
+///
+/// # Errors
+/// A variant that cannot be built (bad cipher or sector size).
+pub fn measure(cell: &Cell, s: &Settings, tick: &mut dyn FnMut()) -> Result<Vec<Row>, String> {
+    let ram = ramdisk(s.region)?;
+    let mut devs: Vec<(&'static str, Arc<dyn Backend>)> = vec![("raw", Arc::clone(&ram))];
+    for (name, opts) in &cell.variants {
+        devs.push((name, volume(&ram, cell, *opts)?));
+    }
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); devs.len()];
+    for _ in 0..s.repeats {
+        for (i, (_, dev)) in devs.iter().enumerate() {
+            samples[i].push(load::run(
+                dev, cell.op, cell.block, cell.depth, s.region, s.secs,
+            ));
+            tick();
+        }
+    }
+    let medians: Vec<(Sample, (f64, f64))> = samples
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(|a, b| a.mib_s().total_cmp(&b.mib_s()));
+            let spread = (v[0].mib_s(), v[v.len() - 1].mib_s());
+            (v[v.len() / 2], spread)
+        })
+        .collect();
+    let raw = medians[0].0.mib_s();
+    Ok(devs
+        .iter()
+        .zip(medians)
+        .map(|((name, _), (median, spread))| Row {
+            cell: cell.clone(),
+            variant: name,
+            median,
+            spread,
+            ratio_to_raw: if raw > 0.0 { median.mib_s() / raw } else { 0.0 },
+        })
+        .collect())
+}

@@ -1,0 +1,112 @@
+//! The load generator: `iodepth` threads, each issuing synchronous requests of one size at
+//! random aligned offsets for a fixed time (fio's `psync` engine with `numjobs = iodepth`).
+//! A synchronous call per thread is exactly what a `Volume` sees from the NBD server, one
+//! in-flight request per server thread.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use ucrypt_backend::Backend;
+
+/// Read or write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Random reads.
+    Read,
+    /// Random writes.
+    Write,
+}
+
+impl Op {
+    /// Name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "randread",
+            Op::Write => "randwrite",
+        }
+    }
+}
+
+/// One measurement's result.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// Requests completed.
+    pub ops: u64,
+    /// Wall time.
+    pub secs: f64,
+    /// Bytes per request.
+    pub block: usize,
+}
+
+impl Sample {
+    /// MiB/s.
+    pub fn mib_s(&self) -> f64 {
+        self.ops as f64 * self.block as f64 / self.secs / (1024.0 * 1024.0)
+    }
+    /// Requests per second.
+    pub fn iops(&self) -> f64 {
+        self.ops as f64 / self.secs
+    }
+}
+
+/// Runs `depth` threads of `op` with `block`-byte requests over the first `region` bytes of
+/// `dev` for `secs`.
+pub fn run(
+    dev: &Arc<dyn Backend>,
+    op: Op,
+    block: usize,
+    depth: usize,
+    region: u64,
+    secs: f64,
+) -> Sample {
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = Arc::new(AtomicU64::new(0));
+    let start = Arc::new(Barrier::new(depth + 1));
+    let slots = (region / block as u64).max(1);
+    let threads: Vec<_> = (0..depth)
+        .map(|t| {
+            let (dev, stop, total, start) = (
+                Arc::clone(dev),
+                Arc::clone(&stop),
+                Arc::clone(&total),
+                Arc::clone(&start),
+            );
+            std::thread::spawn(move || {
+                let mut buf = vec![0xa5u8; block];
+                let mut rng =
+                    0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                let mut ops = 0u64;
+                start.wait();
+                while !stop.load(Ordering::Relaxed) {
+                    // xorshift64: cheap, and the same sequence every run.
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let off = (rng % slots) * block as u64;
+                    let r = match op {
+                        Op::Read => dev.read_at(&mut buf, off),
+                        Op::Write => dev.write_at(&buf, off, false),
+                    };
+                    if let Err(e) = r {
+                        eprintln!("bench: {} at {off}: {e}", op.name());
+                        break;
+                    }
+                    ops += 1;
+                }
+                total.fetch_add(ops, Ordering::Relaxed);
+            })
+        })
+        .collect();
+    start.wait();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    Sample {
+        ops: total.load(Ordering::Relaxed),
+        secs: t0.elapsed().as_secs_f64(),
+        block,
+    }
+}

@@ -1,0 +1,90 @@
+//! `ucrypt bench`: the seeds' experiments with progress, table, JSON and chart output.
+
+use super::CliError;
+use indicatif::{ProgressBar, ProgressStyle};
+use ucrypt::bench::{self, report, Settings, EXPERIMENTS};
+
+/// Arguments of `ucrypt bench`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Experiments to run (default: all): cloudflare, parallel, alloc, sector-size.
+    #[arg(value_parser = EXPERIMENTS)]
+    experiments: Vec<String>,
+    /// Fewer cells, shorter measurements: finishes in under a minute.
+    #[arg(long)]
+    quick: bool,
+    /// Seconds per measurement (default 0.5, quick 0.1).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Repeats per variant, interleaved (default 5, quick 3).
+    #[arg(long)]
+    repeat: Option<usize>,
+    /// Memory backend size in MiB (default 256, quick 32).
+    #[arg(long)]
+    region_mib: Option<u64>,
+    /// Print JSON lines (one object per row) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG chart of the ratios to raw here.
+    #[arg(long, value_name = "FILE")]
+    chart: Option<std::path::PathBuf>,
+}
+
+pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    let s = Settings {
+        secs: a.seconds.unwrap_or(if a.quick { 0.1 } else { 0.5 }),
+        repeats: a.repeat.unwrap_or(if a.quick { 3 } else { 5 }).max(1),
+        region: a.region_mib.unwrap_or(if a.quick { 32 } else { 256 }) << 20,
+        quick: a.quick,
+    };
+    let names: Vec<&str> = if a.experiments.is_empty() {
+        EXPERIMENTS.to_vec()
+    } else {
+        a.experiments.iter().map(String::as_str).collect()
+    };
+    let cells: Vec<_> = names
+        .iter()
+        .flat_map(|e| bench::cells(e, s.quick))
+        .collect();
+    let total: u64 = cells
+        .iter()
+        .map(|c| ((c.variants.len() + 1) * s.repeats) as u64)
+        .sum();
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    for cell in &cells {
+        bar.set_message(format!(
+            "{} {} bs={} depth={}",
+            cell.experiment,
+            cell.op.name(),
+            cell.block,
+            cell.depth
+        ));
+        rows.extend(bench::measure(cell, &s, &mut || bar.inc(1)).map_err(anyhow::Error::msg)?);
+    }
+    bar.finish_and_clear();
+    if a.json {
+        print!("{}", report::json(&rows));
+    } else {
+        print!("{}", report::table(&rows));
+        let misses = bench::auto_misses(&rows, 0.05);
+        println!(
+            "\nauto vs best fixed placement: within 5% in {} of {} cells",
+            rows.iter().filter(|r| r.variant == "auto").count() - misses.len(),
+            rows.iter().filter(|r| r.variant == "auto").count()
+        );
+        for (cell, auto, best, best_mib) in misses {
+            println!("  {cell}: auto {auto:.1} MiB/s, {best} {best_mib:.1} MiB/s");
+        }
+    }
+    if let Some(path) = &a.chart {
+        std::fs::write(path, report::svg(&rows))
+            .map_err(|e| anyhow::anyhow!("writing chart {}: {e}", path.display()))?;
+        eprintln!("chart written to {}", path.display());
+    }
+    Ok(())
+}
