@@ -428,6 +428,50 @@ impl Volume {
         }
     }
 
+    /// Split write of whole sectors: chunk i of `src` is copied into the segment, encrypted
+    /// and written by a worker or this thread (no single plug: the chunks reach the
+    /// backend from several CPUs, like dm-crypt's submit_from_crypt_cpus).
+    fn write_split(
+        &self,
+        workers: &Workers,
+        start: u64,
+        seg: &mut Segment<'_>,
+        src: &[u8],
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        let split = self.opts.split_bytes;
+        let completion = Completion::new(seg_chunks(seg, split));
+        let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
+        let (mut n, mut at) = (0, start);
+        for piece in seg.pieces() {
+            for chunk in piece.chunks_mut(split) {
+                let from = src[(at - start) as usize..].as_ptr();
+                let kind = JobKind::CopyEncryptWrite {
+                    completion: &completion,
+                    src: from,
+                    offset: self.lower(at),
+                    fua,
+                };
+                let first = Sector512::from_bytes_floor(at);
+                jobs[n] = Job {
+                    kind,
+                    first,
+                    ptr: chunk.as_mut_ptr(),
+                    len: chunk.len(),
+                };
+                n += 1;
+                at += chunk.len() as u64;
+                if n == JOBS_PER_ROUND {
+                    workers.submit(&jobs);
+                    n = 0;
+                }
+            }
+        }
+        workers.submit(&jobs[..n]);
+        // Helping and then waiting keeps `src`, the segment and the completion alive.
+        workers.help_until(&completion)
+    }
+
     /// Hands an encrypted segment to the backend as one plug, from this thread.
     fn submit_segment(&self, start: u64, seg: &Segment<'_>, fua: bool) -> Result<(), BackendError> {
         let mut ops = [WriteOp {
@@ -491,11 +535,16 @@ impl Volume {
             // The caller's bytes that fall into this segment.
             let lo = seg_start.max(offset);
             let hi = seg_end.min(offset + buf.len() as u64);
-            seg.copy_in(
-                (lo - seg_start) as usize,
-                &buf[(lo - offset) as usize..(hi - offset) as usize],
-            );
-            self.write_segment(seg_start, &mut seg, fua, place)?;
+            let src = &buf[(lo - offset) as usize..(hi - offset) as usize];
+            let aligned = s.head.is_none() && s.tail.is_none();
+            if let (Some(workers), Placement::Split, true) = (&self.workers, place, aligned) {
+                // Whole sectors split across CPUs: each chunk copied, encrypted and written
+                // by whoever takes it, so copies and writes run in parallel too.
+                self.write_split(workers, seg_start, &mut seg, src, fua)?;
+            } else {
+                seg.copy_in((lo - seg_start) as usize, src);
+                self.write_segment(seg_start, &mut seg, fua, place)?;
+            }
             seg_start = seg_end;
         }
         Ok(())

@@ -31,6 +31,14 @@ pub(crate) enum JobKind {
         completion: *const Completion,
         offset: u64,
     },
+    /// Copy `len` plaintext bytes from `src` into the chunk, encrypt, write at `offset`,
+    /// count it done (the automatic policy's split writes).
+    CopyEncryptWrite {
+        completion: *const Completion,
+        src: *const u8,
+        offset: u64,
+        fua: bool,
+    },
     /// Encrypt in place, then count the chunk done (the issuer submits the write).
     Encrypt { completion: *const Completion },
     /// Encrypt in place, then write it to the backend at `offset` (submit_from_crypt_cpus).
@@ -258,6 +266,11 @@ fn run_job(s: &Shared, job: Job) {
         job.kind,
         JobKind::Decrypt { .. } | JobKind::ReadDecrypt { .. }
     );
+    if let JobKind::CopyEncryptWrite { src, .. } = job.kind {
+        // SAFETY: `src` points at `job.len` bytes of the issuer's buffer, alive and unchanged
+        // until the issuer's completion is counted (module docs).
+        data.copy_from_slice(unsafe { std::slice::from_raw_parts(src, job.len) });
+    }
     if let JobKind::ReadDecrypt { completion, offset } = job.kind {
         if let Err(e) = s.backend.read_at(data, offset) {
             // SAFETY: the completion lives until its count reaches zero (module docs).
@@ -288,6 +301,12 @@ fn run_job(s: &Shared, job: Job) {
             completion,
             offset,
             fua,
+        }
+        | JobKind::CopyEncryptWrite {
+            completion,
+            offset,
+            fua,
+            ..
         } => {
             let r = crypto.and_then(|()| s.backend.write_at(data, offset, fua));
             // SAFETY: as above.
