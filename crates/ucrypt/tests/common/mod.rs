@@ -1,6 +1,8 @@
 //! Shared helpers for the CLI tests: golden manifest, the binary, temp images.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod nbd;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
