@@ -235,9 +235,13 @@ impl Volume {
         self.cfg.data_offset_bytes + pos
     }
 
-    fn enter(&self) -> (InFlight<'_>, usize) {
+    /// Counts the request in flight (only when placement depends on it: with workers).
+    fn enter(&self) -> (Option<InFlight<'_>>, usize) {
+        if self.workers.is_none() {
+            return (None, 1);
+        }
         let n = self.inflight.fetch_add(1, Ordering::Relaxed) + 1;
-        (InFlight(&self.inflight), n)
+        (Some(InFlight(&self.inflight)), n)
     }
 
     /// Decrypts whole sectors at position `pos` in place, where the placement says.
