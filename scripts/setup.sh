@@ -9,7 +9,7 @@ set -euo pipefail
 
 packages=(
   build-essential pkg-config
-  keyutils libcryptsetup-dev
+  keyutils libcryptsetup-dev python3-cryptography
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3
 )
 

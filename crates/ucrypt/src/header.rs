@@ -248,12 +248,14 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
         Some(b) => b / 512,
         None => {
             let total = device_bytes(device)? / 512;
-            if total <= info.data_offset {
+            if total < info.data_offset {
                 bail!(
                     "device {device_str} ({total} sectors) ends before the data offset {} sectors",
                     info.data_offset
                 );
             }
+            // total == data offset: a header-only device; unlocking works, opening the
+            // (empty) volume is refused by the engine.
             total - info.data_offset
         }
     };
@@ -282,11 +284,10 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
         .parse()
         .with_context(|| format!("plain-mode cipher \"{}\"", p.cipher))?;
     let key: VolumeKey = if opts.plain_raw_key {
-        let mut raw = PlainOptions {
+        let raw = PlainOptions {
             hash: None,
             ..p.clone()
         };
-        raw.hash = None;
         ucrypt_format::plain::volume_key(device, &raw, secret)?
     } else {
         ucrypt_format::plain::volume_key(device, p, secret)?

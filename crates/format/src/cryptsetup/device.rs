@@ -53,6 +53,9 @@ fn errors_of(log: &[(i32, String)]) -> String {
 
 static INIT: Once = Once::new();
 
+/// `CRYPT_ACTIVATE_ALLOW_UNBOUND_KEY`.
+const ALLOW_UNBOUND_KEY: u32 = 1 << 16;
+
 /// Installs the log callback and makes metadata locking work for an unprivileged or
 /// container user: libcryptsetup locks in `/run/cryptsetup`; when that cannot be created,
 /// locking is turned off (plain image files are not shared with udev or the kernel).
@@ -658,7 +661,9 @@ impl CryptDevice {
                 Self::slot_arg(slot),
                 passphrase.as_ptr().cast(),
                 passphrase.len(),
-                0,
+                // An explicit slot may be unbound (LUKS2): checking it is allowed, as
+                // `cryptsetup open --test-passphrase --key-slot N` does; nothing is mapped.
+                if slot.is_some() { ALLOW_UNBOUND_KEY } else { 0 },
             )
         })?;
         Ok(Self::slot_ret(r))
