@@ -5,12 +5,15 @@
 #   - libcryptsetup-dev: LUKS headers and keyslots go through libcryptsetup (-lcryptsetup)
 #   - peers used by interop tests and benchmarks: cryptsetup, qemu-utils, nbdkit, libnbd
 #     tools, fio, fuse3
+#   - NBD interop: nbdinfo/nbdcopy/nbdfuse (all in libnbd-bin on Debian 12), qemu-img and
+#     qemu-io (qemu-utils), fio's nbd engine; the filesystem test adds e2fsprogs (mkfs.ext4)
+#     and util-linux (losetup, mount); the nbdkit baselines in bench/ use its luks filter
 set -euo pipefail
 
 packages=(
   build-essential pkg-config
   keyutils libcryptsetup-dev python3-cryptography
-  cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3
+  cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs util-linux
 )
 
 missing=()
