@@ -212,3 +212,53 @@ fn keyring_user_key_works_like_the_hex_key() {
         .args(["unlink", id.trim(), "@u"])
         .output();
 }
+
+#[test]
+fn bench_emits_json_rows_with_the_required_fields_and_a_chart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let chart = tmp.path().join("c.svg");
+    let out = ok(ucrypt(
+        &[
+            "bench",
+            "cloudflare",
+            "sector-size",
+            "--seconds",
+            "0.01",
+            "--repeat",
+            "1",
+            "--region-mib",
+            "8",
+            "--json",
+            "--chart",
+            chart.to_str().unwrap(),
+        ],
+        b"",
+    ));
+    let rows: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // cloudflare: 8 cells x (raw + 3 variants); sector-size: 6 cells x (raw + 2).
+    assert_eq!(rows.len(), 8 * 4 + 6 * 3);
+    for r in &rows {
+        for k in [
+            "experiment",
+            "variant",
+            "op",
+            "block_size",
+            "iodepth",
+            "mib_s",
+            "iops",
+            "ratio_to_raw",
+        ] {
+            assert!(r.get(k).is_some(), "missing {k} in {r}");
+        }
+        assert!(r["mib_s"].as_f64().unwrap() > 0.0, "{r}");
+        if r["variant"] == "raw" {
+            assert_eq!(r["ratio_to_raw"].as_f64().unwrap(), 1.0);
+        }
+    }
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("cloudflare") && svg.contains("sector-size"));
+}
