@@ -696,3 +696,148 @@ fn check_entry(e: &serde_json::Value, img: &Path, dir: &Path) -> Result<(), Stri
     }
     Ok(())
 }
+
+#[test]
+fn ucrypt_open_serves_a_luks1_volume_qemu_wrote_over_nbd() {
+    if !require("cryptsetup") || !require("qemu-io") || !require("nbdcopy") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::image(dir.path(), "o.img", 16 << 20);
+    let p = img.to_str().unwrap();
+    let mut args = vec![
+        "luksFormat",
+        "--batch-mode",
+        "--type",
+        "luks1",
+        "--key-file",
+        "-",
+    ];
+    args.extend(pbkdf_args("pbkdf2"));
+    args.push(p);
+    run("cryptsetup", &args, b"pw");
+    let image_opts = format!("driver=luks,key-secret=sec0,file.filename={p}");
+    run(
+        "qemu-io",
+        &[
+            "--object",
+            &qemu_secret("pw"),
+            "--image-opts",
+            &image_opts,
+            "-c",
+            "write -P 0x5a 0 1M",
+        ],
+        b"",
+    );
+    let out = dir.path().join("plain.out");
+    let cmd = format!("nbdcopy \"$uri\" {}", out.display());
+    common::ok(common::ucrypt(
+        &["open", p, "--read-only", "--run", &cmd],
+        b"pw\n",
+    ));
+    let data = std::fs::read(&out).unwrap();
+    assert!(data[..1 << 20].iter().all(|&b| b == 0x5a));
+    // --test-passphrase serves nothing and exits 0 / 2.
+    common::ok(common::ucrypt(&["open", "--test-passphrase", p], b"pw\n"));
+    let bad = common::ucrypt(&["open", "--test-passphrase", p], b"nope\n");
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn plain_mode_follows_cryptsetup_key_rules_and_options() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::image(dir.path(), "p.img", 4 << 20);
+    let p = img.to_str().unwrap();
+    // A hashed passphrase: sha256(pass) || sha256("A" || pass) for a 512-bit key.
+    let line = common::ok(common::ucrypt(
+        &[
+            "luksOpen",
+            "--print-table",
+            "--showkeys",
+            "--type",
+            "plain",
+            "--cipher",
+            "aes-xts-plain64",
+            "--key-size",
+            "512",
+            "--hash",
+            "sha256",
+            "--offset",
+            "8",
+            "--skip",
+            "16",
+            "--size",
+            "4096",
+            "--sector-size",
+            "4096",
+            "--iv-large-sectors",
+            p,
+        ],
+        b"plainpass\n",
+    ));
+    let line = String::from_utf8(line).unwrap();
+    let want = format!(
+        "{}{}",
+        hex::encode(sha2::Sha256::digest(b"plainpass")),
+        hex::encode(sha2::Sha256::digest(b"Aplainpass"))
+    );
+    assert_eq!(
+        line.trim(),
+        format!("0 4096 crypt aes-xts-plain64 {want} 16 {p} 8 2 sector_size:4096 iv_large_sectors")
+    );
+    // Defaults (cryptsetup 2.6): aes-cbc-essiv:sha256, 256 bits, ripemd160.
+    let line = common::ok(common::ucrypt(
+        &["luksOpen", "--print-table", "--type", "plain", p],
+        b"x\n",
+    ));
+    assert!(String::from_utf8(line)
+        .unwrap()
+        .starts_with("0 8192 crypt aes-cbc-essiv:sha256 <key:32-bytes> 0"));
+    // A key file (not stdin) is the raw key: key-size bytes from --keyfile-offset.
+    let kf = dir.path().join("key");
+    let bytes: Vec<u8> = (0u8..100).collect();
+    std::fs::write(&kf, &bytes).unwrap();
+    let line = common::ok(common::ucrypt(
+        &[
+            "luksOpen",
+            "--print-table",
+            "--showkeys",
+            "--type",
+            "plain",
+            "--cipher",
+            "aes-xts-plain64",
+            "--key-size",
+            "256",
+            "--key-file",
+            kf.to_str().unwrap(),
+            "--keyfile-offset",
+            "10",
+            p,
+        ],
+        b"",
+    ));
+    let line = String::from_utf8(line).unwrap();
+    assert_eq!(
+        line.split_whitespace().nth(4).unwrap(),
+        hex::encode(&bytes[10..42])
+    );
+    // Too short a key file is an error, not a zero-padded key.
+    let r = common::ucrypt(
+        &[
+            "luksOpen",
+            "--print-table",
+            "--type",
+            "plain",
+            "--key-size",
+            "512",
+            "--key-file",
+            kf.to_str().unwrap(),
+            "--keyfile-offset",
+            "90",
+            p,
+        ],
+        b"",
+    );
+    assert_eq!(r.status.code(), Some(1));
+}

@@ -18,6 +18,7 @@ mod luks_open;
 mod luks_remove_key;
 mod luks_uuid;
 mod open;
+mod open_header;
 mod read;
 mod secret;
 mod table;

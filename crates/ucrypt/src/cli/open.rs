@@ -1,7 +1,7 @@
 //! `ucrypt open`: serve a table's decrypted view over NBD, in the foreground, like nbdkit.
 //!
 //! ```text
-//! ucrypt open --table LINE | --table-file PATH
+//! ucrypt open --table LINE | --table-file PATH | DEVICE [NAME] [--type luks|luks1|luks2|plain]
 //!             [--socket PATH | --listen ADDR:PORT] [--run 'CMD'] [--pid-file FILE]
 //!             [--read-only] [--raw]
 //! ```
@@ -37,6 +37,8 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 pub(crate) struct Args {
     #[command(flatten)]
     table: TableArg,
+    #[command(flatten)]
+    header: super::open_header::HeaderArgs,
     /// Serve on a unix socket at PATH.
     #[arg(long, value_name = "PATH", conflicts_with = "listen")]
     socket: Option<PathBuf>,
@@ -97,9 +99,23 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let shutdown = Shutdown::default();
     ucrypt_nbd::server::shutdown_on_signals(&shutdown).code(EXIT_PARAMS)?;
 
-    let line = a.table.line()?;
-    let (export, description) = open_export(&a, &line)?;
-    drop(line);
+    let (export, description) = if a.header.device.is_some() {
+        let opts = ucrypt::OpenOptions {
+            read_only: a.read_only,
+            direct: a.direct,
+            allow_large_sectors: a.large_sectors,
+            perf: a.perf.options(),
+        };
+        match super::open_header::export(&a.header, opts)? {
+            super::open_header::HeaderExport::Checked => return Ok(()),
+            super::open_header::HeaderExport::Serve(v, d) => (v, d),
+        }
+    } else {
+        let line = a.table.line()?;
+        let (export, description) = open_export(&a, &line)?;
+        drop(line);
+        (export, description)
+    };
 
     let mut cleanup = Cleanup(Vec::new());
     let listener = listen(&a, &mut cleanup)?;

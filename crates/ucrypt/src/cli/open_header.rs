@@ -1,0 +1,96 @@
+//! `ucrypt open <device> [<name>] --type luks|luks1|luks2|plain`: the header half of
+//! `ucrypt open`. cryptsetup's form: a device instead of a table line, the header
+//! detected (`--type luks`, the default, takes LUKS1 or LUKS2) or plain-mode options, and
+//! the passphrase from `--key-file` or a prompt. The volume is then served like a table's.
+//! `--test-passphrase` only checks the passphrase and serves nothing.
+
+use super::luks::{cs_error, CsResult, DeviceArgs};
+use super::luks_open::{unlock_inputs, PlainArgs};
+use super::secret::KeyFileArgs;
+use super::{CliError, WithCode, EXIT_PARAMS};
+use std::path::PathBuf;
+use std::sync::Arc;
+use ucrypt::header::VolumeType;
+use ucrypt_backend::Backend;
+
+/// The cryptsetup-style arguments of `ucrypt open`.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct HeaderArgs {
+    /// A LUKS (or, with --type plain, plain dm-crypt) device to open instead of a table line.
+    #[arg(group = "TableArg", value_name = "DEVICE")]
+    pub(crate) device: Option<PathBuf>,
+    /// Mapping name (accepted for cryptsetup compatibility; the export is served, not mapped).
+    #[arg(value_name = "NAME")]
+    pub(crate) name: Option<String>,
+    /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain.
+    #[arg(
+        long = "type",
+        short = 'M',
+        default_value = "luks",
+        requires = "device"
+    )]
+    pub(crate) kind: String,
+    /// A detached LUKS header file.
+    #[arg(long, value_name = "FILE", requires = "device")]
+    pub(crate) header: Option<PathBuf>,
+    /// Only check the passphrase; serve nothing.
+    #[arg(long, requires = "device")]
+    pub(crate) test_passphrase: bool,
+    /// Only try this keyslot.
+    #[arg(short = 'S', long, requires = "device")]
+    pub(crate) key_slot: Option<u32>,
+    /// Pass discards down (adds allow_discards to the header's persistent flags).
+    #[arg(long, requires = "device")]
+    pub(crate) allow_discards: bool,
+    #[command(flatten)]
+    pub(crate) key: KeyFileArgs,
+    #[command(flatten)]
+    pub(crate) plain: PlainArgs,
+}
+
+/// What the header path gives `ucrypt open`: nothing more to do (`--test-passphrase`), or
+/// the volume to serve and its description.
+pub(crate) enum HeaderExport {
+    /// The passphrase checked out; exit 0.
+    Checked,
+    /// Serve this.
+    Serve(Arc<dyn Backend>, String),
+}
+
+/// Unlocks `h.device` and builds its volume with the engine options of `opts`.
+pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<HeaderExport, CliError> {
+    let device = h.device.clone().expect("called only with a device");
+    let kind: VolumeType = h
+        .kind
+        .parse()
+        .map_err(anyhow::Error::from)
+        .code(EXIT_PARAMS)?;
+    let dev = DeviceArgs {
+        device: device.clone(),
+        header: h.header.clone(),
+    };
+    let (hopts, secret) =
+        unlock_inputs(&dev, kind, &h.key, h.key_slot, h.allow_discards, &h.plain)?;
+    if h.test_passphrase && kind != VolumeType::Plain {
+        let mut cd = dev.load(kind)?;
+        cd.check_passphrase(h.key_slot, &secret).cs()?;
+        return Ok(HeaderExport::Checked);
+    }
+    let unlocked = ucrypt::unlock(&device, &secret, &hopts).map_err(cs_error)?;
+    drop(secret);
+    if h.test_passphrase {
+        return Ok(HeaderExport::Checked);
+    }
+    let kind_name = unlocked
+        .info
+        .kind
+        .map_or_else(|| "volume".to_string(), |k| k.to_string());
+    let opened = ucrypt::open_parsed(unlocked.table, opts).map_err(cs_error)?;
+    let description = format!(
+        "ucrypt {kind_name} {} ({}-byte sectors) on {}",
+        opened.table.cipher,
+        opened.table.sector_size_bytes(),
+        opened.table.device
+    );
+    Ok(HeaderExport::Serve(opened.volume, description))
+}
