@@ -311,7 +311,7 @@ impl Volume {
                     len: chunk.len(),
                 };
             }
-            workers.submit(&jobs[..n]);
+            workers.submit_waking(&jobs[..n], workers.len().saturating_sub(1).max(1));
             // Helping and then waiting keeps `group` and `completion` alive for the workers.
             workers.help_until(&completion)?;
         }
@@ -471,7 +471,7 @@ impl Volume {
                 }
             }
         }
-        workers.submit(&jobs[..n]);
+        workers.submit_waking(&jobs[..n], workers.len().saturating_sub(1).max(1));
         // Helping and then waiting keeps `src`, the segment and the completion alive.
         workers.help_until(&completion)
     }

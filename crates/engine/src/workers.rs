@@ -152,7 +152,13 @@ impl Workers {
                 std::thread::Builder::new()
                     .name(format!("ucrypt-crypt{i}"))
                     .spawn(move || {
-                        pin_to_cpu(i % cpus);
+                        // Only same_cpu_crypt workers are bound to a CPU (dm-crypt's bound
+                        // per-CPU workqueue); the shared pool floats like the unbound
+                        // workqueue, so the scheduler can put a woken worker on the CPU the
+                        // issuer is not using.
+                        if same_cpu {
+                            pin_to_cpu(i % cpus);
+                        }
                         worker_loop(&s, if same_cpu { i } else { 0 });
                     })
                     .expect("spawning a crypt worker thread")
@@ -170,8 +176,15 @@ impl Workers {
     }
 
     /// Queues jobs: all on the receiving CPU's worker (`same_cpu_crypt`) or on the shared
-    /// queue.
+    /// queue, waking every sleeping worker that has a job to take.
     pub(crate) fn submit(&self, jobs: &[Job]) {
+        self.submit_waking(jobs, usize::MAX);
+    }
+
+    /// Queues jobs waking at most `wake` sleeping workers: a split request's issuer works
+    /// too, so waking one worker per other CPU is enough, and more threads than CPUs would
+    /// only take turns.
+    pub(crate) fn submit_waking(&self, jobs: &[Job], wake: usize) {
         let q = if self.same_cpu {
             &self.shared.queues[current_cpu() % self.shared.queues.len()]
         } else {
@@ -185,11 +198,18 @@ impl Workers {
         q.queued.fetch_add(jobs.len(), Ordering::Release);
         let sleepers = queue.sleepers;
         drop(queue);
-        if sleepers > 0 {
-            if jobs.len() == 1 || self.same_cpu {
+        let wake = sleepers.min(jobs.len()).min(wake);
+        if self.same_cpu || wake == 1 {
+            if sleepers > 0 && wake > 0 {
                 q.ready.notify_one();
-            } else {
+            }
+        } else if wake >= sleepers {
+            if sleepers > 0 {
                 q.ready.notify_all();
+            }
+        } else {
+            for _ in 0..wake {
+                q.ready.notify_one();
             }
         }
     }
