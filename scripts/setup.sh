@@ -2,7 +2,8 @@
 # Installs what ucrypt's build and tests need on Debian 12. Idempotent: safe to run again.
 #   - gcc/make/pkg-config: aws-lc-sys builds its C with the cc crate
 #   - keyutils: keyctl, for the kernel-keyring key tests
-#   - libcryptsetup-dev: LUKS headers and keyslots go through libcryptsetup (-lcryptsetup)
+#   - libcryptsetup-dev: LUKS headers and keyslots go through libcryptsetup (-lcryptsetup);
+#     python3-cryptography (independent AES-XTS) and tmux (no-echo prompt) for LUKS tests
 #   - peers used by interop tests and benchmarks: cryptsetup, qemu-utils, nbdkit, libnbd
 #     tools, fio, fuse3
 #   - NBD interop: nbdinfo/nbdcopy/nbdfuse (all in libnbd-bin on Debian 12), qemu-img and
@@ -12,7 +13,7 @@ set -euo pipefail
 
 packages=(
   build-essential pkg-config
-  keyutils libcryptsetup-dev python3-cryptography
+  keyutils libcryptsetup-dev python3-cryptography tmux
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs util-linux
 )
 

@@ -841,3 +841,64 @@ fn plain_mode_follows_cryptsetup_key_rules_and_options() {
     );
     assert_eq!(r.status.code(), Some(1));
 }
+
+/// Waits until the tmux pane shows `what` (up to ~10 s); returns the pane text.
+fn tmux_wait(session: &str, what: &str) -> String {
+    for _ in 0..100 {
+        let pane = run("tmux", &["capture-pane", "-t", session, "-p"], b"");
+        if pane.contains(what) {
+            return pane;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("tmux pane never showed {what:?}");
+}
+
+#[test]
+fn passphrase_prompt_in_a_real_terminal_does_not_echo() {
+    if !require("tmux") || !require("cryptsetup") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = common::image(dir.path(), "t.img", 20 << 20);
+    let p = img.to_str().unwrap();
+    let session = format!("ucrypt-luks-{}", std::process::id());
+    let cmd = format!(
+        "{} luksFormat --pbkdf pbkdf2 --pbkdf-force-iterations 1000 {p}; echo RC=$?; sleep 30",
+        env!("CARGO_BIN_EXE_ucrypt")
+    );
+    run(
+        "tmux",
+        &[
+            "new-session",
+            "-d",
+            "-s",
+            &session,
+            "-x",
+            "200",
+            "-y",
+            "30",
+            &cmd,
+        ],
+        b"",
+    );
+    let send = |keys: &str| run("tmux", &["send-keys", "-t", &session, keys, "Enter"], b"");
+    tmux_wait(&session, "Type 'yes'");
+    send("YES");
+    tmux_wait(&session, "Enter passphrase");
+    send("tty-secret-42");
+    tmux_wait(&session, "Verify passphrase");
+    send("tty-secret-42");
+    let pane = tmux_wait(&session, "RC=");
+    let _ = run_status("tmux", &["kill-session", "-t", &session], b"");
+    assert!(pane.contains("RC=0"), "{pane}");
+    assert!(
+        !pane.contains("tty-secret-42"),
+        "the passphrase was echoed:\n{pane}"
+    );
+    run(
+        "cryptsetup",
+        &["open", "--test-passphrase", "--key-file", "-", p],
+        b"tty-secret-42",
+    );
+}
