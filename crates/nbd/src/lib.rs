@@ -15,14 +15,19 @@
 //! - [`command`]: request parsing and validation, with the spec's errnos.
 //! - [`server`]: listeners (unix, TCP), the connection limit, per-connection reader,
 //!   workers and writer, graceful shutdown ([`serve`]).
+//! - [`client`], [`remote`]: the other direction, [`NbdBackend`]: ciphertext stored on
+//!   another NBD server.
 //!
 //! Spec: NetworkBlockDevice/nbd `doc/proto.md`.
 
+pub mod client;
 pub mod command;
 mod error;
 pub mod handshake;
 pub mod proto;
+pub mod remote;
 pub mod server;
 
 pub use error::{NbdError, ProtocolViolation};
+pub use remote::{NbdBackend, RemoteOptions};
 pub use server::{serve, Listener, ServeOptions, Shutdown};

@@ -1,0 +1,252 @@
+//! A minimal synchronous NBD client connection: fixed newstyle handshake with `NBD_OPT_GO`
+//! (falling back to `NBD_OPT_EXPORT_NAME`), then one request at a time with simple replies.
+//! [`crate::remote::NbdBackend`] keeps a pool of these, so ciphertext can live on another
+//! NBD server (nbdkit, qemu-nbd, qemu-storage-daemon, rbd-nbd) while keys stay local.
+//!
+//! Spec: NBD `doc/proto.md`, "Fixed newstyle negotiation", "Transmission".
+
+use crate::command::Request;
+use crate::proto::*;
+use crate::NbdError;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+/// Where an NBD server is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    /// A unix socket path.
+    Unix(PathBuf),
+    /// A TCP `host:port`.
+    Tcp(String),
+}
+
+/// What the server said about its export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportFacts {
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Transmission flags.
+    pub flags: u16,
+    /// Block size constraints (min, preferred, max); the spec's defaults if not sent.
+    pub block: (u32, u32, u32),
+}
+
+trait Duplex: Read + Write + Send {}
+impl<T: Read + Write + Send> Duplex for T {}
+
+/// One connection in the transmission phase.
+pub struct Connection {
+    rd: BufReader<Box<dyn Duplex>>,
+    wr: BufWriter<Box<dyn Duplex>>,
+    next_cookie: u64,
+    facts: ExportFacts,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("facts", &self.facts)
+            .finish()
+    }
+}
+
+fn io(op: &'static str) -> impl FnOnce(io::Error) -> NbdError {
+    move |source| NbdError::Io { op, source }
+}
+
+fn refused(msg: String) -> NbdError {
+    NbdError::Io {
+        op: "negotiating with the NBD server",
+        source: io::Error::new(io::ErrorKind::InvalidData, msg),
+    }
+}
+
+impl Connection {
+    /// Connects and negotiates `export`.
+    ///
+    /// # Errors
+    /// Connection failures, a server that is not fixed newstyle, an unknown export.
+    pub fn connect(addr: &Address, export: &str) -> Result<Connection, NbdError> {
+        let (r, w): (Box<dyn Duplex>, Box<dyn Duplex>) = match addr {
+            Address::Unix(p) => {
+                let s = UnixStream::connect(p).map_err(io("connecting to the NBD server"))?;
+                (
+                    Box::new(s.try_clone().map_err(io("cloning a socket"))?),
+                    Box::new(s),
+                )
+            }
+            Address::Tcp(a) => {
+                let s = TcpStream::connect(a).map_err(io("connecting to the NBD server"))?;
+                let _ = s.set_nodelay(true);
+                (
+                    Box::new(s.try_clone().map_err(io("cloning a socket"))?),
+                    Box::new(s),
+                )
+            }
+        };
+        let mut c = Connection {
+            rd: BufReader::with_capacity(256 * 1024, r),
+            wr: BufWriter::with_capacity(256 * 1024, w),
+            next_cookie: 1,
+            facts: ExportFacts {
+                size_bytes: 0,
+                flags: 0,
+                block: (1, 4096, DEFAULT_MAX_BLOCK),
+            },
+        };
+        c.handshake(export)?;
+        Ok(c)
+    }
+
+    /// What the server said about the export.
+    pub fn facts(&self) -> ExportFacts {
+        self.facts
+    }
+
+    fn read_n<const N: usize>(&mut self) -> Result<[u8; N], NbdError> {
+        let mut b = [0u8; N];
+        self.rd
+            .read_exact(&mut b)
+            .map_err(io("reading from the NBD server"))?;
+        Ok(b)
+    }
+
+    fn handshake(&mut self, export: &str) -> Result<(), NbdError> {
+        let g: [u8; 18] = self.read_n()?;
+        if g[..8] != NBDMAGIC.to_be_bytes() || g[8..16] != IHAVEOPT.to_be_bytes() {
+            return Err(refused("not a newstyle NBD server".into()));
+        }
+        let hflags = u16::from_be_bytes([g[16], g[17]]);
+        if hflags & NBD_FLAG_FIXED_NEWSTYLE == 0 {
+            return Err(refused("the server does not speak fixed newstyle".into()));
+        }
+        let no_zeroes = hflags & NBD_FLAG_NO_ZEROES != 0;
+        let mut cflags = NBD_FLAG_C_FIXED_NEWSTYLE;
+        if no_zeroes {
+            cflags |= NBD_FLAG_C_NO_ZEROES;
+        }
+        self.send(&cflags.to_be_bytes())?;
+        let mut data = (export.len() as u32).to_be_bytes().to_vec();
+        data.extend_from_slice(export.as_bytes());
+        data.extend_from_slice(&1u16.to_be_bytes());
+        data.extend_from_slice(&NBD_INFO_BLOCK_SIZE.to_be_bytes());
+        self.option(NBD_OPT_GO, &data)?;
+        let mut got_export = false;
+        loop {
+            let h: [u8; 20] = self.read_n()?;
+            let kind = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+            let len = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
+            if len > 64 * 1024 {
+                return Err(refused(format!("option reply of {len} bytes")));
+            }
+            let mut payload = vec![0u8; len as usize];
+            self.rd
+                .read_exact(&mut payload)
+                .map_err(io("reading from the NBD server"))?;
+            match kind {
+                NBD_REP_INFO
+                    if payload.len() >= 12 && payload[..2] == NBD_INFO_EXPORT.to_be_bytes() =>
+                {
+                    let mut s = [0u8; 8];
+                    s.copy_from_slice(&payload[2..10]);
+                    self.facts.size_bytes = u64::from_be_bytes(s);
+                    self.facts.flags = u16::from_be_bytes([payload[10], payload[11]]);
+                    got_export = true;
+                }
+                NBD_REP_INFO
+                    if payload.len() >= 14 && payload[..2] == NBD_INFO_BLOCK_SIZE.to_be_bytes() =>
+                {
+                    let at = |i: usize| {
+                        u32::from_be_bytes([
+                            payload[i],
+                            payload[i + 1],
+                            payload[i + 2],
+                            payload[i + 3],
+                        ])
+                    };
+                    self.facts.block = (at(2), at(6), at(10));
+                }
+                NBD_REP_INFO => {}
+                NBD_REP_ACK if got_export => return Ok(()),
+                NBD_REP_ERR_UNSUP => return self.export_name(export, no_zeroes),
+                other => {
+                    let msg = String::from_utf8_lossy(&payload);
+                    return Err(refused(format!("NBD_OPT_GO refused ({other:#x}): {msg}")));
+                }
+            }
+        }
+    }
+
+    /// The old way in, for servers without `NBD_OPT_GO`.
+    fn export_name(&mut self, export: &str, no_zeroes: bool) -> Result<(), NbdError> {
+        self.option(NBD_OPT_EXPORT_NAME, export.as_bytes())?;
+        let r: [u8; 10] = self.read_n()?;
+        let mut s = [0u8; 8];
+        s.copy_from_slice(&r[..8]);
+        self.facts.size_bytes = u64::from_be_bytes(s);
+        self.facts.flags = u16::from_be_bytes([r[8], r[9]]);
+        if !no_zeroes {
+            let _: [u8; 124] = self.read_n()?;
+        }
+        Ok(())
+    }
+
+    fn option(&mut self, option: u32, data: &[u8]) -> Result<(), NbdError> {
+        let mut m = IHAVEOPT.to_be_bytes().to_vec();
+        m.extend_from_slice(&option.to_be_bytes());
+        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        m.extend_from_slice(data);
+        self.send(&m)
+    }
+
+    fn send(&mut self, b: &[u8]) -> Result<(), NbdError> {
+        self.wr
+            .write_all(b)
+            .and_then(|()| self.wr.flush())
+            .map_err(io("writing to the NBD server"))
+    }
+
+    /// Sends one request (with `payload` for WRITE; `req.cookie` is replaced by our own),
+    /// waits for its simple reply, and fills `data` for READ. Returns the server's errno
+    /// (0 = success).
+    ///
+    /// # Errors
+    /// Socket failures and replies that do not match the request (the connection is then
+    /// unusable).
+    pub fn call(&mut self, req: Request, payload: &[u8], data: &mut [u8]) -> Result<u32, NbdError> {
+        let cookie = self.next_cookie;
+        self.next_cookie = self.next_cookie.wrapping_add(1);
+        let kind = req.kind;
+        let req = Request { cookie, ..req };
+        self.wr
+            .write_all(&req.encode())
+            .map_err(io("writing to the NBD server"))?;
+        self.wr
+            .write_all(payload)
+            .map_err(io("writing to the NBD server"))?;
+        self.wr.flush().map_err(io("writing to the NBD server"))?;
+        if kind == NBD_CMD_DISC {
+            return Ok(0);
+        }
+        let r: [u8; SIMPLE_REPLY_BYTES] = self.read_n()?;
+        let magic = u32::from_be_bytes([r[0], r[1], r[2], r[3]]);
+        let errno = u32::from_be_bytes([r[4], r[5], r[6], r[7]]);
+        let mut c = [0u8; 8];
+        c.copy_from_slice(&r[8..]);
+        if magic != NBD_SIMPLE_REPLY_MAGIC || u64::from_be_bytes(c) != cookie {
+            return Err(refused(format!("unexpected reply (magic {magic:#x})")));
+        }
+        if kind == NBD_CMD_READ && errno == 0 {
+            self.rd
+                .read_exact(data)
+                .map_err(io("reading from the NBD server"))?;
+        }
+        Ok(errno)
+    }
+}
+
+/// The spec's default maximum for clients that were told nothing ("limit NBD_CMD_READ and
+/// NBD_CMD_WRITE commands to a maximum block size of 2^25").
+const DEFAULT_MAX_BLOCK: u32 = 32 << 20;
