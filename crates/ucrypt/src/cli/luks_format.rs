@@ -121,8 +121,12 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     // does), naming the data device in the format parameters.
     if let Some(h) = &a.dev.header {
         if !h.exists() {
-            std::fs::File::create(h)
+            // Sized for the default LUKS2 header area (16 MiB; LUKS1 needs at most 2 MiB
+            // with a 512-bit key): libcryptsetup does not grow a header file itself.
+            let f = std::fs::File::create(h)
                 .map_err(|e| anyhow::anyhow!("creating header file {}: {e}", h.display()))?;
+            f.set_len(16 << 20)
+                .map_err(|e| anyhow::anyhow!("sizing header file {}: {e}", h.display()))?;
         }
     }
     let mut cd = ucrypt::header::crypt_device(a.dev.header_path(), None).cs()?;
