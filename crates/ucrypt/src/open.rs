@@ -51,15 +51,7 @@ pub fn open_parsed(table: TableLine, opts: OpenOptions) -> Result<OpenedTable> {
             allow_large_sectors: opts.allow_large_sectors,
         })
         .context("checking the table line")?;
-    let backend = FileBackend::open(
-        &table.device,
-        FileOptions {
-            read_only: opts.read_only,
-            direct: opts.direct,
-        },
-    )
-    .with_context(|| format!("opening device {}", table.device))?;
-    let backend: Arc<dyn Backend> = Arc::new(backend);
+    let backend = open_device(&table.device, opts.read_only, opts.direct)?;
     let volume = Volume::with_options(
         Arc::from(cipher),
         backend,
@@ -76,4 +68,27 @@ pub fn open_parsed(table: TableLine, opts: OpenOptions) -> Result<OpenedTable> {
         table,
         volume: Arc::new(volume),
     })
+}
+
+/// Opens a table's device: a file or block device, or a remote NBD export
+/// (`nbd+unix:///EXPORT?socket=PATH`, `nbd://HOST[:PORT]/EXPORT`), so ciphertext can live
+/// on another NBD server while the key stays here.
+///
+/// # Errors
+/// Open or connection failures, with the device named.
+pub fn open_device(device: &str, read_only: bool, direct: bool) -> Result<Arc<dyn Backend>> {
+    if ucrypt_nbd::remote::is_nbd_uri(device) {
+        let remote = ucrypt_nbd::NbdBackend::connect(
+            device,
+            ucrypt_nbd::RemoteOptions {
+                read_only,
+                ..ucrypt_nbd::RemoteOptions::default()
+            },
+        )
+        .with_context(|| format!("connecting to NBD device {device}"))?;
+        return Ok(Arc::new(remote));
+    }
+    let file = FileBackend::open(device, FileOptions { read_only, direct })
+        .with_context(|| format!("opening device {device}"))?;
+    Ok(Arc::new(file))
 }

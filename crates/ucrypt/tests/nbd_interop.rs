@@ -522,3 +522,77 @@ fn ext4_on_nbdfuse_survives_unmount_and_a_new_server() {
     assert!(std::fs::read(s.mnt.join("dir/random.bin")).unwrap() == data);
     s.stop();
 }
+
+/// An upstream NBD server holding the ciphertext (killed on drop).
+struct Upstream(std::process::Child);
+
+impl Upstream {
+    fn start(cmd: &mut std::process::Command, pid_file: &std::path::Path) -> Upstream {
+        let mut child = cmd.spawn().unwrap();
+        while !pid_file.exists() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "upstream server exited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Upstream(child)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The table's device is another NBD server (nbdkit, qemu-nbd): ciphertext there, key here.
+/// What went in over ucrypt's export must decrypt from the upstream's image file offline.
+#[test]
+fn remote_nbd_device_on_nbdkit_and_qemu_nbd() {
+    if !require("nbdkit") || !require("qemu-nbd") || !require("nbdcopy") {
+        return;
+    }
+    for upstream in ["nbdkit", "qemu-nbd"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let img = image(tmp.path(), "upstream.img", 8 * MIB);
+        let sock = tmp.path().join("up.sock");
+        let pid = tmp.path().join("up.pid");
+        let mut cmd = std::process::Command::new(upstream);
+        match upstream {
+            "nbdkit" => cmd
+                .args(["-f", "-U"])
+                .arg(&sock)
+                .arg("-P")
+                .arg(&pid)
+                .arg("file")
+                .arg(&img),
+            _ => cmd
+                .args(["-t", "-e", "4", "-f", "raw", "-k"])
+                .arg(&sock)
+                .arg("--pid-file")
+                .arg(&pid)
+                .arg(&img),
+        };
+        let up = Upstream::start(&mut cmd, &pid);
+        let (line, file_table) = xts_table(tmp.path(), &img, 4096, &[]);
+        let remote_table = tmp.path().join("remote.table");
+        let uri = format!("nbd+unix:///?socket={}", sock.display());
+        std::fs::write(&remote_table, line.replace(img.to_str().unwrap(), &uri)).unwrap();
+        let data = random_bytes(8 * MIB as usize);
+        let src = tmp.path().join("src.bin");
+        std::fs::write(&src, &data).unwrap();
+        let cmd = format!(r#"nbdcopy {} "$uri""#, src.display());
+        run_ok(&open_run(&remote_table, &cmd, &[]), upstream);
+        assert!(
+            ucrypt_read(&remote_table) == data,
+            "{upstream}: read back over NBD"
+        );
+        drop(up);
+        assert!(
+            ucrypt_read(&file_table) == data,
+            "{upstream}: the upstream image decrypts offline"
+        );
+    }
+}

@@ -26,7 +26,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
-use ucrypt_backend::{Backend, FileBackend, FileOptions};
+use ucrypt_backend::Backend;
 use ucrypt_nbd::{Listener, ServeOptions, Shutdown};
 
 /// Default TCP address (NBD's IANA port, loopback only).
@@ -195,19 +195,9 @@ fn open_export(a: &Args, line: &str) -> Result<(Arc<dyn Backend>, String), CliEr
             .trim()
             .parse()
             .map_err(|e| anyhow::anyhow!("parsing the table line: {e}"))?;
-        let file = FileBackend::open(
-            &table.device,
-            FileOptions {
-                read_only: a.read_only,
-                direct: a.direct,
-            },
-        )
-        .map_err(|e| anyhow::Error::new(e).context(format!("opening device {}", table.device)))
-        .code(EXIT_DEVICE)?;
-        return Ok((
-            Arc::new(file),
-            format!("ucrypt raw export of {}", table.device),
-        ));
+        let file =
+            ucrypt::open::open_device(&table.device, a.read_only, a.direct).code(EXIT_DEVICE)?;
+        return Ok((file, format!("ucrypt raw export of {}", table.device)));
     }
     let opened = ucrypt::open_table(
         line,
