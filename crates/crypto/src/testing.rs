@@ -2,6 +2,30 @@
 //! tests and the other crates' (one checker drives every path).
 
 use crate::{Sector512, SectorCipher};
+use std::path::PathBuf;
+
+/// The kernel golden vectors (`../shared/golden/` beside the workspace, or
+/// `$UCRYPT_GOLDEN_DIR`). `None` (skip, with a message) when missing locally.
+///
+/// # Panics
+/// When missing under CI (`CI` set): CI must not skip the kernel vectors.
+pub fn golden_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("UCRYPT_GOLDEN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
+        });
+    if dir.join("manifest.jsonl").exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "golden vectors missing at {} (set UCRYPT_GOLDEN_DIR); CI must not skip them",
+        dir.display()
+    );
+    eprintln!("SKIP: golden vectors not found at {}", dir.display());
+    None
+}
 
 /// The golden vectors' plaintext ("pattern-v1"): byte `i` of 512-byte sector `n` (counted
 /// from the start of the mapping) is `(n*31 + i) & 0xff`.

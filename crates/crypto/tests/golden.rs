@@ -6,27 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::Read;
-use std::path::PathBuf;
-use ucrypt_crypto::testing::{check, pattern_v1};
+use ucrypt_crypto::testing::{check, golden_dir, pattern_v1};
 use ucrypt_crypto::{CipherSpec, Sector512, SectorParams, SectorSize, VolumeKey};
-
-fn golden_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("UCRYPT_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
-        });
-    if dir.join("manifest.jsonl").exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "golden vectors missing at {} (set UCRYPT_GOLDEN_DIR); CI must not skip them",
-        dir.display()
-    );
-    eprintln!("SKIP: golden vectors not found at {}", dir.display());
-    None
-}
 
 fn params(case: &serde_json::Value) -> SectorParams {
     let opts = case["opt_params"].as_str().unwrap_or("");

@@ -335,36 +335,6 @@ impl Volume {
         fua: bool,
         place: Placement,
     ) -> Result<(), BackendError> {
-        if let (Some(workers), Placement::Split) = (&self.workers, place) {
-            // Encrypt on the workers and here, then submit from here as one plug.
-            let split = self.opts.split_bytes;
-            let completion = Completion::new(seg_chunks(seg, split));
-            let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
-            let (mut n, mut at) = (0, start);
-            for piece in seg.pieces() {
-                for chunk in piece.chunks_mut(split) {
-                    let kind = JobKind::Encrypt {
-                        completion: &completion,
-                    };
-                    let first = Sector512::from_bytes_floor(at);
-                    jobs[n] = Job {
-                        kind,
-                        first,
-                        ptr: chunk.as_mut_ptr(),
-                        len: chunk.len(),
-                    };
-                    n += 1;
-                    at += chunk.len() as u64;
-                    if n == JOBS_PER_ROUND {
-                        workers.submit(&jobs);
-                        n = 0;
-                    }
-                }
-            }
-            workers.submit(&jobs[..n]);
-            workers.help_until(&completion)?;
-            return self.submit_segment(start, seg, fua);
-        }
         let Some(workers) = self
             .workers
             .as_ref()
@@ -432,15 +402,17 @@ impl Volume {
         }
     }
 
-    /// Split write of whole sectors: chunk i of `src` is copied into the segment, encrypted
-    /// and written by a worker or this thread (no single plug: the chunks reach the
-    /// backend from several CPUs, like dm-crypt's submit_from_crypt_cpus).
+    /// Split write: each chunk of the segment is encrypted and written by a worker or this
+    /// thread (no single plug: the chunks reach the backend from several CPUs, like
+    /// dm-crypt's submit_from_crypt_cpus). With `src` (whole-sector requests) the chunk's
+    /// plaintext is copied in by whoever takes it, so the copies run in parallel too;
+    /// without, the segment already holds the plaintext (read-modify-write requests).
     fn write_split(
         &self,
         workers: &Workers,
         start: u64,
         seg: &mut Segment<'_>,
-        src: &[u8],
+        src: Option<&[u8]>,
         fua: bool,
     ) -> Result<(), BackendError> {
         let split = self.opts.split_bytes;
@@ -449,12 +421,22 @@ impl Volume {
         let (mut n, mut at) = (0, start);
         for piece in seg.pieces() {
             for chunk in piece.chunks_mut(split) {
-                let from = src[(at - start) as usize..].as_ptr();
-                let kind = JobKind::CopyEncryptWrite {
-                    completion: &completion,
-                    src: from,
-                    offset: self.lower(at),
-                    fua,
+                let (completion, offset) = (&completion, self.lower(at));
+                let kind = match src {
+                    Some(src) => {
+                        let src = src[(at - start) as usize..].as_ptr();
+                        JobKind::CopyEncryptWrite {
+                            completion,
+                            src,
+                            offset,
+                            fua,
+                        }
+                    }
+                    None => JobKind::EncryptWrite {
+                        completion,
+                        offset,
+                        fua,
+                    },
                 };
                 let first = Sector512::from_bytes_floor(at);
                 jobs[n] = Job {
@@ -541,13 +523,18 @@ impl Volume {
             let hi = seg_end.min(offset + buf.len() as u64);
             let src = &buf[(lo - offset) as usize..(hi - offset) as usize];
             let aligned = s.head.is_none() && s.tail.is_none();
-            if let (Some(workers), Placement::Split, true) = (&self.workers, place, aligned) {
-                // Whole sectors split across CPUs: each chunk copied, encrypted and written
-                // by whoever takes it, so copies and writes run in parallel too.
-                self.write_split(workers, seg_start, &mut seg, src, fua)?;
-            } else {
-                seg.copy_in((lo - seg_start) as usize, src);
-                self.write_segment(seg_start, &mut seg, fua, place)?;
+            match (&self.workers, place) {
+                (Some(workers), Placement::Split) if aligned => {
+                    self.write_split(workers, seg_start, &mut seg, Some(src), fua)?;
+                }
+                (Some(workers), Placement::Split) => {
+                    seg.copy_in((lo - seg_start) as usize, src);
+                    self.write_split(workers, seg_start, &mut seg, None, fua)?;
+                }
+                _ => {
+                    seg.copy_in((lo - seg_start) as usize, src);
+                    self.write_segment(seg_start, &mut seg, fua, place)?;
+                }
             }
             seg_start = seg_end;
         }

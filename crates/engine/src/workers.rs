@@ -39,8 +39,6 @@ pub(crate) enum JobKind {
         offset: u64,
         fua: bool,
     },
-    /// Encrypt in place, then count the chunk done (the issuer submits the write).
-    Encrypt { completion: *const Completion },
     /// Encrypt in place, then write it to the backend at `offset` (submit_from_crypt_cpus).
     EncryptWrite {
         completion: *const Completion,
@@ -310,9 +308,7 @@ fn run_job(s: &Shared, job: Job) {
     }))
     .map_err(|_| BackendError::Other("BUG: crypto worker panicked".into()));
     match job.kind {
-        JobKind::Decrypt { completion }
-        | JobKind::Encrypt { completion }
-        | JobKind::ReadDecrypt { completion, .. } => {
+        JobKind::Decrypt { completion } | JobKind::ReadDecrypt { completion, .. } => {
             // SAFETY: the completion lives until its count reaches zero (module docs).
             let completion = unsafe { &*completion };
             completion.done(crypto);

@@ -5,24 +5,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use ucrypt_format::{TableLine, ValidateOptions};
 
 fn manifest() -> Option<Vec<serde_json::Value>> {
-    let dir = std::env::var_os("UCRYPT_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
-        });
-    let Ok(text) = std::fs::read_to_string(dir.join("manifest.jsonl")) else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "golden vectors missing at {}",
-            dir.display()
-        );
-        eprintln!("SKIP: golden vectors not found at {}", dir.display());
-        return None;
-    };
+    let dir = ucrypt_crypto::testing::golden_dir()?;
+    let text = std::fs::read_to_string(dir.join("manifest.jsonl")).unwrap();
     Some(
         text.lines()
             .map(|l| serde_json::from_str(l).unwrap())

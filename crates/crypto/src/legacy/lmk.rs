@@ -168,7 +168,7 @@ pub(crate) mod golden {
     }
 
     fn dir() -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
+        crate::testing::golden_dir().expect("the legacy-mode tests need the golden vectors")
     }
 
     /// Loads case `name` (panics if it is missing: the vectors are part of the acceptance).

@@ -6,25 +6,8 @@ pub mod nbd;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-
-/// The golden directory, or None (skip) outside CI; under CI a missing directory fails.
-pub fn golden_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("UCRYPT_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
-        });
-    if dir.join("manifest.jsonl").exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "golden vectors missing at {}",
-        dir.display()
-    );
-    eprintln!("SKIP: golden vectors not found at {}", dir.display());
-    None
-}
+#[allow(unused_imports)] // not every test binary reads the golden vectors
+pub use ucrypt_crypto::testing::golden_dir;
 
 /// All manifest cases.
 pub fn cases(dir: &Path) -> Vec<serde_json::Value> {
