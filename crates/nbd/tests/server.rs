@@ -332,3 +332,40 @@ fn bind_unix_refuses_a_path_that_is_not_a_socket() {
         Err(ucrypt_nbd::NbdError::SocketPathInUse { .. })
     ));
 }
+
+#[test]
+fn requests_larger_than_the_byte_budget_still_complete_one_at_a_time() {
+    let mem = Arc::new(MemoryBackend::new(MIB).unwrap());
+    mem.write_at(&[9; 65536], 0, false).unwrap();
+    let opts = ServeOptions {
+        max_in_flight: 2,
+        max_in_flight_bytes: 4096,
+        ..ServeOptions::default()
+    };
+    let server = Server::start(mem, opts);
+    let mut s = server.connect();
+    go(&mut s, false);
+    for cookie in 0..6 {
+        request(&mut s, NBD_CMD_READ, 0, cookie, 0, 65536, &[]);
+    }
+    for _ in 0..6 {
+        assert_eq!(simple(&mut s).0, 0);
+        assert_eq!(read_n(&mut s, 65536), vec![9; 65536]);
+    }
+}
+
+#[test]
+fn a_client_that_never_negotiates_is_dropped_after_the_handshake_limit() {
+    let mem = Arc::new(MemoryBackend::new(MIB).unwrap());
+    let opts = ServeOptions {
+        handshake_timeout: Some(std::time::Duration::from_millis(50)),
+        ..ServeOptions::default()
+    };
+    let server = Server::start(mem, opts);
+    let mut s = server.connect();
+    read_n(&mut s, 18);
+    // Say nothing: the server gives up and closes (no assertion on how long it took).
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+}

@@ -71,6 +71,8 @@ pub struct ServeOptions {
     pub shutdown: Shutdown,
     /// Print per-connection errors (protocol violations, backend failures) on stderr.
     pub log_errors: bool,
+    /// Longest a client may take to finish the handshake (`None`: unbounded).
+    pub handshake_timeout: Option<std::time::Duration>,
 }
 
 impl Default for ServeOptions {
@@ -86,6 +88,7 @@ impl Default for ServeOptions {
             max_payload: DEFAULT_MAX_PAYLOAD,
             shutdown: Shutdown::default(),
             log_errors: false,
+            handshake_timeout: Some(std::time::Duration::from_secs(10)),
         }
     }
 }
@@ -271,6 +274,13 @@ impl Stream {
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
         })
+    }
+
+    fn set_read_timeout(&self, t: Option<std::time::Duration>) {
+        let _ = match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        };
     }
 
     fn shutdown(&self, how: SockShutdown) {
