@@ -25,7 +25,9 @@ for t in fio nbdkit qemu-nbd qemu-img python3; do
 done
 [ -x "$UCRYPT" ] || { echo "nbd-fio: build first: cargo build --release -p ucrypt" >&2; exit 1; }
 
-W=$(mktemp -d /tmp/ucrypt-nbd-fio.XXXXXX)
+# Images on tmpfs (a ramdisk, like the kernel's brd) so the servers are measured, not the
+# disk; BENCH_DIR=/var/tmp measures a real filesystem instead.
+W=$(mktemp -d "${BENCH_DIR:-/dev/shm}/ucrypt-nbd-fio.XXXXXX")
 SERVER_PID=
 cleanup() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$W"; }
 trap cleanup EXIT

@@ -338,7 +338,7 @@ fn requests_larger_than_the_byte_budget_still_complete_one_at_a_time() {
     let mem = Arc::new(MemoryBackend::new(MIB).unwrap());
     mem.write_at(&[9; 65536], 0, false).unwrap();
     let opts = ServeOptions {
-        max_in_flight: 2,
+        workers: 2,
         max_in_flight_bytes: 4096,
         ..ServeOptions::default()
     };

@@ -1,31 +1,33 @@
-//! One connection: the handshake, then a reader, a small worker pool and a writer.
+//! One connection: the handshake, then `workers` threads that each receive, run and answer
+//! requests (nbdkit's model).
 //!
 //! ```text
-//!  socket ─► reader ──(jobs, bounded)──► workers ─┐
-//!   (this     │ validation errors                  ├─(replies)─► writer ─► socket
-//!   thread)   └────────────────────────────────────┘   completion order
+//!            ┌─ read lock ─┐                 ┌─ write lock ─┐
+//!  socket ──►│ header (+   │──► validate ──► run on Backend ──►│ reply (one  │──► socket
+//!            │  payload)   │    (refusal:    (same thread)     │  writev)    │
+//!            └─────────────┘     reply now)                    └─────────────┘
+//!   thread 1: ── read ──── run ───────── reply ── read ── ...
+//!   thread 2:         ── read ── run ── reply ── read ── ...      (replies in completion order)
 //! ```
 //!
-//! The reader is the thread that handshook; with `workers == 0` it also runs every request
-//! itself ("inline": the thread that read the request from the socket). Memory is bounded
-//! by [`Budget`]: at most `max_in_flight` requests and `max_in_flight_bytes` of payload
-//! between "header read" and "reply sent", and payloads are at most `max_payload`.
+//! The thread that received a request runs it and replies: "inline" means the receiving
+//! thread, and there is no hand-off on the request path. With `workers <= 1` one thread does
+//! everything, one request at a time. Memory is bounded by the thread count and [`Budget`]
+//! (`max_in_flight_bytes` of payload between "header read" and "reply sent"; a request
+//! larger than the budget runs alone), and payloads are at most `max_payload`.
 
 use super::{chain, lock, ExportConfig, Stream};
 use crate::command::{validate, Command, Limits, Request};
 use crate::handshake::{Handshake, Negotiated, Step};
 use crate::proto::*;
 use crate::NbdError;
-use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
+use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::sync::{Arc, Condvar, Mutex};
 use ucrypt_backend::{Backend, BackendError, IoCtx};
 
 /// Read-side buffering: many small pipelined requests per `read` syscall. Larger payloads
 /// bypass the buffer (`BufReader` reads straight into the destination when it is empty).
 const READ_BUFFER_BYTES: usize = 64 * 1024;
-/// Write-side buffering: replies that complete together go out in one `write`.
-const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 /// Longest error message put in a structured error chunk.
 const MAX_MESSAGE_BYTES: usize = 512;
 /// Buffer bytes a connection keeps for reuse once its requests are done: enough for the
@@ -104,10 +106,10 @@ fn handshake(
     }
 }
 
-/// Requests and payload bytes in flight on one connection: the reader waits here before
-/// taking a request, the writer releases after sending its reply. This is the bound on
-/// per-connection memory (and the back-pressure that stops a client from queueing without
-/// limit: once full, we stop reading the socket).
+/// Requests and payload bytes in flight on one connection: a thread waits here (holding the
+/// read lock) before taking a request, and releases after sending its reply. This is the
+/// bound on per-connection memory (and the back-pressure that stops a client from queueing
+/// without limit: once full, nobody reads the socket).
 struct Budget {
     /// (requests, bytes) currently in flight.
     used: Mutex<(usize, usize)>,
@@ -174,7 +176,7 @@ impl BufPool {
     }
 }
 
-/// A validated request on its way to a worker.
+/// A validated request, read and about to run.
 struct Job {
     cookie: u64,
     cmd: Command,
@@ -184,7 +186,7 @@ struct Job {
     cost: usize,
 }
 
-/// A finished request on its way to the writer.
+/// A finished (or refused) request, about to be answered.
 struct Reply {
     cookie: u64,
     /// `Some(offset)` for READ: its reply carries data (or, structured, an error chunk).
@@ -196,8 +198,47 @@ struct Reply {
     cost: usize,
 }
 
+/// One connection's shared state: each direction of the socket is used by one thread at a
+/// time, under its own lock.
+struct Shared<'a> {
+    /// The read side and, once reading has ended (DISC, EOF, violation), why.
+    rd: Mutex<ReadSide>,
+    /// The write side: a reply is written whole under this lock, so replies never interleave.
+    wr: Mutex<WriteSide>,
+    budget: Budget,
+    pool: BufPool,
+    limits: Limits,
+    structured: bool,
+    cfg: &'a ExportConfig,
+    export: &'a dyn Backend,
+    ctx: IoCtx,
+}
+
+struct ReadSide {
+    rd: BufReader<Stream>,
+    ended: Option<Result<(), NbdError>>,
+}
+
+struct WriteSide {
+    wr: Stream,
+    failed: bool,
+}
+
+/// What the read side produced.
+enum Next {
+    /// A valid request to run.
+    Run(Job),
+    /// A refused request: its error reply.
+    Refused(Reply),
+}
+
+/// The transmission phase: `workers` threads (this one included) each take the read lock,
+/// read one request (and its payload), release it, run the request, and write its reply
+/// under the write lock. The thread that receives a request is the one that runs it and
+/// replies (nbdkit's model): no hand-off between threads on the request path, many requests
+/// in flight, replies in completion order.
 fn transmission(
-    mut rd: BufReader<Stream>,
+    rd: BufReader<Stream>,
     wr: Stream,
     id: u32,
     export: Arc<dyn Backend>,
@@ -205,186 +246,153 @@ fn transmission(
     negotiated: Negotiated,
 ) -> Result<(), NbdError> {
     let opts = &cfg.opts;
-    let limits = Limits {
-        size_bytes: cfg.info.size_bytes,
-        flags: negotiated.flags,
-        max_payload: cfg.info.max_block,
-    };
-    let budget = Arc::new(Budget {
-        used: Mutex::new((0, 0)),
-        freed: Condvar::new(),
-        max_requests: opts.max_in_flight.max(1),
-        max_bytes: opts.max_in_flight_bytes.max(1),
-    });
-    let pool = Arc::new(BufPool {
-        free: Mutex::new(Vec::new()),
-        max_bytes: opts.max_in_flight_bytes.min(POOL_RETAIN_BYTES),
-    });
-    let ctx = IoCtx { client: id };
-
-    // Replies: unbounded channel, but never longer than the budget allows.
-    let (reply_tx, reply_rx) = mpsc::channel::<Reply>();
-    let writer = {
-        let (budget, pool) = (Arc::clone(&budget), Arc::clone(&pool));
-        let structured = negotiated.structured_replies;
-        std::thread::Builder::new()
-            .name(format!("nbd-wr-{id}"))
-            .spawn(move || writer(wr, reply_rx, structured, &budget, &pool))
-            .map_err(|source| NbdError::Io {
-                op: "spawning the writer",
-                source,
-            })?
-    };
-
-    // Jobs: bounded by max_in_flight anyway; the sync channel just makes that explicit.
-    let (job_tx, workers) = if opts.workers == 0 {
-        (None, Vec::new())
-    } else {
-        let (tx, rx) = mpsc::sync_channel::<Job>(opts.max_in_flight.max(1));
-        // std's Receiver is not Sync: workers take turns waiting on it. The lock is held
-        // only while one idle worker waits, so busy workers never contend for it.
-        let rx = Arc::new(Mutex::new(rx));
-        let mut hs = Vec::with_capacity(opts.workers);
-        for w in 0..opts.workers {
-            let (rx, tx, export) = (Arc::clone(&rx), reply_tx.clone(), Arc::clone(&export));
-            let (emulate, log) = (cfg.emulate_zeroes, opts.log_errors);
-            let h = std::thread::Builder::new()
-                .name(format!("nbd-w{id}-{w}"))
-                .spawn(move || loop {
-                    let job = lock(&rx).recv();
-                    let Ok(job) = job else { break };
-                    let _ = tx.send(execute(&*export, job, ctx, emulate, log));
-                })
-                .map_err(|source| NbdError::Io {
-                    op: "spawning a worker",
-                    source,
-                })?;
-            hs.push(h);
-        }
-        (Some(tx), hs)
-    };
-
-    let result = reader(
-        &mut rd,
-        &limits,
-        cfg,
-        &budget,
-        &pool,
-        |job| match &job_tx {
-            Some(tx) => dispatch(tx, job),
-            None => {
-                let _ = reply_tx.send(execute(
-                    &*export,
-                    job,
-                    ctx,
-                    cfg.emulate_zeroes,
-                    opts.log_errors,
-                ));
-            }
+    let threads = opts.workers.max(1);
+    let shared = Shared {
+        rd: Mutex::new(ReadSide { rd, ended: None }),
+        wr: Mutex::new(WriteSide { wr, failed: false }),
+        budget: Budget {
+            used: Mutex::new((0, 0)),
+            freed: Condvar::new(),
+            max_requests: threads,
+            max_bytes: opts.max_in_flight_bytes.max(1),
         },
-        &reply_tx,
-    );
-
-    // Disconnect: let in-flight requests finish and their replies go out, then close.
-    drop(job_tx);
-    for w in workers {
-        let _ = w.join();
-    }
-    drop(reply_tx);
-    let _ = writer.join();
-    rd.get_ref().shutdown(std::net::Shutdown::Both);
-    result
-}
-
-fn dispatch(tx: &SyncSender<Job>, job: Job) {
-    // Workers live until the sender is dropped, so this cannot fail while we hold it.
-    let _ = tx.send(job);
-}
-
-/// Reads and validates requests until DISC, EOF (client gone or shutdown), or a violation.
-fn reader(
-    rd: &mut BufReader<Stream>,
-    limits: &Limits,
-    cfg: &ExportConfig,
-    budget: &Budget,
-    pool: &BufPool,
-    mut submit: impl FnMut(Job),
-    replies: &Sender<Reply>,
-) -> Result<(), NbdError> {
-    let mut header = [0u8; REQUEST_HEADER_BYTES];
-    loop {
-        match rd.read_exact(&mut header) {
-            Ok(()) => {}
-            // A hard disconnect by the client, or our own shutdown of the read side.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(source) => {
-                return Err(NbdError::Io {
-                    op: "reading a request",
-                    source,
-                })
-            }
+        pool: BufPool {
+            free: Mutex::new(Vec::new()),
+            max_bytes: opts.max_in_flight_bytes.min(POOL_RETAIN_BYTES),
+        },
+        limits: Limits {
+            size_bytes: cfg.info.size_bytes,
+            flags: negotiated.flags,
+            max_payload: cfg.info.max_block,
+        },
+        structured: negotiated.structured_replies,
+        cfg,
+        export: &*export,
+        ctx: IoCtx { client: id },
+    };
+    std::thread::scope(|s| {
+        for t in 1..threads {
+            // Fewer threads if the system refuses more: the connection still works.
+            let _ = std::thread::Builder::new()
+                .name(format!("nbd-c{id}-{t}"))
+                .spawn_scoped(s, || serve_requests(&shared));
         }
-        let req = Request::parse(&header)?;
-        let payload = req.payload_bytes() as usize;
-        let checked = if cfg.opts.shutdown.is_triggered() && req.kind != NBD_CMD_DISC {
-            // "The error value issued in respect of these requests and any subsequently
-            // received requests SHOULD be ESHUTDOWN."
-            Err(Errno::ESHUTDOWN)
-        } else {
-            validate(&req, limits)
+        serve_requests(&shared);
+    });
+    let ReadSide { rd, ended } = shared
+        .rd
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    rd.get_ref().shutdown(std::net::Shutdown::Both);
+    ended.unwrap_or(Ok(()))
+}
+
+/// One thread's loop: read a request, run it, reply; until reading ends.
+fn serve_requests(sh: &Shared<'_>) {
+    loop {
+        let next = {
+            let mut r = lock(&sh.rd);
+            if r.ended.is_some() {
+                return;
+            }
+            match next_request(&mut r.rd, sh) {
+                Ok(Some(next)) => next,
+                Ok(None) => {
+                    r.ended = Some(Ok(()));
+                    return;
+                }
+                Err(e) => {
+                    r.ended = Some(Err(e));
+                    return;
+                }
+            }
         };
-        let read_offset = (req.kind == NBD_CMD_READ).then_some(req.offset);
-        match checked {
-            Ok(Command::Disc) => return Ok(()),
-            Err(errno) => {
-                // The payload must still be consumed or the stream loses its framing; it
-                // is read in small pieces, never into one buffer of the claimed size.
-                if payload > 0 && !drain(rd, payload)? {
-                    return Ok(());
-                }
-                if cfg.opts.log_errors && errno != Errno::ESHUTDOWN {
-                    eprintln!("ucrypt-nbd: refused {req:?}: {errno:?}");
-                }
-                budget.acquire(0);
-                let _ = replies.send(Reply {
-                    cookie: req.cookie,
-                    read_offset,
-                    len: 0,
-                    error: Some((errno, refusal(errno).to_string())),
-                    buf: None,
-                    cost: 0,
-                });
+        let reply = match next {
+            Next::Run(job) => execute(
+                sh.export,
+                job,
+                sh.ctx,
+                sh.cfg.emulate_zeroes,
+                sh.cfg.opts.log_errors,
+            ),
+            Next::Refused(reply) => reply,
+        };
+        send_reply(sh, reply);
+    }
+}
+
+/// Reads and validates the next request; `None` on DISC or EOF (the client hung up, or our
+/// shutdown closed the read side).
+fn next_request(rd: &mut BufReader<Stream>, sh: &Shared<'_>) -> Result<Option<Next>, NbdError> {
+    let mut header = [0u8; REQUEST_HEADER_BYTES];
+    match rd.read_exact(&mut header) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(source) => {
+            return Err(NbdError::Io {
+                op: "reading a request",
+                source,
+            })
+        }
+    }
+    let req = Request::parse(&header)?;
+    let payload = req.payload_bytes() as usize;
+    let checked = if sh.cfg.opts.shutdown.is_triggered() && req.kind != NBD_CMD_DISC {
+        // "The error value issued in respect of these requests and any subsequently
+        // received requests SHOULD be ESHUTDOWN."
+        Err(Errno::ESHUTDOWN)
+    } else {
+        validate(&req, &sh.limits)
+    };
+    let read_offset = (req.kind == NBD_CMD_READ).then_some(req.offset);
+    match checked {
+        Ok(Command::Disc) => Ok(None),
+        Err(errno) => {
+            // The payload must still be consumed or the stream loses its framing; it is
+            // read in small pieces, never into one buffer of the claimed size.
+            if payload > 0 && !drain(rd, payload)? {
+                return Ok(None);
             }
-            Ok(cmd) => {
-                let len = match cmd {
-                    Command::Read { len, .. } | Command::Write { len, .. } => len as usize,
-                    _ => 0,
-                };
-                budget.acquire(len);
-                let mut buf = (len > 0).then(|| pool.get(len));
-                if let (Command::Write { .. }, Some(b)) = (cmd, buf.as_mut()) {
-                    match rd.read_exact(&mut b[..len]) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                            budget.release(len);
-                            return Ok(());
-                        }
-                        Err(source) => {
-                            budget.release(len);
-                            return Err(NbdError::Io {
-                                op: "reading a write payload",
-                                source,
-                            });
-                        }
-                    }
-                }
-                submit(Job {
-                    cookie: req.cookie,
-                    cmd,
-                    buf,
-                    cost: len,
-                });
+            if sh.cfg.opts.log_errors && errno != Errno::ESHUTDOWN {
+                eprintln!("ucrypt-nbd: refused {req:?}: {errno:?}");
             }
+            sh.budget.acquire(0);
+            Ok(Some(Next::Refused(Reply {
+                cookie: req.cookie,
+                read_offset,
+                len: 0,
+                error: Some((errno, refusal(errno).to_string())),
+                buf: None,
+                cost: 0,
+            })))
+        }
+        Ok(cmd) => {
+            let len = match cmd {
+                Command::Read { len, .. } | Command::Write { len, .. } => len as usize,
+                _ => 0,
+            };
+            // Under the read lock: while the budget is spent nobody reads the socket, which
+            // is the back-pressure on a client that queues faster than we complete.
+            sh.budget.acquire(len);
+            let mut buf = (len > 0).then(|| sh.pool.get(len));
+            if let (Command::Write { .. }, Some(b)) = (cmd, buf.as_mut()) {
+                if let Err(e) = rd.read_exact(&mut b[..len]) {
+                    sh.budget.release(len);
+                    return match e.kind() {
+                        io::ErrorKind::UnexpectedEof => Ok(None),
+                        _ => Err(NbdError::Io {
+                            op: "reading a write payload",
+                            source: e,
+                        }),
+                    };
+                }
+            }
+            Ok(Some(Next::Run(Job {
+                cookie: req.cookie,
+                cmd,
+                buf,
+                cost: len,
+            })))
         }
     }
 }
@@ -500,40 +508,34 @@ fn write_zeroes(
     Ok(())
 }
 
-/// Sends replies in the order requests complete; batches replies that are ready together.
-fn writer(stream: Stream, rx: Receiver<Reply>, structured: bool, budget: &Budget, pool: &BufPool) {
-    let mut w = BufWriter::with_capacity(WRITE_BUFFER_BYTES, stream);
-    let mut failed = false;
-    loop {
-        let reply = match rx.try_recv() {
-            Ok(r) => r,
-            Err(TryRecvError::Empty) => {
-                // Nothing else ready: push out what is buffered, then wait.
-                if !failed && w.flush().is_err() {
-                    failed = true;
-                    w.get_ref().shutdown(std::net::Shutdown::Both);
-                }
-                match rx.recv() {
-                    Ok(r) => r,
-                    Err(_) => break,
-                }
-            }
-            Err(TryRecvError::Disconnected) => break,
-        };
-        // After a send failure the client is gone; keep draining so the budget is released
-        // and the reader (blocked on it, or on the now shut socket) can finish.
-        if !failed && encode(&mut w, &reply, structured).is_err() {
-            failed = true;
-            w.get_ref().shutdown(std::net::Shutdown::Both);
-        }
-        budget.release(reply.cost);
-        if let Some(b) = reply.buf {
-            pool.put(b);
+/// Writes one reply whole (one `writev` for header and data), then returns its budget and
+/// buffer. After a send failure the client is gone: the socket is shut so the thread in
+/// `read` wakes up and the connection ends.
+fn send_reply(sh: &Shared<'_>, reply: Reply) {
+    {
+        let mut w = lock(&sh.wr);
+        if !w.failed && encode(&mut w.wr, &reply, sh.structured).is_err() {
+            w.failed = true;
+            w.wr.shutdown(std::net::Shutdown::Both);
         }
     }
-    if !failed {
-        let _ = w.flush();
+    sh.budget.release(reply.cost);
+    if let Some(b) = reply.buf {
+        sh.pool.put(b);
     }
+}
+
+/// `write_all` for several buffers (std's `write_all_vectored` is unstable).
+fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Writes one reply: simple, or (READ with structured replies) one chunk with DONE set.
@@ -545,7 +547,7 @@ fn encode(w: &mut impl Write, r: &Reply, structured: bool) -> io::Result<()> {
     if let (true, Some(offset)) = (structured, r.read_offset) {
         // "If structured replies are negotiated ... MUST NOT use a simple reply for
         // NBD_CMD_READ (even for the case of an early EINVAL due to bad flags)".
-        let mut h = [0u8; STRUCTURED_REPLY_BYTES];
+        let mut h = [0u8; STRUCTURED_REPLY_BYTES + 8];
         h[..4].copy_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
         h[4..6].copy_from_slice(&NBD_REPLY_FLAG_DONE.to_be_bytes());
         h[8..16].copy_from_slice(&r.cookie.to_be_bytes());
@@ -553,18 +555,19 @@ fn encode(w: &mut impl Write, r: &Reply, structured: bool) -> io::Result<()> {
             None => {
                 h[6..8].copy_from_slice(&NBD_REPLY_TYPE_OFFSET_DATA.to_be_bytes());
                 // len <= max payload (32 MiB by default), far below 2^32 - 8.
-                h[16..].copy_from_slice(&((data.len() + 8) as u32).to_be_bytes());
-                w.write_all(&h)?;
-                w.write_all(&offset.to_be_bytes())?;
-                w.write_all(data)
+                h[16..20].copy_from_slice(&((data.len() + 8) as u32).to_be_bytes());
+                h[20..].copy_from_slice(&offset.to_be_bytes());
+                write_all_vectored(w, &mut [IoSlice::new(&h), IoSlice::new(data)])
             }
             Some((errno, msg)) => {
                 h[6..8].copy_from_slice(&NBD_REPLY_TYPE_ERROR.to_be_bytes());
-                h[16..].copy_from_slice(&((6 + msg.len()) as u32).to_be_bytes());
-                w.write_all(&h)?;
-                w.write_all(&errno.value().to_be_bytes())?;
-                w.write_all(&(msg.len() as u16).to_be_bytes())?;
-                w.write_all(msg.as_bytes())
+                h[16..20].copy_from_slice(&((6 + msg.len()) as u32).to_be_bytes());
+                h[20..24].copy_from_slice(&errno.value().to_be_bytes());
+                h[24..26].copy_from_slice(&(msg.len() as u16).to_be_bytes());
+                write_all_vectored(
+                    w,
+                    &mut [IoSlice::new(&h[..26]), IoSlice::new(msg.as_bytes())],
+                )
             }
         }
     } else {
@@ -573,7 +576,6 @@ fn encode(w: &mut impl Write, r: &Reply, structured: bool) -> io::Result<()> {
         let errno = r.error.as_ref().map_or(0, |(e, _)| e.value());
         h[4..8].copy_from_slice(&errno.to_be_bytes());
         h[8..].copy_from_slice(&r.cookie.to_be_bytes());
-        w.write_all(&h)?;
-        w.write_all(data)
+        write_all_vectored(w, &mut [IoSlice::new(&h), IoSlice::new(data)])
     }
 }

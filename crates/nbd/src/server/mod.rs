@@ -1,7 +1,7 @@
 //! The server: listeners, the connection limit, graceful shutdown, and [`serve`].
 //!
-//! One thread accepts; each connection gets a reader thread (the one that handshakes and
-//! then reads requests), a small worker pool and a writer thread (see [`conn`]).
+//! One thread accepts; each connection gets a thread that handshakes, then `workers`
+//! threads that each read, run and answer requests (see [`conn`]).
 //!
 //! ## Multi-conn and FLUSH
 //! `NBD_FLAG_CAN_MULTI_CONN` promises that "the effects of NBD_CMD_FLUSH and
@@ -56,13 +56,12 @@ pub struct ServeOptions {
     /// Connections served at once; further clients wait in the listen backlog until one
     /// closes (mini-redis's semaphore), which bounds threads and memory.
     pub max_connections: usize,
-    /// Worker threads per connection. 0 runs every request inline, in the thread that read
-    /// it from the socket (one request at a time per connection).
+    /// Threads per connection, each receiving, running and answering requests (so this
+    /// many requests can be in flight per connection). 0 or 1: one thread, one request at a
+    /// time, everything inline in the thread that reads the socket.
     pub workers: usize,
-    /// Requests in flight per connection (read but not yet replied to).
-    pub max_in_flight: usize,
-    /// Payload bytes in flight per connection: bounds buffer memory together with
-    /// `max_in_flight` (a request larger than this runs alone).
+    /// Payload bytes in flight per connection: bounds buffer memory together with `workers`
+    /// (a request larger than this runs alone).
     pub max_in_flight_bytes: usize,
     /// Largest READ/WRITE payload accepted (advertised as the maximum block size; larger
     /// requests get `EOVERFLOW`). Rounded down to a multiple of the minimum block size.
@@ -82,8 +81,7 @@ impl Default for ServeOptions {
             description: String::new(),
             read_only: false,
             max_connections: 16,
-            workers: 4,
-            max_in_flight: 64,
+            workers: 8,
             max_in_flight_bytes: 64 << 20,
             max_payload: DEFAULT_MAX_PAYLOAD,
             shutdown: Shutdown::default(),

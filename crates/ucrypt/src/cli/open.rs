@@ -62,8 +62,9 @@ pub(crate) struct Args {
     /// Connections served at once.
     #[arg(long, default_value_t = 16)]
     max_connections: usize,
-    /// Worker threads per connection (0: each request runs in the thread that read it).
-    #[arg(long, default_value_t = 4)]
+    /// Threads per connection, each receiving, running and answering requests (0 or 1: one
+    /// request at a time, in the thread that reads the socket).
+    #[arg(long, default_value_t = 8)]
     nbd_workers: usize,
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
     #[arg(long)]
