@@ -42,6 +42,22 @@ pub enum FormatError {
     /// keyslots, kernel driver cipher names).
     #[error("{0}")]
     Refused(String),
+    /// An on-disk header (or a field of it) is malformed or outside what the format allows.
+    #[error("{what}: {reason}")]
+    Header {
+        /// What was being read ("LUKS1 header on disk.img").
+        what: String,
+        /// What is wrong and what was acceptable.
+        reason: String,
+    },
+    /// No keyslot (or not the requested one) opens with the given passphrase or key file.
+    #[error("{device}: no key available with this passphrase ({tried})")]
+    BadPassphrase {
+        /// The header device.
+        device: String,
+        /// Which keyslots were tried.
+        tried: String,
+    },
     /// The cipher part is refused by the crypto layer.
     #[error(transparent)]
     Crypto(#[from] CryptoError),
@@ -78,6 +94,7 @@ impl FormatError {
                 libc::EBUSY | libc::EEXIST => 5,
                 _ => 1,
             },
+            FormatError::BadPassphrase { .. } => 2,
             _ => 1,
         }
     }

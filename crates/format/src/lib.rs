@@ -3,6 +3,9 @@
 //! Parses and prints dm-crypt table lines ([`table`]) and reads keys from the kernel
 //! keyring ([`keyring`]). On-disk headers go through libcryptsetup ([`cryptsetup`]: LUKS1,
 //! LUKS2, and the other types it reads); [`plain`] holds cryptsetup's plain-mode key rules.
+//! [`luks1`] and [`luks2`] unlock keyslots in pure Rust ([`kdf`], [`af`], ucrypt's own
+//! ciphers) for ciphers libcryptsetup can only use through the kernel (Serpent, Twofish,
+//! LRW, ESSIV with Whirlpool).
 //! Knows nothing of I/O scheduling or protocols.
 //!
 //! ```text
@@ -15,9 +18,14 @@
 //!  Box<dyn ucrypt_crypto::SectorCipher>
 //! ```
 
+pub mod af;
+pub mod bitlk;
 pub mod cryptsetup;
 mod error;
+pub mod kdf;
 pub mod keyring;
+pub mod luks1;
+pub mod luks2;
 pub mod plain;
 pub mod table;
 

@@ -15,6 +15,7 @@
 //! The same table line is what `ucrypt table` prints, so a header-opened volume can be
 //! shown (key hidden) and compared with `dmsetup table` output of the kernel mapping.
 
+use crate::mapping::{open_targets, Target};
 use crate::open::{open_parsed, OpenOptions, OpenedTable};
 use anyhow::{bail, Context, Result};
 use std::io::{Seek, SeekFrom};
@@ -37,6 +38,13 @@ pub enum VolumeType {
     Luks2,
     /// Plain dm-crypt: no header.
     Plain,
+    /// BitLocker (`--type bitlk`): volume key through libcryptsetup, cryptsetup's
+    /// multi-target mapping (zeros over the metadata).
+    Bitlk,
+    /// FileVault2 / CoreStorage (`--type fvault2`).
+    Fvault2,
+    /// TrueCrypt / VeraCrypt (`--type tcrypt`): recognised, not supported yet.
+    Tcrypt,
 }
 
 impl FromStr for VolumeType {
@@ -48,8 +56,11 @@ impl FromStr for VolumeType {
             "luks1" => Ok(VolumeType::Luks1),
             "luks2" => Ok(VolumeType::Luks2),
             "plain" => Ok(VolumeType::Plain),
+            "bitlk" => Ok(VolumeType::Bitlk),
+            "fvault2" => Ok(VolumeType::Fvault2),
+            "tcrypt" => Ok(VolumeType::Tcrypt),
             _ => Err(FormatError::Rule(format!(
-                "unknown device type \"{s}\" (expected luks, luks1, luks2 or plain)"
+                "unknown device type \"{s}\" (expected luks, luks1, luks2, plain, bitlk, fvault2 or tcrypt)"
             ))),
         }
     }
@@ -81,6 +92,29 @@ pub struct Unlocked {
     pub info: HeaderInfo,
     /// The keyslot that opened (LUKS).
     pub slot: Option<u32>,
+    /// The whole table when the mapping has several targets (BitLocker: dm-crypt and
+    /// dm-zero lines); empty when `table` alone is the mapping.
+    pub targets: Vec<Target>,
+}
+
+impl Unlocked {
+    /// The mapping as `dmsetup table` prints it, one line per target.
+    pub fn table_lines(&self, show_keys: bool) -> Vec<String> {
+        if self.targets.is_empty() {
+            vec![self.table.to_line(show_keys)]
+        } else {
+            self.targets.iter().map(|t| t.to_line(show_keys)).collect()
+        }
+    }
+
+    /// Size of the mapped device in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        if self.targets.is_empty() {
+            self.table.length * 512
+        } else {
+            self.targets.iter().map(|t| t.length() * 512).sum()
+        }
+    }
 }
 
 impl std::fmt::Debug for Unlocked {
@@ -125,8 +159,11 @@ pub fn load_luks(cd: &mut CryptDevice, kind: VolumeType) -> Result<()> {
     let want = match kind {
         VolumeType::Luks1 => Some(HeaderType::Luks1),
         VolumeType::Luks2 => Some(HeaderType::Luks2),
+        VolumeType::Bitlk => Some(HeaderType::Bitlk),
+        VolumeType::Fvault2 => Some(HeaderType::Fvault2),
         VolumeType::Luks => None,
         VolumeType::Plain => bail!("plain mode has no header to load"),
+        VolumeType::Tcrypt => return Err(tcrypt_unsupported()),
     };
     let name = cd.device_name().to_string();
     cd.load(want).with_context(|| match want {
@@ -227,8 +264,12 @@ fn cipher_spec(info: &HeaderInfo, device: &str) -> Result<ucrypt_crypto::CipherS
 /// device smaller than the data offset.
 pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let device_str = device.display().to_string();
-    if opts.kind == VolumeType::Plain {
-        return unlock_plain(device, secret, opts);
+    match opts.kind {
+        VolumeType::Plain => return unlock_plain(device, secret, opts),
+        VolumeType::Bitlk => return unlock_bitlk(device, secret, opts),
+        VolumeType::Fvault2 => return unlock_fvault2(device, secret, opts),
+        VolumeType::Tcrypt => return Err(tcrypt_unsupported()),
+        _ => {}
     }
     let mut cd = crypt_device(device, opts.header.as_deref())?;
     load_luks(&mut cd, opts.kind)?;
@@ -273,6 +314,137 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
         table,
         info,
         slot: Some(slot),
+        targets: Vec::new(),
+    })
+}
+
+fn tcrypt_unsupported() -> anyhow::Error {
+    FormatError::NotSupported(
+        "TrueCrypt/VeraCrypt (--type tcrypt) volumes in ucrypt; open them with cryptsetup \
+         (`cryptsetup open --type tcrypt`) meanwhile"
+            .into(),
+    )
+    .into()
+}
+
+/// Loads a non-LUKS header of `kind` and unlocks its volume key through libcryptsetup.
+fn load_other(
+    device: &Path,
+    kind: HeaderType,
+    secret: &[u8],
+) -> Result<(CryptDevice, String, VolumeKey)> {
+    let device_str = device.display().to_string();
+    let mut cd = crypt_device(device, None)?;
+    cd.load(Some(kind))
+        .with_context(|| format!("{device_str} is not a valid {kind} device"))?;
+    let dump = cd.dump()?;
+    let (_, key) = cd
+        .volume_key(None, secret)
+        .with_context(|| format!("unlocking {device_str}"))?;
+    Ok((cd, dump, key))
+}
+
+/// BitLocker: the volume key (FVEK) from libcryptsetup, the mapping from the layout as
+/// cryptsetup builds it (crypt targets around zeroed metadata, the moved volume header at
+/// the front).
+fn unlock_bitlk(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
+    let device_str = device.display().to_string();
+    let (mut cd, dump, key) = load_other(device, HeaderType::Bitlk, secret)?;
+    let info = cd.info();
+    drop(cd);
+    let layout = ucrypt_format::bitlk::Layout::from_dump(&dump, device)?;
+    if let Some(why) = layout.activation_refusal() {
+        return Err(FormatError::Refused(format!("{device_str}: {why}")).into());
+    }
+    let cipher: ucrypt_crypto::CipherSpec = layout
+        .cipher
+        .parse()
+        .with_context(|| format!("BitLocker cipher \"{}\" on {device_str}", layout.cipher))?;
+    let total = device_bytes(device)? / 512;
+    let large = layout.sector_size != 512;
+    let mut targets = Vec::new();
+    for s in layout.segments(total)? {
+        targets.push(match s.crypt_at {
+            None => Target::Zero {
+                start: s.start,
+                length: s.length,
+            },
+            Some(at) => Target::Crypt(TableLine {
+                start: s.start,
+                length: s.length,
+                cipher: cipher.clone(),
+                key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
+                iv_offset: at,
+                device: device_str.clone(),
+                offset: at,
+                opts: opts_from(0, layout.sector_size, opts.allow_discards, large),
+            }),
+        });
+    }
+    let first = match targets.first() {
+        Some(Target::Crypt(t)) => TableLine {
+            start: t.start,
+            length: t.length,
+            cipher: cipher.clone(),
+            key: KeySource::Hex(key),
+            iv_offset: t.iv_offset,
+            device: device_str.clone(),
+            offset: t.offset,
+            opts: t.opts.clone(),
+        },
+        _ => bail!("BitLocker mapping of {device_str} does not start with the volume header"),
+    };
+    Ok(Unlocked {
+        table: first,
+        info,
+        slot: None,
+        targets,
+    })
+}
+
+/// A `Name: <number> [bytes]` field of libcryptsetup's dump text.
+fn dump_number(dump: &str, label: &str, device: &str) -> Result<u64> {
+    dump.lines()
+        .find_map(|l| l.trim_start().strip_prefix(label))
+        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("header dump of {device} has no number for \"{label}\""))
+}
+
+/// FileVault2: one crypt target over the logical volume, IVs counted from its start.
+fn unlock_fvault2(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
+    let device_str = device.display().to_string();
+    let (mut cd, dump, key) = load_other(device, HeaderType::Fvault2, secret)?;
+    let info = cd.info();
+    drop(cd);
+    let offset = dump_number(&dump, "Logical volume offset", &device_str)?;
+    let size = dump_number(&dump, "Logical volume size", &device_str)?;
+    if offset % 512 != 0 || size % 512 != 0 || size == 0 {
+        bail!("FileVault2 logical volume on {device_str} (offset {offset}, size {size} bytes) is not in whole 512-byte sectors");
+    }
+    let total = device_bytes(device)?;
+    if offset + size > total {
+        bail!(
+            "FileVault2 logical volume on {device_str} ends at byte {} past the device end {total}",
+            offset + size
+        );
+    }
+    let cipher = cipher_spec(&info, &device_str)?;
+    let table = TableLine {
+        start: 0,
+        length: size / 512,
+        cipher,
+        key: KeySource::Hex(key),
+        iv_offset: 0,
+        device: device_str,
+        offset: offset / 512,
+        opts: opts_from(0, 512, opts.allow_discards, false),
+    };
+    Ok(Unlocked {
+        table,
+        info,
+        slot: None,
+        targets: Vec::new(),
     })
 }
 
@@ -329,6 +501,7 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
         table,
         info,
         slot: None,
+        targets: Vec::new(),
     })
 }
 
@@ -344,4 +517,20 @@ pub fn open_header(
 ) -> Result<OpenedTable> {
     let unlocked = unlock(device, secret, hopts)?;
     open_parsed(unlocked.table, opts)
+}
+
+/// Builds the decrypted view of an unlocked volume: the one table line's volume, or, for a
+/// multi-target mapping (BitLocker), the targets joined end to end.
+///
+/// # Errors
+/// As [`crate::open::open_parsed`].
+pub fn open_unlocked(
+    unlocked: Unlocked,
+    opts: OpenOptions,
+) -> Result<std::sync::Arc<dyn ucrypt_backend::Backend>> {
+    if unlocked.targets.is_empty() {
+        Ok(open_parsed(unlocked.table, opts)?.volume)
+    } else {
+        open_targets(unlocked.targets, opts)
+    }
 }

@@ -13,7 +13,8 @@
 pub mod bench;
 pub mod config;
 pub mod header;
+pub mod mapping;
 pub mod open;
 
-pub use header::{open_header, unlock, HeaderOptions, Unlocked, VolumeType};
+pub use header::{open_header, open_unlocked, unlock, HeaderOptions, Unlocked, VolumeType};
 pub use open::{open_parsed, open_table, OpenOptions, OpenedTable};

@@ -9,7 +9,8 @@ use digest::Digest;
 use zeroize::Zeroizing;
 
 /// Hashes ucrypt accepts for ESSIV, by kernel name.
-pub const HASH_NAMES: &str = "sha1, sha224, sha256, sha384, sha512, md5, rmd160, wp512";
+pub const HASH_NAMES: &str =
+    "sha1, sha224, sha256, sha384, sha512, md5, rmd160, wp256, wp384, wp512";
 
 /// Hashes `data` with the kernel-named hash.
 ///
@@ -25,6 +26,9 @@ pub fn hash(name: &str, data: &[u8]) -> Result<Zeroizing<Vec<u8>>, CryptoError> 
         "md5" => md5::Md5::digest(data).to_vec(),
         "rmd160" => ripemd::Ripemd160::digest(data).to_vec(),
         "wp512" => whirlpool::Whirlpool::digest(data).to_vec(),
+        // The kernel's wp384/wp256 are Whirlpool truncated (crypto/wp512.c).
+        "wp384" => whirlpool::Whirlpool::digest(data)[..48].to_vec(),
+        "wp256" => whirlpool::Whirlpool::digest(data)[..32].to_vec(),
         other => {
             return Err(CryptoError::Unknown {
                 what: "hash",

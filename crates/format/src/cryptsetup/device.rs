@@ -275,6 +275,8 @@ pub fn split_cipher(spec: &str) -> Result<(String, String), FormatError> {
 pub struct CryptDevice {
     cd: NonNull<ffi::crypt_device>,
     name: String,
+    /// The header device (for the pure-Rust keyslot fallback).
+    header: std::path::PathBuf,
 }
 
 impl Drop for CryptDevice {
@@ -334,7 +336,11 @@ impl CryptDevice {
                 detail: errors_of(&log),
             });
         };
-        Ok(CryptDevice { cd, name })
+        Ok(CryptDevice {
+            cd,
+            name,
+            header: device.to_path_buf(),
+        })
     }
 
     /// The device path this context was opened on.
@@ -644,11 +650,56 @@ impl CryptDevice {
     }
 
     /// `crypt_activate_by_passphrase(cd, NULL, ...)`: checks `passphrase` without creating
-    /// any mapping. Returns the slot it opened.
+    /// any mapping. Returns the slot it opened. When the library needs the kernel for the
+    /// keyslot cipher, the pure-Rust unlock ([`crate::luks1`], [`crate::luks2`]) checks it.
     ///
     /// # Errors
-    /// `EPERM` when no keyslot (or not `slot`) opens with it.
+    /// `EPERM` (or [`FormatError::BadPassphrase`] from the fallback) when no keyslot (or not
+    /// `slot`) opens with it.
     pub fn check_passphrase(
+        &mut self,
+        slot: Option<u32>,
+        passphrase: &[u8],
+    ) -> Result<u32, FormatError> {
+        match self.check_passphrase_lib(slot, passphrase) {
+            Err(e) if Self::kernel_needed(&e) => self
+                .native_unlock(slot, passphrase, slot.is_some(), e)
+                .map(|(s, _)| s),
+            other => other,
+        }
+    }
+
+    /// True when a libcryptsetup error means "this needs the kernel" (AF_ALG or a temporary
+    /// dm-crypt mapping for a keyslot cipher OpenSSL lacks), not a wrong passphrase.
+    fn kernel_needed(e: &FormatError) -> bool {
+        matches!(e, FormatError::Cryptsetup { errno, .. } if *errno != libc::EPERM && *errno != libc::ENOMEM)
+    }
+
+    /// The pure-Rust keyslot unlock ([`crate::luks1`], [`crate::luks2`]) for LUKS headers
+    /// whose keyslot cipher libcryptsetup cannot use here. When ucrypt cannot either (an
+    /// unknown cipher, hash or KDF), the library's error `lib_err` is returned.
+    fn native_unlock(
+        &mut self,
+        slot: Option<u32>,
+        passphrase: &[u8],
+        allow_unbound: bool,
+        lib_err: FormatError,
+    ) -> Result<(u32, VolumeKey), FormatError> {
+        let r = match self.info().kind {
+            Some(HeaderType::Luks1) => crate::luks1::unlock(&self.header, slot, passphrase),
+            Some(HeaderType::Luks2) => {
+                let json = self.dump_json()?;
+                crate::luks2::unlock(&self.header, &json, slot, passphrase, allow_unbound)
+            }
+            _ => return Err(lib_err),
+        };
+        match r {
+            Err(FormatError::NotSupported(_) | FormatError::Crypto(_)) => Err(lib_err),
+            other => other,
+        }
+    }
+
+    fn check_passphrase_lib(
         &mut self,
         slot: Option<u32>,
         passphrase: &[u8],
@@ -670,12 +721,25 @@ impl CryptDevice {
     }
 
     /// `crypt_volume_key_get`, then `crypt_volume_key_verify` (so a LUKS2 key that is not
-    /// bound to the data segment is refused). Returns the slot and the key.
+    /// bound to the data segment is refused). Returns the slot and the key. When the library
+    /// needs the kernel for the keyslot cipher (Serpent, Twofish, LRW...), the pure-Rust
+    /// unlock ([`crate::luks1`], [`crate::luks2`]) derives the key instead.
     ///
     /// # Errors
-    /// `EPERM` for a wrong passphrase; `EPERM` also when the unlocked key is not the data
+    /// `EPERM` (or [`FormatError::BadPassphrase`] from the fallback) for a wrong passphrase; `EPERM` also when the unlocked key is not the data
     /// segment's key.
     pub fn volume_key(
+        &mut self,
+        slot: Option<u32>,
+        passphrase: &[u8],
+    ) -> Result<(u32, VolumeKey), FormatError> {
+        match self.volume_key_lib(slot, passphrase) {
+            Err(e) if Self::kernel_needed(&e) => self.native_unlock(slot, passphrase, false, e),
+            other => other,
+        }
+    }
+
+    fn volume_key_lib(
         &mut self,
         slot: Option<u32>,
         passphrase: &[u8],

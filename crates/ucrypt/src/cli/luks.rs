@@ -40,6 +40,9 @@ impl DeviceArgs {
 pub(crate) fn luks_type(s: &str) -> Result<VolumeType, String> {
     match s.parse::<VolumeType>() {
         Ok(VolumeType::Plain) => Err("plain volumes have no LUKS header".into()),
+        Ok(t @ (VolumeType::Bitlk | VolumeType::Fvault2 | VolumeType::Tcrypt)) => Err(format!(
+            "{t:?} is not a LUKS type (expected luks, luks1 or luks2)"
+        )),
         Ok(t) => Ok(t),
         Err(e) => Err(e.to_string()),
     }

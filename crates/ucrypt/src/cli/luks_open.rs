@@ -148,9 +148,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     }
     let unlocked = ucrypt::unlock(&a.dev.device, &secret, &hopts).cs()?;
     if a.print_table {
-        let mut line = unlocked.table.to_line(a.showkeys);
-        println!("{line}");
-        zeroize::Zeroize::zeroize(&mut line);
+        for mut line in unlocked.table_lines(a.showkeys) {
+            println!("{line}");
+            zeroize::Zeroize::zeroize(&mut line);
+        }
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `ucrypt open <device> [<name>] --type luks|luks1|luks2|plain`: the header half of
+//! `ucrypt open <device> [<name>] --type luks|luks1|luks2|plain|bitlk|fvault2`: the header half of
 //! `ucrypt open`. cryptsetup's form: a device instead of a table line, the header
 //! detected (`--type luks`, the default, takes LUKS1 or LUKS2) or plain-mode options, and
 //! the passphrase from `--key-file` or a prompt. The volume is then served like a table's.
@@ -22,7 +22,7 @@ pub(crate) struct HeaderArgs {
     /// Mapping name (accepted for cryptsetup compatibility; the export is served, not mapped).
     #[arg(value_name = "NAME")]
     pub(crate) name: Option<String>,
-    /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain.
+    /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, bitlk, fvault2.
     #[arg(
         long = "type",
         short = 'M',
@@ -85,12 +85,13 @@ pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<Header
         .info
         .kind
         .map_or_else(|| "volume".to_string(), |k| k.to_string());
-    let opened = ucrypt::open_parsed(unlocked.table, opts).map_err(cs_error)?;
     let description = format!(
-        "ucrypt {kind_name} {} ({}-byte sectors) on {}",
-        opened.table.cipher,
-        opened.table.sector_size_bytes(),
-        opened.table.device
+        "ucrypt {kind_name} {} ({}-byte sectors, {} target(s)) on {}",
+        unlocked.table.cipher,
+        unlocked.table.sector_size_bytes(),
+        unlocked.targets.len().max(1),
+        unlocked.table.device
     );
-    Ok(HeaderExport::Serve(opened.volume, description))
+    let volume = ucrypt::open_unlocked(unlocked, opts).map_err(cs_error)?;
+    Ok(HeaderExport::Serve(volume, description))
 }
