@@ -179,7 +179,11 @@ pub fn open_targets(targets: Vec<Target>, opts: OpenOptions) -> Result<Arc<dyn B
         }
         at += t.length();
         pieces.push(match t {
-            Target::Crypt(line) => open_parsed(line, opts)?.volume,
+            Target::Crypt(mut line) => {
+                // Each target is its own volume; its place comes from the concatenation.
+                line.start = 0;
+                open_parsed(line, opts)?.volume
+            }
             Target::Zero { length, .. } => Arc::new(ZeroBackend::new(length * 512)),
         });
     }
