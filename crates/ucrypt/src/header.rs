@@ -320,9 +320,7 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
 
 fn tcrypt_unsupported() -> anyhow::Error {
     FormatError::NotSupported(
-        "TrueCrypt/VeraCrypt (--type tcrypt) volumes in ucrypt; open them with cryptsetup \
-         (`cryptsetup open --type tcrypt`) meanwhile"
-            .into(),
+        "opening TrueCrypt/VeraCrypt volumes (--type tcrypt) in ucrypt".into(),
     )
     .into()
 }

@@ -207,3 +207,105 @@ fn bitlocker_and_filevault2_images_open_with_the_suites_plaintext() {
     );
     assert_eq!(ok, 22, "21 BitLocker images and 1 FileVault2 image");
 }
+
+fn ucrypt_bin(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(stdin).unwrap();
+    c.wait_with_output().unwrap()
+}
+
+/// `bitlkDump`, `fvault2Dump --dump-volume-key`, `luksOpen --type bitlk --print-table`,
+/// `tcryptDump` (refused, exit 1) and `benchmark --pbkdf` through the binary.
+#[test]
+fn dump_commands_print_cryptsetups_fields_and_the_pbkdf_benchmark_runs() {
+    let Some(base) = base() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for a in ["bitlk-images.tar.xz", "fvault2-images.tar.xz"] {
+        let st = Command::new("tar")
+            .arg("xJSf")
+            .arg(base.join(a))
+            .arg("-C")
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let bitlk = dir.path().join("bitlk-images/bitlk-aes-cbc-128-4k.img");
+    let out = ucrypt_bin(&["bitlkDump", bitlk.to_str().unwrap()], b"");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("e6c131e8-3875-4833-af6b-7807e8eff324") && text.contains("cbc-eboiv"));
+    let out = ucrypt_bin(
+        &[
+            "luksOpen",
+            "--type",
+            "bitlk",
+            "--print-table",
+            "--key-file",
+            "-",
+            bitlk.to_str().unwrap(),
+        ],
+        b"anaconda",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.lines().count() >= 9, "{text}");
+    assert!(text.contains(" zero") && text.contains("sector_size:4096 iv_large_sectors"));
+    let fv = dir.path().join("fvault2-images/small");
+    let out = ucrypt_bin(
+        &[
+            "fvault2Dump",
+            "--dump-volume-key",
+            "-q",
+            "--key-file",
+            "-",
+            fv.to_str().unwrap(),
+        ],
+        b"heslo123",
+    );
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("20734d3389212774d7610c29d732880916f3be14c4b12ac7aaf07e5ccc77b319"));
+    let out = ucrypt_bin(
+        &[
+            "fvault2Dump",
+            "--dump-volume-key",
+            "-q",
+            "--key-file",
+            "-",
+            fv.to_str().unwrap(),
+        ],
+        b"wrongpass",
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let out = ucrypt_bin(&["tcryptDump", fv.to_str().unwrap()], b"");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"));
+    let out = ucrypt_bin(
+        &[
+            "benchmark",
+            "--pbkdf",
+            "pbkdf2",
+            "--hash",
+            "sha256",
+            "--seconds",
+            "0.1",
+        ],
+        b"",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("PBKDF2-sha256"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("aes-xts"),
+        "--pbkdf alone prints no cipher rows: {text}"
+    );
+}

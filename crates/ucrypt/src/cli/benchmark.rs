@@ -1,6 +1,8 @@
 //! `ucrypt benchmark`: cipher throughput per spec and sector size, measured through
 //! ucrypt's own data path (`SectorCipher`), like `cryptsetup benchmark`, with the raw
-//! AWS-LC XTS call measured in the same run for comparison.
+//! AWS-LC XTS call measured in the same run for comparison. PBKDF rows come first, as in
+//! cryptsetup: PBKDF2 iterations per second per hash and Argon2i/Argon2id time per
+//! derivation, from the pure-Rust KDFs ucrypt's own keyslot unlock uses.
 
 use super::CliError;
 use std::time::{Duration, Instant};
@@ -28,6 +30,118 @@ pub(crate) struct Args {
     /// Print one JSON object per row instead of the table.
     #[arg(long)]
     json: bool,
+    /// Measure only this PBKDF (pbkdf2 [with --hash], argon2i, argon2id); no cipher rows.
+    #[arg(long)]
+    pbkdf: Option<String>,
+    /// Hash for --pbkdf pbkdf2 (default: all of sha1, sha256, sha512, ripemd160, whirlpool).
+    #[arg(long)]
+    hash: Option<String>,
+    /// Argon2 memory cost in KiB for the Argon2 rows.
+    #[arg(long, default_value_t = 65536)]
+    pbkdf_memory: u32,
+    /// Argon2 time cost (iterations) for the Argon2 rows.
+    #[arg(long, default_value_t = 4)]
+    pbkdf_force_iterations: u32,
+}
+
+/// One PBKDF row.
+enum KdfRow {
+    /// PBKDF2 with a hash: iterations per second (256-bit key).
+    Pbkdf2 { hash: String, per_second: f64 },
+    /// Argon2: milliseconds per derivation with the given costs.
+    Argon2 {
+        kind: &'static str,
+        time: u32,
+        memory_kib: u32,
+        ms: f64,
+    },
+}
+
+/// Measures the PBKDF rows `a` asks for.
+fn kdf_rows(a: &Args, seconds: f64) -> Result<Vec<KdfRow>, CliError> {
+    use ucrypt_format::kdf::{argon2, Argon2Cost, Argon2Kind, Hash};
+    let (do_pbkdf2, argons): (bool, Vec<&'static str>) = match a.pbkdf.as_deref() {
+        None => (true, vec!["argon2i", "argon2id"]),
+        Some("pbkdf2") => (true, vec![]),
+        Some("argon2i") => (false, vec!["argon2i"]),
+        Some("argon2id") => (false, vec!["argon2id"]),
+        Some(other) => {
+            return Err(anyhow::anyhow!(
+                "unknown PBKDF \"{other}\" (expected pbkdf2, argon2i or argon2id)"
+            )
+            .into())
+        }
+    };
+    let hashes: Vec<String> = match &a.hash {
+        Some(h) => vec![h.clone()],
+        None => ["sha1", "sha256", "sha512", "ripemd160", "whirlpool"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let salt = [0x5cu8; 32];
+    let mut out = [0u8; 32];
+    let mut rows = Vec::new();
+    if do_pbkdf2 {
+        for name in hashes {
+            let hash = Hash::from_name(&name).map_err(anyhow::Error::from)?;
+            // Grow the iteration count until one run takes a measurable time.
+            let mut iters = 1000u32;
+            let per_second = loop {
+                let start = Instant::now();
+                hash.pbkdf2(b"benchmark passphrase", &salt, iters, &mut out);
+                let t = start.elapsed().as_secs_f64();
+                if t >= seconds || iters >= 1 << 30 {
+                    break f64::from(iters) / t.max(1e-9);
+                }
+                iters = iters.saturating_mul(if t < seconds / 8.0 { 8 } else { 2 });
+            };
+            rows.push(KdfRow::Pbkdf2 {
+                hash: name,
+                per_second,
+            });
+        }
+    }
+    for kind in argons {
+        let cost = Argon2Cost {
+            time: a.pbkdf_force_iterations.max(1),
+            memory_kib: a.pbkdf_memory.max(8),
+            lanes: 1,
+        };
+        let k = if kind == "argon2i" {
+            Argon2Kind::I
+        } else {
+            Argon2Kind::Id
+        };
+        let start = Instant::now();
+        argon2(k, cost, b"benchmark passphrase", &salt, &mut out).map_err(anyhow::Error::from)?;
+        rows.push(KdfRow::Argon2 {
+            kind,
+            time: cost.time,
+            memory_kib: cost.memory_kib,
+            ms: start.elapsed().as_secs_f64() * 1000.0,
+        });
+    }
+    Ok(rows)
+}
+
+fn print_kdf_rows(rows: &[KdfRow], json: bool) {
+    for r in rows {
+        match (r, json) {
+            (KdfRow::Pbkdf2 { hash, per_second }, false) => println!(
+                "PBKDF2-{hash:<10} {:>9.0} iterations per second for 256-bit key",
+                per_second
+            ),
+            (KdfRow::Pbkdf2 { hash, per_second }, true) => println!(
+                "{{\"pbkdf\":\"pbkdf2\",\"hash\":\"{hash}\",\"iterations_per_second\":{per_second:.0}}}"
+            ),
+            (KdfRow::Argon2 { kind, time, memory_kib, ms }, false) => println!(
+                "{kind:<10} {time:>4} iterations, {memory_kib:>7} memory, 1 parallel threads (CPUs) for 256-bit key: {ms:.0} ms per derivation"
+            ),
+            (KdfRow::Argon2 { kind, time, memory_kib, ms }, true) => println!(
+                "{{\"pbkdf\":\"{kind}\",\"time\":{time},\"memory_kib\":{memory_kib},\"threads\":1,\"ms_per_derivation\":{ms:.1}}}"
+            ),
+        }
+    }
 }
 
 const DEFAULT_SPECS: &[(&str, usize)] = &[
@@ -74,6 +188,17 @@ struct Row {
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    // cryptsetup: PBKDF rows unless a cipher is asked for; only them with --pbkdf.
+    if a.cipher.is_none() {
+        let rows = kdf_rows(&a, (a.seconds / 4.0).clamp(0.02, 1.0))?;
+        if !a.json {
+            println!("# Tests are approximate using memory only (no storage IO).");
+        }
+        print_kdf_rows(&rows, a.json);
+        if a.pbkdf.is_some() {
+            return Ok(());
+        }
+    }
     let ss = SectorSize::new_extended(a.sector_size)?;
     let buffer = a.buffer.max(ss.len()) / ss.len() * ss.len();
     let per_round = Duration::from_secs_f64(a.seconds.max(0.05) / ROUNDS as f64);

@@ -5,6 +5,7 @@
 
 mod bench;
 mod benchmark;
+mod format_dump;
 mod is_luks;
 mod luks;
 mod luks_add_key;
@@ -53,6 +54,15 @@ enum Command {
     /// Print a LUKS header (text, --dump-json-metadata, or --dump-volume-key).
     #[command(name = "luksDump")]
     LuksDump(luks_dump::Args),
+    /// Print a BitLocker header (or --dump-volume-key), like cryptsetup bitlkDump.
+    #[command(name = "bitlkDump")]
+    BitlkDump(format_dump::Args),
+    /// Print a FileVault2 header (or --dump-volume-key), like cryptsetup fvault2Dump.
+    #[command(name = "fvault2Dump")]
+    Fvault2Dump(format_dump::Args),
+    /// TrueCrypt/VeraCrypt header dump: not supported yet (says so).
+    #[command(name = "tcryptDump")]
+    TcryptDump(format_dump::Args),
     /// Add a passphrase in a new keyslot, unlocked by an existing one.
     #[command(name = "luksAddKey")]
     LuksAddKey(luks_add_key::Args),
@@ -232,6 +242,9 @@ pub fn run() -> ExitCode {
         Command::Benchmark(a) => benchmark::run(a),
         Command::LuksFormat(a) => luks_format::run(a),
         Command::LuksDump(a) => luks_dump::run(a),
+        Command::BitlkDump(a) => format_dump::run(ucrypt::VolumeType::Bitlk, a),
+        Command::Fvault2Dump(a) => format_dump::run(ucrypt::VolumeType::Fvault2, a),
+        Command::TcryptDump(a) => format_dump::run(ucrypt::VolumeType::Tcrypt, a),
         Command::LuksAddKey(a) => luks_add_key::run(a),
         Command::LuksRemoveKey(a) => luks_remove_key::run(a),
         Command::LuksChangeKey(a) => luks_change_key::run(a),
