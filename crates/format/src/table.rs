@@ -84,7 +84,7 @@ impl FromStr for OptParam {
 
     fn from_str(s: &str) -> Result<Self, FormatError> {
         let err = |reason: &str| FormatError::OptParam {
-            param: s.to_string(),
+            param: shown(s),
             reason: reason.to_string(),
         };
         if let Some(v) = s.strip_prefix("sector_size:") {
@@ -226,10 +226,30 @@ pub struct TableLine {
     pub opts: Vec<OptParam>,
 }
 
+/// A field as it may appear in an error message. A malformed line can shift the key into
+/// any field (a space inside the key, a missing cipher), so a field holding a run of 16+
+/// hex digits (8+ key bytes) is described, not echoed: errors never carry key material.
+pub(crate) fn shown(text: &str) -> String {
+    let mut run = 0;
+    let hexy = text.bytes().any(|b| {
+        run = if b.is_ascii_hexdigit() { run + 1 } else { 0 };
+        run >= 16
+    });
+    if hexy {
+        format!(
+            "<{} characters, not shown: may be key material>",
+            text.len()
+        )
+    } else {
+        text.to_string()
+    }
+}
+
 fn number(field: &str, text: &str) -> Result<u64, FormatError> {
     text.parse().map_err(|_| {
         FormatError::Table(format!(
-            "{field} \"{text}\" is not a whole number of sectors"
+            "{field} \"{}\" is not a whole number of sectors",
+            shown(text)
         ))
     })
 }
@@ -249,12 +269,18 @@ impl FromStr for TableLine {
         if args[2] != "crypt" {
             return Err(FormatError::Table(format!(
                 "target type \"{}\" is not crypt",
-                args[2]
+                shown(args[2])
             )));
         }
         let start = number("start", args[0])?;
         let length = number("length", args[1])?;
-        let cipher: CipherSpec = args[3].parse()?;
+        let cipher: CipherSpec = args[3].parse().map_err(|e| {
+            if shown(args[3]) == args[3] {
+                FormatError::from(e)
+            } else {
+                FormatError::Table(format!("cipher {} is not a cipher spec", shown(args[3])))
+            }
+        })?;
         let key = KeySource::parse(args[4])?;
         let iv_offset = number("iv_offset", args[5])?;
         let device = args[6].to_string();
@@ -263,7 +289,8 @@ impl FromStr for TableLine {
         if let Some(count) = args.get(8) {
             let n: usize = count.parse().map_err(|_| {
                 FormatError::Table(format!(
-                    "number of optional parameters \"{count}\" is not a number"
+                    "number of optional parameters \"{}\" is not a number",
+                    shown(count)
                 ))
             })?;
             let rest = &args[9..];
@@ -458,6 +485,25 @@ mod tests {
 
     fn line(rest: &str) -> String {
         format!("0 2048 crypt aes-xts-plain64 {K64} 0 disk.img 0{rest}")
+    }
+
+    #[test]
+    fn a_key_shifted_into_another_field_is_not_echoed() {
+        let (a, b) = K64.split_at(64);
+        for bad in [
+            format!("0 2048 crypt aes-xts-plain64 {a} {b} disk.img 0"),
+            format!("0 2048 crypt {K64} 0 disk.img 0 0"),
+            format!("0 2048 {K64} aes-xts-plain64 {K64} 0 disk.img 0"),
+            format!("0 {a} crypt aes-xts-plain64 {K64} 0 disk.img 0"),
+            line(&format!(" {a}")),
+            line(&format!(" 1 {b}")),
+        ] {
+            let err = bad.parse::<TableLine>().err().expect(&bad).to_string();
+            assert!(
+                !err.contains(&K64[..16]) && !err.contains(&b[..16]),
+                "{err}"
+            );
+        }
     }
 
     #[test]
