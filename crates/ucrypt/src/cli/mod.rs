@@ -150,14 +150,15 @@ impl TableArg {
             .table_file
             .as_ref()
             .expect("clap requires one of the two");
-        let text = if path.as_os_str() == "-" {
+        // The file holds the key: zeroized on drop like the line taken from it.
+        let text = zeroize::Zeroizing::new(if path.as_os_str() == "-" {
             let mut s = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
             s
         } else {
             std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("reading table file {}: {e}", path.display()))?
-        };
+        });
         let line = text
             .lines()
             .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
@@ -235,6 +236,10 @@ pub(crate) fn open_error(e: anyhow::Error) -> CliError {
 /// Parses the command line, runs the command, prints any error as one line on stderr.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
+    // Before any key or passphrase is read: no core dump may ever hold one.
+    if let Err(e) = ucrypt::secure::disable_core_dumps() {
+        eprintln!("ucrypt: warning: cannot disable core dumps: {e}");
+    }
     let result = match cli.command {
         Command::Write(a) => write::run(a),
         Command::Read(a) => read::run(a),
