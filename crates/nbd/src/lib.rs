@@ -5,16 +5,16 @@
 //! `nbdcopy` and `nbdfuse`, fio's `nbd` engine. Knows nothing of ciphers.
 //!
 //! ```text
-//!  socket ──► handshake (sans-IO) ──► reader ──► command::validate ──► workers ──► Backend
-//!                                        │                               │
-//!                                        └── errors ──► writer ◄─ replies (completion order)
+//!  socket ──► handshake (sans-IO) ──► per connection, N threads, each:
+//!               read request (read lock) ──► command::validate ──► Backend ──► reply (write lock)
+//!                                                │ refused: errno reply
 //! ```
 //!
 //! - [`proto`]: the spec's constants under the spec's names.
 //! - [`handshake`]: fixed newstyle negotiation as a state machine (bytes in, bytes out).
 //! - [`command`]: request parsing and validation, with the spec's errnos.
-//! - [`server`]: listeners (unix, TCP), the connection limit, per-connection reader,
-//!   workers and writer, graceful shutdown ([`serve`]).
+//! - [`server`]: listeners (unix, TCP), the connection limit, per-connection threads that
+//!   each receive, run and answer requests, graceful shutdown ([`serve`]).
 //! - [`client`], [`remote`]: the other direction, [`NbdBackend`]: ciphertext stored on
 //!   another NBD server.
 //!
