@@ -1,7 +1,7 @@
 //! The server: listeners, the connection limit, graceful shutdown, and [`serve`].
 //!
 //! One thread accepts; each connection gets a thread that handshakes, then `workers`
-//! threads that each read, run and answer requests (see [`conn`]).
+//! threads that each read, run and answer requests (see `conn.rs`).
 //!
 //! ## Multi-conn and FLUSH
 //! `NBD_FLAG_CAN_MULTI_CONN` promises that "the effects of NBD_CMD_FLUSH and
