@@ -68,6 +68,46 @@ pub(crate) struct Args {
     /// Print what was done.
     #[arg(short, long)]
     verbose: bool,
+    /// After formatting, overwrite the whole data area with encrypted zeros through
+    /// ucrypt's data path (a progress bar on stderr), so no old plaintext stays readable.
+    #[arg(long)]
+    wipe: bool,
+}
+
+/// Writes encrypted zeros over the whole data area of the freshly formatted volume.
+fn wipe(a: &Args, pass: &[u8]) -> Result<(), CliError> {
+    use ucrypt_backend::Backend;
+    let hopts = ucrypt::HeaderOptions {
+        header: a.dev.header.clone(),
+        ..ucrypt::HeaderOptions::default()
+    };
+    let unlocked = ucrypt::unlock(&a.dev.device, pass, &hopts).cs()?;
+    let volume = ucrypt::open_unlocked(unlocked, ucrypt::OpenOptions::default()).cs()?;
+    let size = volume.info().size_bytes;
+    let bar = indicatif::ProgressBar::new(size);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "Wiping {bytes}/{total_bytes} [{bar:40}] {percent}% {bytes_per_sec}, ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let zeros = vec![0u8; 4 << 20];
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(zeros.len() as u64) as usize;
+        volume
+            .write_at(&zeros[..n], at, false)
+            .map_err(|e| anyhow::anyhow!("wiping {} at byte {at}: {e}", a.dev.device.display()))
+            .cs()?;
+        at += n as u64;
+        bar.set_position(at);
+    }
+    volume
+        .flush()
+        .map_err(|e| anyhow::anyhow!("flushing {}: {e}", a.dev.device.display()))
+        .cs()?;
+    bar.finish();
+    Ok(())
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
@@ -161,6 +201,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     .cs()?;
     let slot = cd.add_keyslot_by_volume_key(a.key_slot, None, &pass).cs()?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
+    drop(cd);
+    if a.wipe {
+        wipe(&a, &pass)?;
+        verbose(a.verbose, "Data area wiped with encrypted zeros.");
+    }
     verbose(a.verbose, "Command successful.");
     Ok(())
 }
