@@ -498,7 +498,7 @@ mod tests {
             line(&format!(" {a}")),
             line(&format!(" 1 {b}")),
         ] {
-            let err = bad.parse::<TableLine>().err().expect(&bad).to_string();
+            let err = bad.parse::<TableLine>().expect_err(&bad).to_string();
             assert!(
                 !err.contains(&K64[..16]) && !err.contains(&b[..16]),
                 "{err}"
