@@ -21,6 +21,7 @@ pub mod faulty;
 pub mod file;
 pub mod memory;
 pub mod testing;
+pub mod uring;
 pub mod zero;
 
 pub use aligned::AlignedBuf;

@@ -11,12 +11,51 @@
 
 use super::load::{self, Op, Sample};
 use std::sync::Arc;
-use ucrypt_backend::{Backend, MemoryBackend};
+use ucrypt_backend::{Backend, FileBackend, FileOptions, MemoryBackend};
 use ucrypt_crypto::{CipherSpec, SectorParams, SectorSize, VolumeKey};
 use ucrypt_engine::{EngineOptions, PoolOptions, Volume, VolumeConfig, WriteOrder};
 
 /// Every experiment name.
-pub const EXPERIMENTS: [&str; 4] = ["cloudflare", "parallel", "alloc", "sector-size"];
+pub const EXPERIMENTS: [&str; 5] = ["cloudflare", "parallel", "alloc", "sector-size", "uring"];
+
+/// Where the ciphertext lives during a measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// The sparse memory backend (a ramdisk, like brd), pre-filled.
+    Memory,
+    /// A file in /var/tmp (not tmpfs), pre-filled.
+    File {
+        /// O_DIRECT.
+        direct: bool,
+        /// Batches of writes through io_uring.
+        uring: bool,
+    },
+}
+
+impl Store {
+    /// Name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Store::Memory => "memory",
+            Store::File {
+                direct: false,
+                uring: false,
+            } => "file",
+            Store::File {
+                direct: false,
+                uring: true,
+            } => "file+uring",
+            Store::File {
+                direct: true,
+                uring: false,
+            } => "file-direct",
+            Store::File {
+                direct: true,
+                uring: true,
+            } => "file-direct+uring",
+        }
+    }
+}
 
 /// What is measured in one cell, besides the variants.
 #[derive(Debug, Clone)]
@@ -33,8 +72,33 @@ pub struct Cell {
     pub cipher: &'static str,
     /// Encryption sector size.
     pub sector: u32,
+    /// The backend.
+    pub store: Store,
     /// Engine variants to compare (the raw passthrough is always measured too).
     pub variants: Vec<(&'static str, EngineOptions)>,
+}
+
+impl Cell {
+    /// Whether two rows belong to the same cell (everything but the variant).
+    pub fn same_as(&self, other: &Cell) -> bool {
+        (
+            self.experiment,
+            self.op,
+            self.block,
+            self.depth,
+            self.cipher,
+            self.sector,
+            self.store,
+        ) == (
+            other.experiment,
+            other.op,
+            other.block,
+            other.depth,
+            other.cipher,
+            other.sector,
+            other.store,
+        )
+    }
 }
 
 /// One measured row.
@@ -120,6 +184,7 @@ pub fn cells(experiment: &str, quick: bool) -> Vec<Cell> {
         depth,
         cipher,
         sector,
+        store: Store::Memory,
         variants,
     };
     match experiment {
@@ -207,6 +272,25 @@ pub fn cells(experiment: &str, quick: bool) -> Vec<Cell> {
                 }
             }
         }
+        "uring" => {
+            // Does io_uring pay for the engine's batches (a request's pool buffers, the
+            // ordered submitter's plugs)? Same variants over pwrite and io_uring files.
+            let kernel_opts = EngineOptions {
+                auto: None,
+                ..kernel
+            };
+            for direct in [false, true] {
+                for uring in [false, true] {
+                    for (block, depth) in [(1 << 20, 1), (65536, 8)] {
+                        let v = vec![("inline", inline), ("workqueue", kernel_opts)];
+                        let mut c =
+                            cell("uring", Op::Write, block, depth, "aes-xts-plain64", 4096, v);
+                        c.store = Store::File { direct, uring };
+                        out.push(c);
+                    }
+                }
+            }
+        }
         _ => {}
     }
     out
@@ -262,12 +346,58 @@ pub fn ramdisk(region: u64) -> Result<Arc<dyn Backend>, String> {
     Ok(Arc::new(mem))
 }
 
+/// A file of `region` bytes in /var/tmp (real disk-backed filesystem, not tmpfs),
+/// pre-filled; removed when the returned guard drops.
+fn file_store(
+    region: u64,
+    direct: bool,
+    uring: bool,
+) -> Result<(Arc<dyn Backend>, tempfile::TempDir), String> {
+    let dir = tempfile::tempdir_in("/var/tmp").map_err(|e| e.to_string())?;
+    let path = dir.path().join("bench.img");
+    {
+        let mut f = std::fs::File::create(&path).map_err(|e| e.to_string())?;
+        let chunk = vec![0x5au8; 1 << 20];
+        let mut at = 0;
+        while at < region {
+            let n = (region - at).min(chunk.len() as u64) as usize;
+            std::io::Write::write_all(&mut f, &chunk[..n]).map_err(|e| e.to_string())?;
+            at += n as u64;
+        }
+    }
+    let mut fb = FileBackend::open(
+        &path,
+        FileOptions {
+            read_only: false,
+            direct,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    if uring && !fb.use_io_uring(true) {
+        return Err("io_uring is not available on this kernel".into());
+    }
+    Ok((Arc::new(fb), dir))
+}
+
+fn store(
+    kind: Store,
+    region: u64,
+) -> Result<(Arc<dyn Backend>, Option<tempfile::TempDir>), String> {
+    match kind {
+        Store::Memory => Ok((ramdisk(region)?, None)),
+        Store::File { direct, uring } => {
+            let (b, d) = file_store(region, direct, uring)?;
+            Ok((b, Some(d)))
+        }
+    }
+}
+
 /// Measures one cell: raw and every variant, interleaved, `repeats` times each.
 ///
 /// # Errors
 /// A variant that cannot be built (bad cipher or sector size).
 pub fn measure(cell: &Cell, s: &Settings, tick: &mut dyn FnMut()) -> Result<Vec<Row>, String> {
-    let ram = ramdisk(s.region)?;
+    let (ram, _file) = store(cell.store, s.region)?;
     let mut devs: Vec<(&'static str, Arc<dyn Backend>)> = vec![("raw", Arc::clone(&ram))];
     for (name, opts) in &cell.variants {
         devs.push((name, volume(&ram, cell, *opts)?));

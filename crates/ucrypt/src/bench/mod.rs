@@ -22,18 +22,7 @@ pub fn auto_misses(rows: &[Row], tolerance: f64) -> Vec<(String, f64, &'static s
     let mut i = 0;
     while i < rows.len() {
         let c = &rows[i].cell;
-        let group: Vec<&Row> = rows[i..]
-            .iter()
-            .take_while(|r| {
-                (
-                    r.cell.experiment,
-                    r.cell.op,
-                    r.cell.block,
-                    r.cell.depth,
-                    r.cell.sector,
-                ) == (c.experiment, c.op, c.block, c.depth, c.sector)
-            })
-            .collect();
+        let group: Vec<&Row> = rows[i..].iter().take_while(|r| r.cell.same_as(c)).collect();
         i += group.len();
         let Some(auto) = group.iter().find(|r| r.variant == "auto") else {
             continue;

@@ -20,7 +20,7 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<12} {:<24} {:<9} {:>5} {:>5} {:>6} {:<22} {:>10} {:>10} {:>19} {:>7}",
+        "{:<12} {:<24} {:<9} {:>5} {:>5} {:>6} {:<22} {:<17} {:>10} {:>10} {:>19} {:>7}",
         "experiment",
         "variant",
         "op",
@@ -28,6 +28,7 @@ pub fn table(rows: &[Row]) -> String {
         "depth",
         "sector",
         "cipher",
+        "backend",
         "MiB/s",
         "IOPS",
         "spread MiB/s",
@@ -37,7 +38,7 @@ pub fn table(rows: &[Row]) -> String {
         let c = &r.cell;
         let _ = writeln!(
             out,
-            "{:<12} {:<24} {:<9} {:>5} {:>5} {:>6} {:<22} {:>10.1} {:>10.0} {:>9.1}..{:<9.1} {:>7.3}",
+            "{:<12} {:<24} {:<9} {:>5} {:>5} {:>6} {:<22} {:<17} {:>10.1} {:>10.0} {:>9.1}..{:<9.1} {:>7.3}",
             c.experiment,
             r.variant,
             c.op.name(),
@@ -45,6 +46,7 @@ pub fn table(rows: &[Row]) -> String {
             c.depth,
             size(c.sector as usize),
             c.cipher,
+            c.store.name(),
             r.median.mib_s(),
             r.median.iops(),
             r.spread.0,
@@ -62,7 +64,7 @@ pub fn json(rows: &[Row]) -> String {
         let c = &r.cell;
         let _ = writeln!(
             out,
-            "{{\"experiment\":\"{}\",\"variant\":\"{}\",\"op\":\"{}\",\"block_size\":{},\"iodepth\":{},\"sector_size\":{},\"cipher\":\"{}\",\"mib_s\":{:.2},\"iops\":{:.1},\"spread_mib_s\":[{:.2},{:.2}],\"ratio_to_raw\":{:.4}}}",
+            "{{\"experiment\":\"{}\",\"variant\":\"{}\",\"op\":\"{}\",\"block_size\":{},\"iodepth\":{},\"sector_size\":{},\"cipher\":\"{}\",\"backend\":\"{}\",\"mib_s\":{:.2},\"iops\":{:.1},\"spread_mib_s\":[{:.2},{:.2}],\"ratio_to_raw\":{:.4}}}",
             c.experiment,
             r.variant,
             c.op.name(),
@@ -70,6 +72,7 @@ pub fn json(rows: &[Row]) -> String {
             c.depth,
             c.sector,
             c.cipher,
+            c.store.name(),
             r.median.mib_s(),
             r.median.iops(),
             r.spread.0,
@@ -100,17 +103,7 @@ pub fn svg(rows: &[Row]) -> String {
     let groups = |e: &str| -> Vec<Vec<&Row>> {
         let mut g: Vec<Vec<&Row>> = Vec::new();
         for r in rows.iter().filter(|r| r.cell.experiment == e) {
-            let same = g.last().is_some_and(|last| {
-                let c = &last[0].cell;
-                (c.op, c.block, c.depth, c.cipher, c.sector)
-                    == (
-                        r.cell.op,
-                        r.cell.block,
-                        r.cell.depth,
-                        r.cell.cipher,
-                        r.cell.sector,
-                    )
-            });
+            let same = g.last().is_some_and(|last| last[0].cell.same_as(&r.cell));
             if same {
                 if let Some(l) = g.last_mut() {
                     l.push(r);
@@ -204,11 +197,12 @@ fn label(r: &Row) -> String {
         "aes"
     };
     format!(
-        "{} {} d{} {} s{}",
+        "{} {} d{} {} s{} {}",
         c.op.name().trim_start_matches("rand"),
         size(c.block),
         c.depth,
         cipher,
-        size(c.sector as usize)
+        size(c.sector as usize),
+        c.store.name()
     )
 }
