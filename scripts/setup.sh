@@ -9,10 +9,12 @@
 #   - NBD interop: nbdinfo/nbdcopy/nbdfuse (all in libnbd-bin on Debian 12), qemu-img and
 #     qemu-io (qemu-utils), fio's nbd engine; the filesystem test adds e2fsprogs (mkfs.ext4)
 #     and util-linux (losetup, mount); the nbdkit baselines in bench/ use its luks filter
+#   - libssl-dev: NBD TLS goes through the system's OpenSSL (the openssl crate);
+#     openssl (the tool) makes the TLS tests' certificates
 set -euo pipefail
 
 packages=(
-  build-essential pkg-config
+  build-essential pkg-config libssl-dev openssl
   keyutils libcryptsetup-dev python3-cryptography tmux
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs util-linux
 )

@@ -46,6 +46,43 @@ pub enum NbdError {
         #[source]
         source: ucrypt_backend::BackendError,
     },
+    /// A TLS credentials file cannot be read (missing certificate, key or PSK file).
+    #[error("cannot read TLS file {path}")]
+    TlsFile {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// OpenSSL refused the TLS configuration (a file that is not PEM, a key that does not
+    /// match its certificate).
+    #[error("TLS setup failed: {what}")]
+    TlsSetup {
+        /// What was being done, naming the file.
+        what: String,
+        /// OpenSSL's errors.
+        #[source]
+        source: openssl::error::ErrorStack,
+    },
+    /// A malformed line in a PSK file (the content is never shown: it holds keys).
+    #[error("PSK file {path} line {line}: {reason} (format: username:hexkey per line)")]
+    PskFile {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number (0: the file as a whole).
+        line: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The TLS handshake with a client failed (bad or missing certificate, unknown PSK
+    /// identity, not TLS at all); the connection was closed.
+    #[error("TLS handshake failed: {0}")]
+    TlsHandshake(String),
+    /// The client sent bytes after `NBD_OPT_STARTTLS` before the server's reply, so they
+    /// cannot belong to the TLS handshake.
+    #[error("data pipelined after NBD_OPT_STARTTLS")]
+    DataAfterStartTls,
     /// Installing the signal handling failed.
     #[error("cannot set up signal handling")]
     Signals(#[source] std::io::Error),

@@ -9,8 +9,14 @@
 //! ```text
 //!  ClientFlags(4) ──► OptionHeader(16) ──► OptionData(len) ──┬─► OptionHeader(16) ...
 //!                                                            ├─► Transmission (GO, EXPORT_NAME)
+//!                                                            ├─► StartTls (TLS handshake on
+//!                                                            │   the socket, then options again)
 //!                                                            └─► Close (ABORT, bad input)
 //! ```
+//!
+//! TLS ("TLS support" in the spec) follows [`TlsMode`]: `Off` is the spec's NOTLS mode,
+//! `Require` its FORCEDTLS mode, and `On` offers `NBD_OPT_STARTTLS` without insisting (as
+//! nbdkit's `--tls=on`).
 
 use crate::proto::*;
 use crate::ProtocolViolation;
@@ -57,6 +63,19 @@ pub struct Negotiated {
     pub block_size_agreed: bool,
 }
 
+/// Whether the handshake offers or insists on TLS (nbdkit's `--tls=off|on|require`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// No TLS (the spec's NOTLS mode): `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_UNSUP`.
+    #[default]
+    Off,
+    /// TLS offered: a client may upgrade with `NBD_OPT_STARTTLS`, or stay in plaintext.
+    On,
+    /// TLS required (the spec's FORCEDTLS mode): before the upgrade every option but
+    /// `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT` gets `NBD_REP_ERR_TLS_REQD`.
+    Require,
+}
+
 /// What the driver does after [`Handshake::feed`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -64,6 +83,10 @@ pub enum Step {
     Continue,
     /// Send `out`, then enter the transmission phase.
     Transmission(Negotiated),
+    /// Send `out` (the `NBD_REP_ACK` to `NBD_OPT_STARTTLS`), run the TLS handshake on the
+    /// same socket, call [`Handshake::tls_started`], and continue reading options, now over
+    /// TLS ("all further data MUST be sent and received over TLS").
+    StartTls,
     /// Send `out` (if anything), then close the connection.
     Close,
 }
@@ -85,11 +108,19 @@ pub struct Handshake {
     structured: bool,
     shutting_down: bool,
     options_seen: u32,
+    tls: TlsMode,
+    /// TLS has been initiated on this connection.
+    tls_active: bool,
 }
 
 impl Handshake {
-    /// A handshake that will offer `export`.
+    /// A handshake that will offer `export`, without TLS.
     pub fn new(export: ExportInfo) -> Self {
+        Self::with_tls(export, TlsMode::Off)
+    }
+
+    /// A handshake that will offer `export` with TLS as `tls` says.
+    pub fn with_tls(export: ExportInfo, tls: TlsMode) -> Self {
         Handshake {
             export,
             state: State::ClientFlags,
@@ -97,7 +128,23 @@ impl Handshake {
             structured: false,
             shutting_down: false,
             options_seen: 0,
+            tls,
+            tls_active: false,
         }
+    }
+
+    /// The driver finished the TLS handshake after [`Step::StartTls`]: negotiation goes on
+    /// inside TLS, with nothing kept from before ("the server MUST NOT preserve any
+    /// negotiation state (such as a request for NBD_OPT_STRUCTURED_REPLY ...) issued before
+    /// this command").
+    pub fn tls_started(&mut self) {
+        self.tls_active = true;
+        self.structured = false;
+    }
+
+    /// Whether TLS has been initiated on this connection.
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
     }
 
     /// The server's first 18 bytes: NBDMAGIC, IHAVEOPT, handshake flags.
@@ -204,6 +251,28 @@ impl Handshake {
             );
             return Ok(Step::Continue);
         }
+        if option == NBD_OPT_STARTTLS && self.tls != TlsMode::Off {
+            return Ok(self.starttls(data, out));
+        }
+        if self.tls == TlsMode::Require && !self.tls_active {
+            if option == NBD_OPT_EXPORT_NAME {
+                // FORCEDTLS: "If the server receives a request to enter transmission mode
+                // via NBD_OPT_EXPORT_NAME when TLS has not been initiated, then as this
+                // request cannot error, it MUST terminate the session."
+                self.state = State::Done;
+                return Ok(Step::Close);
+            }
+            // "If the server receives any other option, including NBD_OPT_INFO and
+            // unsupported options, it MUST reply with NBD_REP_ERR_TLS_REQD if TLS has not
+            // been initiated" (and NBD_OPT_GO "MUST error with NBD_REP_ERR_TLS_REQD").
+            error(
+                out,
+                option,
+                NBD_REP_ERR_TLS_REQD,
+                "TLS is required: send NBD_OPT_STARTTLS first",
+            );
+            return Ok(Step::Continue);
+        }
         match option {
             NBD_OPT_EXPORT_NAME => {
                 // "If the chosen export does not exist ... the server MUST terminate the
@@ -273,6 +342,32 @@ impl Handshake {
                 Ok(Step::Continue)
             }
         }
+    }
+
+    /// `NBD_OPT_STARTTLS` with TLS offered.
+    fn starttls(&mut self, data: &[u8], out: &mut Vec<u8>) -> Step {
+        let option = NBD_OPT_STARTTLS;
+        if self.tls_active {
+            // "If the server receives NBD_OPT_STARTTLS when TLS has already been
+            // negotiated, it MUST reply with NBD_REP_ERR_INVALID."
+            error(out, option, NBD_REP_ERR_INVALID, "TLS is already active");
+            return Step::Continue;
+        }
+        if !data.is_empty() {
+            // "The client MUST NOT send any additional data with the option" (the spec's
+            // own example: "NBD_REP_ERR_INVALID if the client included data").
+            error(
+                out,
+                option,
+                NBD_REP_ERR_INVALID,
+                "NBD_OPT_STARTTLS takes no data",
+            );
+            return Step::Continue;
+        }
+        // "If the server receives NBD_OPT_STARTTLS prior to negotiating TLS, it MUST reply
+        // with NBD_REP_ACK."
+        reply(out, option, NBD_REP_ACK, &[]);
+        Step::StartTls
     }
 
     fn info_or_go(
@@ -601,5 +696,114 @@ mod tests {
             hs.feed(&h, &mut out),
             Err(ProtocolViolation::OptionTooLarge { .. })
         ));
+    }
+
+    /// Client flags, then each option (header and data) fed to `hs`.
+    fn feed_opts(hs: &mut Handshake, opts: &[(u32, Vec<u8>)]) -> (Vec<u8>, Vec<Step>) {
+        let mut out = Vec::new();
+        let mut steps = Vec::new();
+        if hs.state == State::ClientFlags {
+            hs.feed(&1u32.to_be_bytes(), &mut out).unwrap();
+        }
+        for (o, d) in opts {
+            let (h, d) = opt(*o, d);
+            let mut step = hs.feed(&h, &mut out).unwrap();
+            if step == Step::Continue && !d.is_empty() {
+                step = hs.feed(&d, &mut out).unwrap();
+            }
+            steps.push(step);
+        }
+        (out, steps)
+    }
+
+    #[test]
+    fn starttls_is_acked_when_tls_is_offered() {
+        for mode in [TlsMode::On, TlsMode::Require] {
+            let mut hs = Handshake::with_tls(export(), mode);
+            let (out, steps) = feed_opts(&mut hs, &[(NBD_OPT_STARTTLS, vec![])]);
+            assert_eq!(steps, [Step::StartTls]);
+            assert_eq!(replies(&out), [(NBD_OPT_STARTTLS, NBD_REP_ACK, vec![])]);
+        }
+    }
+
+    #[test]
+    fn tls_on_still_serves_plaintext_clients() {
+        let mut hs = Handshake::with_tls(export(), TlsMode::On);
+        let (_, steps) = feed_opts(&mut hs, &[(NBD_OPT_GO, go_data("", &[]))]);
+        assert!(matches!(steps[0], Step::Transmission(_)));
+    }
+
+    #[test]
+    fn tls_require_refuses_every_option_but_starttls_and_abort() {
+        for o in [
+            NBD_OPT_LIST,
+            NBD_OPT_INFO,
+            NBD_OPT_GO,
+            NBD_OPT_STRUCTURED_REPLY,
+            NBD_OPT_SET_META_CONTEXT,
+            999,
+        ] {
+            let mut hs = Handshake::with_tls(export(), TlsMode::Require);
+            let data = if o == NBD_OPT_GO || o == NBD_OPT_INFO {
+                go_data("", &[])
+            } else {
+                vec![]
+            };
+            let (out, steps) = feed_opts(&mut hs, &[(o, data)]);
+            assert_eq!(steps, [Step::Continue], "option {o}");
+            assert_eq!(replies(&out)[0].1, NBD_REP_ERR_TLS_REQD, "option {o}");
+        }
+        let mut hs = Handshake::with_tls(export(), TlsMode::Require);
+        let (out, steps) = feed_opts(&mut hs, &[(NBD_OPT_EXPORT_NAME, vec![])]);
+        assert_eq!((out.len(), steps), (0, vec![Step::Close]));
+        let mut hs = Handshake::with_tls(export(), TlsMode::Require);
+        let (out, steps) = feed_opts(&mut hs, &[(NBD_OPT_ABORT, vec![])]);
+        assert_eq!(steps, [Step::Close]);
+        assert_eq!(replies(&out)[0].1, NBD_REP_ACK);
+    }
+
+    #[test]
+    fn after_tls_options_work_and_earlier_state_is_forgotten() {
+        let mut hs = Handshake::with_tls(export(), TlsMode::Require);
+        let (_, steps) = feed_opts(&mut hs, &[(NBD_OPT_STARTTLS, vec![])]);
+        assert_eq!(steps, [Step::StartTls]);
+        hs.tls_started();
+        assert!(hs.tls_active());
+        let (out, steps) = feed_opts(
+            &mut hs,
+            &[(NBD_OPT_STARTTLS, vec![]), (NBD_OPT_LIST, vec![])],
+        );
+        let r = replies(&out);
+        assert_eq!(r[0].1, NBD_REP_ERR_INVALID, "STARTTLS twice");
+        assert_eq!(r[1].1, NBD_REP_SERVER);
+        assert_eq!(steps[1], Step::Continue);
+        let (_, steps) = feed_opts(&mut hs, &[(NBD_OPT_GO, go_data("vol", &[]))]);
+        assert!(matches!(steps[0], Step::Transmission(_)));
+    }
+
+    #[test]
+    fn structured_replies_asked_before_starttls_are_not_kept() {
+        let mut hs = Handshake::with_tls(export(), TlsMode::On);
+        feed_opts(
+            &mut hs,
+            &[
+                (NBD_OPT_STRUCTURED_REPLY, vec![]),
+                (NBD_OPT_STARTTLS, vec![]),
+            ],
+        );
+        hs.tls_started();
+        let (_, steps) = feed_opts(&mut hs, &[(NBD_OPT_GO, go_data("", &[]))]);
+        let Step::Transmission(n) = steps[0] else {
+            panic!("{steps:?}")
+        };
+        assert!(!n.structured_replies);
+    }
+
+    #[test]
+    fn starttls_with_data_is_err_invalid() {
+        let mut hs = Handshake::with_tls(export(), TlsMode::On);
+        let (out, steps) = feed_opts(&mut hs, &[(NBD_OPT_STARTTLS, vec![1])]);
+        assert_eq!(steps, [Step::Continue]);
+        assert_eq!(replies(&out)[0].1, NBD_REP_ERR_INVALID);
     }
 }

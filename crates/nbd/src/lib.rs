@@ -15,6 +15,8 @@
 //! - [`command`]: request parsing and validation, with the spec's errnos.
 //! - [`server`]: listeners (unix, TCP), the connection limit, per-connection threads that
 //!   each receive, run and answer requests, graceful shutdown ([`serve`]).
+//! - [`tls`]: TLS credentials (x509 or PSK) for `NBD_OPT_STARTTLS`; a TLS connection runs
+//!   its requests one at a time (see `server/conn.rs`).
 //! - [`client`], [`remote`]: the other direction, [`NbdBackend`]: ciphertext stored on
 //!   another NBD server.
 //!
@@ -27,7 +29,10 @@ pub mod handshake;
 pub mod proto;
 pub mod remote;
 pub mod server;
+pub mod tls;
 
 pub use error::{NbdError, ProtocolViolation};
+pub use handshake::TlsMode;
 pub use remote::{NbdBackend, RemoteOptions};
 pub use server::{serve, Listener, ServeOptions, Shutdown};
+pub use tls::{TlsConfig, TlsKind};

@@ -252,7 +252,7 @@ mod nbd_targets {
                     requests(rest, &limits);
                     return;
                 }
-                Ok(Step::Close) | Err(_) => return,
+                Ok(Step::Close | Step::StartTls) | Err(_) => return,
             }
         }
     }

@@ -16,9 +16,10 @@
 //! (`max_in_flight_bytes` of payload between "header read" and "reply sent"; a request
 //! larger than the budget runs alone), and payloads are at most `max_payload`.
 
+use super::tls_stream::TlsStream;
 use super::{chain, lock, ExportConfig, Stream};
 use crate::command::{validate, Command, Limits, Request};
-use crate::handshake::{Handshake, Negotiated, Step};
+use crate::handshake::{Handshake, Negotiated, Step, TlsMode};
 use crate::proto::*;
 use crate::NbdError;
 use std::io::{self, BufReader, IoSlice, Read, Write};
@@ -37,10 +38,30 @@ const POOL_RETAIN_BYTES: usize = 16 << 20;
 /// Source of zeroes when the backend cannot write zeroes itself.
 static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
 
+/// The transmission phase's view of a socket: read and write it, and shut it down (to wake
+/// a blocked reader, or after a failed send). A plaintext [`Stream`], or a [`TlsStream`].
+/// Generic rather than `dyn`, so the plaintext path compiles exactly as before.
+trait Transport: Read + Write + Send {
+    fn shut(&self);
+}
+
+impl Transport for Stream {
+    fn shut(&self) {
+        self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Transport for TlsStream {
+    fn shut(&self) {
+        self.close();
+    }
+}
+
 /// Runs one connection to the end.
 ///
 /// # Errors
-/// Socket errors and protocol violations; both end only this connection.
+/// Socket errors, TLS handshake failures and protocol violations; all end only this
+/// connection.
 pub(super) fn run(
     stream: Stream,
     id: u32,
@@ -55,26 +76,66 @@ pub(super) fn run(
     let mut wr = stream;
     // A client that connects and never finishes negotiating would hold a connection slot
     // forever: bound the handshake (qemu-nbd's --handshake-limit), not the transmission.
+    // The timeout is the socket's, so it bounds the TLS handshake and the options sent
+    // over TLS too.
     wr.set_read_timeout(cfg.opts.handshake_timeout);
-    let Some(negotiated) = handshake(&mut rd, &mut wr, cfg)? else {
-        return Ok(());
-    };
-    wr.set_read_timeout(None);
-    transmission(rd, wr, id, export, cfg, negotiated)
+    let tls = cfg.opts.tls.as_deref();
+    let mut hs = Handshake::with_tls(cfg.info.clone(), tls.map_or(TlsMode::Off, |t| t.mode()));
+    wr.write_all(&hs.greeting())
+        .map_err(io_err("sending the greeting"))?;
+    match negotiate(&mut hs, &mut rd, &mut wr, cfg)? {
+        Outcome::Closed => Ok(()),
+        Outcome::Transmission(n) => {
+            wr.set_read_timeout(None);
+            transmission(rd, wr, id, export, cfg, n, cfg.opts.workers)
+        }
+        Outcome::StartTls => {
+            // The handshake only says StartTls when TLS is configured.
+            let Some(tls) = tls else { return Ok(()) };
+            // The client must wait for our ACK before its ClientHello; anything it sent
+            // sooner sits in our plaintext buffer and cannot be part of the TLS session.
+            if !rd.buffer().is_empty() {
+                return Err(NbdError::DataAfterStartTls);
+            }
+            drop(rd);
+            let socket = wr.try_clone().map_err(io_err("cloning the socket"))?;
+            let tls = TlsStream::new(tls.accept(wr)?, socket);
+            hs.tls_started();
+            let mut trd = BufReader::with_capacity(READ_BUFFER_BYTES, tls.clone());
+            let mut twr = tls;
+            match negotiate(&mut hs, &mut trd, &mut twr, cfg)? {
+                Outcome::Transmission(n) => {
+                    twr.socket().set_read_timeout(None);
+                    // One thread per TLS connection: see `TlsStream` for why.
+                    transmission(trd, twr, id, export, cfg, n, 1)
+                }
+                Outcome::Closed | Outcome::StartTls => {
+                    twr.close();
+                    Ok(())
+                }
+            }
+        }
+    }
 }
 
-/// Drives the sans-IO handshake over the socket; `None` if the session ended in it.
-fn handshake(
+/// How option haggling ended.
+enum Outcome {
+    /// The client aborted, hung up, or asked for what ends the session.
+    Closed,
+    /// The client acknowledged `NBD_OPT_STARTTLS`: run the TLS handshake, then negotiate on.
+    StartTls,
+    /// Transmission starts.
+    Transmission(Negotiated),
+}
+
+/// Drives the sans-IO handshake over the socket (the greeting already sent) until it ends,
+/// enters transmission, or upgrades to TLS.
+fn negotiate(
+    hs: &mut Handshake,
     rd: &mut impl Read,
     wr: &mut impl Write,
     cfg: &ExportConfig,
-) -> Result<Option<Negotiated>, NbdError> {
-    let mut hs = Handshake::new(cfg.info.clone());
-    wr.write_all(&hs.greeting())
-        .map_err(|source| NbdError::Io {
-            op: "sending the greeting",
-            source,
-        })?;
+) -> Result<Outcome, NbdError> {
     let mut input = Vec::new();
     let mut out = Vec::new();
     loop {
@@ -84,7 +145,7 @@ fn handshake(
         input.resize(hs.wants(), 0);
         match rd.read_exact(&mut input) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(Outcome::Closed),
             Err(source) => {
                 return Err(NbdError::Io {
                     op: "reading an option",
@@ -100,8 +161,9 @@ fn handshake(
         })?;
         match step {
             Step::Continue => {}
-            Step::Close => return Ok(None),
-            Step::Transmission(n) => return Ok(Some(n)),
+            Step::Close => return Ok(Outcome::Closed),
+            Step::StartTls => return Ok(Outcome::StartTls),
+            Step::Transmission(n) => return Ok(Outcome::Transmission(n)),
         }
     }
 }
@@ -200,11 +262,11 @@ struct Reply {
 
 /// One connection's shared state: each direction of the socket is used by one thread at a
 /// time, under its own lock.
-struct Shared<'a> {
+struct Shared<'a, R, W> {
     /// The read side and, once reading has ended (DISC, EOF, violation), why.
-    rd: Mutex<ReadSide>,
+    rd: Mutex<ReadSide<R>>,
     /// The write side: a reply is written whole under this lock, so replies never interleave.
-    wr: Mutex<WriteSide>,
+    wr: Mutex<WriteSide<W>>,
     budget: Budget,
     pool: BufPool,
     limits: Limits,
@@ -214,13 +276,13 @@ struct Shared<'a> {
     ctx: IoCtx,
 }
 
-struct ReadSide {
-    rd: BufReader<Stream>,
+struct ReadSide<R> {
+    rd: BufReader<R>,
     ended: Option<Result<(), NbdError>>,
 }
 
-struct WriteSide {
-    wr: Stream,
+struct WriteSide<W> {
+    wr: W,
     failed: bool,
 }
 
@@ -237,16 +299,23 @@ enum Next {
 /// under the write lock. The thread that receives a request is the one that runs it and
 /// replies (nbdkit's model): no hand-off between threads on the request path, many requests
 /// in flight, replies in completion order.
-fn transmission(
-    rd: BufReader<Stream>,
-    wr: Stream,
+///
+/// A TLS connection gets `workers = 1`: one thread reads a request, runs it and replies,
+/// then reads the next. Correct (the one `SSL` object is never used by two threads, and no
+/// reader blocked in `SSL_read` holds up a reply), at the price of one request in flight
+/// per TLS connection; clients that open several connections (multi-conn: `nbdcopy`
+/// opens 4) still get that many requests running at once.
+fn transmission<R: Transport, W: Transport>(
+    rd: BufReader<R>,
+    wr: W,
     id: u32,
     export: Arc<dyn Backend>,
     cfg: &ExportConfig,
     negotiated: Negotiated,
+    workers: usize,
 ) -> Result<(), NbdError> {
     let opts = &cfg.opts;
-    let threads = opts.workers.max(1);
+    let threads = workers.max(1);
     let shared = Shared {
         rd: Mutex::new(ReadSide { rd, ended: None }),
         wr: Mutex::new(WriteSide { wr, failed: false }),
@@ -283,12 +352,12 @@ fn transmission(
         .rd
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    rd.get_ref().shutdown(std::net::Shutdown::Both);
+    rd.get_ref().shut();
     ended.unwrap_or(Ok(()))
 }
 
 /// One thread's loop: read a request, run it, reply; until reading ends.
-fn serve_requests(sh: &Shared<'_>) {
+fn serve_requests<R: Transport, W: Transport>(sh: &Shared<'_, R, W>) {
     loop {
         let next = {
             let mut r = lock(&sh.rd);
@@ -323,7 +392,10 @@ fn serve_requests(sh: &Shared<'_>) {
 
 /// Reads and validates the next request; `None` on DISC or EOF (the client hung up, or our
 /// shutdown closed the read side).
-fn next_request(rd: &mut BufReader<Stream>, sh: &Shared<'_>) -> Result<Option<Next>, NbdError> {
+fn next_request<R: Transport, W: Transport>(
+    rd: &mut BufReader<R>,
+    sh: &Shared<'_, R, W>,
+) -> Result<Option<Next>, NbdError> {
     let mut header = [0u8; REQUEST_HEADER_BYTES];
     match rd.read_exact(&mut header) {
         Ok(()) => {}
@@ -511,12 +583,12 @@ fn write_zeroes(
 /// Writes one reply whole (one `writev` for header and data), then returns its budget and
 /// buffer. After a send failure the client is gone: the socket is shut so the thread in
 /// `read` wakes up and the connection ends.
-fn send_reply(sh: &Shared<'_>, reply: Reply) {
+fn send_reply<R: Transport, W: Transport>(sh: &Shared<'_, R, W>, reply: Reply) {
     {
         let mut w = lock(&sh.wr);
         if !w.failed && encode(&mut w.wr, &reply, sh.structured).is_err() {
             w.failed = true;
-            w.wr.shutdown(std::net::Shutdown::Both);
+            w.wr.shut();
         }
     }
     sh.budget.release(reply.cost);

@@ -24,6 +24,7 @@
 
 mod conn;
 mod signal;
+mod tls_stream;
 
 pub use signal::shutdown_on_signals;
 
@@ -72,6 +73,10 @@ pub struct ServeOptions {
     pub log_errors: bool,
     /// Longest a client may take to finish the handshake (`None`: unbounded).
     pub handshake_timeout: Option<std::time::Duration>,
+    /// TLS (`NBD_OPT_STARTTLS`) offered or required, with its credentials; `None`: no TLS.
+    /// A connection that upgrades to TLS runs its requests one at a time (`workers` does
+    /// not apply to it): see `conn.rs` for why.
+    pub tls: Option<Arc<crate::TlsConfig>>,
 }
 
 impl Default for ServeOptions {
@@ -87,6 +92,7 @@ impl Default for ServeOptions {
             shutdown: Shutdown::default(),
             log_errors: false,
             handshake_timeout: Some(std::time::Duration::from_secs(10)),
+            tls: None,
         }
     }
 }
@@ -267,21 +273,21 @@ pub(crate) enum Stream {
 }
 
 impl Stream {
-    fn try_clone(&self) -> io::Result<Stream> {
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
         Ok(match self {
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
         })
     }
 
-    fn set_read_timeout(&self, t: Option<std::time::Duration>) {
+    pub(crate) fn set_read_timeout(&self, t: Option<std::time::Duration>) {
         let _ = match self {
             Stream::Unix(s) => s.set_read_timeout(t),
             Stream::Tcp(s) => s.set_read_timeout(t),
         };
     }
 
-    fn shutdown(&self, how: SockShutdown) {
+    pub(crate) fn shutdown(&self, how: SockShutdown) {
         let _ = match self {
             Stream::Unix(s) => s.shutdown(how),
             Stream::Tcp(s) => s.shutdown(how),

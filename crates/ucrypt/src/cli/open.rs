@@ -4,7 +4,14 @@
 //! ucrypt open --table LINE | --table-file PATH | DEVICE [NAME] [--type luks|luks1|luks2|plain]
 //!             [--socket PATH | --listen ADDR:PORT] [--run 'CMD'] [--pid-file FILE]
 //!             [--read-only] [--raw]
+//!             [--tls=off|on|require (--tls-certificates DIR [--tls-verify-peer] | --tls-psk FILE)]
 //! ```
+//!
+//! **TLS** as nbdkit offers it: `--tls=on` offers `NBD_OPT_STARTTLS`, `--tls=require`
+//! refuses clients that do not upgrade. Credentials are x509 (`--tls-certificates DIR`
+//! with `server-cert.pem`, `server-key.pem` and, for `--tls-verify-peer`, `ca-cert.pem`)
+//! or pre-shared keys (`--tls-psk FILE`, `username:hexkey` lines). The printed URI then
+//! starts `nbds://` / `nbds+unix://`.
 //!
 //! **Readiness.** The server is ready when the socket is listening. At that moment (and not
 //! before) the pid file is written (atomically: written aside, then renamed into place) and,
@@ -27,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
 use ucrypt_backend::Backend;
-use ucrypt_nbd::{Listener, ServeOptions, Shutdown};
+use ucrypt_nbd::{Listener, ServeOptions, Shutdown, TlsConfig, TlsMode};
 
 /// Default TCP address (NBD's IANA port, loopback only).
 const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
@@ -72,11 +79,62 @@ pub(crate) struct Args {
     /// Bypass the page cache on the device (O_DIRECT).
     #[arg(long)]
     direct: bool,
+    /// TLS: off (default), on (offered), require (plaintext clients refused).
+    #[arg(long, value_enum, default_value_t = TlsArg::Off, value_name = "off|on|require")]
+    tls: TlsArg,
+    /// x509 credentials: DIR holds server-cert.pem, server-key.pem (and ca-cert.pem for
+    /// --tls-verify-peer), as nbdkit's --tls-certificates.
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    tls_certificates: Option<PathBuf>,
+    /// With x509: refuse clients without a certificate signed by DIR/ca-cert.pem.
+    #[arg(long, requires = "tls_certificates")]
+    tls_verify_peer: bool,
+    /// Pre-shared keys: FILE holds "username:hexkey" lines (GnuTLS psktool format).
+    #[arg(long, value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
     /// Print per-connection errors on stderr.
     #[arg(long, short)]
     verbose: bool,
     #[command(flatten)]
     perf: PerfArgs,
+}
+
+/// `--tls`: nbdkit's values.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum TlsArg {
+    Off,
+    On,
+    Require,
+}
+
+/// The TLS configuration the options ask for (`None`: no TLS).
+fn tls_config(a: &Args) -> Result<Option<Arc<TlsConfig>>, CliError> {
+    let mode = match a.tls {
+        TlsArg::Off => {
+            if a.tls_certificates.is_some() || a.tls_psk.is_some() {
+                return Err(anyhow::anyhow!(
+                    "--tls-certificates/--tls-psk need --tls=on or --tls=require"
+                ))
+                .code(EXIT_PARAMS);
+            }
+            return Ok(None);
+        }
+        TlsArg::On => TlsMode::On,
+        TlsArg::Require => TlsMode::Require,
+    };
+    let config = match (&a.tls_certificates, &a.tls_psk) {
+        (Some(dir), None) => TlsConfig::x509(dir, a.tls_verify_peer, mode),
+        (None, Some(file)) => TlsConfig::psk(file, mode),
+        _ => {
+            return Err(anyhow::anyhow!(
+                "--tls=on/require needs --tls-certificates DIR or --tls-psk FILE"
+            ))
+            .code(EXIT_PARAMS)
+        }
+    };
+    Ok(Some(Arc::new(
+        config.map_err(anyhow::Error::from).code(EXIT_PARAMS)?,
+    )))
 }
 
 /// Removes a path when dropped (the pid file, the private socket directory).
@@ -99,6 +157,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     // blocked mask, so only the signal thread ever takes SIGTERM/SIGINT.
     let shutdown = Shutdown::default();
     ucrypt_nbd::server::shutdown_on_signals(&shutdown).code(EXIT_PARAMS)?;
+    // TLS credentials are checked before a passphrase is asked for or a volume opened.
+    let tls = tls_config(&a)?;
 
     let (export, description) = if a.header.device.is_some() {
         let opts = ucrypt::OpenOptions {
@@ -120,7 +180,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
 
     let mut cleanup = Cleanup(Vec::new());
     let listener = listen(&a, &mut cleanup)?;
-    let uri = listener.uri();
+    let mut uri = listener.uri();
+    if tls.is_some() {
+        // libnbd's scheme for "TLS required": nbds:// and nbds+unix://.
+        uri.replace_range(..3, "nbds");
+    }
     if let Some(p) = &a.pid_file {
         write_pid_file(p)?;
         cleanup.0.push(p.clone());
@@ -139,6 +203,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         workers: a.nbd_workers,
         shutdown: shutdown.clone(),
         log_errors: a.verbose,
+        tls,
         ..ServeOptions::default()
     };
     let server = std::thread::Builder::new()
