@@ -112,7 +112,7 @@ pub struct Row {
     pub median: Sample,
     /// Lowest and highest MiB/s of the repeats.
     pub spread: (f64, f64),
-    /// Median MiB/s over the raw passthrough's median MiB/s.
+    /// Median over the repeats of this variant's MiB/s over the raw passthrough's in the same repeat.
     pub ratio_to_raw: f64,
 }
 
@@ -411,6 +411,20 @@ pub fn measure(cell: &Cell, s: &Settings, tick: &mut dyn FnMut()) -> Result<Vec<
             tick();
         }
     }
+    // Ratio to raw: the median of per-repeat ratios, each against the raw sample measured
+    // moments before in the same repeat, so a load change between repeats cancels out.
+    let ratios: Vec<f64> = samples
+        .iter()
+        .map(|v| {
+            let mut r: Vec<f64> = v
+                .iter()
+                .zip(&samples[0])
+                .map(|(s, raw)| if raw.mib_s() > 0.0 { s.mib_s() / raw.mib_s() } else { 0.0 })
+                .collect();
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        })
+        .collect();
     let medians: Vec<(Sample, (f64, f64))> = samples
         .into_iter()
         .map(|mut v| {
@@ -419,16 +433,16 @@ pub fn measure(cell: &Cell, s: &Settings, tick: &mut dyn FnMut()) -> Result<Vec<
             (v[v.len() / 2], spread)
         })
         .collect();
-    let raw = medians[0].0.mib_s();
     Ok(devs
         .iter()
         .zip(medians)
-        .map(|((name, _), (median, spread))| Row {
+        .zip(ratios)
+        .map(|(((name, _), (median, spread)), ratio_to_raw)| Row {
             cell: cell.clone(),
             variant: name,
             median,
             spread,
-            ratio_to_raw: if raw > 0.0 { median.mib_s() / raw } else { 0.0 },
+            ratio_to_raw,
         })
         .collect())
 }
