@@ -262,3 +262,23 @@ fn bench_emits_json_rows_with_the_required_fields_and_a_chart() {
     let svg = std::fs::read_to_string(&chart).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("cloudflare") && svg.contains("sector-size"));
 }
+
+#[test]
+fn cleartext_listen_beyond_loopback_needs_an_explicit_flag_and_warns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = image(tmp.path(), "d.img", 80 * 512);
+    let t = table(&img, "");
+    let out = ucrypt(&["open", "--table", &t, "--listen", "0.0.0.0:0", "--run", "true"], b"");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in the clear") && err.contains("--allow-cleartext-network"), "{err}");
+    let out = ucrypt(
+        &["open", "--table", &t, "--listen", "0.0.0.0:0", "--allow-cleartext-network", "--run", "true"],
+        b"",
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: serving decrypted data without TLS"));
+    // Loopback needs nothing.
+    let out = ucrypt(&["open", "--table", &t, "--listen", "127.0.0.1:0", "--run", "true"], b"");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

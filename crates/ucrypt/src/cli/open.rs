@@ -53,6 +53,10 @@ pub(crate) struct Args {
     /// PORT means 127.0.0.1:PORT).
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<String>,
+    /// Allow a TCP listen address that is not loopback without TLS: decrypted data then
+    /// crosses the network in the clear (a warning is printed).
+    #[arg(long)]
+    allow_cleartext_network: bool,
     /// Run CMD (via sh -c) once serving, with $uri, $nbd, $unixsocket/$port set; stop when
     /// it exits and return its status.
     #[arg(long, value_name = "CMD")]
@@ -159,6 +163,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     ucrypt_nbd::server::shutdown_on_signals(&shutdown).code(EXIT_PARAMS)?;
     // TLS credentials are checked before a passphrase is asked for or a volume opened.
     let tls = tls_config(&a)?;
+    check_exposure(&a, tls.is_some())?;
 
     let (export, description) = if a.header.device.is_some() {
         let opts = ucrypt::OpenOptions {
@@ -285,6 +290,44 @@ fn open_export(a: &Args, line: &str) -> Result<(Arc<dyn Backend>, String), CliEr
     Ok((opened.volume, description))
 }
 
+/// The TCP address `--listen` names (a bare PORT means 127.0.0.1:PORT).
+fn listen_addr(a: &Args) -> String {
+    let addr = a.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    if addr.contains(':') {
+        addr.to_string()
+    } else {
+        format!("127.0.0.1:{addr}")
+    }
+}
+
+/// Decrypted data must not cross a network in the clear by accident: a TCP listen on a
+/// non-loopback address without TLS needs `--allow-cleartext-network`, and warns.
+fn check_exposure(a: &Args, tls: bool) -> Result<(), CliError> {
+    if tls || a.socket.is_some() || a.listen.is_none() {
+        return Ok(()); // unix sockets and the default 127.0.0.1 stay on this machine
+    }
+    let addr = listen_addr(a);
+    let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(addr.as_str())
+        .map_err(|e| anyhow::anyhow!("--listen {addr}: {e}"))
+        .code(EXIT_PARAMS)?
+        .collect();
+    if addrs.iter().all(|s| s.ip().is_loopback()) {
+        return Ok(());
+    }
+    if !a.allow_cleartext_network {
+        return Err(anyhow::anyhow!(
+            "--listen {addr} is reachable from other machines and TLS is off: the decrypted \
+             volume would cross the network in the clear; use --tls=require with \
+             --tls-certificates or --tls-psk, or pass --allow-cleartext-network"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    eprintln!(
+        "ucrypt: warning: serving decrypted data without TLS on {addr}, reachable from other machines"
+    );
+    Ok(())
+}
+
 /// Binds the socket the options ask for.
 fn listen(a: &Args, cleanup: &mut Cleanup) -> Result<Listener, CliError> {
     if let Some(p) = &a.socket {
@@ -302,12 +345,7 @@ fn listen(a: &Args, cleanup: &mut Cleanup) -> Result<Listener, CliError> {
             .map_err(anyhow::Error::from)
             .code(EXIT_PARAMS);
     }
-    let addr = a.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
-    let addr = if addr.contains(':') {
-        addr.to_string()
-    } else {
-        format!("127.0.0.1:{addr}")
-    };
+    let addr = listen_addr(a);
     Listener::bind_tcp(addr.as_str())
         .map_err(anyhow::Error::from)
         .code(EXIT_PARAMS)
