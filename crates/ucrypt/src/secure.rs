@@ -42,3 +42,50 @@ pub fn core_dumps_disabled() -> bool {
     let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
     limit_zero && dumpable == 0
 }
+
+/// Locks every page of the process in RAM as it is touched, now and in future
+/// (`mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT)`; ONFAULT so thread stacks and
+/// reserved buffers are not populated just to be locked), as libcryptsetup locks memory
+/// while it handles keys: `VolumeKey` locks its own bytes, but the ciphers' key schedules
+/// live in library contexts it cannot reach.
+///
+/// Done only where it cannot make later allocations fail: when the process's
+/// `RLIMIT_MEMLOCK` is unlimited or it runs as root (CAP_IPC_LOCK). Otherwise nothing is
+/// locked beyond the keys themselves and `Ok(false)` is returned.
+///
+/// # Errors
+/// `mlockall` failed although the limits allowed it.
+#[allow(unsafe_code)]
+pub fn lock_all_memory() -> std::io::Result<bool> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own; geteuid has no arguments.
+    let unlimited = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0
+        && r.rlim_cur == libc::RLIM_INFINITY;
+    // SAFETY: as above.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !(unlimited || root) {
+        return Ok(false);
+    }
+    // SAFETY: mlockall takes flags only; it changes no memory contents.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(true)
+}
+
+/// Whether any memory of this process is locked (`VmLck` in /proc/self/status).
+pub fn locked_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmLck:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+        })
+        .map_or(0, |kb| kb * 1024)
+}

@@ -268,17 +268,91 @@ fn cleartext_listen_beyond_loopback_needs_an_explicit_flag_and_warns() {
     let tmp = tempfile::tempdir().unwrap();
     let img = image(tmp.path(), "d.img", 80 * 512);
     let t = table(&img, "");
-    let out = ucrypt(&["open", "--table", &t, "--listen", "0.0.0.0:0", "--run", "true"], b"");
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("in the clear") && err.contains("--allow-cleartext-network"), "{err}");
     let out = ucrypt(
-        &["open", "--table", &t, "--listen", "0.0.0.0:0", "--allow-cleartext-network", "--run", "true"],
+        &[
+            "open",
+            "--table",
+            &t,
+            "--listen",
+            "0.0.0.0:0",
+            "--run",
+            "true",
+        ],
         b"",
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: serving decrypted data without TLS"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("in the clear") && err.contains("--allow-cleartext-network"),
+        "{err}"
+    );
+    let out = ucrypt(
+        &[
+            "open",
+            "--table",
+            &t,
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-cleartext-network",
+            "--run",
+            "true",
+        ],
+        b"",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("warning: serving decrypted data without TLS"));
     // Loopback needs nothing.
-    let out = ucrypt(&["open", "--table", &t, "--listen", "127.0.0.1:0", "--run", "true"], b"");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ucrypt(
+        &[
+            "open",
+            "--table",
+            &t,
+            "--listen",
+            "127.0.0.1:0",
+            "--run",
+            "true",
+        ],
+        b"",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_serving_process_keeps_its_memory_locked_when_root() {
+    // SAFETY: geteuid has no arguments.
+    #[allow(unsafe_code)]
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("SKIP: mlockall is only used as root or with an unlimited RLIMIT_MEMLOCK");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = image(tmp.path(), "d.img", 80 * 512);
+    let t = table(&img, "");
+    // $PPID inside `sh -c` is the ucrypt process.
+    let out = ok(ucrypt(
+        &[
+            "open",
+            "--table",
+            &t,
+            "--run",
+            "grep VmLck /proc/$PPID/status",
+        ],
+        b"",
+    ));
+    let line = String::from_utf8(out).unwrap();
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(
+        kb > 1024,
+        "expected the whole process locked, VmLck is {kb} kB"
+    );
 }
