@@ -419,7 +419,13 @@ pub fn measure(cell: &Cell, s: &Settings, tick: &mut dyn FnMut()) -> Result<Vec<
             let mut r: Vec<f64> = v
                 .iter()
                 .zip(&samples[0])
-                .map(|(s, raw)| if raw.mib_s() > 0.0 { s.mib_s() / raw.mib_s() } else { 0.0 })
+                .map(|(s, raw)| {
+                    if raw.mib_s() > 0.0 {
+                        s.mib_s() / raw.mib_s()
+                    } else {
+                        0.0
+                    }
+                })
                 .collect();
             r.sort_by(f64::total_cmp);
             r[r.len() / 2]
