@@ -9,7 +9,8 @@ use crate::CryptoError;
 use cipher::{array::Array, BlockCipherDecrypt, BlockCipherEncrypt, BlockSizeUser, KeyInit};
 
 /// The block ciphers ucrypt knows, by kernel name.
-pub const CIPHER_NAMES: &str = "aes, serpent, twofish, camellia, blowfish, des3_ede, cipher_null";
+pub const CIPHER_NAMES: &str =
+    "aes, serpent, twofish, camellia, kuznyechik, blowfish, des3_ede, cast5, cipher_null";
 
 /// A keyed block cipher working on whole blocks in place.
 pub trait BlockCipher: Send + Sync {
@@ -75,6 +76,8 @@ pub fn key_lengths(name: &str) -> &'static str {
         "serpent" => "16 to 32",
         "blowfish" => "4 to 56",
         "des3_ede" => "24",
+        "kuznyechik" => "32",
+        "cast5" => "5 to 16",
         "cipher_null" => "0",
         _ => "?",
     }
@@ -84,15 +87,23 @@ pub fn key_lengths(name: &str) -> &'static str {
 pub fn is_known(name: &str) -> bool {
     matches!(
         name,
-        "aes" | "serpent" | "twofish" | "camellia" | "blowfish" | "des3_ede" | "cipher_null"
+        "aes"
+            | "serpent"
+            | "twofish"
+            | "camellia"
+            | "kuznyechik"
+            | "blowfish"
+            | "des3_ede"
+            | "cast5"
+            | "cipher_null"
     )
 }
 
 /// Block size of a known cipher, without a key.
 pub fn block_size_of(name: &str) -> Option<usize> {
     match name {
-        "aes" | "serpent" | "twofish" | "camellia" => Some(16),
-        "blowfish" | "des3_ede" => Some(8),
+        "aes" | "serpent" | "twofish" | "camellia" | "kuznyechik" => Some(16),
+        "blowfish" | "des3_ede" | "cast5" => Some(8),
         "cipher_null" => Some(1),
         _ => None,
     }
@@ -121,6 +132,8 @@ pub fn new_block_cipher(name: &str, key: &[u8]) -> Result<Box<dyn BlockCipher>, 
         },
         "blowfish" => rc::<blowfish::Blowfish>(key),
         "des3_ede" => rc::<des::TdesEde3>(key),
+        "kuznyechik" => rc::<kuznyechik::Kuznyechik>(key),
+        "cast5" => rc::<cast5::Cast5>(key),
         "cipher_null" => key
             .is_empty()
             .then(|| Box::new(NullCipher) as Box<dyn BlockCipher>),

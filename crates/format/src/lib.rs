@@ -3,6 +3,7 @@
 //! Parses and prints dm-crypt table lines ([`table`]) and reads keys from the kernel
 //! keyring ([`keyring`]). On-disk headers go through libcryptsetup ([`cryptsetup`]: LUKS1,
 //! LUKS2, and the other types it reads); [`plain`] holds cryptsetup's plain-mode key rules.
+//! [`tcrypt`] decrypts TrueCrypt/VeraCrypt headers in pure Rust.
 //! [`luks1`] and [`luks2`] unlock keyslots in pure Rust ([`kdf`], [`af`], ucrypt's own
 //! ciphers) for ciphers libcryptsetup can only use through the kernel (Serpent, Twofish,
 //! LRW, ESSIV with Whirlpool).
@@ -28,6 +29,7 @@ pub mod luks1;
 pub mod luks2;
 pub mod plain;
 pub mod table;
+pub mod tcrypt;
 
 pub use error::FormatError;
 pub use table::{KeySource, OptParam, TableLine, ValidateOptions};

@@ -43,7 +43,8 @@ pub enum VolumeType {
     Bitlk,
     /// FileVault2 / CoreStorage (`--type fvault2`).
     Fvault2,
-    /// TrueCrypt / VeraCrypt (`--type tcrypt`): recognised, not supported yet.
+    /// TrueCrypt / VeraCrypt (`--type tcrypt`): header decrypted in Rust, cascades served
+    /// as stacked volumes (see [`crate::tcrypt`]).
     Tcrypt,
 }
 
@@ -82,6 +83,8 @@ pub struct HeaderOptions {
     pub plain_raw_key: bool,
     /// `--allow-discards`, added to the header's persistent flags.
     pub allow_discards: bool,
+    /// TCRYPT search and header options (used with [`VolumeType::Tcrypt`]).
+    pub tcrypt: ucrypt_format::tcrypt::TcryptOptions,
 }
 
 /// A header unlocked: the equivalent table line (with the volume key) and header facts.
@@ -95,13 +98,19 @@ pub struct Unlocked {
     /// The whole table when the mapping has several targets (BitLocker: dm-crypt and
     /// dm-zero lines); empty when `table` alone is the mapping.
     pub targets: Vec<Target>,
+    /// Layers stacked on `table`, from the device up (TCRYPT cipher cascades: each line's
+    /// device is the layer below); empty for one layer.
+    pub layers: Vec<TableLine>,
 }
 
 impl Unlocked {
     /// The mapping as `dmsetup table` prints it, one line per target.
     pub fn table_lines(&self, show_keys: bool) -> Vec<String> {
         if self.targets.is_empty() {
-            vec![self.table.to_line(show_keys)]
+            std::iter::once(&self.table)
+                .chain(&self.layers)
+                .map(|t| t.to_line(show_keys))
+                .collect()
         } else {
             self.targets.iter().map(|t| t.to_line(show_keys)).collect()
         }
@@ -163,7 +172,10 @@ pub fn load_luks(cd: &mut CryptDevice, kind: VolumeType) -> Result<()> {
         VolumeType::Fvault2 => Some(HeaderType::Fvault2),
         VolumeType::Luks => None,
         VolumeType::Plain => bail!("plain mode has no header to load"),
-        VolumeType::Tcrypt => return Err(tcrypt_unsupported()),
+        VolumeType::Tcrypt => bail!(
+            "TCRYPT headers are decrypted by ucrypt itself (ucrypt_format::tcrypt), not loaded \
+             through libcryptsetup"
+        ),
     };
     let name = cd.device_name().to_string();
     cd.load(want).with_context(|| match want {
@@ -268,7 +280,7 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
         VolumeType::Plain => return unlock_plain(device, secret, opts),
         VolumeType::Bitlk => return unlock_bitlk(device, secret, opts),
         VolumeType::Fvault2 => return unlock_fvault2(device, secret, opts),
-        VolumeType::Tcrypt => return Err(tcrypt_unsupported()),
+        VolumeType::Tcrypt => return crate::tcrypt::unlock_tcrypt(device, secret, opts),
         _ => {}
     }
     let mut cd = crypt_device(device, opts.header.as_deref())?;
@@ -315,14 +327,8 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
         info,
         slot: Some(slot),
         targets: Vec::new(),
+        layers: Vec::new(),
     })
-}
-
-fn tcrypt_unsupported() -> anyhow::Error {
-    FormatError::NotSupported(
-        "opening TrueCrypt/VeraCrypt volumes (--type tcrypt) in ucrypt".into(),
-    )
-    .into()
 }
 
 /// Loads a non-LUKS header of `kind` and unlocks its volume key through libcryptsetup.
@@ -397,6 +403,7 @@ fn unlock_bitlk(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
         info,
         slot: None,
         targets,
+        layers: Vec::new(),
     })
 }
 
@@ -443,6 +450,7 @@ fn unlock_fvault2(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<
         info,
         slot: None,
         targets: Vec::new(),
+        layers: Vec::new(),
     })
 }
 
@@ -500,13 +508,15 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
         info,
         slot: None,
         targets: Vec::new(),
+        layers: Vec::new(),
     })
 }
 
 /// [`unlock`], then opens the device and builds the volume, exactly as a table line.
 ///
 /// # Errors
-/// As [`unlock`] and [`crate::open::open_table`].
+/// As [`unlock`] and [`crate::open::open_table`]; volumes of several targets or layers
+/// (BitLocker, TCRYPT cascades) are refused: use [`open_unlocked`].
 pub fn open_header(
     device: &Path,
     secret: &[u8],
@@ -514,11 +524,18 @@ pub fn open_header(
     opts: OpenOptions,
 ) -> Result<OpenedTable> {
     let unlocked = unlock(device, secret, hopts)?;
+    if !unlocked.layers.is_empty() || !unlocked.targets.is_empty() {
+        bail!(
+            "{} maps to several dm-crypt layers or targets; open it with open_unlocked",
+            device.display()
+        );
+    }
     open_parsed(unlocked.table, opts)
 }
 
 /// Builds the decrypted view of an unlocked volume: the one table line's volume, or, for a
-/// multi-target mapping (BitLocker), the targets joined end to end.
+/// multi-target mapping (BitLocker), the targets joined end to end, or for a TCRYPT
+/// cascade, the layers stacked.
 ///
 /// # Errors
 /// As [`crate::open::open_parsed`].
@@ -526,7 +543,9 @@ pub fn open_unlocked(
     unlocked: Unlocked,
     opts: OpenOptions,
 ) -> Result<std::sync::Arc<dyn ucrypt_backend::Backend>> {
-    if unlocked.targets.is_empty() {
+    if !unlocked.layers.is_empty() {
+        crate::tcrypt::open_layers(unlocked.table, unlocked.layers, opts)
+    } else if unlocked.targets.is_empty() {
         Ok(open_parsed(unlocked.table, opts)?.volume)
     } else {
         open_targets(unlocked.targets, opts)

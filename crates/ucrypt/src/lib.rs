@@ -16,6 +16,7 @@ pub mod header;
 pub mod mapping;
 pub mod open;
 pub mod secure;
+pub mod tcrypt;
 
 pub use header::{open_header, open_unlocked, unlock, HeaderOptions, Unlocked, VolumeType};
 pub use open::{open_parsed, open_table, OpenOptions, OpenedTable};

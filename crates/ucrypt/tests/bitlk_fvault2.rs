@@ -222,7 +222,7 @@ fn ucrypt_bin(args: &[&str], stdin: &[u8]) -> std::process::Output {
 }
 
 /// `bitlkDump`, `fvault2Dump --dump-volume-key`, `luksOpen --type bitlk --print-table`,
-/// `tcryptDump` (refused, exit 1) and `benchmark --pbkdf` through the binary.
+/// `tcryptDump` on a non-TCRYPT image (exit 2) and `benchmark --pbkdf` through the binary.
 #[test]
 fn dump_commands_print_cryptsetups_fields_and_the_pbkdf_benchmark_runs() {
     let Some(base) = base() else { return };
@@ -284,9 +284,19 @@ fn dump_commands_print_cryptsetups_fields_and_the_pbkdf_benchmark_runs() {
         b"wrongpass",
     );
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let out = ucrypt_bin(&["tcryptDump", fv.to_str().unwrap()], b"");
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"));
+    // Not a TrueCrypt volume: no header decrypts (exit 2, as a wrong passphrase).
+    let out = ucrypt_bin(
+        &[
+            "tcryptDump",
+            "--hash",
+            "sha512",
+            "-c",
+            "aes",
+            fv.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let out = ucrypt_bin(
         &[
             "benchmark",

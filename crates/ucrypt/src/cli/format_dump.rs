@@ -1,4 +1,4 @@
-//! `ucrypt bitlkDump` / `fvault2Dump` / `tcryptDump <device>`: the header as cryptsetup
+//! `ucrypt bitlkDump` / `fvault2Dump <device>`: the header as cryptsetup
 //! prints it (libcryptsetup's own `crypt_dump`), or the volume key (only when confirmed).
 
 use super::luks::{CsResult, DeviceArgs};
@@ -6,7 +6,7 @@ use super::secret::{self, KeyFileArgs};
 use super::CliError;
 use ucrypt::header::{load_luks, VolumeType};
 
-/// Arguments of `ucrypt bitlkDump`, `fvault2Dump` and `tcryptDump`.
+/// Arguments of `ucrypt bitlkDump` and `fvault2Dump` (`tcryptDump`: see `cli::tcrypt`).
 #[derive(clap::Args)]
 pub(crate) struct Args {
     #[command(flatten)]
@@ -21,7 +21,7 @@ pub(crate) struct Args {
     key: KeyFileArgs,
 }
 
-/// Runs the dump for `kind` (Bitlk, Fvault2 or Tcrypt).
+/// Runs the dump for `kind` (Bitlk or Fvault2).
 pub(crate) fn run(kind: VolumeType, a: Args) -> Result<(), CliError> {
     let mut cd = a.dev.context()?;
     load_luks(&mut cd, kind).map_err(super::luks::cs_error)?;

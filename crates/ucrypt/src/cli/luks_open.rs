@@ -67,7 +67,7 @@ pub(crate) struct Args {
     dev: DeviceArgs,
     /// Mapping name (accepted for cryptsetup compatibility; nothing is mapped).
     name: Option<String>,
-    /// Device type: luks (any), luks1, luks2, plain.
+    /// Device type: luks (any), luks1, luks2, plain, bitlk, fvault2, tcrypt.
     #[arg(long = "type", short = 'M', default_value = "luks")]
     kind: String,
     /// Only check the passphrase.
@@ -89,6 +89,8 @@ pub(crate) struct Args {
     key: KeyFileArgs,
     #[command(flatten)]
     plain: PlainArgs,
+    #[command(flatten)]
+    tcrypt: super::tcrypt::TcryptArgs,
 }
 
 /// Builds the header options and reads the secret the way cryptsetup does for `kind`.
@@ -107,6 +109,7 @@ pub(crate) fn unlock_inputs(
         plain: plain.options(),
         plain_raw_key: false,
         allow_discards,
+        tcrypt: Default::default(),
     };
     let secret = if kind == VolumeType::Plain {
         // cryptsetup: a key file other than stdin is the raw key, exactly key-size bytes
@@ -138,9 +141,22 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    let (hopts, secret) =
-        unlock_inputs(&a.dev, kind, &a.key, a.key_slot, a.allow_discards, &a.plain)?;
-    if a.test_passphrase && !a.print_table && kind != VolumeType::Plain {
+    let (hopts, secret) = if kind == VolumeType::Tcrypt {
+        super::tcrypt::inputs(
+            &a.dev.device,
+            a.dev.header.clone(),
+            &a.key,
+            &a.tcrypt,
+            &a.plain,
+            a.allow_discards,
+        )?
+    } else {
+        unlock_inputs(&a.dev, kind, &a.key, a.key_slot, a.allow_discards, &a.plain)?
+    };
+    if a.test_passphrase
+        && !a.print_table
+        && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
+    {
         // The passphrase check alone, exactly as `cryptsetup open --test-passphrase`.
         let mut cd = a.dev.load(kind)?;
         cd.check_passphrase(a.key_slot, &secret).cs()?;

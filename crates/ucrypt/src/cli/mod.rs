@@ -23,6 +23,7 @@ mod open_header;
 mod read;
 mod secret;
 mod table;
+mod tcrypt;
 mod write;
 
 use clap::{Parser, Subcommand};
@@ -60,9 +61,9 @@ enum Command {
     /// Print a FileVault2 header (or --dump-volume-key), like cryptsetup fvault2Dump.
     #[command(name = "fvault2Dump")]
     Fvault2Dump(format_dump::Args),
-    /// TrueCrypt/VeraCrypt header dump: not supported yet (says so).
+    /// Print a TrueCrypt/VeraCrypt header (or --dump-volume-key), like cryptsetup tcryptDump.
     #[command(name = "tcryptDump")]
-    TcryptDump(format_dump::Args),
+    TcryptDump(tcrypt::DumpArgs),
     /// Add a passphrase in a new keyslot, unlocked by an existing one.
     #[command(name = "luksAddKey")]
     LuksAddKey(luks_add_key::Args),
@@ -91,7 +92,7 @@ enum Command {
     #[command(name = "luksOpen")]
     LuksOpen(luks_open::Args),
     /// Serve a table's decrypted view over NBD (unix socket or TCP), in the foreground.
-    Open(open::Args),
+    Open(Box<open::Args>),
 }
 
 /// An error with the exit code it maps to.
@@ -257,7 +258,7 @@ pub fn run() -> ExitCode {
         Command::LuksDump(a) => luks_dump::run(a),
         Command::BitlkDump(a) => format_dump::run(ucrypt::VolumeType::Bitlk, a),
         Command::Fvault2Dump(a) => format_dump::run(ucrypt::VolumeType::Fvault2, a),
-        Command::TcryptDump(a) => format_dump::run(ucrypt::VolumeType::Tcrypt, a),
+        Command::TcryptDump(a) => tcrypt::run_dump(a),
         Command::LuksAddKey(a) => luks_add_key::run(a),
         Command::LuksRemoveKey(a) => luks_remove_key::run(a),
         Command::LuksChangeKey(a) => luks_change_key::run(a),
@@ -267,7 +268,7 @@ pub fn run() -> ExitCode {
         Command::LuksHeaderBackup(a) => luks_header_backup::run(a),
         Command::LuksHeaderRestore(a) => luks_header_restore::run(a),
         Command::LuksOpen(a) => luks_open::run(a),
-        Command::Open(a) => open::run(a),
+        Command::Open(a) => open::run(*a),
         Command::Bench(a) => bench::run(a),
     };
     match result {

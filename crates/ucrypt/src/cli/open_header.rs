@@ -22,7 +22,8 @@ pub(crate) struct HeaderArgs {
     /// Mapping name (accepted for cryptsetup compatibility; the export is served, not mapped).
     #[arg(value_name = "NAME")]
     pub(crate) name: Option<String>,
-    /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, bitlk, fvault2.
+    /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, bitlk, fvault2,
+    /// tcrypt.
     #[arg(
         long = "type",
         short = 'M',
@@ -46,6 +47,8 @@ pub(crate) struct HeaderArgs {
     pub(crate) key: KeyFileArgs,
     #[command(flatten)]
     pub(crate) plain: PlainArgs,
+    #[command(flatten)]
+    pub(crate) tcrypt: super::tcrypt::TcryptArgs,
 }
 
 /// What the header path gives `ucrypt open`: nothing more to do (`--test-passphrase`), or
@@ -69,9 +72,19 @@ pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<Header
         device: device.clone(),
         header: h.header.clone(),
     };
-    let (hopts, secret) =
-        unlock_inputs(&dev, kind, &h.key, h.key_slot, h.allow_discards, &h.plain)?;
-    if h.test_passphrase && kind != VolumeType::Plain {
+    let (hopts, secret) = if kind == VolumeType::Tcrypt {
+        super::tcrypt::inputs(
+            &device,
+            h.header.clone(),
+            &h.key,
+            &h.tcrypt,
+            &h.plain,
+            h.allow_discards,
+        )?
+    } else {
+        unlock_inputs(&dev, kind, &h.key, h.key_slot, h.allow_discards, &h.plain)?
+    };
+    if h.test_passphrase && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt) {
         let mut cd = dev.load(kind)?;
         cd.check_passphrase(h.key_slot, &secret).cs()?;
         return Ok(HeaderExport::Checked);

@@ -1,0 +1,198 @@
+//! TrueCrypt / VeraCrypt volumes: the header decrypted in Rust
+//! ([`ucrypt_format::tcrypt`]), the data area mapped as cryptsetup's kernel mapping does.
+//!
+//! ```text
+//!  single cipher:  device ─► Volume(aes-xts-plain64, offset = data offset, iv_offset)
+//!  cascade:        device ─► Volume(serpent …, offset, iv_offset)      (outermost on disk)
+//!                          ─► Volume(twofish …, offset 0, iv_offset)
+//!                          ─► Volume(aes …,     offset 0, iv_offset)   (what is served)
+//! ```
+//! Each layer is an engine [`Volume`], which is itself a [`Backend`], so layers stack the
+//! way cryptsetup stacks its `name_2`, `name_1`, `name` dm-crypt devices.
+
+use crate::config::engine_options;
+use crate::header::{HeaderOptions, Unlocked};
+use crate::open::{open_parsed, OpenOptions};
+use anyhow::{bail, Context, Result};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use ucrypt_backend::Backend;
+use ucrypt_engine::{Volume, VolumeConfig};
+use ucrypt_format::cryptsetup::{HeaderInfo, HeaderType};
+use ucrypt_format::tcrypt::{self, TcryptHeader};
+use ucrypt_format::{FormatError, KeySource, OptParam, TableLine, ValidateOptions};
+
+/// Size of a file or block device in bytes.
+fn device_bytes(path: &Path) -> Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("opening device {}", path.display()))?;
+    Ok(f.seek(SeekFrom::End(0))?)
+}
+
+/// A block-device partition: (whole drive, first sector of the partition).
+fn partition_of(path: &Path) -> Option<(PathBuf, u64)> {
+    let md = std::fs::metadata(path).ok()?;
+    if !md.file_type().is_block_device() {
+        return None;
+    }
+    let rdev = md.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let start: u64 = std::fs::read_to_string(sys.join("start"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    std::fs::metadata(sys.join("partition")).ok()?;
+    let parent = std::fs::canonicalize(&sys)
+        .ok()?
+        .parent()?
+        .file_name()?
+        .to_owned();
+    Some((Path::new("/dev").join(parent), start))
+}
+
+/// Reads and decrypts the TCRYPT header for `device` (or the detached `opts.header`; the
+/// parent drive of a partition for system encryption).
+///
+/// # Errors
+/// As [`tcrypt::load`].
+pub fn load_header(
+    device: &Path,
+    secret: &[u8],
+    opts: &HeaderOptions,
+) -> Result<(TcryptHeader, PathBuf)> {
+    let t = &opts.tcrypt;
+    let meta = match (&opts.header, t.system) {
+        (Some(h), _) => h.clone(),
+        (None, true) => partition_of(device).map_or_else(|| device.to_path_buf(), |(d, _)| d),
+        (None, false) => device.to_path_buf(),
+    };
+    let hdr = tcrypt::load(&meta, secret, t)
+        .with_context(|| format!("unlocking TCRYPT device {}", device.display()))?;
+    Ok((hdr, meta))
+}
+
+/// Unlocks a TCRYPT volume: the bottom layer as `table`, the layers above in `layers`.
+///
+/// # Errors
+/// As [`load_header`], plus legacy modes without a mapping, and a device too small for
+/// the area the header describes.
+pub fn unlock_tcrypt(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
+    let t = &opts.tcrypt;
+    let (hdr, meta) = load_header(device, secret, opts)?;
+    let device_str = device.display().to_string();
+    let meta_bytes = device_bytes(&meta)?;
+    let data_bytes = device_bytes(device)?;
+    let mut offset = hdr.data_offset(t.hidden, t.system, meta_bytes);
+    let mut iv_offset = hdr.iv_offset(t.hidden, t.system, meta_bytes);
+    let mut size = if t.system {
+        0
+    } else {
+        hdr.size_sectors(t.hidden)
+    };
+    if t.system {
+        if let Some((_, start)) = partition_of(device) {
+            // One partition: data from its start, IVs from the drive's sector numbers.
+            (offset, iv_offset) = (0, start);
+        } else if opts.header.is_some() {
+            // The header came from elsewhere: the device is a copy of the partition.
+            offset = 0;
+        } else {
+            // The header is on the device itself: map the whole encrypted area.
+            size = hdr.volume_size / 512;
+        }
+    }
+    let total = data_bytes / 512;
+    if size == 0 {
+        size = total.saturating_sub(offset);
+    }
+    if size == 0 || offset.saturating_add(size) > total {
+        bail!(
+            "TCRYPT volume on {device_str}: data area (offset {offset}, {size} sectors) does not \
+             fit the device ({total} sectors)"
+        );
+    }
+    let mut lines = Vec::new();
+    for (i, layer) in hdr.layers()?.into_iter().enumerate() {
+        let cipher: ucrypt_crypto::CipherSpec = layer
+            .cipher
+            .parse()
+            .with_context(|| format!("TCRYPT layer cipher \"{}\"", layer.cipher))?;
+        let mut o = Vec::new();
+        if opts.allow_discards {
+            o.push(OptParam::AllowDiscards);
+        }
+        lines.push(TableLine {
+            start: 0,
+            length: size,
+            cipher,
+            key: KeySource::Hex(layer.key),
+            iv_offset,
+            device: if i == 0 {
+                device_str.clone()
+            } else {
+                format!("<tcrypt layer {i}>")
+            },
+            offset: if i == 0 { offset } else { 0 },
+            opts: o,
+        });
+    }
+    let mut lines = lines.into_iter();
+    let table = lines
+        .next()
+        .with_context(|| format!("TCRYPT header on {device_str} names no cipher"))?;
+    let info = HeaderInfo {
+        kind: Some(HeaderType::Tcrypt),
+        cipher: hdr.chain.long_name.to_string(),
+        cipher_mode: hdr.chain.mode.name().to_string(),
+        uuid: None,
+        label: None,
+        data_offset: offset,
+        iv_offset,
+        key_bytes: hdr.chain.chain_key_size,
+        sector_size: 512,
+    };
+    Ok(Unlocked {
+        table,
+        info,
+        slot: None,
+        targets: Vec::new(),
+        layers: lines.collect(),
+    })
+}
+
+/// Opens `bottom` on its device and stacks each of `upper` on the one below.
+///
+/// # Errors
+/// As [`open_parsed`], and engine errors of the upper layers.
+pub fn open_layers(
+    bottom: TableLine,
+    upper: Vec<TableLine>,
+    opts: OpenOptions,
+) -> Result<Arc<dyn Backend>> {
+    let mut below: Arc<dyn Backend> = open_parsed(bottom, opts)?.volume;
+    for line in upper {
+        let cipher = line
+            .build_cipher(ValidateOptions {
+                allow_large_sectors: opts.allow_large_sectors,
+            })
+            .context("checking a TCRYPT cascade layer")?;
+        let volume = Volume::with_options(
+            Arc::from(cipher),
+            below,
+            VolumeConfig {
+                data_offset_bytes: 0,
+                length_bytes: line.length_bytes(),
+                read_only: opts.read_only,
+                allow_discards: line.has(OptParam::AllowDiscards),
+            },
+            engine_options(Some(&line), &opts.perf),
+        )
+        .map_err(|e| FormatError::Rule(format!("stacking TCRYPT layer {}: {e}", line.cipher)))?;
+        below = Arc::new(volume);
+    }
+    Ok(below)
+}
