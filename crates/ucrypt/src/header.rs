@@ -275,6 +275,9 @@ fn cipher_spec(info: &HeaderInfo, device: &str) -> Result<ucrypt_crypto::CipherS
 /// requirements that forbid activation, an unbound keyslot, an unusable cipher, or a
 /// device smaller than the data offset.
 pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
+    if crate::remote_header::is_remote(device) {
+        return unlock_remote(device, secret, opts);
+    }
     let device_str = device.display().to_string();
     match opts.kind {
         VolumeType::Plain => return unlock_plain(device, secret, opts),
@@ -329,6 +332,31 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
         targets: Vec::new(),
         layers: Vec::new(),
     })
+}
+
+/// A device that is an NBD URI: the header area is copied into a memfd of the device's size
+/// ([`crate::remote_header`]) for libcryptsetup, and the table maps the URI itself.
+fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
+    let uri = device.display().to_string();
+    let kind = match opts.kind {
+        VolumeType::Bitlk => Some("bitlk"),
+        VolumeType::Fvault2 => Some("fvault2"),
+        VolumeType::Tcrypt => Some("tcrypt"),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        bail!(
+            "--type {kind} on a remote NBD device ({uri}) is not supported: its metadata is \
+             spread over the device; open it where the device is local"
+        );
+    }
+    // Plain mode and a detached header need only the device's size from the remote.
+    let copy = opts.header.is_none() && opts.kind != VolumeType::Plain;
+    let staged = crate::remote_header::stage(&uri, copy)?;
+    let mut u = unlock(staged.path(), secret, opts)
+        .with_context(|| format!("remote device {uri} (header read into a memfd)"))?;
+    u.table.device = uri;
+    Ok(u)
 }
 
 /// Loads a non-LUKS header of `kind` and unlocks its volume key through libcryptsetup.

@@ -15,6 +15,7 @@ pub mod config;
 pub mod header;
 pub mod mapping;
 pub mod open;
+pub mod remote_header;
 pub mod secure;
 pub mod tcrypt;
 

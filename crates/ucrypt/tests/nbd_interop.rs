@@ -668,3 +668,109 @@ fn qemu_luks1_image_served_over_nbd_both_directions() {
         "QEMU decrypts what ucrypt encrypted"
     );
 }
+
+/// A LUKS volume whose device is a remote NBD export: the header area is read over NBD
+/// into a memfd for libcryptsetup, the data goes over NBD, and the key stays here. What is
+/// written through `ucrypt open nbd+unix://...` decrypts from the upstream's image file
+/// with the header opened locally; a wrong passphrase exits 2 and formats whose metadata
+/// is spread over the device are refused by name.
+#[test]
+fn luks_header_on_a_remote_nbd_device_opens_through_a_memfd_copy() {
+    if !require("nbdkit") || !require("nbdcopy") || !require("cryptsetup") {
+        return;
+    }
+    for luks in ["luks1", "luks2"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let img = image(tmp.path(), "upstream.img", 24 * MIB);
+        let pass = tmp.path().join("pass");
+        std::fs::write(&pass, "remote passphrase").unwrap();
+        let mut fmt = std::process::Command::new("cryptsetup");
+        fmt.args(["luksFormat", "-q", "--type", luks, "--pbkdf", "pbkdf2"])
+            .args(["--pbkdf-force-iterations", "1000", "--key-file"])
+            .arg(&pass)
+            .arg(&img);
+        run_ok(&fmt.output().unwrap(), "cryptsetup luksFormat");
+        let sock = tmp.path().join("up.sock");
+        let pid = tmp.path().join("up.pid");
+        let mut cmd = std::process::Command::new("nbdkit");
+        cmd.args(["-f", "-U"])
+            .arg(&sock)
+            .arg("-P")
+            .arg(&pid)
+            .arg("file")
+            .arg(&img);
+        let up = Upstream::start(&mut cmd, &pid);
+        let uri = format!("nbd+unix:///?socket={}", sock.display());
+
+        let ucrypt = |args: &[&str]| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap()
+        };
+        let pass_s = pass.to_str().unwrap();
+        let data = random_bytes(4 * MIB as usize);
+        let src = tmp.path().join("src.bin");
+        std::fs::write(&src, &data).unwrap();
+        let copy_in = format!(r#"nbdcopy {} "$uri""#, src.display());
+        let out = ucrypt(&["open", "--key-file", pass_s, &uri, "--run", &copy_in]);
+        run_ok(&out, &format!("{luks}: ucrypt open on the remote device"));
+
+        let wrong = tmp.path().join("wrong");
+        std::fs::write(&wrong, "not it").unwrap();
+        let out = ucrypt(&[
+            "open",
+            "--test-passphrase",
+            "--key-file",
+            wrong.to_str().unwrap(),
+            &uri,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{luks}: {out:?}");
+        let out = ucrypt(&["open", "--type", "bitlk", "--key-file", pass_s, &uri]);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("remote NBD device"),
+            "{luks}: {out:?}"
+        );
+        let out = ucrypt(&["luksOpen", "--print-table", "--key-file", pass_s, &uri]);
+        let remote_line = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            remote_line.contains(&format!(" {uri} ")),
+            "{luks}: the table maps the URI: {remote_line}"
+        );
+        drop(up);
+
+        let local = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+            .args([
+                "luksOpen",
+                "--print-table",
+                "--showkeys",
+                "--key-file",
+                pass_s,
+            ])
+            .arg(&img)
+            .output()
+            .unwrap();
+        run_ok(&local, "ucrypt luksOpen --print-table");
+        let local_line = String::from_utf8(local.stdout.clone()).unwrap();
+        // Same offsets and cipher as the remote open, only the device differs.
+        assert_eq!(
+            remote_line.replace(&uri, "DEV"),
+            local_line
+                .replace(img.to_str().unwrap(), "DEV")
+                .split(' ')
+                .enumerate()
+                .map(|(i, w)| if i == 4 { "<key:64-bytes>" } else { w })
+                .collect::<Vec<_>>()
+                .join(" "),
+            "{luks}"
+        );
+        let table = tmp.path().join("local.table");
+        std::fs::write(&table, &local.stdout).unwrap();
+        let back = ucrypt_read(&table);
+        assert!(
+            back[..data.len()] == data[..],
+            "{luks}: what went in over the remote device decrypts from the image"
+        );
+    }
+}

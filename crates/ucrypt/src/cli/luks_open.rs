@@ -156,6 +156,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     if a.test_passphrase
         && !a.print_table
         && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
+        && !ucrypt::remote_header::is_remote(&a.dev.device)
     {
         // The passphrase check alone, exactly as `cryptsetup open --test-passphrase`.
         let mut cd = a.dev.load(kind)?;

@@ -84,7 +84,10 @@ pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<Header
     } else {
         unlock_inputs(&dev, kind, &h.key, h.key_slot, h.allow_discards, &h.plain)?
     };
-    if h.test_passphrase && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt) {
+    if h.test_passphrase
+        && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
+        && !ucrypt::remote_header::is_remote(&device)
+    {
         let mut cd = dev.load(kind)?;
         cd.check_passphrase(h.key_slot, &secret).cs()?;
         return Ok(HeaderExport::Checked);
