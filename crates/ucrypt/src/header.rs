@@ -160,6 +160,26 @@ pub fn crypt_device(device: &Path, header: Option<&Path>) -> Result<CryptDevice>
     })
 }
 
+/// The type `open` takes when none is given: cryptsetup assumes LUKS; ucrypt also
+/// recognises the BitLocker and FileVault2 signatures (through libcryptsetup's loaders).
+/// TrueCrypt/VeraCrypt and plain volumes have no signature and always need `--type`.
+pub fn detect_type(device: &Path) -> VolumeType {
+    if crate::remote_header::is_remote(device) {
+        return VolumeType::Luks;
+    }
+    for (header, kind) in [
+        (HeaderType::Bitlk, VolumeType::Bitlk),
+        (HeaderType::Fvault2, VolumeType::Fvault2),
+    ] {
+        if let Ok(mut cd) = CryptDevice::init(device) {
+            if cd.load(Some(header)).is_ok() {
+                return kind;
+            }
+        }
+    }
+    VolumeType::Luks
+}
+
 /// Loads the LUKS header of the expected version.
 ///
 /// # Errors
@@ -376,15 +396,26 @@ fn load_other(
     Ok((cd, dump, key))
 }
 
-/// BitLocker: the volume key (FVEK) from libcryptsetup, the mapping from the layout as
-/// cryptsetup builds it (crypt targets around zeroed metadata, the moved volume header at
-/// the front).
+/// BitLocker: the volume key (FVEK) from libcryptsetup, or from ucrypt's own protector code
+/// where the library cannot (`ucrypt_format::bitlk::keys`: clear-key-only volumes, non-ASCII
+/// passphrases in 2.6.1); the mapping from the layout as cryptsetup builds it (crypt targets
+/// around zeroed metadata, the moved volume header at the front).
 fn unlock_bitlk(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let device_str = device.display().to_string();
-    let (mut cd, dump, key) = load_other(device, HeaderType::Bitlk, secret)?;
+    let mut cd = crypt_device(device, None)?;
+    cd.load(Some(HeaderType::Bitlk))
+        .with_context(|| format!("{device_str} is not a valid BITLK device"))?;
+    let dump = cd.dump()?;
+    let layout = ucrypt_format::bitlk::Layout::from_dump(&dump, device)?;
+    let key = match cd.volume_key(None, secret) {
+        Ok((_, key)) => key,
+        Err(library) => ucrypt_format::bitlk::keys::Metadata::read(device, &layout.fve_offsets)
+            .and_then(|m| m.volume_key(secret))
+            .map_err(|_| library)
+            .with_context(|| format!("unlocking {device_str}"))?,
+    };
     let info = cd.info();
     drop(cd);
-    let layout = ucrypt_format::bitlk::Layout::from_dump(&dump, device)?;
     if let Some(why) = layout.activation_refusal() {
         return Err(FormatError::Refused(format!("{device_str}: {why}")).into());
     }

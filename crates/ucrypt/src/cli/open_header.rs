@@ -1,6 +1,7 @@
 //! `ucrypt open <device> [<name>] --type luks|luks1|luks2|plain|bitlk|fvault2`: the header half of
 //! `ucrypt open`. cryptsetup's form: a device instead of a table line, the header
-//! detected (`--type luks`, the default, takes LUKS1 or LUKS2) or plain-mode options, and
+//! detected (`--type luks` takes LUKS1 or LUKS2; without `--type`, BitLocker and FileVault2
+//! signatures are recognised too) or plain-mode options, and
 //! the passphrase from `--key-file` or a prompt. The volume is then served like a table's.
 //! `--test-passphrase` only checks the passphrase and serves nothing.
 
@@ -23,14 +24,10 @@ pub(crate) struct HeaderArgs {
     #[arg(value_name = "NAME")]
     pub(crate) name: Option<String>,
     /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, bitlk, fvault2,
-    /// tcrypt.
-    #[arg(
-        long = "type",
-        short = 'M',
-        default_value = "luks",
-        requires = "device"
-    )]
-    pub(crate) kind: String,
+    /// tcrypt. Default: LUKS, or BitLocker/FileVault2 when the device carries their
+    /// signature (TCRYPT and plain volumes have none: name them).
+    #[arg(long = "type", short = 'M', requires = "device")]
+    pub(crate) kind: Option<String>,
     /// A detached LUKS header file.
     #[arg(long, value_name = "FILE", requires = "device")]
     pub(crate) header: Option<PathBuf>,
@@ -63,11 +60,11 @@ pub(crate) enum HeaderExport {
 /// Unlocks `h.device` and builds its volume with the engine options of `opts`.
 pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<HeaderExport, CliError> {
     let device = h.device.clone().expect("called only with a device");
-    let kind: VolumeType = h
-        .kind
-        .parse()
-        .map_err(anyhow::Error::from)
-        .code(EXIT_PARAMS)?;
+    let kind: VolumeType = match &h.kind {
+        Some(k) => k.parse().map_err(anyhow::Error::from).code(EXIT_PARAMS)?,
+        None if h.header.is_none() => ucrypt::header::detect_type(&device),
+        None => VolumeType::Luks,
+    };
     let dev = DeviceArgs {
         device: device.clone(),
         header: h.header.clone(),

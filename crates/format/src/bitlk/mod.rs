@@ -10,6 +10,8 @@
 //! ```
 //! With 4096-byte sectors the crypt targets add `sector_size:4096 iv_large_sectors`.
 
+pub mod keys;
+
 use crate::FormatError;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -36,7 +38,8 @@ pub struct Layout {
     pub volume_header_offset: u64,
     /// Its size in bytes.
     pub volume_header_size: u64,
-    /// A key protector is a clear key (a partially decrypted / suspended volume).
+    /// A key protector is a clear key (suspended protection, or a partially decrypted
+    /// volume when the state is not normal).
     pub clear_key: bool,
     /// Encrypt-on-write (used-space-only) volume.
     pub eow: bool,
@@ -156,7 +159,7 @@ impl Layout {
     /// Why cryptsetup refuses to activate this volume, if it does (the passphrase may still
     /// unlock the volume key).
     pub fn activation_refusal(&self) -> Option<&'static str> {
-        if self.clear_key {
+        if self.clear_key && !self.state_normal {
             Some("activation of partially decrypted BitLocker devices (clear key protector) is not supported")
         } else if self.eow {
             Some("BitLocker devices with type 'encrypt-on-write' (used space only) cannot be activated")
