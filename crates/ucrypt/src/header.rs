@@ -379,21 +379,13 @@ fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<U
     Ok(u)
 }
 
-/// Loads a non-LUKS header of `kind` and unlocks its volume key through libcryptsetup.
-fn load_other(
-    device: &Path,
-    kind: HeaderType,
-    secret: &[u8],
-) -> Result<(CryptDevice, String, VolumeKey)> {
-    let device_str = device.display().to_string();
+/// Loads a non-LUKS header of `kind` through libcryptsetup, with its dump text.
+fn load_other(device: &Path, kind: HeaderType) -> Result<(CryptDevice, String)> {
     let mut cd = crypt_device(device, None)?;
     cd.load(Some(kind))
-        .with_context(|| format!("{device_str} is not a valid {kind} device"))?;
+        .with_context(|| format!("{} is not a valid {kind} device", device.display()))?;
     let dump = cd.dump()?;
-    let (_, key) = cd
-        .volume_key(None, secret)
-        .with_context(|| format!("unlocking {device_str}"))?;
-    Ok((cd, dump, key))
+    Ok((cd, dump))
 }
 
 /// BitLocker: the volume key (FVEK) from libcryptsetup, or from ucrypt's own protector code
@@ -402,10 +394,7 @@ fn load_other(
 /// around zeroed metadata, the moved volume header at the front).
 fn unlock_bitlk(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let device_str = device.display().to_string();
-    let mut cd = crypt_device(device, None)?;
-    cd.load(Some(HeaderType::Bitlk))
-        .with_context(|| format!("{device_str} is not a valid BITLK device"))?;
-    let dump = cd.dump()?;
+    let (mut cd, dump) = load_other(device, HeaderType::Bitlk)?;
     let layout = ucrypt_format::bitlk::Layout::from_dump(&dump, device)?;
     let key = match cd.volume_key(None, secret) {
         Ok((_, key)) => key,
@@ -478,7 +467,10 @@ fn dump_number(dump: &str, label: &str, device: &str) -> Result<u64> {
 /// FileVault2: one crypt target over the logical volume, IVs counted from its start.
 fn unlock_fvault2(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let device_str = device.display().to_string();
-    let (mut cd, dump, key) = load_other(device, HeaderType::Fvault2, secret)?;
+    let (mut cd, dump) = load_other(device, HeaderType::Fvault2)?;
+    let (_, key) = cd
+        .volume_key(None, secret)
+        .with_context(|| format!("unlocking {device_str}"))?;
     let info = cd.info();
     drop(cd);
     let offset = dump_number(&dump, "Logical volume offset", &device_str)?;

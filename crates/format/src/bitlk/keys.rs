@@ -218,10 +218,10 @@ impl Metadata {
         entries(&self.block[BLOCK_HEADER + METADATA_HEADER..end], &what)
     }
 
-    fn vmks(&self) -> Result<Vec<Vmk<'_>>, FormatError> {
+    fn vmks<'a>(&self, list: &[Entry<'a>]) -> Result<Vec<Vmk<'a>>, FormatError> {
         let what = format!("VMK entry on {}", self.device);
         let mut out = Vec::new();
-        for e in self.entries()? {
+        for e in list {
             if e.entry_type != ENTRY_VMK || e.value_type != VALUE_VMK {
                 continue;
             }
@@ -244,7 +244,11 @@ impl Metadata {
     /// # Errors
     /// As [`Metadata::read`].
     pub fn protections(&self) -> Result<Vec<Protection>, FormatError> {
-        Ok(self.vmks()?.iter().map(|v| v.protection).collect())
+        Ok(self
+            .vmks(&self.entries()?)?
+            .iter()
+            .map(|v| v.protection)
+            .collect())
     }
 
     /// The volume key (FVEK) in the form dm-crypt takes it, from a clear-key protector
@@ -254,7 +258,8 @@ impl Metadata {
     /// [`FormatError::BadPassphrase`] when no protector opens with `secret`;
     /// [`FormatError::Header`] for malformed metadata.
     pub fn volume_key(&self, secret: &[u8]) -> Result<VolumeKey, FormatError> {
-        let vmks = self.vmks()?;
+        let entries = self.entries()?;
+        let vmks = self.vmks(&entries)?;
         let passphrase = std::str::from_utf8(secret).ok().map(|s| {
             let utf16: Zeroizing<Vec<u8>> =
                 Zeroizing::new(s.encode_utf16().flat_map(u16::to_le_bytes).collect());
@@ -300,9 +305,8 @@ impl Metadata {
                 })?,
         );
         let what = format!("FVEK on {}", self.device);
-        let fvek = self
-            .entries()?
-            .into_iter()
+        let fvek = entries
+            .iter()
             .find(|e| e.entry_type == ENTRY_FVEK && e.value_type == VALUE_AES_CCM)
             .ok_or_else(|| malformed(&what, "no FVEK entry".into()))?;
         let fvek = unwrap_key(&vmk_key, fvek.value, &what)?
