@@ -123,7 +123,7 @@ pub fn new_block_cipher(name: &str, key: &[u8]) -> Result<Box<dyn BlockCipher>, 
             _ => None,
         },
         "serpent" => rc::<serpent::Serpent>(key),
-        "twofish" => rc::<twofish::Twofish>(key),
+        "twofish" => crate::twofish::Twofish::new(key).map(|c| Box::new(c) as Box<dyn BlockCipher>),
         "camellia" => match key.len() {
             16 => rc::<camellia::Camellia128>(key),
             24 => rc::<camellia::Camellia192>(key),

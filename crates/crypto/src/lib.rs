@@ -30,6 +30,7 @@ pub mod mode;
 mod sector;
 mod spec;
 pub mod testing;
+mod twofish;
 
 pub use error::CryptoError;
 pub use key::VolumeKey;
