@@ -19,16 +19,33 @@ const ALIGN: usize = 4096;
 /// The pool.
 pub struct BufferPool {
     free: Mutex<Free>,
-    returned: Condvar,
+    /// One condition per number of buffers wanted (index 1..=MAX_PIECES), so a return
+    /// wakes one caller it can satisfy instead of every waiter.
+    returned: [Condvar; MAX_PIECES + 1],
     opts: PoolOptions,
     waits: AtomicU64,
 }
 
-/// Free buffers and how many callers wait for them (so returning a buffer wakes nobody,
-/// and makes no system call, when nobody waits).
+/// Free buffers and how many callers wait for them, by how many buffers each wants (so
+/// returning a buffer makes no system call when nobody waits).
 struct Free {
     bufs: Vec<AlignedBuf>,
-    waiters: usize,
+    waiting: [usize; MAX_PIECES + 1],
+}
+
+impl Free {
+    /// The condition to signal now: the largest want that the free buffers satisfy and
+    /// somebody waits with (largest first, so requests needing several buffers are not
+    /// starved by single-buffer ones taking each buffer as it comes back).
+    ///
+    /// Why not `notify_all`: at depth 256 about 240 callers wait; waking all of them for
+    /// every returned buffer made them fight for the lock and go back to sleep, and
+    /// throughput at that depth swung by ±15 % between identical runs.
+    fn to_wake(&self) -> Option<usize> {
+        (1..=self.bufs.len().min(MAX_PIECES))
+            .rev()
+            .find(|&n| self.waiting[n] > 0)
+    }
 }
 
 /// A borrowed buffer, `len` bytes long; returns itself to the pool on drop.
@@ -61,9 +78,9 @@ impl BufferPool {
         Ok(BufferPool {
             free: Mutex::new(Free {
                 bufs: free,
-                waiters: 0,
+                waiting: [0; MAX_PIECES + 1],
             }),
-            returned: Condvar::new(),
+            returned: Default::default(),
             opts,
             waits: AtomicU64::new(0),
         })
@@ -100,19 +117,41 @@ impl BufferPool {
                 len,
             });
         }
+        let mut free = self.take(1);
+        let buf = free.bufs.pop();
+        let next = free.to_wake();
+        drop(free);
+        self.wake(next);
+        Ok(PoolBuf {
+            pool: self,
+            buf,
+            len,
+        })
+    }
+
+    /// Locks the free list once it holds at least `n` buffers, waiting (backpressure)
+    /// until it does.
+    fn take(&self, n: usize) -> std::sync::MutexGuard<'_, Free> {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(buf) = free.bufs.pop() {
-                return Ok(PoolBuf {
-                    pool: self,
-                    buf: Some(buf),
-                    len,
-                });
+        while free.bufs.len() < n {
+            // Pass on a wake-up this caller cannot use (another took the buffers first)
+            // to a waiter that the free buffers do satisfy.
+            if let Some(m) = free.to_wake() {
+                self.returned[m].notify_one();
             }
             self.waits.fetch_add(1, Ordering::Relaxed);
-            free.waiters += 1;
-            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
-            free.waiters -= 1;
+            free.waiting[n] += 1;
+            free = self.returned[n]
+                .wait(free)
+                .unwrap_or_else(|p| p.into_inner());
+            free.waiting[n] -= 1;
+        }
+        free
+    }
+
+    fn wake(&self, n: Option<usize>) {
+        if let Some(n) = n {
+            self.returned[n].notify_one();
         }
     }
 }
@@ -213,13 +252,7 @@ impl BufferPool {
             }
             return Ok(seg);
         }
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        while free.bufs.len() < n {
-            self.waits.fetch_add(1, Ordering::Relaxed);
-            free.waiters += 1;
-            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
-            free.waiters -= 1;
-        }
+        let mut free = self.take(n);
         for i in 0..n {
             let buf = free.bufs.pop();
             seg.bufs[i] = Some(PoolBuf {
@@ -228,6 +261,9 @@ impl BufferPool {
                 len: piece_len(i),
             });
         }
+        let next = free.to_wake();
+        drop(free);
+        self.wake(next);
         Ok(seg)
     }
 }
@@ -240,12 +276,9 @@ impl Drop for PoolBuf<'_> {
         }
         let mut free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
         free.bufs.push(buf);
-        let waiters = free.waiters;
+        let next = free.to_wake();
         drop(free);
-        if waiters > 0 {
-            // notify_all: a waiter may need several buffers, another just one.
-            self.pool.returned.notify_all();
-        }
+        self.pool.wake(next);
     }
 }
 

@@ -513,6 +513,9 @@ impl Volume {
         let _guard = self.locks.lock(start, end);
         let place = self.placement(true, buf.len(), depth);
         let s = split(offset, buf.len() as u64, ss);
+        if place == Placement::Inline && end - start <= SMALL_WRITE_BYTES as u64 {
+            return self.write_small(buf, offset, start, end, &s, fua);
+        }
         let seg_bytes = self.pool.segment_bytes() as u64;
         let mut seg_start = start;
         while seg_start < end {
@@ -554,6 +557,46 @@ impl Volume {
         Ok(())
     }
 }
+
+impl Volume {
+    /// An inline write of at most [`SMALL_WRITE_BYTES`] of whole sectors: read-modify-write,
+    /// encrypt and submit from a buffer on this thread's stack instead of a pool buffer.
+    ///
+    /// Why: a 4 KiB write would hold a 256 KiB pool buffer, and at depth 256 four
+    /// writers in five slept on the empty pool for a buffer they barely used (4 KiB random
+    /// writes at depth 256 ran at two thirds of depth 4's rate). The stack buffer is as
+    /// bounded as the pool (one per request in flight, and requests in flight are bounded
+    /// by the threads issuing them) and costs no lock.
+    fn write_small(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        start: u64,
+        end: u64,
+        s: &crate::split::Split,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        let mut small = SmallBuf([0; SMALL_WRITE_BYTES]);
+        let data = &mut small.0[..(end - start) as usize];
+        let ss = self.sector_bytes as usize;
+        for p in [s.head, s.tail].into_iter().flatten() {
+            let at = (p.sector_start - start) as usize;
+            self.read_sectors(&mut data[at..at + ss], p.sector_start, Placement::Inline)?;
+        }
+        let at = (offset - start) as usize;
+        data[at..at + buf.len()].copy_from_slice(buf);
+        self.cipher
+            .encrypt(Sector512::from_bytes_floor(start), data);
+        self.backend.write_at(data, self.lower(start), fua)
+    }
+}
+
+/// The largest write [`Volume::write_small`] takes: one 4 KiB page.
+const SMALL_WRITE_BYTES: usize = 4096;
+
+/// A page-aligned stack buffer (aligned for O_DIRECT backends).
+#[repr(C, align(4096))]
+struct SmallBuf([u8; SMALL_WRITE_BYTES]);
 
 fn seg_chunks(seg: &Segment<'_>, split: usize) -> usize {
     seg.pieces_ref().map(|p| p.len().div_ceil(split)).sum()

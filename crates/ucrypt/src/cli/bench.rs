@@ -25,6 +25,15 @@ pub(crate) struct Args {
     /// Print JSON lines (one object per row) instead of the table.
     #[arg(long)]
     json: bool,
+    /// Only cells with these request sizes in bytes (comma-separated, e.g. 65536,1048576).
+    #[arg(long, value_delimiter = ',', value_name = "BYTES")]
+    block: Vec<usize>,
+    /// Only cells with these queue depths (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "N")]
+    depth: Vec<usize>,
+    /// Only reads or only writes.
+    #[arg(long, value_parser = ["read", "write"])]
+    op: Option<String>,
     /// Write an SVG chart of the ratios to raw here.
     #[arg(long, value_name = "FILE")]
     chart: Option<std::path::PathBuf>,
@@ -45,7 +54,20 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let cells: Vec<_> = names
         .iter()
         .flat_map(|e| bench::cells(e, s.quick))
+        .filter(|c| a.block.is_empty() || a.block.contains(&c.block))
+        .filter(|c| a.depth.is_empty() || a.depth.contains(&c.depth))
+        .filter(|c| match a.op.as_deref() {
+            Some("read") => c.op == bench::load::Op::Read,
+            Some("write") => c.op == bench::load::Op::Write,
+            _ => true,
+        })
         .collect();
+    if cells.is_empty() {
+        return Err(anyhow::anyhow!(
+            "no cell of the chosen experiments matches --block/--depth/--op"
+        )
+        .into());
+    }
     let total: u64 = cells
         .iter()
         .map(|c| ((c.variants.len() + 1) * s.repeats) as u64)
