@@ -19,6 +19,7 @@
 //! ([`BackendError::Misaligned`] otherwise). Buffer addresses need the same alignment; a
 //! misaligned caller buffer is copied through a pooled [`AlignedBuf`] instead of failing.
 
+mod map;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -79,6 +80,8 @@ pub struct FileBackend {
     zero_method: AtomicU8,
     /// Submit batches of writes through io_uring ([`FileBackend::use_io_uring`]).
     uring: bool,
+    /// Read-only mapping of a buffered regular file, for [`Backend::read_with`].
+    map: Option<map::Mapping>,
 }
 
 impl std::fmt::Debug for FileBackend {
@@ -209,6 +212,11 @@ impl FileBackend {
             )));
         };
 
+        // Buffered regular files only: under O_DIRECT reads must bypass the page cache, and
+        // a block device's size can change under a mapping.
+        let map = (!block_device && !opts.direct)
+            .then(|| map::Mapping::new(&file, info.size_bytes))
+            .flatten();
         Ok(Self {
             file,
             path,
@@ -219,7 +227,23 @@ impl FileBackend {
             dsync_ok: AtomicBool::new(true),
             zero_method: AtomicU8::new(ZERO_RANGE),
             uring: false,
+            map,
         })
+    }
+
+    /// Whether reads may be lent straight out of a memory mapping ([`Backend::read_with`]);
+    /// on by default for buffered regular files. Turning it off uses `pread` only.
+    pub fn use_mmap(&mut self, on: bool) {
+        if !on {
+            self.map = None;
+        } else if self.map.is_none() && !self.block_device && !self.direct {
+            self.map = map::Mapping::new(&self.file, self.info.size_bytes);
+        }
+    }
+
+    /// Whether reads go through a memory mapping now.
+    pub fn is_mapped(&self) -> bool {
+        self.map.as_ref().is_some_and(|m| !m.poisoned())
     }
 
     /// Submits batches of writes (`submit_writes`) through io_uring, one system call per
@@ -423,6 +447,28 @@ impl Backend for FileBackend {
         self.file
             .read_exact_at(buf, offset)
             .map_err(|e| self.io_err("read", offset, e))
+    }
+
+    fn read_with(
+        &self,
+        offset: u64,
+        len: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Option<Result<(), BackendError>> {
+        let map = self.map.as_ref().filter(|m| !m.poisoned())?;
+        if let Err(e) = check_range(offset, len as u64, self.info.size_bytes) {
+            return Some(Err(e));
+        }
+        Some(map.read(offset, len, f).map_err(|map::Truncated| {
+            self.io_err(
+                "read",
+                offset,
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file was truncated while mapped (later reads use pread)",
+                ),
+            )
+        }))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {

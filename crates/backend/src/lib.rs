@@ -110,6 +110,20 @@ pub trait Backend: Send + Sync {
     /// I/O errors, out-of-range requests, read-only backends.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError>;
 
+    /// Lends the `len` bytes at `offset` to `f` in place, without copying them into a
+    /// buffer, where the backend can (a regular file through a memory mapping). `None`:
+    /// it cannot (the default), and the caller uses [`Backend::read_at`]. `Some(Err)`: the
+    /// read failed, and what `f` saw is not the data.
+    fn read_with(
+        &self,
+        offset: u64,
+        len: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Option<Result<(), BackendError>> {
+        let _ = (offset, len, f);
+        None
+    }
+
     /// [`Backend::read_at`] on behalf of a client. Backends that keep per-client state
     /// (the engine's `Volume`) override it; the default ignores the context.
     ///
@@ -196,6 +210,14 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
     }
     fn read_at_ctx(&self, buf: &mut [u8], offset: u64, ctx: IoCtx) -> Result<(), BackendError> {
         (**self).read_at_ctx(buf, offset, ctx)
+    }
+    fn read_with(
+        &self,
+        offset: u64,
+        len: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Option<Result<(), BackendError>> {
+        (**self).read_with(offset, len, f)
     }
     fn write_at_ctx(
         &self,

@@ -23,6 +23,11 @@ pub trait Lane: Send + Sync {
     fn encrypt(&self, iv_first: u64, iv_step: u64, data: &mut [u8]);
     /// Decrypts, with the same numbering as [`Lane::encrypt`].
     fn decrypt(&self, iv_first: u64, iv_step: u64, data: &mut [u8]);
+    /// Decrypts `src` into `dst`; the default copies, then decrypts in place.
+    fn decrypt_from(&self, iv_first: u64, iv_step: u64, src: &[u8], dst: &mut [u8]) {
+        dst.copy_from_slice(src);
+        self.decrypt(iv_first, iv_step, dst);
+    }
 }
 
 /// The ordinary lane: IV generator + mode.
@@ -94,6 +99,21 @@ impl Lane for AwsXtsPlain64Lane {
     fn decrypt(&self, iv_first: u64, iv_step: u64, data: &mut [u8]) {
         self.run(iv_first, iv_step, data, false);
     }
+    fn decrypt_from(&self, iv_first: u64, iv_step: u64, src: &[u8], dst: &mut [u8]) {
+        assert_eq!(src.len(), dst.len(), "BUG: decrypt_from lengths differ");
+        self.xts.with_slot(|slot| {
+            let mut iv = [0u8; 16];
+            let mut n = iv_first;
+            for (s, d) in src
+                .chunks_exact(self.sector_bytes)
+                .zip(dst.chunks_exact_mut(self.sector_bytes))
+            {
+                iv[..8].copy_from_slice(&n.to_le_bytes());
+                slot.decrypt_to(&iv, s, d);
+                n = n.wrapping_add(iv_step);
+            }
+        });
+    }
 }
 
 /// A dm-crypt mapping's sector cipher: lanes plus IV numbering.
@@ -149,6 +169,28 @@ impl SectorCipher for DmCipher {
     }
     fn decrypt(&self, first: Sector512, data: &mut [u8]) {
         self.run(first, data, false);
+    }
+    fn decrypt_from(&self, first: Sector512, src: &[u8], dst: &mut [u8]) {
+        let ss = self.params.sector_size;
+        let unit = ss.sectors512();
+        if self.lanes.len() != 1 || src.len() != dst.len() || first.0 % unit != 0 {
+            // Several keys (lane per sector) or a caller bug: the in-place path handles
+            // (or reports) both.
+            dst.copy_from_slice(src);
+            self.run(first, dst, false);
+            return;
+        }
+        assert!(
+            src.len() % ss.len() == 0,
+            "BUG: sector run not aligned to sector size {ss}"
+        );
+        let cc_first = first.0.wrapping_add(self.params.iv_offset);
+        let (shift, step) = if self.params.iv_large_sectors {
+            (ss.shift(), 1)
+        } else {
+            (0, unit)
+        };
+        self.lanes[0].decrypt_from(cc_first >> shift, step, src, dst);
     }
 }
 

@@ -123,4 +123,16 @@ pub trait SectorCipher: Send + Sync {
     /// # Panics
     /// As [`SectorCipher::encrypt`].
     fn decrypt(&self, first: Sector512, data: &mut [u8]);
+
+    /// Decrypts ciphertext `src` into `dst` (same length), leaving `src` untouched; same
+    /// contract as [`SectorCipher::decrypt`]. Lets a reader decrypt straight out of a
+    /// memory-mapped file: one pass over the data instead of a copy and a pass. The
+    /// default copies, then decrypts in place; AES-XTS through AWS-LC works out of place.
+    ///
+    /// # Panics
+    /// As [`SectorCipher::decrypt`], and if the lengths differ.
+    fn decrypt_from(&self, first: Sector512, src: &[u8], dst: &mut [u8]) {
+        dst.copy_from_slice(src);
+        self.decrypt(first, dst);
+    }
 }

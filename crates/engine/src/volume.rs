@@ -297,6 +297,9 @@ impl Volume {
         if let (Some(workers), Placement::Split) = (&self.workers, place) {
             return self.read_split(workers, buf, pos);
         }
+        if place == Placement::Inline || self.workers.is_none() {
+            return read_decrypt(&*self.backend, &*self.cipher, pos, self.lower(pos), buf);
+        }
         self.backend.read_at(buf, self.lower(pos))?;
         self.decrypt(pos, buf, place)
     }
@@ -556,6 +559,29 @@ impl Volume {
         }
         Ok(())
     }
+}
+
+/// Reads the ciphertext of the whole sectors at plaintext position `pos` (backend offset
+/// `lower`) and decrypts it into `buf`: straight out of the backend's mapping when it lends
+/// one ([`Backend::read_with`]: one pass over the data), else `read_at` and decrypt in
+/// place (a copy, then a pass).
+pub(crate) fn read_decrypt(
+    backend: &dyn Backend,
+    cipher: &dyn SectorCipher,
+    pos: u64,
+    lower: u64,
+    buf: &mut [u8],
+) -> Result<(), BackendError> {
+    let first = Sector512::from_bytes_floor(pos);
+    let len = buf.len();
+    if let Some(r) = backend.read_with(lower, len, &mut |src| {
+        cipher.decrypt_from(first, src, buf);
+    }) {
+        return r;
+    }
+    backend.read_at(buf, lower)?;
+    cipher.decrypt(first, buf);
+    Ok(())
 }
 
 impl Volume {

@@ -312,12 +312,16 @@ fn run_job(s: &Shared, job: Job) {
         data.copy_from_slice(unsafe { std::slice::from_raw_parts(src, job.len) });
     }
     if let JobKind::ReadDecrypt { completion, offset } = job.kind {
-        if let Err(e) = s.backend.read_at(data, offset) {
-            // SAFETY: the completion lives until its count reaches zero (module docs).
-            let completion = unsafe { &*completion };
-            completion.done(Err(e));
-            return;
-        }
+        // Read and decrypt in one step (out of the backend's mapping when it has one).
+        let pos = job.first.0 << 9;
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            crate::volume::read_decrypt(&*s.backend, &*s.cipher, pos, offset, data)
+        }))
+        .unwrap_or_else(|_| Err(BackendError::Other("BUG: crypto worker panicked".into())));
+        // SAFETY: the completion lives until its count reaches zero (module docs).
+        let completion = unsafe { &*completion };
+        completion.done(r);
+        return;
     }
     // A panic in crypto is a bug; it must still complete the request (as an error), or
     // its submitter would wait forever.

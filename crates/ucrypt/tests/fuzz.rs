@@ -411,11 +411,15 @@ fn table_line(input: &[u8]) {
                     );
                 }
             }
-            // Other fields are echoed as given: check only keys that appear nowhere else.
+            // Other fields are echoed as given: check only keys that appear nowhere else,
+            // also not once Debug has escaped them (a NUL before "0112..." prints as
+            // "\00112...", which a key "00112..." then matches).
             let elsewhere = |k: &String| {
-                s.split_whitespace()
-                    .enumerate()
-                    .any(|(i, f)| i != 4 && f.to_ascii_lowercase().contains(k.as_str()))
+                s.split_whitespace().enumerate().any(|(i, f)| {
+                    i != 4
+                        && (f.to_ascii_lowercase().contains(k.as_str())
+                            || format!("{f:?}").to_ascii_lowercase().contains(k.as_str()))
+                })
             };
             if let Some(k) = key_tok.as_ref().filter(|k| !elsewhere(k)) {
                 assert!(

@@ -66,6 +66,35 @@ impl Ctx {
         }
     }
 
+    /// One data unit out of place: reset the IV, transform `src` into `dst`.
+    #[inline]
+    fn unit_to(ctx: *mut ffi::EVP_CIPHER_CTX, iv: &[u8], src: &[u8], dst: &mut [u8]) {
+        assert!(
+            iv.len() >= 16 && src.len() == dst.len(),
+            "BUG: XTS unit arguments"
+        );
+        let len = i32::try_from(src.len()).expect("BUG: sector larger than 2 GiB");
+        let mut out_len = 0;
+        // SAFETY: as in `unit`; `src` is valid for `len` bytes of reading and `dst` for
+        // `len` bytes of writing, and they cannot overlap (a shared and a unique borrow).
+        let ok = unsafe {
+            ffi::EVP_CipherInit_ex(
+                ctx,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                iv.as_ptr(),
+                -1,
+            ) == 1
+                && ffi::EVP_CipherUpdate(ctx, dst.as_mut_ptr(), &mut out_len, src.as_ptr(), len)
+                    == 1
+        };
+        assert!(
+            ok && out_len == len,
+            "BUG: AWS-LC XTS refused a whole sector"
+        );
+    }
+
     /// One data unit: reset the IV, transform in place.
     #[inline]
     fn unit(ctx: *mut ffi::EVP_CIPHER_CTX, iv: &[u8], data: &mut [u8]) {
@@ -206,6 +235,11 @@ impl AwsXtsSlot<'_> {
     #[inline]
     pub fn decrypt(&mut self, iv: &[u8], data: &mut [u8]) {
         Ctx::unit(self.ctx.dec, iv, data);
+    }
+    /// Decrypts one data unit from `src` into `dst` (same length).
+    #[inline]
+    pub fn decrypt_to(&mut self, iv: &[u8], src: &[u8], dst: &mut [u8]) {
+        Ctx::unit_to(self.ctx.dec, iv, src, dst);
     }
 }
 
