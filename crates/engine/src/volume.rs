@@ -68,6 +68,9 @@ pub struct Volume {
     submitter: Option<SubmitterThread>,
     inflight: AtomicUsize,
     stats: Stats,
+    /// Whether the backend lends reads in place ([`Backend::read_with`]); asked once, so
+    /// a backend that never does (memory, zero, remote) costs reads nothing for it.
+    lends_reads: bool,
 }
 
 impl Volume {
@@ -161,7 +164,6 @@ impl Volume {
         });
         Ok(Volume {
             cipher,
-            backend,
             cfg,
             opts,
             info,
@@ -172,6 +174,8 @@ impl Volume {
             submitter,
             inflight: AtomicUsize::new(0),
             stats: Stats::new(),
+            lends_reads: backend.read_with(0, 0, &mut |_| {}).is_some(),
+            backend,
         })
     }
 
@@ -246,10 +250,12 @@ impl Volume {
     /// (`ucrypt bench cloudflare`, cache-line bouncing between CPUs). A large request then
     /// sees the large ones in flight, which hold CPUs for long enough to matter.
     fn enter(&self, len: usize) -> (Option<InFlight<'_>>, usize) {
-        let uncounted = self
-            .opts
-            .auto
-            .is_some_and(|a| len < UNCOUNTED_BELOW.min(a.split_min_bytes));
+        let uncounted = match self.opts.auto {
+            Some(a) => len < UNCOUNTED_BELOW.min(a.split_min_bytes),
+            // Both workqueues off: every request runs inline, nobody waits for a worker,
+            // so nobody reads the count.
+            None => self.opts.no_read_workqueue && self.opts.no_write_workqueue,
+        };
         if self.workers.is_none() || uncounted {
             return (None, 1);
         }
@@ -298,6 +304,11 @@ impl Volume {
             return self.read_split(workers, buf, pos);
         }
         if place == Placement::Inline || self.workers.is_none() {
+            if !self.lends_reads {
+                self.backend.read_at(buf, self.lower(pos))?;
+                self.cipher.decrypt(Sector512::from_bytes_floor(pos), buf);
+                return Ok(());
+            }
             return read_decrypt(&*self.backend, &*self.cipher, pos, self.lower(pos), buf);
         }
         self.backend.read_at(buf, self.lower(pos))?;
