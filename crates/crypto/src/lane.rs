@@ -123,19 +123,27 @@ pub(crate) struct DmCipher {
 }
 
 impl DmCipher {
-    fn run(&self, first: Sector512, data: &mut [u8], encrypt: bool) {
+    /// Checks that `len` bytes at `first` are whole sectors and returns dm-crypt's numbering
+    /// of the run: (cc_sector of the first, the IV shift, the IV step per sector).
+    fn numbering(&self, first: Sector512, len: usize) -> (u64, u32, u64) {
         let ss = self.params.sector_size;
         let unit = ss.sectors512();
         assert!(
-            data.len() % ss.len() == 0 && first.0 % unit == 0,
+            len % ss.len() == 0 && first.0 % unit == 0,
             "BUG: sector run not aligned to sector size {ss}"
         );
         let cc_first = first.0.wrapping_add(self.params.iv_offset);
-        let (shift, step) = if self.params.iv_large_sectors {
-            (ss.shift(), 1)
+        if self.params.iv_large_sectors {
+            (cc_first, ss.shift(), 1)
         } else {
-            (0, unit)
-        };
+            (cc_first, 0, unit)
+        }
+    }
+
+    fn run(&self, first: Sector512, data: &mut [u8], encrypt: bool) {
+        let ss = self.params.sector_size;
+        let unit = ss.sectors512();
+        let (cc_first, shift, step) = self.numbering(first, data.len());
         if self.lanes.len() == 1 {
             let lane = &self.lanes[0];
             if encrypt {
@@ -171,25 +179,13 @@ impl SectorCipher for DmCipher {
         self.run(first, data, false);
     }
     fn decrypt_from(&self, first: Sector512, src: &[u8], dst: &mut [u8]) {
-        let ss = self.params.sector_size;
-        let unit = ss.sectors512();
-        if self.lanes.len() != 1 || src.len() != dst.len() || first.0 % unit != 0 {
-            // Several keys (lane per sector) or a caller bug: the in-place path handles
-            // (or reports) both.
+        if self.lanes.len() != 1 {
+            // Several keys: the lane changes with every sector; the in-place path does it.
             dst.copy_from_slice(src);
             self.run(first, dst, false);
             return;
         }
-        assert!(
-            src.len() % ss.len() == 0,
-            "BUG: sector run not aligned to sector size {ss}"
-        );
-        let cc_first = first.0.wrapping_add(self.params.iv_offset);
-        let (shift, step) = if self.params.iv_large_sectors {
-            (ss.shift(), 1)
-        } else {
-            (0, unit)
-        };
+        let (cc_first, shift, step) = self.numbering(first, src.len());
         self.lanes[0].decrypt_from(cc_first >> shift, step, src, dst);
     }
 }

@@ -304,12 +304,8 @@ impl Volume {
             return self.read_split(workers, buf, pos);
         }
         if place == Placement::Inline || self.workers.is_none() {
-            if !self.lends_reads {
-                self.backend.read_at(buf, self.lower(pos))?;
-                self.cipher.decrypt(Sector512::from_bytes_floor(pos), buf);
-                return Ok(());
-            }
-            return read_decrypt(&*self.backend, &*self.cipher, pos, self.lower(pos), buf);
+            let (backend, cipher) = (&*self.backend, &*self.cipher);
+            return read_decrypt(backend, cipher, pos, self.lower(pos), buf, self.lends_reads);
         }
         self.backend.read_at(buf, self.lower(pos))?;
         self.decrypt(pos, buf, place)
@@ -576,19 +572,24 @@ impl Volume {
 /// `lower`) and decrypts it into `buf`: straight out of the backend's mapping when it lends
 /// one ([`Backend::read_with`]: one pass over the data), else `read_at` and decrypt in
 /// place (a copy, then a pass).
+/// `try_lend: false` skips asking (a backend known never to lend).
 pub(crate) fn read_decrypt(
     backend: &dyn Backend,
     cipher: &dyn SectorCipher,
     pos: u64,
     lower: u64,
     buf: &mut [u8],
+    try_lend: bool,
 ) -> Result<(), BackendError> {
     let first = Sector512::from_bytes_floor(pos);
     let len = buf.len();
-    if let Some(r) = backend.read_with(lower, len, &mut |src| {
-        cipher.decrypt_from(first, src, buf);
-    }) {
-        return r;
+    if try_lend {
+        let lent = backend.read_with(lower, len, &mut |src| {
+            cipher.decrypt_from(first, src, buf);
+        });
+        if let Some(r) = lent {
+            return r;
+        }
     }
     backend.read_at(buf, lower)?;
     cipher.decrypt(first, buf);

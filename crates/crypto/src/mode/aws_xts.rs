@@ -69,41 +69,38 @@ impl Ctx {
     /// One data unit out of place: reset the IV, transform `src` into `dst`.
     #[inline]
     fn unit_to(ctx: *mut ffi::EVP_CIPHER_CTX, iv: &[u8], src: &[u8], dst: &mut [u8]) {
-        assert!(
-            iv.len() >= 16 && src.len() == dst.len(),
-            "BUG: XTS unit arguments"
-        );
-        let len = i32::try_from(src.len()).expect("BUG: sector larger than 2 GiB");
-        let mut out_len = 0;
-        // SAFETY: as in `unit`; `src` is valid for `len` bytes of reading and `dst` for
-        // `len` bytes of writing, and they cannot overlap (a shared and a unique borrow).
-        let ok = unsafe {
-            ffi::EVP_CipherInit_ex(
-                ctx,
-                std::ptr::null(),
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                iv.as_ptr(),
-                -1,
-            ) == 1
-                && ffi::EVP_CipherUpdate(ctx, dst.as_mut_ptr(), &mut out_len, src.as_ptr(), len)
-                    == 1
-        };
-        assert!(
-            ok && out_len == len,
-            "BUG: AWS-LC XTS refused a whole sector"
-        );
+        assert_eq!(src.len(), dst.len(), "BUG: XTS unit lengths differ");
+        // SAFETY: `src` is valid for reading and `dst` for writing `src.len()` bytes, and
+        // they cannot overlap (a shared and a unique borrow).
+        unsafe { Self::transform(ctx, iv, src.as_ptr(), dst.as_mut_ptr(), src.len()) }
     }
 
     /// One data unit: reset the IV, transform in place.
     #[inline]
     fn unit(ctx: *mut ffi::EVP_CIPHER_CTX, iv: &[u8], data: &mut [u8]) {
-        debug_assert!(iv.len() >= 16);
-        let len = i32::try_from(data.len()).expect("BUG: sector larger than 2 GiB");
+        let p = data.as_mut_ptr();
+        // SAFETY: `data` is valid for reading and writing its length; EVP permits
+        // in == out for XTS.
+        unsafe { Self::transform(ctx, iv, p, p, data.len()) }
+    }
+
+    /// Resets the IV and transforms `len` bytes from `src` to `dst`.
+    ///
+    /// # Safety
+    /// `src` readable and `dst` writable for `len` bytes, either equal or disjoint; `ctx` a
+    /// keyed AES-256-XTS context owned by the caller's slot.
+    #[inline]
+    unsafe fn transform(
+        ctx: *mut ffi::EVP_CIPHER_CTX,
+        iv: &[u8],
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+    ) {
+        assert!(iv.len() >= 16, "BUG: XTS IV shorter than 16 bytes");
+        let len = i32::try_from(len).expect("BUG: sector larger than 2 GiB");
         let mut out_len = 0;
-        // SAFETY: ctx is a keyed AES-256-XTS context owned by the caller's locked slot; iv
-        // holds at least 16 bytes; EVP permits in == out for XTS; `data` is valid for
-        // `len` bytes of reading and writing.
+        // SAFETY: the caller's contract; iv holds at least 16 bytes (checked above).
         let ok = unsafe {
             ffi::EVP_CipherInit_ex(
                 ctx,
@@ -113,8 +110,7 @@ impl Ctx {
                 iv.as_ptr(),
                 -1,
             ) == 1
-                && ffi::EVP_CipherUpdate(ctx, data.as_mut_ptr(), &mut out_len, data.as_ptr(), len)
-                    == 1
+                && ffi::EVP_CipherUpdate(ctx, dst, &mut out_len, src, len) == 1
         };
         assert!(
             ok && out_len == len,
