@@ -17,7 +17,7 @@
 //! ```
 //!
 //! Correctness is defined by the kernel: `tests/golden.rs` replays ciphertext written by the
-//! real dm-crypt (`../shared/golden/`).
+//! real dm-crypt (`testdata/golden/`, copied from the kernel-made set).
 #![deny(unsafe_code)]
 
 pub mod block;

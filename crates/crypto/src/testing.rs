@@ -4,7 +4,7 @@
 use crate::{Sector512, SectorCipher};
 use std::path::PathBuf;
 
-/// The kernel golden vectors (`../shared/golden/` beside the workspace, or
+/// The kernel golden vectors (`testdata/golden/`, copied from the kernel-made set beside the workspace, or
 /// `$UCRYPT_GOLDEN_DIR`). `None` (skip, with a message) when missing locally.
 ///
 /// # Panics
@@ -13,7 +13,7 @@ pub fn golden_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("UCRYPT_GOLDEN_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden")
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden")
         });
     if dir.join("manifest.jsonl").exists() {
         return Some(dir);

@@ -1,5 +1,5 @@
 //! Kernel golden vectors: ciphertext written by the real Linux dm-crypt (6.1) for every
-//! accepted case of `../shared/golden/manifest.jsonl`, checked in both directions, as one
+//! accepted case of `testdata/golden/manifest.jsonl`, checked in both directions, as one
 //! run, one sector at a time and in uneven chunks. Under CI a missing vector directory
 //! fails; locally it skips with a message.
 

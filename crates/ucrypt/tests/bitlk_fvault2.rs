@@ -1,5 +1,5 @@
 //! BitLocker and FileVault2 images of cryptsetup's own test suite
-//! (`../shared/peer-tests/cryptsetup/`): each opens (volume key through libcryptsetup,
+//! (`testdata/peer-tests/cryptsetup/`): each opens (volume key through libcryptsetup,
 //! mapping and data path by ucrypt) and its whole decrypted device hashes to the SHA-256
 //! the suite states, or is refused as stated. Every other secret of an image (recovery
 //! passphrase, second recovery passphrase, BEK startup key) must give the same volume key.
@@ -14,7 +14,7 @@ use std::process::Command;
 use ucrypt::{HeaderOptions, OpenOptions, VolumeType};
 
 fn base() -> Option<PathBuf> {
-    let b = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peer-tests/cryptsetup");
+    let b = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/peer-tests/cryptsetup");
     if b.join("expectations.json").exists() {
         Some(b)
     } else {

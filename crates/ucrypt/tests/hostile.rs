@@ -395,7 +395,7 @@ fn invalid_table_lines_are_one_line_errors_with_exit_1() {
 
 fn xz(name: &str, dir: &Path) -> Option<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/peer-tests/cryptsetup")
+        .join("../../testdata/peer-tests/cryptsetup")
         .join(format!("{name}.xz"));
     if !src.exists() || !common::nbd::require("xz") {
         return None;

@@ -2,7 +2,7 @@
 //! driver and nbdkit's luks filter (data written by one side reads back through the
 //! other), OpenSSL (the LUKS2
 //! 4096-byte-sector IV numbering) and cryptsetup's own compatibility images
-//! (`../shared/peer-tests/cryptsetup/expectations.json`).
+//! (`testdata/peer-tests/cryptsetup/expectations.json`).
 //!
 //! Tools are required under `CI=true`; locally a missing tool skips with a message.
 //! PBKDF costs are minimal everywhere so the file runs in well under a minute.
@@ -636,7 +636,7 @@ fn data_written_through_nbdkit_luks_reads_back_through_ucrypt_and_the_reverse() 
 #[test]
 fn cryptsetup_test_suite_images_open_or_are_refused_as_expected() {
     let base =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peer-tests/cryptsetup");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/peer-tests/cryptsetup");
     if !base.join("expectations.json").exists() {
         assert!(
             std::env::var("CI").is_err(),

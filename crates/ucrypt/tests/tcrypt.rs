@@ -1,5 +1,5 @@
 //! TrueCrypt/VeraCrypt images of cryptsetup's own test suite
-//! (`../shared/peer-tests/cryptsetup/tcrypt-images.tar.xz` with `expectations.json`): each
+//! (`testdata/peer-tests/cryptsetup/tcrypt-images.tar.xz` with `expectations.json`): each
 //! header decrypts in ucrypt's own Rust code (KDF, cipher chain, key files, PIM, hidden
 //! and system headers), and the mapped volume shows the FAT filesystem serial the suite
 //! expects (`DEAD-BABE`, hidden volumes `CAFE-BABE`), through stacked volumes for
@@ -20,7 +20,7 @@ use ucrypt_backend::Backend;
 use ucrypt_format::tcrypt::TcryptOptions;
 
 fn base() -> Option<PathBuf> {
-    let b = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peer-tests/cryptsetup");
+    let b = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/peer-tests/cryptsetup");
     if b.join("expectations.json").exists() {
         Some(b)
     } else {

@@ -159,7 +159,7 @@ pub(crate) mod golden {
     use crate::{CipherSpec, Sector512, SectorCipher, SectorParams, VolumeKey};
     use std::io::Read;
 
-    /// One `ok` case of `shared/golden/manifest.jsonl` (default sector parameters).
+    /// One `ok` case of `testdata/golden/manifest.jsonl` (default sector parameters).
     pub struct Case {
         pub cipher: String,
         pub key_hex: String,
