@@ -12,9 +12,7 @@ use std::path::PathBuf;
 pub fn golden_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("UCRYPT_GOLDEN_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden")
-        });
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden"));
     if dir.join("manifest.jsonl").exists() {
         return Some(dir);
     }
