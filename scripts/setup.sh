@@ -11,12 +11,15 @@
 #     and util-linux (losetup, mount); the nbdkit baselines in bench/ use its luks filter
 #   - libssl-dev: NBD TLS goes through the system's OpenSSL (the openssl crate);
 #     openssl (the tool) makes the TLS tests' certificates
+#   - tcplay: made the TrueCrypt cascade images in testdata/wrongdata (make-images.sh, in the
+#     kernel lab); xz-utils unpacks the committed images
 set -euo pipefail
 
 packages=(
   build-essential pkg-config libssl-dev openssl
   keyutils libcryptsetup-dev python3-cryptography tmux
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs util-linux
+  tcplay xz-utils
 )
 
 missing=()

@@ -258,6 +258,15 @@ impl FromStr for TableLine {
     type Err = FormatError;
 
     fn from_str(line: &str) -> Result<Self, FormatError> {
+        if line.trim().contains(['\n', '\r']) {
+            // Several lines are several targets (or devices); read as one line they would
+            // run together into one wrong target. `ucrypt::mapping::Mapping` parses tables.
+            return Err(FormatError::Table(
+                "a table line cannot contain a line break: a table of several lines is \
+                 several targets, parsed as a whole table, not as one line"
+                    .into(),
+            ));
+        }
         let args: Vec<&str> = line.split_whitespace().collect();
         if args.len() < 8 {
             return Err(FormatError::Table(format!(

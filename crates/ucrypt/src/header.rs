@@ -104,16 +104,56 @@ pub struct Unlocked {
 }
 
 impl Unlocked {
-    /// The mapping as `dmsetup table` prints it, one line per target.
-    pub fn table_lines(&self, show_keys: bool) -> Vec<String> {
-        if self.targets.is_empty() {
-            std::iter::once(&self.table)
-                .chain(&self.layers)
-                .map(|t| t.to_line(show_keys))
-                .collect()
-        } else {
-            self.targets.iter().map(|t| t.to_line(show_keys)).collect()
+    /// The mapping as `dmsetup table` prints it, one line per target, in the form
+    /// [`crate::mapping::Mapping::parse`] reads back to the same volume. A cascade of layers
+    /// (TCRYPT) is several devices, named as cryptsetup names them for `cryptsetup open
+    /// --type tcrypt DEV NAME`: `NAME_<n-1>` on the device, each layer above on
+    /// `/dev/mapper/` of the one below, `NAME` on top, every line prefixed `NAME: ` as
+    /// `dmsetup table` prints several devices.
+    pub fn table_lines(&self, show_keys: bool, name: &str) -> Vec<String> {
+        if !self.targets.is_empty() {
+            return self.targets.iter().map(|t| t.to_line(show_keys)).collect();
         }
+        if self.layers.is_empty() {
+            return vec![self.table.to_line(show_keys)];
+        }
+        let n = self.layers.len() + 1;
+        let layer_name = |i: usize| {
+            // i counts from the device up; cryptsetup numbers from the top down.
+            match n - 1 - i {
+                0 => name.to_string(),
+                k => format!("{name}_{k}"),
+            }
+        };
+        let mut out = Vec::with_capacity(n);
+        for (i, t) in std::iter::once(&self.table).chain(&self.layers).enumerate() {
+            let mut line = TableLine {
+                start: t.start,
+                length: t.length,
+                cipher: t.cipher.clone(),
+                key: match &t.key {
+                    KeySource::Hex(k) => KeySource::Hex(VolumeKey::new(k.as_bytes().to_vec())),
+                    KeySource::Keyring {
+                        size,
+                        key_type,
+                        description,
+                    } => KeySource::Keyring {
+                        size: *size,
+                        key_type: key_type.clone(),
+                        description: description.clone(),
+                    },
+                },
+                iv_offset: t.iv_offset,
+                device: t.device.clone(),
+                offset: t.offset,
+                opts: t.opts.clone(),
+            };
+            if i > 0 {
+                line.device = format!("/dev/mapper/{}", layer_name(i - 1));
+            }
+            out.push(format!("{}: {}", layer_name(i), line.to_line(show_keys)));
+        }
+        out
     }
 
     /// Size of the mapped device in bytes.
@@ -260,18 +300,177 @@ fn opts_from(act: u32, sector_size: u32, extra_discards: bool, iv_large: bool) -
     opts
 }
 
-/// The fixed size of LUKS2 segment 0 in bytes, None for `dynamic` (to the device end).
-fn luks2_segment_bytes(cd: &mut CryptDevice) -> Result<Option<u64>> {
-    let json = cd.dump_json()?;
+/// LUKS2 persistent flags (`config.flags`) ucrypt knows: the first five become table
+/// options ([`opts_from`]); `no-journal` only concerns dm-integrity, whose segments are
+/// refused anyway, so on a plain crypt segment it changes nothing.
+const LUKS2_KNOWN_FLAGS: [&str; 6] = [
+    "allow-discards",
+    "same-cpu-crypt",
+    "submit-from-crypt-cpus",
+    "no-read-workqueue",
+    "no-write-workqueue",
+    "no-journal",
+];
+
+/// What the LUKS2 JSON metadata says about the one data segment ucrypt maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Luks2Segment {
+    /// Fixed size in bytes, `None` for `dynamic` (to the device end).
+    pub size_bytes: Option<u64>,
+    /// Digests that cover segment 0 (a keyslot must be bound to one of them).
+    pub digest_keyslots: Vec<u32>,
+}
+
+/// Refuses a LUKS2 header whose metadata asks for anything ucrypt does not implement, before
+/// any data is served, naming the JSON field. Every field of the data segment that changes
+/// what a sector decrypts to is checked against the table ucrypt builds from `info`
+/// (libcryptsetup's view): the segment type, `integrity` (dm-integrity / AEAD: tags
+/// interleaved with the data), `flags` (reencryption bookkeeping), `encryption`,
+/// `sector_size`, `offset`, `iv_tweak`, `size`; more than one segment; mandatory
+/// requirements; persistent flags ucrypt does not know.
+///
+/// # Errors
+/// [`FormatError::Refused`] naming the field and its value.
+pub fn check_luks2_metadata(json: &str, info: &HeaderInfo, device: &str) -> Result<Luks2Segment> {
     let v: serde_json::Value =
-        serde_json::from_str(&json).context("parsing the LUKS2 JSON metadata")?;
-    let seg = &v["segments"]["0"];
-    match seg["size"].as_str() {
-        None | Some("dynamic") => Ok(None),
-        Some(n) => Ok(Some(n.parse().with_context(|| {
-            format!("LUKS2 segment 0 size \"{n}\" is not a number of bytes")
-        })?)),
+        serde_json::from_str(json).context("parsing the LUKS2 JSON metadata")?;
+    let refuse = |what: String| -> anyhow::Error {
+        FormatError::Refused(format!(
+            "LUKS2 header on {device}: {what}; ucrypt does not implement it and will not map \
+             this volume (serving it as plain dm-crypt would give wrong data)"
+        ))
+        .into()
+    };
+    if let Some(req) = v["config"]["requirements"]["mandatory"].as_array() {
+        if !req.is_empty() {
+            let names: Vec<String> = req.iter().map(ToString::to_string).collect();
+            return Err(refuse(format!(
+                "config.requirements.mandatory lists {}",
+                names.join(", ")
+            )));
+        }
     }
+    if let Some(flags) = v["config"]["flags"].as_array() {
+        for f in flags {
+            if !f.as_str().is_some_and(|f| LUKS2_KNOWN_FLAGS.contains(&f)) {
+                return Err(refuse(format!("config.flags has the unknown flag {f}")));
+            }
+        }
+    }
+    let segments = v["segments"]
+        .as_object()
+        .ok_or_else(|| refuse("no segments object".into()))?;
+    if segments.len() != 1 || !segments.contains_key("0") {
+        let keys: Vec<&str> = segments.keys().map(String::as_str).collect();
+        return Err(refuse(format!(
+            "{} segments ({}) where ucrypt maps exactly one, segment 0 (several segments \
+             mean a reencryption or a layout ucrypt does not build)",
+            segments.len(),
+            keys.join(", ")
+        )));
+    }
+    let seg = &segments["0"];
+    let ty = seg["type"].as_str().unwrap_or("(none)");
+    if ty != "crypt" {
+        return Err(refuse(format!(
+            "segments.0.type is \"{ty}\" (only \"crypt\" is implemented)"
+        )));
+    }
+    if let Some(integrity) = seg.get("integrity") {
+        let kind = integrity["type"].as_str().unwrap_or("?");
+        return Err(refuse(format!(
+            "segments.0.integrity is {{\"type\": \"{kind}\"}}: authenticated encryption \
+             (dm-integrity tags interleaved with the data, cryptsetup --integrity)"
+        )));
+    }
+    if let Some(flags) = seg["flags"].as_array().filter(|f| !f.is_empty()) {
+        let names: Vec<String> = flags.iter().map(ToString::to_string).collect();
+        return Err(refuse(format!(
+            "segments.0.flags is [{}]",
+            names.join(", ")
+        )));
+    }
+    let num = |field: &str| -> Result<u64> {
+        let f = &seg[field];
+        f.as_str()
+            .and_then(|s| s.parse().ok())
+            .or_else(|| f.as_u64())
+            .ok_or_else(|| refuse(format!("segments.0.{field} is {f}, not a number")))
+    };
+    let enc = seg["encryption"].as_str().unwrap_or("");
+    if enc != info.cipher_spec() {
+        return Err(refuse(format!(
+            "segments.0.encryption \"{enc}\" differs from the cipher libcryptsetup reports \
+             (\"{}\")",
+            info.cipher_spec()
+        )));
+    }
+    let sector = num("sector_size")?;
+    if ![512, 1024, 2048, 4096].contains(&sector) || sector != u64::from(info.sector_size) {
+        return Err(refuse(format!(
+            "segments.0.sector_size is {sector} (dm-crypt takes 512, 1024, 2048 or 4096)"
+        )));
+    }
+    let offset = num("offset")?;
+    if offset % sector != 0 || offset != info.data_offset * 512 {
+        return Err(refuse(format!(
+            "segments.0.offset {offset} is not the data offset {} sectors or not aligned to \
+             the sector size {sector}",
+            info.data_offset
+        )));
+    }
+    let tweak = num("iv_tweak")?;
+    if tweak != info.iv_offset {
+        return Err(refuse(format!(
+            "segments.0.iv_tweak {tweak} differs from the IV offset libcryptsetup reports ({})",
+            info.iv_offset
+        )));
+    }
+    let size_bytes = match seg["size"].as_str() {
+        Some("dynamic") => None,
+        _ => {
+            let n = num("size")?;
+            if n == 0 || n % sector != 0 {
+                return Err(refuse(format!(
+                    "segments.0.size {n} is not a positive multiple of the sector size {sector}"
+                )));
+            }
+            Some(n)
+        }
+    };
+    let mut digest_keyslots = Vec::new();
+    if let Some(digests) = v["digests"].as_object() {
+        for d in digests.values() {
+            let covers = d["segments"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|s| s == "0"));
+            if covers {
+                digest_keyslots.extend(
+                    d["keyslots"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|k| k.as_str()?.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+    if digest_keyslots.is_empty() {
+        return Err(refuse(
+            "no digest covers segment 0 (no keyslot can hold its volume key)".into(),
+        ));
+    }
+    Ok(Luks2Segment {
+        size_bytes,
+        digest_keyslots,
+    })
+}
+
+/// [`check_luks2_metadata`] on the header loaded in `cd`.
+fn luks2_segment(cd: &mut CryptDevice, info: &HeaderInfo) -> Result<Luks2Segment> {
+    let json = zeroize::Zeroizing::new(cd.dump_json()?);
+    let device = cd.device_name().to_string();
+    check_luks2_metadata(&json, info, &device)
 }
 
 fn cipher_spec(info: &HeaderInfo, device: &str) -> Result<ucrypt_crypto::CipherSpec> {
@@ -310,16 +509,35 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
     load_luks(&mut cd, opts.kind)?;
     let (act, _) = check_requirements(&mut cd)?;
     let info = cd.info();
-    let cipher = cipher_spec(&info, &device_str)?;
-    let fixed = if info.kind == Some(HeaderType::Luks2) {
-        luks2_segment_bytes(&mut cd)?
+    // The metadata first: an integrity or reencryption header is named as such, not as
+    // whatever its cipher string fails on.
+    let luks2 = if info.kind == Some(HeaderType::Luks2) {
+        Some(luks2_segment(&mut cd, &info)?)
     } else {
         None
     };
+    let cipher = cipher_spec(&info, &device_str)?;
     let (slot, key) = cd
         .volume_key(opts.key_slot, secret)
         .with_context(|| format!("unlocking {device_str}"))?;
     drop(cd);
+    if key.len() != info.key_bytes {
+        bail!(
+            "the volume key of {device_str} is {} bytes but the header says {}",
+            key.len(),
+            info.key_bytes
+        );
+    }
+    if let Some(seg) = &luks2 {
+        if !seg.digest_keyslots.contains(&slot) {
+            return Err(FormatError::Refused(format!(
+                "LUKS2 header on {device_str}: keyslot {slot} is not bound to a digest of \
+                 segment 0; its key does not decrypt the data"
+            ))
+            .into());
+        }
+    }
+    let fixed = luks2.and_then(|s| s.size_bytes);
     let length = match fixed {
         Some(b) => b / 512,
         None => {
@@ -600,5 +818,201 @@ pub fn open_unlocked(
         Ok(open_parsed(unlocked.table, opts)?.volume)
     } else {
         open_targets(unlocked.targets, opts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// The metadata `cryptsetup luksFormat --type luks2 -c aes-xts-plain64 -s 512` writes
+    /// (keyslot area and KDF details trimmed: libcryptsetup owns them).
+    fn base() -> Value {
+        json!({
+            "keyslots": {"0": {"type": "luks2", "key_size": 64,
+                "af": {"type": "luks1", "stripes": 4000, "hash": "sha256"},
+                "area": {"type": "raw", "offset": "32768", "size": "258048",
+                         "encryption": "aes-xts-plain64", "key_size": 64},
+                "kdf": {"type": "pbkdf2", "hash": "sha256", "iterations": 1000, "salt": "AA=="}}},
+            "tokens": {},
+            "segments": {"0": {"type": "crypt", "offset": "557056", "size": "dynamic",
+                "iv_tweak": "0", "encryption": "aes-xts-plain64", "sector_size": 512}},
+            "digests": {"0": {"type": "pbkdf2", "keyslots": ["0"], "segments": ["0"],
+                "hash": "sha256", "iterations": 1000, "salt": "AA==", "digest": "AA=="}},
+            "config": {"json_size": "12288", "keyslots_size": "524288"}
+        })
+    }
+
+    fn info() -> HeaderInfo {
+        HeaderInfo {
+            kind: Some(HeaderType::Luks2),
+            cipher: "aes".into(),
+            cipher_mode: "xts-plain64".into(),
+            uuid: None,
+            label: None,
+            data_offset: 557_056 / 512,
+            iv_offset: 0,
+            key_bytes: 64,
+            sector_size: 512,
+        }
+    }
+
+    /// Sets `value` at the JSON pointer `path` (creating the last member), or removes it.
+    fn with(path: &str, value: Option<Value>) -> String {
+        let mut v = base();
+        let (parent, last) = path.rsplit_once('/').unwrap();
+        let obj = v.pointer_mut(parent).unwrap().as_object_mut().unwrap();
+        match value {
+            Some(x) => obj.insert(last.to_string(), x),
+            None => obj.remove(last),
+        };
+        v.to_string()
+    }
+
+    /// One row per LUKS2 field that changes what a sector decrypts to: set it to something
+    /// ucrypt does not implement, and the header must be refused naming the field.
+    #[test]
+    fn luks2_fields_ucrypt_does_not_implement_are_refused_by_name() {
+        let info = info();
+        let base_info = self::info();
+        let ok = check_luks2_metadata(&base().to_string(), &info, "d").unwrap();
+        assert_eq!(ok.size_bytes, None);
+        assert_eq!(ok.digest_keyslots, vec![0]);
+        let rows: Vec<(&str, Option<Value>, &str)> = vec![
+            (
+                "/segments/0/integrity",
+                Some(
+                    json!({"type": "hmac(sha256)", "journal_encryption": "none", "journal_integrity": "none"}),
+                ),
+                "segments.0.integrity is {\"type\": \"hmac(sha256)\"}",
+            ),
+            (
+                "/segments/0/integrity",
+                Some(json!({"type": "aead"})),
+                "authenticated encryption",
+            ),
+            (
+                "/segments/0/type",
+                Some(json!("linear")),
+                "segments.0.type is \"linear\"",
+            ),
+            (
+                "/segments/0/type",
+                Some(json!("hw-opal-crypt")),
+                "segments.0.type is \"hw-opal-crypt\"",
+            ),
+            (
+                "/segments/0/flags",
+                Some(json!(["backup-previous"])),
+                "segments.0.flags",
+            ),
+            (
+                "/segments/0/flags",
+                Some(json!(["in-reencryption"])),
+                "in-reencryption",
+            ),
+            (
+                "/segments/0/encryption",
+                Some(json!("aes-cbc-essiv:sha256")),
+                "segments.0.encryption \"aes-cbc-essiv:sha256\"",
+            ),
+            (
+                "/segments/0/sector_size",
+                Some(json!(8192)),
+                "segments.0.sector_size is 8192",
+            ),
+            (
+                "/segments/0/sector_size",
+                Some(json!(4096)),
+                "segments.0.sector_size is 4096",
+            ),
+            (
+                "/segments/0/sector_size",
+                Some(json!(520)),
+                "segments.0.sector_size is 520",
+            ),
+            (
+                "/segments/0/offset",
+                Some(json!("557057")),
+                "segments.0.offset 557057",
+            ),
+            (
+                "/segments/0/offset",
+                Some(json!("x")),
+                "segments.0.offset is \"x\"",
+            ),
+            (
+                "/segments/0/iv_tweak",
+                Some(json!("8")),
+                "segments.0.iv_tweak 8",
+            ),
+            (
+                "/segments/0/size",
+                Some(json!("1000")),
+                "segments.0.size 1000",
+            ),
+            ("/segments/0/size", Some(json!("0")), "segments.0.size 0"),
+            (
+                "/segments/1",
+                Some(
+                    json!({"type": "crypt", "offset": "0", "size": "dynamic", "iv_tweak": "0", "encryption": "aes-xts-plain64", "sector_size": 512}),
+                ),
+                "2 segments (0, 1)",
+            ),
+            ("/segments/0", None, "0 segments"),
+            (
+                "/config/requirements",
+                Some(json!({"mandatory": ["online-reencrypt-v2"]})),
+                "config.requirements.mandatory lists \"online-reencrypt-v2\"",
+            ),
+            (
+                "/config/requirements",
+                Some(json!({"mandatory": ["opal"]})),
+                "\"opal\"",
+            ),
+            (
+                "/config/flags",
+                Some(json!(["allow-discards", "high-priority-future"])),
+                "unknown flag \"high-priority-future\"",
+            ),
+            (
+                "/digests/0/segments",
+                Some(json!([])),
+                "no digest covers segment 0",
+            ),
+        ];
+        for (path, value, want) in rows {
+            let text = with(path, value.clone());
+            let e = check_luks2_metadata(&text, &info, "d")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{path} = {value:?}: {e}");
+            assert!(e.contains("ucrypt does not implement it"), "{e}");
+        }
+        // Fields that are honoured: a fixed size, known flags, unbound extra digests.
+        let sized = check_luks2_metadata(
+            &with("/segments/0/size", Some(json!("1048576"))),
+            &info,
+            "d",
+        );
+        assert_eq!(sized.unwrap().size_bytes, Some(1 << 20));
+        let flags = with(
+            "/config/flags",
+            Some(json!(["allow-discards", "no-read-workqueue"])),
+        );
+        check_luks2_metadata(&flags, &info, "d").unwrap();
+        // A sector size libcryptsetup also reports is honoured (it becomes the table's).
+        let info4k = HeaderInfo {
+            sector_size: 4096,
+            ..base_info
+        };
+        check_luks2_metadata(
+            &with("/segments/0/sector_size", Some(json!(4096))),
+            &info4k,
+            "d",
+        )
+        .unwrap();
     }
 }

@@ -46,12 +46,28 @@ pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
 /// # Errors
 /// As [`open_table`], without the parse step.
 pub fn open_parsed(table: TableLine, opts: OpenOptions) -> Result<OpenedTable> {
+    open_parsed_with(table, opts, |t| {
+        open_device(&t.device, opts.read_only, opts.direct)
+    })
+}
+
+/// Builds the volume of `table` on the backend `below` returns for it (the table's device
+/// opened as a path, or a lower layer of a stacked mapping). The cipher (and key) is
+/// checked before `below` is asked for its backend.
+///
+/// # Errors
+/// As [`open_parsed`], and any error of `below`.
+pub fn open_parsed_with(
+    table: TableLine,
+    opts: OpenOptions,
+    below: impl FnOnce(&TableLine) -> Result<Arc<dyn Backend>>,
+) -> Result<OpenedTable> {
     let cipher = table
         .build_cipher(ValidateOptions {
             allow_large_sectors: opts.allow_large_sectors,
         })
         .context("checking the table line")?;
-    let backend = open_device(&table.device, opts.read_only, opts.direct)?;
+    let backend = below(&table)?;
     let volume = Volume::with_options(
         Arc::from(cipher),
         backend,

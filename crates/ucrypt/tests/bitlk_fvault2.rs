@@ -128,7 +128,7 @@ fn check(e: &serde_json::Value, dir: &Path) -> Result<String, String> {
             return Err(format!("cipher {} != {g}", u.table.cipher));
         }
     }
-    let lines = u.table_lines(false);
+    let lines = u.table_lines(false, "ucrypt");
     let volume = ucrypt::open_unlocked(
         u,
         OpenOptions {

@@ -65,7 +65,8 @@ impl PlainArgs {
 pub(crate) struct Args {
     #[command(flatten)]
     dev: DeviceArgs,
-    /// Mapping name (accepted for cryptsetup compatibility; nothing is mapped).
+    /// Mapping name (nothing is mapped; with --print-table it names the devices of a
+    /// cascade, as cryptsetup names them: NAME_2, NAME_1, NAME; default "ucrypt").
     name: Option<String>,
     /// Device type: luks (any), luks1, luks2, plain, bitlk, fvault2, tcrypt.
     #[arg(long = "type", short = 'M', default_value = "luks")]
@@ -165,7 +166,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     }
     let unlocked = ucrypt::unlock(&a.dev.device, &secret, &hopts).cs()?;
     if a.print_table {
-        for mut line in unlocked.table_lines(a.showkeys) {
+        let name = a.name.as_deref().unwrap_or("ucrypt");
+        for mut line in unlocked.table_lines(a.showkeys, name) {
             println!("{line}");
             zeroize::Zeroize::zeroize(&mut line);
         }

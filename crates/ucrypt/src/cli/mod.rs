@@ -26,6 +26,7 @@ mod table;
 mod tcrypt;
 mod write;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -137,13 +138,16 @@ pub(crate) struct TableArg {
     /// The dm-crypt table line: '<start> <length> crypt <cipher> <key> <iv_offset> <device> <offset> [<#opts> <opts>...]'.
     #[arg(long)]
     table: Option<String>,
-    /// Read the table line from a file ('-' for standard input).
+    /// Read the table from a file ('-' for standard input): one line, several targets of one
+    /// device, or several devices as `NAME: <line>` stacked through /dev/mapper/NAME.
     #[arg(long, value_name = "PATH")]
     table_file: Option<std::path::PathBuf>,
 }
 
 impl TableArg {
-    pub(crate) fn line(&self) -> Result<zeroize::Zeroizing<String>, CliError> {
+    /// The whole table input (every line: a table of several lines is several targets or
+    /// stacked devices, see `ucrypt::mapping::Mapping`, never cut to its first line).
+    pub(crate) fn text(&self) -> Result<zeroize::Zeroizing<String>, CliError> {
         if let Some(t) = &self.table {
             return Ok(zeroize::Zeroizing::new(t.clone()));
         }
@@ -151,21 +155,21 @@ impl TableArg {
             .table_file
             .as_ref()
             .expect("clap requires one of the two");
-        // The file holds the key: zeroized on drop like the line taken from it.
-        let text = zeroize::Zeroizing::new(if path.as_os_str() == "-" {
+        // The file holds the key: zeroized on drop.
+        Ok(zeroize::Zeroizing::new(if path.as_os_str() == "-" {
             let mut s = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
             s
         } else {
             std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("reading table file {}: {e}", path.display()))?
-        });
-        let line = text
-            .lines()
-            .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
-        Ok(zeroize::Zeroizing::new(
-            line.unwrap_or("").trim().to_string(),
-        ))
+        }))
+    }
+
+    /// The table input parsed (every line; see [`TableArg::text`]).
+    pub(crate) fn mapping(&self) -> Result<ucrypt::mapping::Mapping, CliError> {
+        let text = self.text()?;
+        Ok(ucrypt::mapping::Mapping::parse(&text).context("parsing the table")?)
     }
 }
 

@@ -28,7 +28,7 @@
 //!
 //! The table line (and its key) is never printed or logged.
 
-use super::{open_error, CliError, PerfArgs, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
+use super::{CliError, PerfArgs, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -177,10 +177,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             super::open_header::HeaderExport::Serve(v, d) => (v, d),
         }
     } else {
-        let line = a.table.line()?;
-        let (export, description) = open_export(&a, &line)?;
-        drop(line);
-        (export, description)
+        open_export(&a)?
     };
 
     let mut cleanup = Cleanup(Vec::new());
@@ -260,34 +257,27 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
 }
 
 /// The decrypted volume, or with `--raw` the table's device as it is.
-fn open_export(a: &Args, line: &str) -> Result<(Arc<dyn Backend>, String), CliError> {
+fn open_export(a: &Args) -> Result<(Arc<dyn Backend>, String), CliError> {
+    let opts = ucrypt::OpenOptions {
+        read_only: a.read_only,
+        direct: a.direct,
+        allow_large_sectors: a.large_sectors,
+        perf: a.perf.options(),
+    };
     if a.raw {
-        let table: ucrypt_format::TableLine = line
-            .trim()
-            .parse()
-            .map_err(|e| anyhow::anyhow!("parsing the table line: {e}"))?;
+        let mapping = a.table.mapping()?;
+        let Some(table) = mapping.single_line() else {
+            return Err(anyhow::anyhow!(
+                "--raw exports the device of a one-line table; this table has several targets \
+                 or devices"
+            ))
+            .code(EXIT_PARAMS);
+        };
         let file =
             ucrypt::open::open_device(&table.device, a.read_only, a.direct).code(EXIT_DEVICE)?;
         return Ok((file, format!("ucrypt raw export of {}", table.device)));
     }
-    let opened = ucrypt::open_table(
-        line,
-        ucrypt::OpenOptions {
-            read_only: a.read_only,
-            direct: a.direct,
-            allow_large_sectors: a.large_sectors,
-            perf: a.perf.options(),
-        },
-    )
-    .map_err(open_error)?;
-    super::read::warn_large(&opened.table);
-    let description = format!(
-        "ucrypt {} ({}-byte sectors) on {}",
-        opened.table.cipher,
-        opened.table.sector_size_bytes(),
-        opened.table.device
-    );
-    Ok((opened.volume, description))
+    super::read::open_input(&a.table, opts)
 }
 
 /// The TCP address `--listen` names (a bare PORT means 127.0.0.1:PORT).

@@ -31,29 +31,50 @@ pub(crate) struct Args {
 const CHUNK: u64 = 1 << 20;
 
 /// Warns once when a table uses the large-sector extension.
-pub(crate) fn warn_large(table: &ucrypt_format::TableLine) {
-    if table.sector_size_bytes() > 4096 {
+pub(crate) fn warn_large<'a>(lines: impl IntoIterator<Item = &'a ucrypt_format::TableLine>) {
+    let sizes = lines
+        .into_iter()
+        .map(ucrypt_format::TableLine::sector_size_bytes);
+    warn_large_size(sizes.max().unwrap_or(512));
+}
+
+/// [`warn_large`] for the largest sector size of a table.
+fn warn_large_size(big: u32) {
+    if big > 4096 {
         eprintln!(
-            "ucrypt: warning: sector_size {} is beyond the kernel's limit of 4096: the Linux kernel's dm-crypt cannot open this volume",
-            table.sector_size_bytes()
+            "ucrypt: warning: sector_size {big} is beyond the kernel's limit of 4096: the Linux kernel's dm-crypt cannot open this volume",
         );
     }
 }
 
+/// Opens the whole table input (every line) with `opts`; warns about large sectors.
+pub(crate) fn open_input(
+    table: &TableArg,
+    opts: ucrypt::OpenOptions,
+) -> Result<(std::sync::Arc<dyn Backend>, String), CliError> {
+    let mapping = table.mapping()?;
+    let big = mapping
+        .crypt_lines()
+        .map(ucrypt_format::TableLine::sector_size_bytes)
+        .max()
+        .unwrap_or(512);
+    let description = mapping.describe();
+    let volume = ucrypt::mapping::open_mapping(mapping, opts).map_err(open_error)?;
+    // Only for a table that opened (a refused one gets its error alone).
+    warn_large_size(big);
+    Ok((volume, description))
+}
+
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
-    let line = a.table.line()?;
-    let opened = ucrypt::open_table(
-        &line,
+    let (volume, _) = open_input(
+        &a.table,
         ucrypt::OpenOptions {
             read_only: true,
             direct: a.direct,
             allow_large_sectors: a.large_sectors,
             perf: a.perf.options(),
         },
-    )
-    .map_err(open_error)?;
-    warn_large(&opened.table);
-    let volume = &opened.volume;
+    )?;
     let size = volume.info().size_bytes;
     let length = a.length.unwrap_or(size.saturating_sub(a.offset));
     if a.offset.checked_add(length).is_none_or(|end| end > size) {

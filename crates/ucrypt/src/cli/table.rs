@@ -1,7 +1,8 @@
-//! `ucrypt table`: check a table line and print it canonically (like `dmsetup table`).
+//! `ucrypt table`: check a table (one line, several targets, or stacked devices) and print
+//! it canonically (like `dmsetup table`).
 
 use super::{CliError, TableArg};
-use ucrypt_format::{TableLine, ValidateOptions};
+use ucrypt_format::ValidateOptions;
 
 /// Arguments of `ucrypt table`.
 #[derive(clap::Args)]
@@ -17,15 +18,23 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
-    let line = a.table.line()?;
-    let table: TableLine = line.parse()?;
-    table.build_cipher(ValidateOptions {
-        allow_large_sectors: a.large_sectors,
-    })?;
-    super::read::warn_large(&table);
-    println!(
-        "{}",
-        zeroize::Zeroizing::new(table.to_line(a.showkeys)).as_str()
-    );
+    let mapping = a.table.mapping()?;
+    for (i, table) in mapping.crypt_lines().enumerate() {
+        let checked: Result<(), anyhow::Error> = table
+            .build_cipher(ValidateOptions {
+                allow_large_sectors: a.large_sectors,
+            })
+            .map(drop)
+            .map_err(Into::into);
+        if mapping.single_line().is_some() {
+            checked?;
+        } else {
+            checked.map_err(|e| e.context(format!("crypt target {} ({})", i + 1, table.device)))?;
+        }
+    }
+    super::read::warn_large(mapping.crypt_lines());
+    for line in mapping.to_lines(a.showkeys) {
+        println!("{}", zeroize::Zeroizing::new(line).as_str());
+    }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! `ucrypt write`: plaintext in, ciphertext onto the table's device.
 
-use super::{open_error, CliError, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
+use super::{CliError, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::io::Read;
 use ucrypt_backend::Backend;
 
@@ -28,19 +28,15 @@ pub(crate) struct Args {
 const CHUNK: usize = 1 << 20;
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
-    let line = a.table.line()?;
-    let opened = ucrypt::open_table(
-        &line,
+    let (volume, _) = super::read::open_input(
+        &a.table,
         ucrypt::OpenOptions {
             read_only: false,
             direct: a.direct,
             allow_large_sectors: a.large_sectors,
             perf: a.perf.options(),
         },
-    )
-    .map_err(open_error)?;
-    super::read::warn_large(&opened.table);
-    let volume = &opened.volume;
+    )?;
     let size = volume.info().size_bytes;
     if a.offset > size {
         return Err(anyhow::anyhow!(

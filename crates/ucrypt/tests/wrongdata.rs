@@ -1,0 +1,326 @@
+//! Wrong data must be impossible by construction (issue 18, point 0), against volumes made
+//! by independent tools on the real kernel (`testdata/wrongdata/make-images.sh`, run in the
+//! kernel lab; the images and `expected.txt` are committed):
+//!
+//! - TrueCrypt cipher cascades made by `tcplay`, with a known pattern written through
+//!   tcplay's own kernel mapping and read back through cryptsetup's: `luksOpen
+//!   --print-table` (one device per layer) fed to `read --table-file -` must give exactly
+//!   what `open DEV --type tcrypt` serves, and the pattern. Before the fix, `read` used the
+//!   first line only: one layer of decryption, exit 0.
+//! - LUKS2 headers made by `cryptsetup luksFormat --integrity` (dm-integrity tags
+//!   interleaved with the data) and a header with an unfinished reencryption must be refused
+//!   by `--print-table` and `open`, naming the feature, before any data is served, while
+//!   `--test-passphrase` (which maps nothing) still checks the passphrase as cryptsetup does.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::ucrypt;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+const PASS: &[u8] = b"ucrypt-wrongdata";
+
+fn data_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/wrongdata")
+}
+
+/// The 64 KiB every image had written through a kernel mapping (see make-images.sh).
+fn pattern() -> Vec<u8> {
+    let p: Vec<u8> = (0..2048)
+        .flat_map(|i| Sha256::digest(format!("ucrypt-wrongdata-{i}").as_bytes()).to_vec())
+        .collect();
+    let want = std::fs::read_to_string(data_dir().join("expected.txt")).unwrap();
+    assert!(
+        want.contains(&format!(
+            "pattern_sha256 {}",
+            hex::encode(Sha256::digest(&p))
+        )),
+        "the pattern differs from the one make-images.sh wrote"
+    );
+    p
+}
+
+/// Decompresses `name.img.xz` into `dir`.
+fn image(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(format!("{name}.img"));
+    let xz = std::process::Command::new("xz")
+        .arg("-dc")
+        .arg(data_dir().join(format!("{name}.img.xz")))
+        .output()
+        .unwrap();
+    assert!(xz.status.success(), "xz -dc {name}.img.xz");
+    std::fs::write(&out, xz.stdout).unwrap();
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// What `ucrypt open DEV --type tcrypt` serves, copied out by nbdcopy.
+fn served_by_open(dir: &Path, img: &Path) -> Vec<u8> {
+    let out = dir.join("served.bin");
+    let _ = std::fs::remove_file(&out);
+    let run = format!("nbdcopy \"$uri\" {}", out.display());
+    common::ok(ucrypt(
+        &[
+            "open",
+            s(img),
+            "--type",
+            "tcrypt",
+            "--read-only",
+            "--run",
+            &run,
+        ],
+        PASS,
+    ));
+    std::fs::read(&out).unwrap()
+}
+
+#[test]
+fn tcplay_cascades_print_table_round_trips_to_what_tcplay_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = pattern();
+    for (name, layers) in [("tc-cascade3", 3), ("tc-cascade2", 2)] {
+        let img = image(dir.path(), name);
+        let table = common::ok(ucrypt(
+            &[
+                "luksOpen",
+                s(&img),
+                "vol",
+                "--type",
+                "tcrypt",
+                "--print-table",
+                "--showkeys",
+            ],
+            PASS,
+        ));
+        let text = String::from_utf8(table.clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), layers, "{name}: one device per layer:\n{text}");
+        // cryptsetup's names: vol_N on the image, each layer on the one below, vol on top.
+        assert!(
+            lines[0].starts_with(&format!("vol_{}: ", layers - 1)),
+            "{text}"
+        );
+        assert!(lines[layers - 1].starts_with("vol: "), "{text}");
+        assert!(lines[layers - 1].contains(" /dev/mapper/vol_1 0"), "{text}");
+
+        // The whole table, three ways in: stdin, a file, --table.
+        let stdin = common::ok(ucrypt(&["read", "--table-file", "-"], &table));
+        let file = dir.path().join(format!("{name}.table"));
+        std::fs::write(&file, &table).unwrap();
+        let from_file = common::ok(ucrypt(&["read", "--table-file", s(&file)], b""));
+        let from_arg = common::ok(ucrypt(&["read", "--table", &text], b""));
+        assert_eq!(stdin.len(), 1536 * 512, "{name}: the data area");
+        assert!(
+            stdin == from_file && stdin == from_arg,
+            "{name}: inputs disagree"
+        );
+        // What tcplay wrote through its kernel mapping (cryptsetup read it back there).
+        assert!(
+            stdin[..pattern.len()] == pattern[..],
+            "{name}: not the plaintext tcplay wrote"
+        );
+        // The same bytes as `open --type tcrypt` serves.
+        assert!(
+            served_by_open(dir.path(), &img) == stdin,
+            "{name}: open and read disagree"
+        );
+
+        // The old defect: the first line alone is one layer of the cascade, not the data.
+        let first = lines[0].split_once(": ").unwrap().1;
+        let one = common::ok(ucrypt(&["read", "--table", first], b""));
+        assert!(
+            one[..pattern.len()] != pattern[..],
+            "{name}: one layer must not decrypt"
+        );
+
+        // Writes go through every layer: what `write` puts in, `open` serves.
+        let new: Vec<u8> = (0..8192u32).map(|i| (i * 13 % 256) as u8).collect();
+        let input = dir.path().join("new.bin");
+        std::fs::write(&input, &new).unwrap();
+        common::ok(ucrypt(
+            &[
+                "write",
+                "--table-file",
+                s(&file),
+                "--offset",
+                "65536",
+                "--input",
+                s(&input),
+            ],
+            b"",
+        ));
+        let after = served_by_open(dir.path(), &img);
+        assert!(
+            after[65536..65536 + 8192] == new[..],
+            "{name}: write through the stack"
+        );
+        assert!(
+            after[..pattern.len()] == pattern[..],
+            "{name}: write spilled"
+        );
+    }
+}
+
+/// A multi-line table must be read whole or refused: a gap, an overlap, an unknown target
+/// type or an unused device is an error naming the rule, never a silently shorter mapping.
+#[test]
+fn malformed_multi_line_tables_are_refused_with_the_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("d.img");
+    std::fs::write(&img, vec![0u8; 64 * 512]).unwrap();
+    let k = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    let line = |start: u64, len: u64, dev: &str| {
+        format!("{start} {len} crypt aes-xts-plain64 {k} {start} {dev} {start}")
+    };
+    let d = s(&img);
+    let rows = [
+        (
+            format!("{}\n{}", line(0, 8, d), line(16, 8, d)),
+            "without gaps or overlaps",
+        ),
+        (
+            format!("{}\n{}", line(0, 8, d), line(4, 8, d)),
+            "without gaps or overlaps",
+        ),
+        (
+            format!("{}\n8 8 linear {d} 0", line(0, 8, d)),
+            "\"linear\" is not supported",
+        ),
+        (
+            format!("a: {}\nb: {}", line(0, 8, d), line(0, 8, d)),
+            "only one can be served",
+        ),
+        (format!("a: {}\n{}", line(0, 8, d), line(0, 8, d)), "mixed"),
+    ];
+    for (text, want) in rows {
+        for cmd in ["read", "write", "table"] {
+            let o = ucrypt(&[cmd, "--table-file", "-"], text.as_bytes());
+            let e = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{cmd} {text:?}: {e}");
+            assert!(e.contains(want), "{cmd} {text:?}: {e}");
+            assert!(!e.contains(k), "key in the error: {e}");
+            assert!(o.stdout.is_empty(), "{cmd} {text:?} wrote output");
+        }
+    }
+    // Two targets of one device are one mapping of their summed length, as dmsetup makes.
+    let two = format!("{}\n{}", line(0, 8, d), line(8, 8, d));
+    let out = common::ok(ucrypt(&["read", "--table-file", "-"], two.as_bytes()));
+    let one = common::ok(ucrypt(&["read", "--table", &line(0, 16, d)], b""));
+    assert!(
+        out == one,
+        "two targets differ from the one line they split"
+    );
+}
+
+/// LUKS2 headers with something ucrypt does not implement: refused by every path that
+/// would map data, with the feature named; the passphrase check alone still works.
+#[test]
+fn luks2_integrity_and_reencryption_headers_are_refused_before_any_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, PASS).unwrap();
+    // A header with an unfinished online reencryption (no kernel needed to make it).
+    let re2 = dir.path().join("luks2-reencrypt.img");
+    std::fs::write(&re2, vec![0u8; 8 << 20]).unwrap();
+    let cs = |args: &[&str]| {
+        let o = std::process::Command::new("cryptsetup")
+            .args(args)
+            .args(["-q", "--key-file", s(&key), "--pbkdf", "pbkdf2"])
+            .args(["--pbkdf-force-iterations", "1000", s(&re2)])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "cryptsetup {args:?}: {}", stderr(&o));
+    };
+    cs(&[
+        "luksFormat",
+        "--type",
+        "luks2",
+        "--luks2-metadata-size",
+        "16k",
+    ]);
+    cs(&["reencrypt", "--init-only", "--resilience", "none"]);
+    let integrity = "segments.0.integrity is {\"type\": ";
+    let rows = [
+        ("luks2-hmac-512", format!("{integrity}\"hmac(sha256)\"}}")),
+        // 64 bytes of key: fits AES-256-XTS, and was served as garbage before.
+        ("luks2-hmac-256", format!("{integrity}\"hmac(sha256)\"}}")),
+        ("luks2-aead-gcm", format!("{integrity}\"aead\"}}")),
+        (
+            "luks2-reencrypt",
+            "unfinished online reencryption".to_string(),
+        ),
+    ];
+    for (name, want) in rows {
+        let img = if name == "luks2-reencrypt" {
+            re2.clone()
+        } else {
+            image(dir.path(), name)
+        };
+        let k = s(&key);
+        let o = ucrypt(
+            &["luksOpen", s(&img), "--print-table", "--showkeys", "-d", k],
+            b"",
+        );
+        assert_ne!(
+            o.status.code(),
+            Some(0),
+            "{name}: --print-table must refuse"
+        );
+        assert!(o.stdout.is_empty(), "{name}: printed a table");
+        assert!(stderr(&o).contains(&want), "{name}: {}", stderr(&o));
+        let marker = dir.path().join("served");
+        let run = format!("touch {}", marker.display());
+        let o = ucrypt(
+            &["open", s(&img), "-d", k, "--read-only", "--run", &run],
+            b"",
+        );
+        assert_ne!(o.status.code(), Some(0), "{name}: open must refuse");
+        assert!(stderr(&o).contains(&want), "{name}: {}", stderr(&o));
+        assert!(!marker.exists(), "{name}: served before refusing");
+        // The library path refuses too (ucrypt::unlock is what every front end calls).
+        let e = ucrypt::unlock(&img, PASS, &ucrypt::HeaderOptions::default()).unwrap_err();
+        assert!(format!("{e:#}").contains(&want), "{name}: {e:#}");
+        // --test-passphrase maps nothing: the right passphrase passes, a wrong one fails.
+        let o = ucrypt(&["luksOpen", s(&img), "--test-passphrase", "-d", k], b"");
+        assert!(
+            o.status.success(),
+            "{name}: test-passphrase: {}",
+            stderr(&o)
+        );
+        let wrong = dir.path().join("wrong");
+        std::fs::write(&wrong, b"not it").unwrap();
+        let o = ucrypt(
+            &["luksOpen", s(&img), "--test-passphrase", "-d", s(&wrong)],
+            b"",
+        );
+        assert_eq!(o.status.code(), Some(2), "{name}: wrong passphrase");
+    }
+    // The control made the same way without --integrity maps, and gives what the kernel's
+    // dm-crypt wrote.
+    let img = image(dir.path(), "luks2-plain");
+    let table = common::ok(ucrypt(
+        &[
+            "luksOpen",
+            s(&img),
+            "--print-table",
+            "--showkeys",
+            "-d",
+            s(&key),
+        ],
+        b"",
+    ));
+    let out = common::ok(ucrypt(&["read", "--table-file", "-"], &table));
+    let pattern = pattern();
+    assert!(
+        out[..pattern.len()] == pattern[..],
+        "luks2-plain: not the kernel's plaintext"
+    );
+}
