@@ -259,12 +259,34 @@ pub fn check_requirements(cd: &mut CryptDevice) -> Result<(u32, u32)> {
         if req & cs::REQUIREMENT_ONLINE_REENCRYPT != 0 {
             what.push("an unfinished online reencryption");
         }
+        let reencrypt = !what.is_empty();
+        let unknown;
         if req & cs::REQUIREMENT_UNKNOWN != 0 || what.is_empty() {
-            what.push("requirements unknown to this libcryptsetup");
+            // Name them: config.requirements.mandatory of the JSON metadata.
+            let names = cd
+                .dump_json()
+                .ok()
+                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+                .and_then(|v| {
+                    let list = v["config"]["requirements"]["mandatory"].as_array()?.clone();
+                    Some(list.iter().map(ToString::to_string).collect::<Vec<_>>())
+                })
+                .unwrap_or_default();
+            unknown = format!(
+                "mandatory requirements unknown to libcryptsetup and ucrypt \
+                 (config.requirements.mandatory: [{}])",
+                names.join(", ")
+            );
+            what.push(&unknown);
         }
+        let hint = if reencrypt {
+            " (finish it with `cryptsetup reencrypt` first)"
+        } else {
+            ""
+        };
         return Err(FormatError::Refused(format!(
-            "LUKS2 header on {} has {} (requirement flags {req:#x}); ucrypt will not open it \
-             (finish it with `cryptsetup reencrypt` first)",
+            "LUKS2 header on {} has {} (requirement flags {req:#x}); ucrypt will not open \
+             it{hint}",
             cd.device_name(),
             what.join(" and ")
         ))

@@ -303,6 +303,38 @@ fn luks2_integrity_and_reencryption_headers_are_refused_before_any_data() {
         );
         assert_eq!(o.status.code(), Some(2), "{name}: wrong passphrase");
     }
+    // cryptsetup's suite image with requirements no tool knows ("req0", "req1").
+    let suite =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/peer-tests/cryptsetup");
+    let st = std::process::Command::new("tar")
+        .arg("xJSf")
+        .arg(suite.join("luks2_header_requirements.tar.xz"))
+        .arg("-C")
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let img = dir.path().join("luks2_header_requirements");
+    let pass = dir.path().join("suite-pass");
+    std::fs::write(&pass, b"blablabl").unwrap();
+    let o = ucrypt(&["luksOpen", s(&img), "--print-table", "-d", s(&pass)], b"");
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("config.requirements.mandatory: [\"req0\", \"req1\"]"),
+        "{e}"
+    );
+    assert!(!e.contains("reencrypt"), "not a reencryption: {e}");
+    let o = ucrypt(
+        &["luksOpen", s(&img), "--test-passphrase", "-d", s(&pass)],
+        b"",
+    );
+    assert!(
+        o.status.success(),
+        "suite: passphrase verification is allowed: {}",
+        stderr(&o)
+    );
+
     // The control made the same way without --integrity maps, and gives what the kernel's
     // dm-crypt wrote.
     let img = image(dir.path(), "luks2-plain");
@@ -494,4 +526,49 @@ fn print_table_is_the_table_cryptsetup_gives_the_kernel() {
         checked += 1;
     }
     assert!(checked >= 20, "only {checked} rows checked");
+}
+
+/// dm-crypt's data-neutral flags (where the work runs, not what it computes) are honoured as
+/// engine settings and change no byte: the same table with each flag reads and writes the
+/// same bytes as without it (the kernel golden vectors check the same for the kernel's own
+/// `no_read_workqueue`/`same_cpu_crypt`... cases; `sector_size` and `iv_large_sectors`, which
+/// do change the data, are checked against kernel ciphertext there).
+#[test]
+fn data_neutral_table_flags_change_no_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("d.img");
+    let data: Vec<u8> = (0..256 * 512u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&img, &data).unwrap();
+    let k = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    let base = format!("0 256 crypt aes-xts-plain64 {k} 0 {} 0", s(&img));
+    let read = |line: &str| common::ok(ucrypt(&["read", "--table", line], b""));
+    for flag in [
+        "allow_discards",
+        "same_cpu_crypt",
+        "submit_from_crypt_cpus",
+        "no_read_workqueue",
+        "no_write_workqueue",
+        "high_priority",
+    ] {
+        let line = format!("{base} 1 {flag}");
+        let plain = read(&base);
+        assert!(read(&line) == plain, "{flag} changed the plaintext");
+        // A write through the flagged table is read back the same without it.
+        let chunk: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 256) as u8).collect();
+        let input = dir.path().join("chunk");
+        std::fs::write(&input, &chunk).unwrap();
+        common::ok(ucrypt(
+            &[
+                "write",
+                "--table",
+                &line,
+                "--offset",
+                "8192",
+                "--input",
+                s(&input),
+            ],
+            b"",
+        ));
+        assert!(read(&base)[8192..8192 + 4096] == chunk[..], "{flag}: write");
+    }
 }
