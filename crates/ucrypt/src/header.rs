@@ -349,7 +349,8 @@ pub struct Luks2Segment {
 /// (libcryptsetup's view): the segment type, `integrity` (dm-integrity / AEAD: tags
 /// interleaved with the data), `flags` (reencryption bookkeeping), `encryption`,
 /// `sector_size`, `offset`, `iv_tweak`, `size`; more than one segment; mandatory
-/// requirements; persistent flags ucrypt does not know.
+/// requirements; persistent flags ucrypt does not know; keyslots bound to segment 0 that
+/// are not `luks2` keyslots of the segment's key size.
 ///
 /// # Errors
 /// [`FormatError::Refused`] naming the field and its value.
@@ -481,6 +482,27 @@ pub fn check_luks2_metadata(json: &str, info: &HeaderInfo, device: &str) -> Resu
         return Err(refuse(
             "no digest covers segment 0 (no keyslot can hold its volume key)".into(),
         ));
+    }
+    // Every keyslot that can open segment 0 must hold a key of the segment's size, in the
+    // keyslot format libcryptsetup decrypts for ucrypt.
+    for k in &digest_keyslots {
+        let slot = &v["keyslots"][k.to_string()];
+        if slot.is_null() {
+            continue; // a digest may name a keyslot since removed; libcryptsetup skips it
+        }
+        let ty = slot["type"].as_str().unwrap_or("(none)");
+        if ty != "luks2" {
+            return Err(refuse(format!(
+                "keyslots.{k}.type is \"{ty}\" (only \"luks2\" keyslots hold the volume key)"
+            )));
+        }
+        let size = slot["key_size"].as_u64();
+        if size != Some(info.key_bytes as u64) {
+            return Err(refuse(format!(
+                "keyslots.{k}.key_size is {} but segment 0's key is {} bytes",
+                slot["key_size"], info.key_bytes
+            )));
+        }
     }
     Ok(Luks2Segment {
         size_bytes,
@@ -1003,6 +1025,16 @@ mod tests {
                 "/digests/0/segments",
                 Some(json!([])),
                 "no digest covers segment 0",
+            ),
+            (
+                "/keyslots/0/key_size",
+                Some(json!(32)),
+                "keyslots.0.key_size is 32",
+            ),
+            (
+                "/keyslots/0/type",
+                Some(json!("reencrypt")),
+                "keyslots.0.type is \"reencrypt\"",
             ),
         ];
         for (path, value, want) in rows {

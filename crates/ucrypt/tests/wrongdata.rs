@@ -132,6 +132,24 @@ fn tcplay_cascades_print_table_round_trips_to_what_tcplay_wrote() {
             served_by_open(dir.path(), &img) == stdin,
             "{name}: open and read disagree"
         );
+        // ... and as `open --table-file` serves (the NBD export of the same table).
+        let out = dir.path().join("served-table.bin");
+        let run = format!("nbdcopy \"$uri\" {}", out.display());
+        common::ok(ucrypt(
+            &[
+                "open",
+                "--table-file",
+                s(&file),
+                "--read-only",
+                "--run",
+                &run,
+            ],
+            b"",
+        ));
+        assert!(
+            std::fs::read(&out).unwrap() == stdin,
+            "{name}: open --table-file"
+        );
 
         // The old defect: the first line alone is one layer of the cascade, not the data.
         let first = lines[0].split_once(": ").unwrap().1;
@@ -293,6 +311,12 @@ fn luks2_integrity_and_reencryption_headers_are_refused_before_any_data() {
         assert!(
             o.status.success(),
             "{name}: test-passphrase: {}",
+            stderr(&o)
+        );
+        let o = ucrypt(&["open", s(&img), "--test-passphrase", "-d", k], b"");
+        assert!(
+            o.status.success(),
+            "{name}: open --test-passphrase: {}",
             stderr(&o)
         );
         let wrong = dir.path().join("wrong");
