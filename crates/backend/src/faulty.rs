@@ -11,6 +11,7 @@
 //! | [`fail_flush`](FaultyBackend::fail_flush) | flush fails; FUA writes are written but report failure | a cache flush error |
 //! | [`fail_after_writes`](FaultyBackend::fail_after_writes) | the next `n` write-class requests work, then all fail | a device dying mid-run |
 //! | [`drop_writes`](FaultyBackend::drop_writes) | write-class requests report success and are thrown away | dm-flakey `drop_writes` |
+//! | [`panic_reads_in`](FaultyBackend::panic_reads_in) | reads overlapping the range panic (a bug in a backend) | |
 //! | [`clear`](FaultyBackend::clear) | all of the above off | |
 //!
 //! Write-class requests are writes (each [`WriteOp`] of a batch counts as one),
@@ -36,6 +37,7 @@ pub struct FaultStats {
 #[derive(Debug, Default)]
 struct Faults {
     read_ranges: Vec<Range<u64>>,
+    panic_ranges: Vec<Range<u64>>,
     write_ranges: Vec<Range<u64>>,
     fail_flush: bool,
     /// `Some(n)`: `n` more write-class requests may pass.
@@ -98,6 +100,12 @@ impl FaultyBackend {
     /// Makes reads overlapping `range` (bytes) fail. Adds to earlier ranges.
     pub fn fail_reads_in(&self, range: Range<u64>) {
         self.lock().read_ranges.push(range);
+    }
+
+    /// Makes reads overlapping `range` (bytes) panic, to test that the layers above contain
+    /// a bug in a backend. Adds to earlier ranges.
+    pub fn panic_reads_in(&self, range: Range<u64>) {
+        self.lock().panic_ranges.push(range);
     }
 
     /// Makes write-class requests overlapping `range` (bytes) fail without writing
@@ -209,6 +217,11 @@ impl Backend for FaultyBackend {
             if overlaps(&f.read_ranges, offset, buf.len() as u64) {
                 f.stats.injected_errors += 1;
                 return Err(BackendError::Injected { op: "read", offset });
+            }
+            if overlaps(&f.panic_ranges, offset, buf.len() as u64) {
+                f.stats.injected_errors += 1;
+                drop(f);
+                panic!("injected panic: read at offset {offset}");
             }
         }
         self.inner.read_at(buf, offset)

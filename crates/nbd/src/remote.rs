@@ -10,7 +10,19 @@
 //! Concurrency comes from several connections when the server offers
 //! `NBD_FLAG_CAN_MULTI_CONN` (then a FLUSH on any of them covers writes completed on all,
 //! which is what `Backend::flush` promises); otherwise one connection serialises requests.
-//! A connection that fails is dropped and re-established on its next use.
+//!
+//! ## Reconnecting, and what it cannot promise
+//! A connection that fails is dropped, its request fails, and it is re-established on its
+//! next use. Requests are never retried. A write the old connection acknowledged may sit
+//! in the server's cache, and a server that restarted (or a different server now behind
+//! the address) lost it; a FLUSH on the new connection cannot cover it. So the backend
+//! counts writes acknowledged since the last successful FLUSH, and a reconnect while any
+//! are outstanding marks them *possibly lost*: the next FLUSH fails with `EIO` (once; the
+//! flush after it reports only on what came later), as the kernel reports a writeback
+//! error to `fsync`. It is conservative: a reconnect to a server that merely dropped a
+//! TCP connection, cache intact, fails one FLUSH too. Writes sent with FUA are durable
+//! when acknowledged and are not counted; an export without FLUSH support (write-through)
+//! is not tracked.
 
 use crate::client::{Address, Connection, ExportFacts};
 use crate::command::Request;
@@ -18,7 +30,7 @@ use crate::proto::*;
 use crate::NbdError;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use ucrypt_backend::{Backend, BackendError, BackendInfo, Caps, Support};
 
@@ -98,6 +110,14 @@ pub struct NbdBackend {
     next: AtomicUsize,
     /// Largest READ/WRITE sent (the server's maximum block size).
     max_io: u32,
+    /// Non-FUA write-class requests acknowledged so far (a sequence number).
+    acked: AtomicU64,
+    /// `acked` as it was when the last successful FLUSH was sent: writes up to it are
+    /// durable.
+    covered: AtomicU64,
+    /// A reconnect happened while acknowledged writes were not yet covered by a FLUSH: the
+    /// next FLUSH fails (see the module docs).
+    lost: AtomicBool,
 }
 
 impl std::fmt::Debug for NbdBackend {
@@ -140,6 +160,13 @@ impl NbdBackend {
             }
         };
         let (min, preferred, max) = block;
+        // The spec caps the minimum block size at 64 KiB; a server claiming more (or a
+        // minimum that is not a power of two) cannot be spoken to in whole blocks.
+        if (min != 0 && !min.is_power_of_two()) || min > 64 * 1024 {
+            return Err(NbdError::Export(format!(
+                "{uri}: the server's minimum block size {min} is not a power of two up to 65536"
+            )));
+        }
         let min = min.max(1);
         let info = BackendInfo {
             size_bytes,
@@ -153,8 +180,9 @@ impl NbdBackend {
                 read_only: opts.read_only || flags & NBD_FLAG_READ_ONLY != 0,
             },
         };
-        // Keep requests aligned to the minimum and within the maximum (and our own 32 MiB).
-        let max_io = (max.clamp(min, 32 << 20) / min) * min;
+        // Keep requests aligned to the minimum and within the maximum (and our own 32 MiB);
+        // min <= 64 KiB here, so the bounds are ordered.
+        let max_io = (max.max(min).min(32 << 20) / min) * min;
         Ok(NbdBackend {
             uri: uri.to_string(),
             addr,
@@ -163,6 +191,9 @@ impl NbdBackend {
             conns,
             next: AtomicUsize::new(0),
             max_io,
+            acked: AtomicU64::new(0),
+            covered: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
         })
     }
 
@@ -195,11 +226,27 @@ impl NbdBackend {
                     crate::server::chain(&e)
                 ))
             })?;
+            // Writes the server acknowledged but nobody flushed may have died with it.
+            if self.acked.load(Ordering::SeqCst) > self.covered.load(Ordering::SeqCst) {
+                self.lost.store(true, Ordering::SeqCst);
+            }
             *guard = Some(c);
         }
-        let conn = guard.as_mut().expect("BUG: connection just established");
+        let Some(conn) = guard.as_mut() else {
+            return Err(BackendError::Other("BUG: no connection".into()));
+        };
+        let counted = matches!(
+            req.kind,
+            NBD_CMD_WRITE | NBD_CMD_WRITE_ZEROES | NBD_CMD_TRIM
+        ) && req.flags & NBD_CMD_FLAG_FUA == 0
+            && self.info.caps.flush != Support::None;
         match conn.call(req, payload, data) {
-            Ok(0) => Ok(()),
+            Ok(0) => {
+                if counted {
+                    self.acked.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(())
+            }
             Ok(errno) => Err(io_err(io::Error::from_raw_os_error(errno as i32))),
             Err(e) => {
                 *guard = None;
@@ -290,7 +337,22 @@ impl Backend for NbdBackend {
         if self.info.caps.flush == Support::None {
             return Ok(());
         }
-        self.call("flush", req(NBD_CMD_FLUSH, 0, 0, 0), &[], &mut [])
+        // Writes acknowledged before the FLUSH is sent are the ones it covers.
+        let upto = self.acked.load(Ordering::SeqCst);
+        self.call("flush", req(NBD_CMD_FLUSH, 0, 0, 0), &[], &mut [])?;
+        self.covered.fetch_max(upto, Ordering::SeqCst);
+        if self.lost.swap(false, Ordering::SeqCst) {
+            return Err(BackendError::Io {
+                op: "flush",
+                offset: 0,
+                path: PathBuf::from(&self.uri),
+                source: io::Error::other(
+                    "the connection to the server was re-established since writes it \
+                     acknowledged were last flushed: they may be lost",
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {

@@ -75,3 +75,166 @@ fn a_server_error_becomes_a_backend_error_with_its_errno() {
     // The connection is still usable afterwards.
     remote.read_at(&mut [0u8; 512], 0).unwrap();
 }
+
+/// Whether `tool` is on PATH (missing: skip locally, fail under `CI=true`).
+fn require(tool: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+    if !found {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "required tool {tool} is missing (run scripts/setup.sh)"
+        );
+        eprintln!("SKIP: {tool} not found on PATH (run scripts/setup.sh)");
+    }
+    found
+}
+
+/// nbdkit's file plugin serving `img` on `sock`, in the foreground, killed on drop.
+struct Nbdkit(std::process::Child);
+
+impl Nbdkit {
+    fn start(sock: &std::path::Path, img: &std::path::Path) -> Nbdkit {
+        let _ = std::fs::remove_file(sock);
+        let child = std::process::Command::new("nbdkit")
+            .args(["-f", "-U"])
+            .arg(sock)
+            .arg("file")
+            .arg(img)
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(sock).is_err() {
+            assert!(t.elapsed().as_secs() < 30, "nbdkit did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Nbdkit(child)
+    }
+
+    /// SIGKILL, as a crash of the storage server.
+    fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Nbdkit {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads until `n` reads in a row succeed (each failed one drops a dead connection, the
+/// next use of it reconnects; single-threaded use cycles through all `n` connections).
+fn read_until_reconnected(remote: &NbdBackend, n: usize) {
+    let (mut ok, mut failed) = (0, 0);
+    while ok < n {
+        if remote.read_at(&mut [0u8; 512], 0).is_ok() {
+            ok += 1;
+        } else {
+            (ok, failed) = (0, failed + 1);
+            assert!(failed <= 2 * n, "no reconnect");
+        }
+    }
+}
+
+/// Issue 18.4: a write acknowledged by a storage server that then restarts is not covered
+/// by a FLUSH on the new connection; the backend must report it (EIO), not succeed. The
+/// flush after that, and flushes with no write outstanding at the reconnect, succeed.
+#[test]
+fn a_reconnect_with_unflushed_writes_fails_the_next_flush() {
+    if !require("nbdkit") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, img) = (dir.path().join("up.sock"), dir.path().join("disk.img"));
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    for connections in [1, 4] {
+        let server = Nbdkit::start(&sock, &img);
+        let remote = NbdBackend::connect(
+            &uri,
+            RemoteOptions {
+                connections,
+                read_only: false,
+            },
+        )
+        .unwrap();
+        // The control: a flushed write, then a restart: nothing outstanding, flush works.
+        remote.write_at(&[1; 4096], 0, false).unwrap();
+        remote.flush().unwrap();
+        server.kill();
+        let server = Nbdkit::start(&sock, &img);
+        read_until_reconnected(&remote, connections);
+        remote.flush().unwrap();
+
+        // The attack: a write acknowledged, the server restarted, then a FLUSH that only
+        // the new server sees. Reads first, so that the FLUSH itself runs on a fresh
+        // connection and would succeed on its own.
+        remote.write_at(&[2; 4096], 8192, false).unwrap();
+        server.kill();
+        let server = Nbdkit::start(&sock, &img);
+        read_until_reconnected(&remote, connections);
+        let err = remote.flush().unwrap_err();
+        assert_eq!(err.errno(), 5, "{connections} connections: EIO: {err}");
+        assert!(err.to_string().contains("flush"), "{err}");
+        // Reported once: later flushes cover later writes.
+        remote.flush().unwrap();
+        remote.write_at(&[3; 4096], 16384, false).unwrap();
+        remote.flush().unwrap();
+        // A FUA write is durable when acknowledged: a restart after it loses nothing.
+        remote.write_at(&[4; 4096], 24576, true).unwrap();
+        server.kill();
+        let _server = Nbdkit::start(&sock, &img);
+        read_until_reconnected(&remote, connections);
+        remote.flush().unwrap();
+    }
+}
+
+/// A storage server advertising block sizes NBD does not allow (a minimum above 64 KiB,
+/// here 64 MiB, once a `clamp` panic) is refused with an error naming it.
+#[test]
+fn a_server_with_an_impossible_minimum_block_size_is_refused() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("evil.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let t = std::thread::spawn(move || {
+        // A real handshake, with block sizes no real server may send.
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hs = ucrypt_nbd::handshake::Handshake::new(ucrypt_nbd::handshake::ExportInfo {
+            name: String::new(),
+            description: String::new(),
+            size_bytes: 1 << 30,
+            flags: ucrypt_nbd::proto::NBD_FLAG_HAS_FLAGS,
+            min_block: 64 << 20,
+            preferred_block: 64 << 20,
+            max_block: 32 << 20,
+        });
+        s.write_all(&hs.greeting()).unwrap();
+        let mut out = Vec::new();
+        loop {
+            let mut input = vec![0u8; hs.wants()];
+            if s.read_exact(&mut input).is_err() {
+                return;
+            }
+            out.clear();
+            match hs.feed(&input, &mut out) {
+                Ok(step) => {
+                    s.write_all(&out).unwrap();
+                    if !matches!(step, ucrypt_nbd::handshake::Step::Continue) {
+                        // Hold the connection until the client gives up.
+                        let _ = s.read_to_end(&mut Vec::new());
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let err = NbdBackend::connect(&uri, RemoteOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("minimum block size"), "{err}");
+    t.join().unwrap();
+}

@@ -369,3 +369,282 @@ fn a_client_that_never_negotiates_is_dropped_after_the_handshake_limit() {
     s.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
 }
+
+/// Issue 18.5: a backend that panics while serving a request. The request is answered
+/// with EIO, its budget and cookie are released (more panics than threads and budget
+/// would otherwise wedge the connection), and the connection and the server go on.
+#[test]
+fn a_panicking_request_is_answered_with_eio_and_the_connection_goes_on() {
+    let faulty = Arc::new(ucrypt_backend::FaultyBackend::new(Arc::new(
+        MemoryBackend::new(MIB).unwrap(),
+    )));
+    faulty.write_at(&[5; 4096], 0, false).unwrap();
+    faulty.panic_reads_in(4096..8192);
+    let opts = ServeOptions {
+        workers: 2,
+        max_in_flight_bytes: 8192,
+        ..ServeOptions::default()
+    };
+    let server = Server::start(faulty, opts);
+    for structured in [false, true] {
+        let mut s = server.connect();
+        go(&mut s, structured);
+        for cookie in 0..8 {
+            request(&mut s, NBD_CMD_READ, 0, cookie, 4096, 4096, &[]);
+            if structured {
+                let (flags, t, c, p) = chunk(&mut s);
+                assert_eq!(
+                    (flags, t, c),
+                    (NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, cookie)
+                );
+                assert_eq!(u32_at(&p, 0), 5, "EIO");
+                let msg = String::from_utf8_lossy(&p[6..]).to_string();
+                assert!(msg.contains("read") && msg.contains("EIO"), "{msg}");
+            } else {
+                assert_eq!(simple(&mut s), (5, cookie));
+            }
+        }
+        // The same connection still serves, with both threads' budget back.
+        let mut t = server.connect();
+        go(&mut t, false);
+        for cookie in 100..104 {
+            request(&mut s, NBD_CMD_READ, 0, cookie, 0, 4096, &[]);
+        }
+        for _ in 100..104 {
+            let (err, _) = if structured {
+                let (_, ty, c, p) = chunk(&mut s);
+                assert_eq!(ty, NBD_REPLY_TYPE_OFFSET_DATA);
+                assert_eq!(&p[8..], &[5u8; 4096][..]);
+                (0, c)
+            } else {
+                let r = simple(&mut s);
+                assert_eq!(read_n(&mut s, 4096), vec![5; 4096]);
+                r
+            };
+            assert_eq!(err, 0);
+        }
+        assert_eq!(read_simple(&mut t, 7, 0, 512), vec![5; 512]);
+    }
+}
+
+/// A backend whose errors name a host path, as `FileBackend`'s do.
+struct PathErrors(MemoryBackend);
+
+impl Backend for PathErrors {
+    fn info(&self) -> &ucrypt_backend::BackendInfo {
+        self.0.info()
+    }
+    fn read_at(&self, _: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
+        Err(ucrypt_backend::BackendError::Io {
+            op: "read",
+            offset,
+            path: "/srv/secret-host-dir/disk.img".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENXIO),
+        })
+    }
+    fn write_at(&self, b: &[u8], o: u64, f: bool) -> Result<(), ucrypt_backend::BackendError> {
+        self.0.write_at(b, o, f)
+    }
+    fn flush(&self) -> Result<(), ucrypt_backend::BackendError> {
+        self.0.flush()
+    }
+    fn discard(&self, o: u64, l: u64) -> Result<(), ucrypt_backend::BackendError> {
+        self.0.discard(o, l)
+    }
+}
+
+/// Issue 18.5: error messages sent to clients name the operation and errno, not host paths.
+#[test]
+fn error_messages_on_the_wire_name_the_operation_not_host_paths() {
+    let server = Server::start(
+        Arc::new(PathErrors(MemoryBackend::new(MIB).unwrap())),
+        ServeOptions::default(),
+    );
+    let mut s = server.connect();
+    go(&mut s, true);
+    request(&mut s, NBD_CMD_READ, 0, 1, 8192, 512, &[]);
+    let (_, t, _, p) = chunk(&mut s);
+    assert_eq!((t, u32_at(&p, 0)), (NBD_REPLY_TYPE_ERROR, 5));
+    let msg = String::from_utf8_lossy(&p[6..]).to_string();
+    assert_eq!(
+        msg,
+        "read of 512 bytes at offset 8192 failed: EIO (host errno 6)"
+    );
+}
+
+/// Reads until the server stops answering (its reply writes block: the client never
+/// reads), returns the socket.
+fn pipeline_without_reading(server: &Server) -> std::os::unix::net::UnixStream {
+    let mut s = server.connect();
+    go(&mut s, false);
+    s.set_write_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    // 1 MiB reads until our sends block: the server has stopped reading requests because
+    // its replies cannot be sent.
+    for cookie in 0..100_000 {
+        let r = ucrypt_nbd::command::Request {
+            flags: 0,
+            kind: NBD_CMD_READ,
+            cookie,
+            offset: 0,
+            length: 1 << 20,
+        };
+        if s.write_all(&r.encode()).is_err() {
+            return s;
+        }
+    }
+    panic!("the server read 100000 requests without sending a reply");
+}
+
+/// Issue 18.7: SIGTERM (shutdown) ends in bounded time with a client that pipelines
+/// requests and never reads the replies; the export is still flushed.
+#[test]
+fn shutdown_is_bounded_when_a_client_never_reads_its_replies() {
+    let gate = Arc::new(GateBackend::new(4 * MIB, u64::MAX));
+    let opts = ServeOptions {
+        shutdown_grace: std::time::Duration::from_millis(300),
+        ..ServeOptions::default()
+    };
+    let server = Server::start(gate.clone(), opts);
+    let _s = pipeline_without_reading(&server);
+    let t = std::time::Instant::now();
+    server.stop().unwrap();
+    let took = t.elapsed();
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    assert!(gate.flushes.load(Ordering::SeqCst) >= 1);
+}
+
+/// Issue 18.7: shutdown does not depend on the socket's path (it was woken by connecting
+/// to it): removing the file while serving must not make SIGTERM hang.
+#[test]
+fn shutdown_works_after_the_socket_file_was_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nbd.sock");
+    let listener = Listener::bind_unix(&path).unwrap();
+    let shutdown = ucrypt_nbd::Shutdown::default();
+    let opts = ServeOptions {
+        shutdown: shutdown.clone(),
+        ..ServeOptions::default()
+    };
+    let mem: Arc<dyn Backend> = Arc::new(MemoryBackend::new(MIB).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(ucrypt_nbd::serve(listener, mem, opts).is_ok()));
+    let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    go(&mut s, false);
+    std::fs::remove_file(&path).unwrap();
+    // A new file at the path (someone else's): not ours to remove.
+    std::fs::write(&path, b"not ours").unwrap();
+    shutdown.trigger();
+    assert_eq!(
+        rx.recv_timeout(std::time::Duration::from_secs(10)),
+        Ok(true),
+        "serve did not return"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), b"not ours");
+}
+
+/// Issue 18.7: the handshake limit is a deadline for the whole handshake, not for one
+/// read: a client dribbling a byte at a time is closed when it passes.
+#[test]
+fn a_client_dribbling_the_handshake_is_closed_at_the_deadline() {
+    let opts = ServeOptions {
+        handshake_timeout: Some(std::time::Duration::from_millis(400)),
+        ..ServeOptions::default()
+    };
+    let server = Server::start(Arc::new(MemoryBackend::new(MIB).unwrap()), opts);
+    let mut s = server.connect();
+    read_n(&mut s, 18);
+    s.write_all(&NBD_FLAG_C_FIXED_NEWSTYLE.to_be_bytes())
+        .unwrap();
+    let t = std::time::Instant::now();
+    // An option header sent one byte every 100 ms (each read well inside the limit),
+    // then the same bytes again and again.
+    let header = [IHAVEOPT.to_be_bytes(), [0; 8]].concat();
+    let closed = header.iter().cycle().take(100).any(|b| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        s.write_all(&[*b]).is_err()
+    });
+    assert!(closed, "still open after 10 s");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+/// Issue 18.7: clients beyond the connection limit wait in a bounded queue, each for a
+/// bounded time; one arriving at a full queue is closed at once, not left hanging.
+#[test]
+fn clients_waiting_for_a_slot_are_bounded_in_number_and_time() {
+    let opts = ServeOptions {
+        max_connections: 1,
+        max_waiting: 1,
+        handshake_timeout: Some(std::time::Duration::from_millis(500)),
+        ..ServeOptions::default()
+    };
+    let server = Server::start(Arc::new(MemoryBackend::new(MIB).unwrap()), opts);
+    let mut served = server.connect();
+    let (_, flags) = go(&mut served, false);
+    assert_eq!(
+        flags & NBD_FLAG_CAN_MULTI_CONN,
+        0,
+        "one slot: no multi-conn"
+    );
+    let mut waiting = server.connect();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let mut refused = server.connect();
+    let t = std::time::Instant::now();
+    let mut buf = Vec::new();
+    refused.read_to_end(&mut buf).unwrap();
+    assert!(buf.is_empty() && t.elapsed() < std::time::Duration::from_millis(400));
+    // The waiting one is dropped once its wait exceeds the limit.
+    let _ = waiting.read_to_end(&mut buf);
+    assert!(buf.is_empty());
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        t.elapsed()
+    );
+    // The served client was not disturbed; when it leaves, a new one gets the slot.
+    assert_eq!(read_simple(&mut served, 1, 0, 512), vec![0; 512]);
+    request(&mut served, NBD_CMD_DISC, 0, 2, 0, 0, &[]);
+    drop(served);
+    let mut next = server.connect();
+    go(&mut next, false);
+    assert_eq!(read_simple(&mut next, 3, 0, 512), vec![0; 512]);
+}
+
+/// Multi-conn is advertised when more than one connection is served.
+#[test]
+fn multi_conn_is_advertised_with_several_slots() {
+    let (server, _) = Server::memory(MIB);
+    let mut s = server.connect();
+    let (_, flags) = go(&mut s, false);
+    assert_ne!(flags & NBD_FLAG_CAN_MULTI_CONN, 0);
+}
+
+/// Issue 18.7: the socket is 0600 (0660 with a group) whatever the umask, and the file
+/// goes away with the listener, a listener that never served included.
+#[test]
+fn unix_sockets_are_private_and_removed_with_their_listener() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s.sock");
+    let l = Listener::bind_unix(&p).unwrap();
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    drop(l);
+    assert!(!p.exists());
+    // SAFETY: getgid has no preconditions.
+    let gid = unsafe { libc::getgid() };
+    let l = Listener::bind_unix_with(&p, Some(gid)).unwrap();
+    let meta = std::fs::metadata(&p).unwrap();
+    assert_eq!(
+        (meta.permissions().mode() & 0o777, meta.gid()),
+        (0o660, gid)
+    );
+    drop(l);
+    assert!(!p.exists());
+}

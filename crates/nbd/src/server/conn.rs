@@ -57,7 +57,8 @@ impl Transport for TlsStream {
     }
 }
 
-/// Runs one connection to the end.
+/// Runs one connection to the end; `entered` is called when transmission starts (the
+/// handshake deadline no longer applies).
 ///
 /// # Errors
 /// Socket errors, TLS handshake failures and protocol violations; all end only this
@@ -67,6 +68,7 @@ pub(super) fn run(
     id: u32,
     export: Arc<dyn Backend>,
     cfg: &ExportConfig,
+    entered: &dyn Fn(),
 ) -> Result<(), NbdError> {
     let io_err = |op| move |source| NbdError::Io { op, source };
     let mut rd = BufReader::with_capacity(
@@ -75,9 +77,9 @@ pub(super) fn run(
     );
     let mut wr = stream;
     // A client that connects and never finishes negotiating would hold a connection slot
-    // forever: bound the handshake (qemu-nbd's --handshake-limit), not the transmission.
-    // The timeout is the socket's, so it bounds the TLS handshake and the options sent
-    // over TLS too.
+    // forever: the accept loop shuts the socket when the handshake deadline passes (the
+    // whole handshake, TLS included: qemu-nbd's --handshake-limit). The socket's read
+    // timeout below is only a first line (one silent read).
     wr.set_read_timeout(cfg.opts.handshake_timeout);
     let tls = cfg.opts.tls.as_deref();
     let mut hs = Handshake::with_tls(cfg.info.clone(), tls.map_or(TlsMode::Off, |t| t.mode()));
@@ -86,6 +88,7 @@ pub(super) fn run(
     match negotiate(&mut hs, &mut rd, &mut wr, cfg)? {
         Outcome::Closed => Ok(()),
         Outcome::Transmission(n) => {
+            entered();
             wr.set_read_timeout(None);
             transmission(rd, wr, id, export, cfg, n, cfg.opts.workers)
         }
@@ -105,6 +108,7 @@ pub(super) fn run(
             let mut twr = tls;
             match negotiate(&mut hs, &mut trd, &mut twr, cfg)? {
                 Outcome::Transmission(n) => {
+                    entered();
                     twr.socket().set_read_timeout(None);
                     // One thread per TLS connection: see `TlsStream` for why.
                     transmission(trd, twr, id, export, cfg, n, 1)
@@ -377,13 +381,7 @@ fn serve_requests<R: Transport, W: Transport>(sh: &Shared<'_, R, W>) {
             }
         };
         let reply = match next {
-            Next::Run(job) => execute(
-                sh.export,
-                job,
-                sh.ctx,
-                sh.cfg.emulate_zeroes,
-                sh.cfg.opts.log_errors,
-            ),
+            Next::Run(job) => execute_caught(sh, job),
             Next::Refused(reply) => reply,
         };
         send_reply(sh, reply);
@@ -490,6 +488,69 @@ fn refusal(errno: Errno) -> &'static str {
     }
 }
 
+/// [`execute`], with a panic in the backend (a bug, or a fault injected by a test) caught:
+/// the request is answered with `EIO`, its budget is returned by [`send_reply`] as for any
+/// other reply, and the connection goes on serving. Its buffer is lost with the unwinding
+/// stack (the pool allocates a new one). The panic message itself went to stderr through
+/// the panic hook; the client only learns which operation failed.
+fn execute_caught<R: Transport, W: Transport>(sh: &Shared<'_, R, W>, job: Job) -> Reply {
+    let (cookie, cmd, cost) = (job.cookie, job.cmd, job.cost);
+    let run = || {
+        execute(
+            sh.export,
+            job,
+            sh.ctx,
+            sh.cfg.emulate_zeroes,
+            sh.cfg.opts.log_errors,
+        )
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(reply) => reply,
+        Err(_) => {
+            if sh.cfg.opts.log_errors {
+                eprintln!("ucrypt-nbd: {cmd:?} panicked; answered with EIO");
+            }
+            Reply {
+                cookie,
+                read_offset: match cmd {
+                    Command::Read { offset, .. } => Some(offset),
+                    _ => None,
+                },
+                len: 0,
+                error: Some((Errno::EIO, wire_message(cmd, Errno::EIO, None))),
+                buf: None,
+                cost,
+            }
+        }
+    }
+}
+
+/// The text sent with a failed request: the operation, its range and the errno, never
+/// the backend's own message (it names host files and devices, which a remote client has
+/// no business learning). The full error goes to the server's log with `log_errors`.
+fn wire_message(cmd: Command, errno: Errno, host: Option<i32>) -> String {
+    let (op, range) = match cmd {
+        Command::Read { offset, len } => ("read", Some((offset, u64::from(len)))),
+        Command::Write { offset, len, .. } => ("write", Some((offset, u64::from(len)))),
+        Command::Flush => ("flush", None),
+        Command::Trim { offset, len, .. } => ("trim", Some((offset, u64::from(len)))),
+        Command::WriteZeroes { offset, len, .. } => {
+            ("write_zeroes", Some((offset, u64::from(len))))
+        }
+        _ => ("request", None),
+    };
+    // The host's errno when the spec's set has no name for it (it became EIO, ...).
+    let detail = host
+        .filter(|&h| h != errno.value() as i32)
+        .map(|h| format!(" (host errno {h})"))
+        .unwrap_or_default();
+    let what = match range {
+        Some((offset, len)) => format!("{op} of {len} bytes at offset {offset}"),
+        None => op.to_string(),
+    };
+    format!("{what} failed: {errno:?}{detail}")
+}
+
 /// Runs one validated command against the export.
 fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log: bool) -> Reply {
     let Job {
@@ -540,7 +601,8 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
         if log {
             eprintln!("ucrypt-nbd: {cmd:?} failed: {}", chain(&e));
         }
-        let mut msg = chain(&e);
+        let errno = errno_of(&e);
+        let mut msg = wire_message(cmd, errno, Some(e.errno()));
         if msg.len() > MAX_MESSAGE_BYTES {
             let mut cut = MAX_MESSAGE_BYTES;
             while !msg.is_char_boundary(cut) {
@@ -548,7 +610,7 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
             }
             msg.truncate(cut);
         }
-        (errno_of(&e), msg)
+        (errno, msg)
     });
     Reply {
         cookie,

@@ -21,6 +21,20 @@
 //! so readers stop taking new requests, lets in-flight requests finish and their replies
 //! go out ("the server SHOULD wait for inflight requests to be serviced prior to initiating
 //! a hard disconnect"), then flushes the export once and returns.
+//!
+//! Shutdown is bounded whatever clients do: the accept loop is woken through a pipe (never
+//! by connecting to the socket's path, which may have been removed), and a client that
+//! does not read its replies gets [`ServeOptions::shutdown_grace`] to do so; then both
+//! directions of its socket are shut, its blocked reply fails, and its requests, already
+//! run against the backend, are dropped unanswered (as if it had hung up).
+//!
+//! ## Connection slots
+//! At most `max_connections` connections are served. Clients beyond that wait, accepted,
+//! in a queue of at most `max_waiting`, each for at most `handshake_timeout`; a client
+//! arriving at a full queue is closed at once. A connection in its handshake holds its
+//! slot for at most `handshake_timeout` in all (a deadline for the whole handshake,
+//! TLS included, not a limit per read: a client sending a byte now and then is closed
+//! when the deadline passes).
 
 mod conn;
 mod signal;
@@ -31,14 +45,16 @@ pub use signal::shutdown_on_signals;
 use crate::handshake::ExportInfo;
 use crate::proto::*;
 use crate::NbdError;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Shutdown as SockShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 use ucrypt_backend::{Backend, Support};
 
 /// Default largest READ/WRITE payload: 32 MiB, the limit the spec recommends clients keep
@@ -54,9 +70,14 @@ pub struct ServeOptions {
     pub description: String,
     /// Export read-only even if the backend is writable.
     pub read_only: bool,
-    /// Connections served at once; further clients wait in the listen backlog until one
-    /// closes (mini-redis's semaphore), which bounds threads and memory.
+    /// Connections served at once (0 counts as 1); further clients wait (see
+    /// `max_waiting`). Bounds threads and memory. Multi-conn is advertised only when this
+    /// is above 1: a client told it may open several connections would otherwise wait for
+    /// a slot that its own first connection holds.
     pub max_connections: usize,
+    /// Clients accepted while every slot is taken, waiting for one (each for at most
+    /// `handshake_timeout`); a client arriving when this many wait is closed at once.
+    pub max_waiting: usize,
     /// Threads per connection, each receiving, running and answering requests (so this
     /// many requests can be in flight per connection). 0 or 1: one thread, one request at a
     /// time, everything inline in the thread that reads the socket.
@@ -71,8 +92,12 @@ pub struct ServeOptions {
     pub shutdown: Shutdown,
     /// Print per-connection errors (protocol violations, backend failures) on stderr.
     pub log_errors: bool,
-    /// Longest a client may take to finish the handshake (`None`: unbounded).
-    pub handshake_timeout: Option<std::time::Duration>,
+    /// Longest a client may take to finish the whole handshake, and longest it may wait
+    /// for a connection slot (`None`: unbounded).
+    pub handshake_timeout: Option<Duration>,
+    /// On shutdown, how long clients get to read the replies of their in-flight requests
+    /// before their sockets are shut (a client that never reads cannot hold shutdown).
+    pub shutdown_grace: Duration,
     /// TLS (`NBD_OPT_STARTTLS`) offered or required, with its credentials; `None`: no TLS.
     /// A connection that upgrades to TLS runs its requests one at a time (`workers` does
     /// not apply to it): see `conn.rs` for why.
@@ -86,12 +111,14 @@ impl Default for ServeOptions {
             description: String::new(),
             read_only: false,
             max_connections: 16,
+            max_waiting: 16,
             workers: 8,
             max_in_flight_bytes: 64 << 20,
             max_payload: DEFAULT_MAX_PAYLOAD,
             shutdown: Shutdown::default(),
             log_errors: false,
-            handshake_timeout: Some(std::time::Duration::from_secs(10)),
+            handshake_timeout: Some(Duration::from_secs(10)),
+            shutdown_grace: Duration::from_secs(5),
             tls: None,
         }
     }
@@ -154,12 +181,15 @@ impl Shutdown {
 /// A listening socket: unix or TCP.
 #[derive(Debug)]
 pub enum Listener {
-    /// A unix domain socket, removed when [`serve`] returns.
+    /// A unix domain socket, removed when the listener is dropped (if the path still
+    /// names this socket).
     Unix {
         /// The socket.
         listener: UnixListener,
         /// Its path.
         path: PathBuf,
+        /// (device, inode) of the socket file, to remove only our own.
+        file_id: (u64, u64),
     },
     /// A TCP socket.
     Tcp(TcpListener),
@@ -167,30 +197,71 @@ pub enum Listener {
 
 impl Listener {
     /// Listens on a unix socket at `path`, replacing a stale socket file (never any other
-    /// kind of file).
+    /// kind of file). The socket is created with mode 0600 whatever the umask (see
+    /// [`Listener::bind_unix_with`]).
     ///
     /// # Errors
     /// [`NbdError::SocketPathInUse`] if `path` exists and is not a socket; [`NbdError::Bind`].
     pub fn bind_unix(path: impl AsRef<Path>) -> Result<Listener, NbdError> {
+        Self::bind_unix_with(path, None)
+    }
+
+    /// [`Listener::bind_unix`], with the socket's access: `None` makes it 0600 (only this
+    /// user may connect), `Some(gid)` makes it 0660 owned by group `gid`. The mode is set
+    /// between `bind` and `listen`, so no client can connect while it follows the umask.
+    ///
+    /// # Errors
+    /// As [`Listener::bind_unix`]; [`NbdError::Bind`] also if the mode or group cannot be
+    /// set (the socket file is then removed).
+    pub fn bind_unix_with(
+        path: impl AsRef<Path>,
+        group: Option<u32>,
+    ) -> Result<Listener, NbdError> {
         let path = path.as_ref().to_path_buf();
+        let bind_err = |source: io::Error| NbdError::Bind {
+            addr: path.display().to_string(),
+            source,
+        };
         if let Ok(meta) = std::fs::symlink_metadata(&path) {
             if !meta.file_type().is_socket() {
                 return Err(NbdError::SocketPathInUse { path });
             }
             // A live server on it would still accept: refuse to steal its path.
             if UnixStream::connect(&path).is_ok() {
-                return Err(NbdError::Bind {
-                    addr: path.display().to_string(),
-                    source: io::Error::new(io::ErrorKind::AddrInUse, "a server is listening there"),
-                });
+                return Err(bind_err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    "a server is listening there",
+                )));
             }
             let _ = std::fs::remove_file(&path);
         }
-        let listener = UnixListener::bind(&path).map_err(|source| NbdError::Bind {
-            addr: path.display().to_string(),
-            source,
-        })?;
-        Ok(Listener::Unix { listener, path })
+        let fd = unix_socket_bound(&path).map_err(bind_err)?;
+        // From here on the file exists: remove it on any failure.
+        let prepared = (|| {
+            let (mode, gid) = match group {
+                Some(g) => (0o660, Some(g)),
+                None => (0o600, None),
+            };
+            std::os::unix::fs::lchown(&path, None, gid)?;
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+            let meta = std::fs::symlink_metadata(&path)?;
+            // SAFETY: fd is a bound unix stream socket we own; listen has no memory effects.
+            if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok((meta.dev(), meta.ino()))
+        })();
+        match prepared {
+            Ok(file_id) => Ok(Listener::Unix {
+                listener: UnixListener::from(fd),
+                path,
+                file_id,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(bind_err(e))
+            }
+        }
     }
 
     /// Listens on a TCP address (port 0 picks a free port; see [`Listener::uri`]).
@@ -233,6 +304,22 @@ impl Listener {
         }
     }
 
+    fn fd(&self) -> RawFd {
+        match self {
+            Listener::Unix { listener, .. } => listener.as_raw_fd(),
+            Listener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+
+    fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            Listener::Unix { listener, .. } => listener.set_nonblocking(true),
+            Listener::Tcp(l) => l.set_nonblocking(true),
+        }
+    }
+
+    /// Accepts one pending connection (the listener is non-blocking: `WouldBlock` when
+    /// none is pending). The connection itself is blocking.
     fn accept(&self) -> io::Result<Stream> {
         let stream = match self {
             Listener::Unix { listener, .. } => listener.accept().map(|(s, _)| Stream::Unix(s)),
@@ -242,29 +329,125 @@ impl Listener {
                 Stream::Tcp(s)
             }),
         }?;
+        stream.set_nonblocking(false)?;
         stream.grow_send_buffer();
         Ok(stream)
     }
+}
 
-    /// Connects to ourselves so a blocked `accept` returns (the shutdown wake-up).
-    fn wake(&self) {
-        match self {
-            Listener::Unix { path, .. } => {
-                let _ = UnixStream::connect(path);
-            }
-            Listener::Tcp(l) => {
-                if let Ok(mut a) = l.local_addr() {
-                    if a.ip().is_unspecified() {
-                        a.set_ip(match a {
-                            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-                        });
-                    }
-                    let _ = TcpStream::connect(a);
-                }
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix { path, file_id, .. } = self {
+            // Only if the path still names our socket (not one a later server bound).
+            if std::fs::symlink_metadata(&*path).is_ok_and(|m| (m.dev(), m.ino()) == *file_id) {
+                let _ = std::fs::remove_file(&*path);
             }
         }
     }
+}
+
+/// A unix stream socket bound to `path` (not yet listening), close-on-exec.
+fn unix_socket_bound(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is a plain C struct for which all-zero bytes are valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    // One byte is kept for the terminating NUL (already zero).
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a unix socket path must be 1 to {} bytes without NUL",
+                addr.sun_path.len() - 1
+            ),
+        ));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: socket(2) with constant arguments; the result is checked before use.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: addr is an initialised sockaddr_un that outlives the call, and its size is
+    // passed.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            std::ptr::from_ref(&addr).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Wakes the accept loop (shutdown, a connection ended) through a pipe it polls together
+/// with the listening socket: nothing depends on connecting to the socket's path, which
+/// may have been removed or replaced while serving.
+struct Waker {
+    rd: OwnedFd,
+    wr: OwnedFd,
+}
+
+impl Waker {
+    fn new() -> io::Result<Waker> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: fds is a valid array of two c_ints for pipe2 to fill.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: pipe2 succeeded: both descriptors are fresh and owned by nobody else.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Ok(Waker { rd, wr })
+    }
+
+    /// Makes the pipe readable (a full pipe already is: EAGAIN is ignored).
+    fn wake(&self) {
+        // SAFETY: writes one byte from a live local to a descriptor we own.
+        let _ = unsafe { libc::write(self.wr.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+    }
+
+    /// Empties the pipe (non-blocking).
+    fn drain(&self) {
+        let mut buf = [0u8; 64];
+        // SAFETY: reads at most buf.len() bytes into a live local buffer from a descriptor
+        // we own.
+        while unsafe { libc::read(self.rd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+    }
+}
+
+/// Waits until the listener has a connection pending (true), the waker was woken or the
+/// timeout passed (false).
+fn wait_for(listener: RawFd, waker: &Waker, timeout: Option<Duration>) -> io::Result<bool> {
+    let mut fds = [
+        libc::pollfd {
+            fd: listener,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: waker.rd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // Rounded up, so a deadline is not polled for again and again just before it passes.
+    let ms = timeout.map_or(-1, |t| {
+        libc::c_int::try_from(t.as_millis() + 1).unwrap_or(libc::c_int::MAX)
+    });
+    // SAFETY: fds is a valid array of two pollfd for the duration of the call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fds[0].revents != 0)
 }
 
 /// Send buffer asked for on every connection (failure to get it is harmless).
@@ -285,7 +468,14 @@ impl Stream {
         })
     }
 
-    pub(crate) fn set_read_timeout(&self, t: Option<std::time::Duration>) {
+    fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_nonblocking(on),
+            Stream::Tcp(s) => s.set_nonblocking(on),
+        }
+    }
+
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) {
         let _ = match self {
             Stream::Unix(s) => s.set_read_timeout(t),
             Stream::Tcp(s) => s.set_read_timeout(t),
@@ -296,7 +486,6 @@ impl Stream {
     /// `net.core.wmem_max`): with the default ~208 KiB a 1 MiB read reply blocks its thread
     /// five times while the client drains the socket.
     fn grow_send_buffer(&self) {
-        use std::os::fd::AsRawFd;
         let fd = match self {
             Stream::Unix(s) => s.as_raw_fd(),
             Stream::Tcp(s) => s.as_raw_fd(),
@@ -350,20 +539,29 @@ impl io::Write for Stream {
     }
 }
 
+/// One connection being served.
+struct Entry {
+    /// A clone of its socket, so shutdown and the handshake deadline can reach it.
+    stream: Stream,
+    /// Until transmission starts: when the handshake must be over.
+    handshake_deadline: Option<Instant>,
+}
+
 /// Connections being served, so shutdown can reach their sockets.
 #[derive(Default)]
 struct Table {
     /// Set by shutdown; checked under the same lock as registration so no connection
     /// slips in after the read sides were shut.
     closing: bool,
-    streams: HashMap<u32, Stream>,
+    streams: HashMap<u32, Entry>,
 }
 
 struct Shared {
     table: Mutex<Table>,
-    /// Signalled when a connection ends or shutdown starts: the accept loop waits on it
-    /// while `max_connections` are open.
+    /// Signalled when a connection ends: shutdown waits on it for connections to finish.
     changed: Condvar,
+    /// Wakes the accept loop: shutdown, a connection ended (a slot is free).
+    waker: Waker,
 }
 
 /// What a connection needs to know about the export.
@@ -405,8 +603,13 @@ pub fn export_info(export: &dyn Backend, opts: &ServeOptions) -> Result<ExportIn
         .min(max)
         .max(min);
     let read_only = opts.read_only || bi.caps.read_only;
-    let mut flags =
-        NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA | NBD_FLAG_CAN_MULTI_CONN;
+    let mut flags = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA;
+    // Multi-conn invites a client to open several connections (nbdcopy opens 4 and
+    // negotiates them all before copying): with one slot its second connection would wait
+    // for a slot its first one holds, forever.
+    if opts.max_connections > 1 {
+        flags |= NBD_FLAG_CAN_MULTI_CONN;
+    }
     if read_only {
         flags |= NBD_FLAG_READ_ONLY;
     } else {
@@ -446,37 +649,60 @@ pub fn serve(
         emulate_zeroes: export.info().caps.write_zeroes == Support::None,
         opts: opts.clone(),
     });
-    let listener = Arc::new(listener);
     let shared = Arc::new(Shared {
         table: Mutex::new(Table::default()),
         changed: Condvar::new(),
+        waker: Waker::new().map_err(|source| NbdError::Io {
+            op: "creating the wake-up pipe",
+            source,
+        })?,
     });
+    listener.set_nonblocking().map_err(|source| NbdError::Io {
+        op: "preparing the listening socket",
+        source,
+    })?;
     {
+        // The hook holds the shared state, not the listener: the listener (and its socket
+        // file) goes away when `serve` returns, triggered or not.
         let shared = Arc::clone(&shared);
-        let listener = Arc::clone(&listener);
         opts.shutdown.on_trigger(Box::new(move || {
             let mut t = lock(&shared.table);
             t.closing = true;
-            for s in t.streams.values() {
-                s.shutdown(SockShutdown::Read);
+            for e in t.streams.values() {
+                e.stream.shutdown(SockShutdown::Read);
             }
             drop(t);
             shared.changed.notify_all();
-            listener.wake();
+            shared.waker.wake();
         }));
     }
     let result = accept_loop(&listener, &export, &cfg, &shared);
+    // No new clients from here on; the socket file goes now, not after the flush.
+    drop(listener);
     // Every connection has finished (accept_loop joins them): make it durable once more.
     let flushed = export.flush().map_err(|source| NbdError::Backend {
         op: "flush",
         source,
     });
-    if let Some(p) = listener.unix_path() {
-        let _ = std::fs::remove_file(p);
-    }
     result.and(flushed)
 }
 
+/// Errors of `accept` that say "not now" (descriptor or memory exhaustion, a client that
+/// left before being accepted) rather than "this listener is broken".
+fn accept_is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted | io::ErrorKind::WouldBlock
+    ) || matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EPROTO)
+    )
+}
+
+/// The accept loop: an event loop over the listening socket and the wake-up pipe that
+/// admits connections into free slots, queues a bounded number of waiting ones, and
+/// enforces the handshake and waiting deadlines. Returns when shutdown starts, after every
+/// connection ended (see [`finish_connections`]).
 fn accept_loop(
     listener: &Listener,
     export: &Arc<dyn Backend>,
@@ -484,87 +710,201 @@ fn accept_loop(
     shared: &Arc<Shared>,
 ) -> Result<(), NbdError> {
     let max = cfg.opts.max_connections.max(1);
+    let limit = cfg.opts.handshake_timeout;
+    let mut waiting: VecDeque<(Stream, Instant)> = VecDeque::new();
     let mut handles: Vec<std::thread::JoinHandle<()>> = Vec::new();
     let mut next_id: u32 = 0;
-    let result = loop {
+    let mut start = |t: &mut Table, stream: Stream, handles: &mut Vec<_>| {
+        handles.retain(|h: &std::thread::JoinHandle<()>| !h.is_finished());
+        next_id = next_id.wrapping_add(1).max(1);
+        if let Some(h) = start_connection(t, stream, next_id, export, cfg, shared) {
+            handles.push(h);
+        }
+    };
+    let result = 'serving: loop {
+        shared.waker.drain();
+        let now = Instant::now();
+        let mut next_deadline: Option<Instant> = None;
         {
-            // The connection limit: wait for a slot (or shutdown) before accepting.
             let mut t = lock(&shared.table);
-            while t.streams.len() >= max && !t.closing {
-                t = shared
-                    .changed
-                    .wait(t)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-            }
             if t.closing {
                 break Ok(());
             }
+            for e in t.streams.values_mut() {
+                match e.handshake_deadline {
+                    Some(d) if d <= now => {
+                        // The whole handshake took too long: its thread sees EOF.
+                        e.stream.shutdown(SockShutdown::Both);
+                        e.handshake_deadline = None;
+                    }
+                    Some(d) => next_deadline = Some(next_deadline.map_or(d, |n| n.min(d))),
+                    None => {}
+                }
+            }
+            if let Some(l) = limit {
+                waiting.retain(|(_, since)| now < *since + l);
+            }
+            while t.streams.len() < max {
+                let Some((stream, _)) = waiting.pop_front() else {
+                    break;
+                };
+                start(&mut t, stream, &mut handles);
+            }
+            if let (Some(l), Some((_, since))) = (limit, waiting.front()) {
+                let d = *since + l;
+                next_deadline = Some(next_deadline.map_or(d, |n| n.min(d)));
+            }
         }
-        let stream = match listener.accept() {
-            Ok(s) => s,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                ) =>
-            {
-                continue
-            }
-            Err(e) if cfg.opts.shutdown.is_triggered() => {
-                let _ = e;
-                break Ok(());
-            }
+        let timeout = next_deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        match wait_for(listener.fd(), &shared.waker, timeout) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(source) => {
                 break Err(NbdError::Io {
-                    op: "accepting a connection",
+                    op: "waiting for connections",
                     source,
                 })
             }
-        };
-        handles.retain(|h| !h.is_finished());
-        next_id = next_id.wrapping_add(1).max(1);
-        let id = next_id;
-        let Ok(registered) = stream.try_clone() else {
-            continue;
-        };
-        {
+        }
+        loop {
+            let stream = match listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if accept_is_transient(&e) => {
+                    if cfg.opts.log_errors {
+                        eprintln!("ucrypt-nbd: accepting a connection: {e}");
+                    }
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) {
+                        continue;
+                    }
+                    // Out of descriptors or memory: the pending client stays pending and
+                    // poll would report it again at once; give the system a moment.
+                    std::thread::sleep(Duration::from_millis(50));
+                    break;
+                }
+                Err(source) => {
+                    break 'serving Err(NbdError::Io {
+                        op: "accepting a connection",
+                        source,
+                    })
+                }
+            };
             let mut t = lock(&shared.table);
             if t.closing {
-                break Ok(());
+                break;
             }
-            t.streams.insert(id, registered);
-        }
-        let (c_export, c_cfg, c_shared) = (Arc::clone(export), Arc::clone(cfg), Arc::clone(shared));
-        let spawned = std::thread::Builder::new()
-            .name(format!("nbd-conn-{id}"))
-            .spawn(move || {
-                if let Err(e) = conn::run(stream, id, c_export, &c_cfg) {
-                    if c_cfg.opts.log_errors {
-                        eprintln!("ucrypt-nbd: connection {id}: {}", chain(&e));
-                    }
-                }
-                lock(&c_shared.table).streams.remove(&id);
-                c_shared.changed.notify_all();
-            });
-        match spawned {
-            Ok(h) => handles.push(h),
-            Err(_) => {
-                lock(&shared.table).streams.remove(&id);
+            if t.streams.len() < max && waiting.is_empty() {
+                start(&mut t, stream, &mut handles);
+            } else if waiting.len() < cfg.opts.max_waiting {
+                waiting.push_back((stream, Instant::now()));
+            } else if cfg.opts.log_errors {
+                eprintln!(
+                    "ucrypt-nbd: {max} connections served and {} waiting: closing a new one",
+                    waiting.len()
+                );
             }
         }
     };
-    // Shutting down (or failed): stop readers of connections still open, then wait.
-    {
-        let mut t = lock(&shared.table);
-        t.closing = true;
-        for s in t.streams.values() {
-            s.shutdown(SockShutdown::Read);
-        }
-    }
+    // Waiting clients were never served: closing them is all there is to do.
+    drop(waiting);
+    finish_connections(shared, cfg.opts.shutdown_grace);
     for h in handles {
         let _ = h.join();
     }
     result
+}
+
+/// Registers and starts one connection's thread (`None` if the system refuses a thread:
+/// the connection is then closed).
+fn start_connection(
+    t: &mut Table,
+    stream: Stream,
+    id: u32,
+    export: &Arc<dyn Backend>,
+    cfg: &Arc<ExportConfig>,
+    shared: &Arc<Shared>,
+) -> Option<std::thread::JoinHandle<()>> {
+    let registered = stream.try_clone().ok()?;
+    t.streams.insert(
+        id,
+        Entry {
+            stream: registered,
+            handshake_deadline: cfg.opts.handshake_timeout.map(|l| Instant::now() + l),
+        },
+    );
+    let (c_export, c_cfg, c_shared) = (Arc::clone(export), Arc::clone(cfg), Arc::clone(shared));
+    let spawned = std::thread::Builder::new()
+        .name(format!("nbd-conn-{id}"))
+        .spawn(move || {
+            // Frees the slot however the connection ends, a panic included.
+            let _leave = Leave {
+                shared: &c_shared,
+                id,
+            };
+            let entered = || {
+                if let Some(e) = lock(&c_shared.table).streams.get_mut(&id) {
+                    e.handshake_deadline = None;
+                }
+            };
+            if let Err(e) = conn::run(stream, id, c_export, &c_cfg, &entered) {
+                if c_cfg.opts.log_errors {
+                    eprintln!("ucrypt-nbd: connection {id}: {}", chain(&e));
+                }
+            }
+        });
+    match spawned {
+        Ok(h) => Some(h),
+        Err(_) => {
+            t.streams.remove(&id);
+            None
+        }
+    }
+}
+
+/// Removes a connection from the table when its thread ends, and wakes whoever waits for
+/// a slot or for the last connection to end.
+struct Leave<'a> {
+    shared: &'a Shared,
+    id: u32,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        lock(&self.shared.table).streams.remove(&self.id);
+        self.shared.changed.notify_all();
+        self.shared.waker.wake();
+    }
+}
+
+/// Shutdown of the connections still open: their read sides are shut (no new requests),
+/// in-flight requests finish and their replies go out; a connection still open after
+/// `grace` (its client does not read its replies, so a reply write blocks) has both
+/// directions shut, which fails the blocked write and ends it.
+fn finish_connections(shared: &Shared, grace: Duration) {
+    let end = Instant::now() + grace;
+    let mut t = lock(&shared.table);
+    t.closing = true;
+    for e in t.streams.values() {
+        e.stream.shutdown(SockShutdown::Read);
+    }
+    while !t.streams.is_empty() {
+        let now = Instant::now();
+        if now >= end {
+            for e in t.streams.values() {
+                e.stream.shutdown(SockShutdown::Both);
+            }
+            break;
+        }
+        t = shared
+            .changed
+            .wait_timeout(t, end - now)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0;
+    }
 }
 
 /// Locks a mutex, surviving poisoning: the data under our locks (tables, free lists,
