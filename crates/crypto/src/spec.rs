@@ -10,9 +10,9 @@
 
 use crate::block::{self, block_size_of};
 use crate::iv::{self, IvGenerator, IvMode};
-use crate::lane::{AwsXtsPlain64Lane, DmCipher, Lane, ModeLane};
+use crate::lane::{AwsXtsPlain64Lane, DmCipher, Lane, ModeLane, VaesXtsPlain64Lane};
 use crate::legacy;
-use crate::mode::{aws_xts::AwsXts, ChainMode};
+use crate::mode::{aws_xts::AwsXts, vaes_xts::VaesXts, ChainMode};
 use crate::{CryptoError, SectorCipher, SectorParams, VolumeKey};
 use std::str::FromStr;
 
@@ -341,6 +341,14 @@ impl CipherSpec {
         {
             if let Some(xts) = AwsXts::new(subkey) {
                 return Ok(Box::new(AwsXtsPlain64Lane {
+                    xts,
+                    sector_bytes: ss.len(),
+                }));
+            }
+        }
+        if self.mode == ChainMode::Xts && cipher == "aes" && self.iv == Some(IvMode::Plain64) {
+            if let Some(xts) = VaesXts::new(subkey) {
+                return Ok(Box::new(VaesXtsPlain64Lane {
                     xts,
                     sector_bytes: ss.len(),
                 }));

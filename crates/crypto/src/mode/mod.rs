@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `ecb` | [`ecb`] | none |
 //! | `cbc` | [`cbc`] | block size |
-//! | `xts` | [`xts`] (any 16-byte cipher), [`aws_xts`] (AES-256-XTS via AWS-LC) | 16 |
+//! | `xts` | [`xts`] (any 16-byte cipher), [`aws_xts`] (AES-256-XTS via AWS-LC), [`vaes_xts`] (AES-128/192-XTS with VAES) | 16 |
 //! | `lrw` | [`lrw`] | 16 (big-endian block index) |
 //! | `adiantum` | [`adiantum`] | 32 |
 
@@ -16,6 +16,7 @@ pub mod aws_xts;
 pub mod cbc;
 pub mod ecb;
 pub mod lrw;
+pub mod vaes_xts;
 pub mod xts;
 
 use crate::CryptoError;
@@ -103,6 +104,11 @@ impl ChainMode {
             ChainMode::Xts => {
                 if cipher == "aes" && key.len() == 64 {
                     if let Some(fast) = aws_xts::AwsXts::new(key) {
+                        return Ok(Box::new(fast));
+                    }
+                }
+                if cipher == "aes" {
+                    if let Some(fast) = vaes_xts::VaesXts::new(key) {
                         return Ok(Box::new(fast));
                     }
                 }
