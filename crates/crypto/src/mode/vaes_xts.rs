@@ -384,7 +384,9 @@ mod tests {
             let fast = VaesXts::with_any_aes_key(&key).unwrap();
             let slow = Xts::new("aes", &key).unwrap();
             let aws = super::super::aws_xts::AwsXts::new(&key);
-            for len in [16usize, 48, 64, 448, 512, 528, 576, 1024, 4096, 4160, 4144, 65536] {
+            for len in [
+                16usize, 48, 64, 448, 512, 528, 576, 1024, 4096, 4160, 4144, 65536,
+            ] {
                 for iv_seed in [0u8, 1, 0xff] {
                     let iv: Vec<u8> = (0..16).map(|i| iv_seed.wrapping_mul(i + 3)).collect();
                     let plain = pattern(len, iv_seed);

@@ -321,12 +321,18 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     if let (Some(_), Some(mut raw)) = (ours, RawLibraryXts::new(&key_bytes[..64])) {
         let ours = build(512)?;
         let (enc, dec) = (
-            interleaved_ratio(&mut data, per_round, |d| ours.encrypt(Sector512(0), d), |d| {
-                raw.run(d, ss.len(), true)
-            }),
-            interleaved_ratio(&mut data, per_round, |d| ours.decrypt(Sector512(0), d), |d| {
-                raw.run(d, ss.len(), false)
-            }),
+            interleaved_ratio(
+                &mut data,
+                per_round,
+                |d| ours.encrypt(Sector512(0), d),
+                |d| raw.run(d, ss.len(), true),
+            ),
+            interleaved_ratio(
+                &mut data,
+                per_round,
+                |d| ours.decrypt(Sector512(0), d),
+                |d| raw.run(d, ss.len(), false),
+            ),
         );
         report(format!(
             "aes-xts-plain64 512b vs raw library call (median of {} interleaved pairs): encrypt {enc:.3}x, decrypt {dec:.3}x",
@@ -341,12 +347,18 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         // AES-128-XTS does 10 rounds per block against AES-256's 14: it should be faster.
         let (k256, k512) = (build(256)?, build(512)?);
         let (enc, dec) = (
-            interleaved_ratio(&mut data, per_round, |d| k256.encrypt(Sector512(0), d), |d| {
-                k512.encrypt(Sector512(0), d)
-            }),
-            interleaved_ratio(&mut data, per_round, |d| k256.decrypt(Sector512(0), d), |d| {
-                k512.decrypt(Sector512(0), d)
-            }),
+            interleaved_ratio(
+                &mut data,
+                per_round,
+                |d| k256.encrypt(Sector512(0), d),
+                |d| k512.encrypt(Sector512(0), d),
+            ),
+            interleaved_ratio(
+                &mut data,
+                per_round,
+                |d| k256.decrypt(Sector512(0), d),
+                |d| k512.decrypt(Sector512(0), d),
+            ),
         );
         report(format!(
             "aes-xts-plain64 256b (AES-128-XTS) vs 512b (AES-256-XTS) (median of {} interleaved pairs): encrypt {enc:.3}x, decrypt {dec:.3}x",
