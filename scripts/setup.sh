@@ -13,6 +13,11 @@
 #     openssl (the tool) makes the TLS tests' certificates
 #   - tcplay: made the TrueCrypt cascade images in testdata/wrongdata (make-images.sh, in the
 #     kernel lab); xz-utils unpacks the committed images
+#   - libclang-dev: libublk-rs-sys (the ublk front end) generates its kernel bindings with
+#     bindgen at build time
+#   - the kernel lab (../shared/kernel-lab: ublk, kernel NBD and dm-crypt tests, bench/lab):
+#     qemu-system-x86 (installed in the same apt-get call as qemu-utils, or it replaces a
+#     newer qemu-utils), busybox-static, cpio, kmod; nbd-client and dmsetup inside the guest
 set -euo pipefail
 
 packages=(
@@ -20,12 +25,16 @@ packages=(
   keyutils libcryptsetup-dev python3-cryptography tmux
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs util-linux
   tcplay xz-utils
+  libclang-dev qemu-system-x86 busybox-static cpio kmod nbd-client dmsetup
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+
+# qemu-system-x86 alone would swap qemu-utils for the archive's (older) build: name both.
+case " ${missing[*]} " in *" qemu-system-x86 "*) case " ${missing[*]} " in *" qemu-utils "*) ;; *) missing+=(qemu-utils) ;; esac ;; esac
 
 if [ "${#missing[@]}" -gt 0 ]; then
   SUDO=""

@@ -13,6 +13,8 @@
 //! Every front end implements [`Attachment`]; `ucrypt`'s instance code picks one with
 //! [`FrontendKind`] and never needs to know which it got.
 
+pub mod ublk;
+
 use std::path::{Path, PathBuf};
 use ucrypt_backend::Backend;
 

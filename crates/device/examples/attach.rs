@@ -1,0 +1,116 @@
+//! Attaches a dm-crypt table's decrypted view to a kernel front end, for the kernel-lab
+//! tests and benchmarks (the same front ends `ucrypt open DEV NAME --device ...` uses).
+//!
+//! ```text
+//! attach ublk|nbd TABLE_FILE [--workers N] [--recover DEV_ID] [--no-recovery]
+//!                            [--queues N] [--depth N] [--conns N] [--ready FILE]
+//! ```
+//!
+//! TABLE_FILE holds one dm-crypt table line (`0 LEN crypt CIPHER KEY IV DEV OFFSET ...`,
+//! what `ucrypt luksOpen --print-table` prints). The node (`/dev/ublkbN`, `/dev/nbdN`) is
+//! printed on stdout once it serves, and written to `--ready FILE` (atomically). SIGTERM
+//! or SIGINT detach (flush, remove the node) and exit; SIGKILL leaves a ublk device
+//! waiting for `--recover N`.
+
+use std::io::Write;
+use std::sync::Arc;
+use ucrypt_backend::file::{FileBackend, FileOptions};
+use ucrypt_device::{AttachOptions, Attachment};
+use ucrypt_engine::{Volume, VolumeConfig};
+use ucrypt_format::{OptParam, TableLine, ValidateOptions};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("attach: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn arg_value(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (Some(front), Some(table_file)) = (args.first(), args.get(1)) else {
+        return Err("usage: attach ublk|nbd TABLE_FILE [options]".into());
+    };
+    let num = |name: &str, default: usize| -> Result<usize, String> {
+        arg_value(&args, name).map_or(Ok(default), |v| {
+            v.parse().map_err(|_| format!("{name}: not a number: {v}"))
+        })
+    };
+    // Block the stop signals before any thread starts, so every thread inherits the mask
+    // and sigwait below is the only taker.
+    // SAFETY: sigset_t is plain data; the calls only write the set and the mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+
+    let line = std::fs::read_to_string(table_file).map_err(|e| format!("{table_file}: {e}"))?;
+    let table: TableLine = line.trim().parse().map_err(|e| format!("table: {e}"))?;
+    let cipher = table
+        .build_cipher(ValidateOptions::default())
+        .map_err(|e| format!("table: {e}"))?;
+    let backend = FileBackend::open(&table.device, FileOptions::default())
+        .map_err(|e| format!("{}: {e}", table.device))?;
+    let volume = Volume::new(
+        Arc::from(cipher),
+        Arc::new(backend),
+        VolumeConfig {
+            data_offset_bytes: table.offset_bytes(),
+            length_bytes: table.length_bytes(),
+            read_only: false,
+            allow_discards: table.has(OptParam::AllowDiscards),
+        },
+    )
+    .map_err(|e| format!("volume: {e}"))?;
+    let logical_block = table.sector_size_bytes();
+    let export: ucrypt_device::Export = Arc::new(volume);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let opts = AttachOptions {
+        name: "attach".into(),
+        read_only: false,
+        logical_block,
+        queues: u16::try_from(num("--queues", cpus)?).unwrap_or(1),
+        queue_depth: u16::try_from(num("--depth", 128)?).unwrap_or(128),
+    };
+    let attachment: Box<dyn Attachment> = match front.as_str() {
+        "ublk" => {
+            let uopts = ucrypt_device::ublk::UblkOptions {
+                workers: num("--workers", 0)?,
+                user_recovery: !args.iter().any(|a| a == "--no-recovery"),
+            };
+            let a = match arg_value(&args, "--recover") {
+                Some(id) => {
+                    let id: u32 = id.parse().map_err(|_| format!("--recover: {id}"))?;
+                    ucrypt_device::ublk::recover(export, id, &opts, &uopts)
+                }
+                None => ucrypt_device::ublk::attach(export, &opts, &uopts),
+            }
+            .map_err(|e| e.to_string())?;
+            Box::new(a)
+        }
+        other => return Err(format!("unknown front end {other}")),
+    };
+    let node = attachment.node().display().to_string();
+    if let Some(ready) = arg_value(&args, "--ready") {
+        let tmp = format!("{ready}.tmp");
+        std::fs::write(&tmp, format!("{node}\n")).map_err(|e| format!("{tmp}: {e}"))?;
+        std::fs::rename(&tmp, &ready).map_err(|e| format!("{ready}: {e}"))?;
+    }
+    println!("{node}");
+    let _ = std::io::stdout().flush();
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` is an initialised signal set and `sig` a live int.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    attachment.detach().map_err(|e| e.to_string())?;
+    Ok(())
+}

@@ -1,0 +1,148 @@
+#!/bin/bash
+# Kernel-lab checks of ucrypt's block-device front ends (issue 12, point 6). Runs as root
+# inside ../shared/kernel-lab (Debian's 6.12 kernel: ublk_drv, nbd, dm-crypt), started by
+# crates/device/tests/lab.rs:
+#   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk nbd recovery)
+# UCRYPT is the ucrypt binary, ATTACH the crates/device `attach` example. Prints one
+# "ok - ..." line per check and "N passed, M failed" at the end; exits 1 on any failure.
+set -u
+UCRYPT=$1 ATTACH=$2; shift 2
+FRONTENDS="$*"
+PASS=0 FAIL=0
+ok() { echo "ok - $*"; PASS=$((PASS + 1)); }
+bad() { echo "not ok - $*"; FAIL=$((FAIL + 1)); }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+W=$(mktemp -d /tmp/ucrypt-lab.XXXXXX)
+MNT=$W/mnt; mkdir -p "$MNT"
+SERVER_PID=
+
+# The volume: a small LUKS2 image (aes-xts-plain64, 4096-byte sectors) on the guest's tmpfs.
+IMG=$W/disk.img
+truncate -s 48M "$IMG"
+printf 'lab passphrase' > "$W/pass"
+"$UCRYPT" luksFormat -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --sector-size 4096 \
+  -d "$W/pass" "$IMG" || { echo "luksFormat failed"; exit 1; }
+"$UCRYPT" luksOpen --print-table --showkeys -d "$W/pass" "$IMG" > "$W/table" ||
+  { echo "luksOpen --print-table failed"; exit 1; }
+echo "# volume: $(awk '{print $4, $2 " sectors", "offset " $8, $9, $10, $11}' "$W/table")"
+
+# Starts the front end ($1) in the background; sets SERVER_PID and DEV.
+start() {
+  local front=$1; shift
+  rm -f "$W/ready"
+  "$ATTACH" "$front" "$W/table" --ready "$W/ready" "$@" > "$W/attach.out" 2> "$W/attach.err" &
+  SERVER_PID=$!
+  for _ in $(seq 600); do
+    [ -s "$W/ready" ] && { DEV=$(cat "$W/ready"); return 0; }
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "# $front did not start: $(cat "$W/attach.err")"
+  return 1
+}
+stop() {
+  kill -TERM "$SERVER_PID" 2>/dev/null
+  wait "$SERVER_PID"
+}
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+# dm-crypt over the same image: the table ucrypt printed, with the loop device.
+dm_open() {
+  LOOP=$(losetup -f --show "$IMG") || return 1
+  awk -v d="$LOOP" '{ $7 = d; print }' "$W/table" > "$W/table.dm"
+  dmsetup create uclab --table "$(cat "$W/table.dm")" && dmsetup mknodes
+}
+dm_close() { dmsetup remove uclab && losetup -d "$LOOP"; }
+
+frontend_round() {
+  local front=$1 N
+  start "$front" || { bad "$front: device appears"; return; }
+  ok "$front: $DEV appears"
+  N=$(basename "$DEV")
+  check "$front: logical block size is the sector size (4096)" \
+    test "$(cat /sys/block/$N/queue/logical_block_size)" = 4096
+  check "$front: size is the volume's" \
+    test "$(( $(cat /sys/block/$N/size) * 512 ))" = "$(( $(awk '{print $2}' "$W/table") * 512 ))"
+  check "$front: mkfs.ext4" mkfs.ext4 -q -F "$DEV"
+  check "$front: mount" mount -t ext4 "$DEV" "$MNT"
+  head -c 3M /dev/urandom > "$W/a.$front"
+  cp "$W/a.$front" "$MNT/a" && mkdir -p "$MNT/d" && seq 100000 > "$MNT/d/seq"
+  check "$front: write and sync" sync
+  # What `close` checks (Attachment::in_use): an exclusive open fails while mounted.
+  check "$front: node busy (O_EXCL refused) while mounted" \
+    sh -c "! python3 -c 'import os,sys; os.open(sys.argv[1], os.O_RDONLY|os.O_EXCL)' $DEV 2>/dev/null"
+  check "$front: umount" umount "$MNT"
+  check "$front: server stops and detaches on SIGTERM" stop
+  check "$front: node removed after detach" sh -c "! test -s /sys/block/$N/size || test \$(cat /sys/block/$N/size) = 0"
+  start "$front" || { bad "$front: reopens"; return; }
+  check "$front: reopen and mount" mount -t ext4 -o ro "$DEV" "$MNT"
+  check "$front: data intact after reopen" test "$(sha "$MNT/a")" = "$(sha "$W/a.$front")"
+  umount "$MNT"; stop
+  # The kernel's own dm-crypt reads what the front end wrote ...
+  if dm_open; then
+    check "$front -> dm-crypt: mount" mount -t ext4 /dev/mapper/uclab "$MNT"
+    check "$front -> dm-crypt: same file" test "$(sha "$MNT/a")" = "$(sha "$W/a.$front")"
+    check "$front -> dm-crypt: same tree" cmp -s "$MNT/d/seq" <(seq 100000)
+    # ... and the front end reads what dm-crypt wrote.
+    head -c 2M /dev/urandom > "$W/b.$front"; cp "$W/b.$front" "$MNT/b"
+    umount "$MNT"; dm_close
+  else
+    bad "$front -> dm-crypt: dmsetup create"
+  fi
+  start "$front" || { bad "$front: reopens after dm-crypt"; return; }
+  mount -t ext4 -o ro "$DEV" "$MNT"
+  check "dm-crypt -> $front: file written by dm-crypt" test "$(sha "$MNT/b")" = "$(sha "$W/b.$front")"
+  umount "$MNT"; stop
+}
+
+recovery_round() {
+  start ublk || { bad "recovery: device appears"; return; }
+  local N ID
+  N=$(basename "$DEV"); ID=${N#ublkb}
+  mkfs.ext4 -q -F "$DEV" && mount -t ext4 "$DEV" "$MNT" || { bad "recovery: mkfs+mount"; stop; return; }
+  # A writer of fsync'd files: a file counts as acknowledged once dd's fsync returned,
+  # and only then is it logged (on tmpfs, outside the device).
+  : > "$W/acked"
+  (
+    for i in $(seq 1 40); do
+      head -c 256K /dev/urandom > "$W/src.$i"
+      dd if="$W/src.$i" of="$MNT/f.$i" bs=64K conv=fsync status=none || exit 1
+      echo "$i $(sha "$W/src.$i")" >> "$W/acked"
+    done
+  ) &
+  local WRITER=$!
+  while [ "$(wc -l < "$W/acked")" -lt 8 ]; do sleep 0.2; done
+  kill -9 "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
+  local at_kill; at_kill=$(wc -l < "$W/acked")
+  echo "# killed the server (-9) after $at_kill acknowledged files"
+  sleep 2
+  check "recovery: device still there while the server is dead" test -b "$DEV"
+  check "recovery: device waits for recovery" grep -q . "/sys/block/$N/size"
+  start ublk --recover "$ID" || { bad "recovery: reattach"; return; }
+  check "recovery: same node after --recover" test "$DEV" = "/dev/$N"
+  check "recovery: the writer finishes" wait "$WRITER"
+  local n=0 wrong=0
+  while read -r i s; do
+    n=$((n + 1)); [ "$(sha "$MNT/f.$i")" = "$s" ] || wrong=$((wrong + 1))
+  done < "$W/acked"
+  check "recovery: all $n fsync'd files intact (0 wrong: $wrong)" test "$wrong" = 0 -a "$n" = 40
+  check "recovery: umount" umount "$MNT"
+  stop
+  if dm_open; then
+    mount -t ext4 -o ro /dev/mapper/uclab "$MNT"
+    wrong=0
+    while read -r i s; do [ "$(sha "$MNT/f.$i")" = "$s" ] || wrong=$((wrong + 1)); done < "$W/acked"
+    check "recovery: dm-crypt reads the same $n files" test "$wrong" = 0
+    umount "$MNT"; dm_close
+  fi
+}
+
+for f in $FRONTENDS; do
+  case $f in
+    ublk|nbd) frontend_round "$f" ;;
+    recovery) recovery_round ;;
+  esac
+done
+dmesg | grep -iE "ublk|nbd|EXT4-fs error|I/O error" | tail -20 | sed 's/^/# dmesg: /'
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" = 0 ]
