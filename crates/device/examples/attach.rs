@@ -98,6 +98,17 @@ fn run() -> Result<(), String> {
             .map_err(|e| e.to_string())?;
             Box::new(a)
         }
+        "nbd" => {
+            let nopts = ucrypt_device::nbd_kernel::NbdOptions {
+                connections: num("--conns", 1)?,
+                workers: num("--workers", 8)?,
+                ..Default::default()
+            };
+            Box::new(
+                ucrypt_device::nbd_kernel::attach(export, &opts, &nopts)
+                    .map_err(|e| e.to_string())?,
+            )
+        }
         other => return Err(format!("unknown front end {other}")),
     };
     let node = attachment.node().display().to_string();

@@ -70,7 +70,7 @@ fn block_devices_on_a_real_kernel() {
         .arg(root.join("tests/lab/blockdev.sh"))
         .arg(&ucrypt)
         .arg(&attach)
-        .args(["ublk", "recovery"])
+        .args(["ublk", "nbd", "recovery"])
         .current_dir(&root)
         .env("KLAB_TIMEOUT", "1200")
         .output()

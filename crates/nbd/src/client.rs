@@ -86,6 +86,25 @@ impl Connection {
                 )
             }
         };
+        Self::negotiate(r, w, export)
+    }
+
+    /// Negotiates `export` over an already connected unix socket (a socketpair end, or a
+    /// socket whose fd the caller also keeps, as the kernel NBD front end does: it
+    /// negotiates here, then hands its duplicate of the fd to the kernel).
+    ///
+    /// # Errors
+    /// As [`Connection::connect`], without the connect step.
+    pub fn over_unix(stream: UnixStream, export: &str) -> Result<Connection, NbdError> {
+        let r = stream.try_clone().map_err(io("cloning a socket"))?;
+        Self::negotiate(Box::new(r), Box::new(stream), export)
+    }
+
+    fn negotiate(
+        r: Box<dyn Duplex>,
+        w: Box<dyn Duplex>,
+        export: &str,
+    ) -> Result<Connection, NbdError> {
         let mut c = Connection {
             rd: BufReader::with_capacity(256 * 1024, r),
             wr: BufWriter::with_capacity(256 * 1024, w),
