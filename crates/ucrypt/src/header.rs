@@ -85,6 +85,9 @@ pub struct HeaderOptions {
     pub allow_discards: bool,
     /// TCRYPT search and header options (used with [`VolumeType::Tcrypt`]).
     pub tcrypt: ucrypt_format::tcrypt::TcryptOptions,
+    /// INSECURE: open LUKS headers whose keyslots or data segment use `cipher_null` (no
+    /// encryption). Off by default, see [`refuse_unsafe_luks_ciphers`].
+    pub allow_null_cipher: bool,
 }
 
 /// A header unlocked: the equivalent table line (with the volume key) and header facts.
@@ -530,6 +533,106 @@ fn cipher_spec(info: &HeaderInfo, device: &str) -> Result<ucrypt_crypto::CipherS
         .with_context(|| format!("header on {device}: cipher \"{spec}\""))
 }
 
+/// Whether a cryptsetup cipher string means "no encryption" (libcryptsetup's
+/// `crypt_is_cipher_null`: `cipher_null` or `null` as the cipher, any mode).
+fn is_cipher_null(spec: &str) -> bool {
+    let cipher = spec.split('-').next().unwrap_or_default();
+    cipher == "cipher_null" || cipher == "null" || spec.contains("(cipher_null)")
+}
+
+/// Refuses LUKS headers whose ciphers let whoever can write the header decide what the
+/// volume holds, before any keyslot is tried:
+///
+/// * a keyslot or data segment with `cipher_null` (CVE-2025-59054, refused by cryptsetup
+///   2.8.1): a crafted header with a null-cipher keyslot "unlocks" with any passphrase
+///   (or a known one) to a volume key the attacker chose, or maps the data unencrypted,
+///   so a confidential VM that trusts "the disk unlocked" runs the attacker's data.
+///   `allow_null_cipher` (`--insecure-allow-null-cipher`) opens them anyway;
+/// * a LUKS2 keyslot whose cipher is in the kernel crypto API form (`capi:...`), which
+///   cryptsetup never writes and refuses (`LUKS2_keyslot_cipher_incompatible`): such a
+///   string can name a kernel driver instead of a cipher. No option opens these.
+///
+/// `luks2_json` is the LUKS2 metadata (`crypt_dump_json`), `None` for LUKS1.
+///
+/// # Errors
+/// [`FormatError::Refused`] naming the keyslot or segment and the cipher.
+pub fn refuse_unsafe_luks_ciphers(
+    luks2_json: Option<&str>,
+    info: &HeaderInfo,
+    device: &str,
+    allow_null_cipher: bool,
+) -> Result<()> {
+    let null_refused = |what: String, spec: &str| -> anyhow::Error {
+        FormatError::Refused(format!(
+            "LUKS header on {device}: {what} uses the null cipher \"{spec}\" (no encryption): \
+             anyone who can write the header could have chosen the volume key or the data \
+             (CVE-2025-59054); ucrypt refuses it as cryptsetup 2.8.1 does \
+             (--insecure-allow-null-cipher opens it anyway)"
+        ))
+        .into()
+    };
+    let mut used: Vec<(String, String)> = Vec::new();
+    if let Some(json) = luks2_json {
+        let v: serde_json::Value =
+            serde_json::from_str(json).context("parsing the LUKS2 JSON metadata")?;
+        if let Some(slots) = v["keyslots"].as_object() {
+            for (id, slot) in slots {
+                let Some(spec) = slot["area"]["encryption"].as_str() else {
+                    continue;
+                };
+                if spec.starts_with("capi:") {
+                    return Err(FormatError::Refused(format!(
+                        "LUKS2 header on {device}: keyslot {id} is encrypted with \"{spec}\", \
+                         a kernel crypto API string that cryptsetup never writes for a keyslot \
+                         and refuses (it can name a kernel driver rather than a cipher)"
+                    ))
+                    .into());
+                }
+                used.push((format!("keyslot {id}"), spec.to_string()));
+            }
+        }
+        if let Some(segs) = v["segments"].as_object() {
+            for (id, seg) in segs {
+                if let Some(spec) = seg["encryption"].as_str() {
+                    used.push((format!("data segment {id}"), spec.to_string()));
+                }
+            }
+        }
+    } else {
+        // LUKS1: one cipher for the keyslots and the data.
+        used.push(("the keyslots and data".to_string(), info.cipher_spec()));
+    }
+    if !allow_null_cipher {
+        if let Some((what, spec)) = used.into_iter().find(|(_, s)| is_cipher_null(s)) {
+            return Err(null_refused(what, &spec));
+        }
+    }
+    Ok(())
+}
+
+/// [`refuse_unsafe_luks_ciphers`] on the LUKS header loaded in `cd` (any passphrase
+/// check or unlock must come after it).
+///
+/// # Errors
+/// As [`refuse_unsafe_luks_ciphers`]; the metadata cannot be read.
+pub fn check_luks_ciphers(
+    cd: &mut CryptDevice,
+    info: &HeaderInfo,
+    allow_null_cipher: bool,
+) -> Result<()> {
+    let json = match info.kind {
+        Some(HeaderType::Luks2) => Some(zeroize::Zeroizing::new(cd.dump_json()?)),
+        _ => None,
+    };
+    let device = cd.device_name().to_string();
+    refuse_unsafe_luks_ciphers(
+        json.as_deref().map(String::as_str),
+        info,
+        &device,
+        allow_null_cipher,
+    )
+}
+
 /// Reads the header on `device` (or `opts.header`), unlocks the volume key with `secret`
 /// and assembles the table line cryptsetup would give the kernel.
 ///
@@ -560,6 +663,7 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
     } else {
         None
     };
+    check_luks_ciphers(&mut cd, &info, opts.allow_null_cipher)?;
     let cipher = cipher_spec(&info, &device_str)?;
     let (slot, key) = cd
         .volume_key(opts.key_slot, secret)
@@ -1068,5 +1172,47 @@ mod tests {
             "d",
         )
         .unwrap();
+    }
+
+    #[test]
+    fn null_ciphers_are_refused_unless_allowed_and_capi_keyslots_always() {
+        let check = |v: &Value, info: &HeaderInfo, allow: bool| {
+            refuse_unsafe_luks_ciphers(Some(&v.to_string()), info, "d", allow)
+                .map_err(|e| e.to_string())
+        };
+        assert!(check(&base(), &info(), false).is_ok());
+        for null in ["cipher_null-ecb", "null"] {
+            let mut v = base();
+            v["keyslots"]["0"]["area"]["encryption"] = null.into();
+            let e = check(&v, &info(), false).unwrap_err();
+            assert!(e.contains("keyslot 0 uses the null cipher"), "{e}");
+            assert!(check(&v, &info(), true).is_ok());
+        }
+        let mut v = base();
+        v["segments"]["0"]["encryption"] = "capi:ecb(cipher_null)".into();
+        let e = check(&v, &info(), false).unwrap_err();
+        assert!(e.contains("data segment 0 uses the null cipher"), "{e}");
+        let mut v = base();
+        v["segments"]["0"]["encryption"] = "cipher_null-ecb".into();
+        let e = check(&v, &info(), false).unwrap_err();
+        assert!(e.contains("data segment 0 uses the null cipher"), "{e}");
+        assert!(check(&v, &info(), true).is_ok());
+        let mut v = base();
+        v["keyslots"]["0"]["area"]["encryption"] = "capi:xts(aes)-plain64".into();
+        assert!(check(&v, &info(), true)
+            .unwrap_err()
+            .contains("kernel crypto API"));
+        // LUKS1: one cipher for keyslots and data, from the binary header.
+        let luks1 = HeaderInfo {
+            kind: Some(HeaderType::Luks1),
+            cipher: "cipher_null".into(),
+            cipher_mode: "ecb".into(),
+            ..info()
+        };
+        let e = refuse_unsafe_luks_ciphers(None, &luks1, "d", false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the keyslots and data uses the null cipher"), "{e}");
+        assert!(refuse_unsafe_luks_ciphers(None, &luks1, "d", true).is_ok());
     }
 }

@@ -79,6 +79,9 @@ fn wipe(a: &Args, pass: &[u8]) -> Result<(), CliError> {
     use ucrypt_backend::Backend;
     let hopts = ucrypt::HeaderOptions {
         header: a.dev.header.clone(),
+        // The header was just written here with the cipher the user named: wiping a
+        // cipher_null volume is what they asked for (opening it later is refused).
+        allow_null_cipher: true,
         ..ucrypt::HeaderOptions::default()
     };
     let unlocked = ucrypt::unlock(&a.dev.device, pass, &hopts).cs()?;

@@ -86,6 +86,11 @@ pub(crate) struct Args {
     /// Add allow_discards to the mapping.
     #[arg(long)]
     allow_discards: bool,
+    /// INSECURE: accept LUKS keyslots or data encrypted with cipher_null (refused by
+    /// default: whoever can write the header then chooses the key or the data,
+    /// CVE-2025-59054).
+    #[arg(long)]
+    insecure_allow_null_cipher: bool,
     #[command(flatten)]
     key: KeyFileArgs,
     #[command(flatten)]
@@ -111,6 +116,7 @@ pub(crate) fn unlock_inputs(
         plain_raw_key: false,
         allow_discards,
         tcrypt: Default::default(),
+        allow_null_cipher: false,
     };
     let secret = if kind == VolumeType::Plain {
         // cryptsetup: a key file other than stdin is the raw key, exactly key-size bytes
@@ -142,7 +148,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    let (hopts, secret) = if kind == VolumeType::Tcrypt {
+    let (mut hopts, secret) = if kind == VolumeType::Tcrypt {
         super::tcrypt::inputs(
             &a.dev.device,
             a.dev.header.clone(),
@@ -154,6 +160,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     } else {
         unlock_inputs(&a.dev, kind, &a.key, a.key_slot, a.allow_discards, &a.plain)?
     };
+    hopts.allow_null_cipher = a.insecure_allow_null_cipher;
     if a.test_passphrase
         && !a.print_table
         && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
@@ -161,6 +168,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     {
         // The passphrase check alone, exactly as `cryptsetup open --test-passphrase`.
         let mut cd = a.dev.load(kind)?;
+        let info = cd.info();
+        ucrypt::header::check_luks_ciphers(&mut cd, &info, hopts.allow_null_cipher).cs()?;
         cd.check_passphrase(a.key_slot, &secret).cs()?;
         return Ok(());
     }

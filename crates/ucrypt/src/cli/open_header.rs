@@ -40,6 +40,11 @@ pub(crate) struct HeaderArgs {
     /// Pass discards down (adds allow_discards to the header's persistent flags).
     #[arg(long, requires = "device")]
     pub(crate) allow_discards: bool,
+    /// INSECURE: accept LUKS keyslots or data encrypted with cipher_null (refused by
+    /// default: whoever can write the header then chooses the key or the data,
+    /// CVE-2025-59054).
+    #[arg(long, requires = "device")]
+    pub(crate) insecure_allow_null_cipher: bool,
     #[command(flatten)]
     pub(crate) key: KeyFileArgs,
     #[command(flatten)]
@@ -69,7 +74,7 @@ pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<Header
         device: device.clone(),
         header: h.header.clone(),
     };
-    let (hopts, secret) = if kind == VolumeType::Tcrypt {
+    let (mut hopts, secret) = if kind == VolumeType::Tcrypt {
         super::tcrypt::inputs(
             &device,
             h.header.clone(),
@@ -81,11 +86,14 @@ pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<Header
     } else {
         unlock_inputs(&dev, kind, &h.key, h.key_slot, h.allow_discards, &h.plain)?
     };
+    hopts.allow_null_cipher = h.insecure_allow_null_cipher;
     if h.test_passphrase
         && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
         && !ucrypt::remote_header::is_remote(&device)
     {
         let mut cd = dev.load(kind)?;
+        let info = cd.info();
+        ucrypt::header::check_luks_ciphers(&mut cd, &info, hopts.allow_null_cipher).cs()?;
         cd.check_passphrase(h.key_slot, &secret).cs()?;
         return Ok(HeaderExport::Checked);
     }
