@@ -1212,7 +1212,10 @@ mod tests {
         let e = refuse_unsafe_luks_ciphers(None, &luks1, "d", false)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("the keyslots and data uses the null cipher"), "{e}");
+        assert!(
+            e.contains("the keyslots and data uses the null cipher"),
+            "{e}"
+        );
         assert!(refuse_unsafe_luks_ciphers(None, &luks1, "d", true).is_ok());
     }
 }

@@ -108,7 +108,11 @@ fn null_cipher_and_capi_keyslots_are_refused_and_the_option_names_the_risk() {
         assert!(err.contains("data segment 0 uses the null cipher"), "{err}");
     }
     let allowed = try_open(&img, &["--insecure-allow-null-cipher"]);
-    assert!(allowed[0].0, "--insecure-allow-null-cipher: {}", allowed[0].1);
+    assert!(
+        allowed[0].0,
+        "--insecure-allow-null-cipher: {}",
+        allowed[0].1
+    );
 
     // A keyslot cipher in crypto API form: refused, with or without the option.
     let img = luks2_image(tmp.path(), "ks-capi.img");
