@@ -2,7 +2,7 @@
 """Records the dm tables cryptsetup gives the real kernel, for ucrypt's field audit.
 
 Run inside ../shared/kernel-lab from this directory (it reads ../peer-tests and writes
-kernel-tables.jsonl here):
+kernel-tables.jsonl and luks2-persistent.hdr.xz here):
     ../../../shared/kernel-lab/run.sh ./make-kernel-tables.py
 
 Each row: how the volume was made (cryptsetup luksFormat arguments, or a cryptsetup suite
@@ -14,7 +14,7 @@ on the host with the same arguments, or opens the same suite image, and requires
 `--print-table --showkeys` to be the same table: every header field and every option that
 reaches the kernel's table is honoured the same way by ucrypt.
 """
-import json, os, re, subprocess, sys, tarfile, tempfile
+import json, os, re, shutil, subprocess, sys, tarfile, tempfile
 
 os.environ["DM_DISABLE_UDEV"] = "1"
 PASS = "ucrypt-wrongdata"
@@ -107,6 +107,12 @@ MADE = [
                                  "--keyfile-offset", "0"], 4),
     ("plain-cbc-plain64", None, ["--type", "plain", "-c", "aes-cbc-plain64", "-s", "128", "--hash", "sha256",
                                  "--key-file", "-"], 4),
+    ("plain-keyfile-offset", None, ["--type", "plain", "-c", "aes-xts-plain64", "-s", "256", "--key-file", RAWKEY,
+                                    "--keyfile-offset", "5"], 4),
+    ("plain-keyfile-size", None, ["--type", "plain", "-c", "aes-xts-plain64", "--hash", "sha256",
+                                  "--keyfile-size", "8", "--key-file", "-"], 4),
+    ("plain-hash-plain", None, ["--type", "plain", "-c", "aes-cbc-plain", "-s", "128", "--hash", "plain",
+                                "--key-file", "-"], 4),
     ("luks1-default", ["--type", "luks1"], ["--key-file", KEY], 4),
     ("luks1-cbc-essiv-offset", ["--type", "luks1", "-c", "aes-cbc-essiv:sha256", "-s", "256", "--offset", "4096"],
      ["--key-file", KEY], 4),
@@ -153,6 +159,24 @@ run(["cryptsetup", "luksFormat", "-q"] + FAST + ["--key-file", KEY, "--type", "l
 record({"id": "luks2-detached", "format": ["--type", "luks2", "--header", "<hdr>"], "open": ["--key-file", "<key>"], "mib": 4},
        img, ["--key-file", KEY], header=hdr)
 
+# LUKS2 persistent flags: set by `cryptsetup open --persistent`, then the volume is opened
+# again without options; the header (with the flags) is kept as luks2-persistent.hdr.xz and
+# the test opens it as a detached header over a zero data file of the same size.
+img = os.path.join(W, "persistent.img")
+with open(img, "wb") as f:
+    f.truncate(4 << 20)
+run(["cryptsetup", "luksFormat", "-q"] + FAST + ["--key-file", KEY, "--type", "luks2", "--sector-size", "512",
+     "--luks2-metadata-size", "16k", "--luks2-keyslots-size", "128k", "-s", "256", img])
+run(["cryptsetup", "open", "--key-file", KEY, "--persistent", "--allow-discards", "--perf-same_cpu_crypt",
+     "--perf-submit_from_crypt_cpus", "--perf-no_read_workqueue", "--perf-no_write_workqueue", img, "wdpersist"])
+close_all("wdpersist")
+backup = os.path.join(W, "persistent.hdr")
+run(["cryptsetup", "luksHeaderBackup", img, "--header-backup-file", backup])
+subprocess.run(["xz", "-9", "-f", "-k", backup], check=True)
+shutil.move(backup + ".xz", os.path.join(HERE, "luks2-persistent.hdr.xz"))
+record({"id": "luks2-persistent-flags", "header_file": "luks2-persistent.hdr.xz", "open": ["--key-file", "<key>"],
+        "mib": 4}, img, ["--key-file", KEY])
+
 # cryptsetup's own suite images (BitLocker, FileVault2, TrueCrypt/VeraCrypt cascades).
 EXP = json.load(open(os.path.join(HERE, "../peer-tests/cryptsetup/expectations.json")))
 WANT = {
@@ -161,6 +185,8 @@ WANT = {
     "tcrypt/tc_3-ripemd160-xts-aes-twofish-serpent", "tcrypt/tc_3-ripemd160-xts-aes",
     "tcrypt/vc_1-sha512-xts-serpent-twofish-aes", "tcrypt/vc_1-sha512-xts-twofish-aes",
     "tcrypt/tc_3-ripemd160-lrw-aes", "tcrypt/vc_1-sha256-xts-aes-twofish",
+    "tcrypt/tc_2-ripemd160-lrw-aes-hidden", "tcrypt/tc_2-ripemd160-lrw-serpent-twofish-aes-hidden",
+    "tcrypt/sys_vc_1_mbr_full-sha256-xts-aes", "tcrypt/tc_2-ripemd160-lrw-aes-twofish", "fvault2/small",
 }
 extracted = set()
 for e in EXP["entries"]:
@@ -173,16 +199,25 @@ for e in EXP["entries"]:
         extracted.add(arch)
     img = os.path.join(W, e["image"])
     o = e.get("options", {})
-    args = ["--type", e["format"], "--readonly"]
-    if e["format"] == "tcrypt":
-        if o.get("veracrypt", e["id"].startswith("tcrypt/vc")):
-            args.append("--veracrypt")
-        if o.get("hash"):
-            args += ["--hash", o["hash"]]
-    stdin = e["passphrase"].encode()
-    args += ["--key-file", "-"] if e["format"] != "tcrypt" else []
-    record({"id": e["id"], "suite": e["image"], "archive": e["archive"], "open": args, "passphrase": e["passphrase"]},
-           img, args, stdin)
+    cases = [(e["id"], e["passphrase"], o)]
+    for x in e.get("extra_cases", []):
+        if x.get("options", {}).get("tcrypt_hidden") and not x.get("must_reject"):
+            cases.append((e["id"] + "#hidden", x["passphrase"], x["options"]))
+    for ident, passphrase, o in cases:
+        args = ["--type", e["format"], "--readonly"]
+        if e["format"] == "tcrypt":
+            if o.get("veracrypt", e.get("variant") == "veracrypt"):
+                args.append("--veracrypt")
+            if o.get("hash"):
+                args += ["--hash", o["hash"]]
+            if o.get("tcrypt_hidden"):
+                args.append("--tcrypt-hidden")
+            if o.get("tcrypt_system"):
+                args.append("--tcrypt-system")
+        stdin = passphrase.encode()
+        args += ["--key-file", "-"] if e["format"] != "tcrypt" else []
+        record({"id": ident, "suite": e["image"], "archive": e["archive"], "open": args, "passphrase": passphrase},
+               img, args, stdin)
 
 with open(os.path.join(HERE, "kernel-tables.jsonl"), "w") as f:
     for r in rows:

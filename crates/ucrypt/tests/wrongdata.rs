@@ -43,13 +43,18 @@ fn pattern() -> Vec<u8> {
 
 /// Decompresses `name.img.xz` into `dir`.
 fn image(dir: &Path, name: &str) -> PathBuf {
-    let out = dir.join(format!("{name}.img"));
+    image_file(dir, &format!("{name}.img.xz"))
+}
+
+/// Decompresses `testdata/wrongdata/<file>` (an `.xz`) into `dir`.
+fn image_file(dir: &Path, file: &str) -> PathBuf {
+    let out = dir.join(file.trim_end_matches(".xz"));
     let xz = std::process::Command::new("xz")
         .arg("-dc")
-        .arg(data_dir().join(format!("{name}.img.xz")))
+        .arg(data_dir().join(file))
         .output()
         .unwrap();
-    assert!(xz.status.success(), "xz -dc {name}.img.xz");
+    assert!(xz.status.success(), "xz -dc {file}");
     std::fs::write(&out, xz.stdout).unwrap();
     out
 }
@@ -463,6 +468,12 @@ fn print_table_is_the_table_cryptsetup_gives_the_kernel() {
             img = dir.path().join(format!("{id}.img"));
             let f = std::fs::File::create(&img).unwrap();
             f.set_len(row["mib"].as_u64().unwrap() << 20).unwrap();
+            if let Some(h) = row["header_file"].as_str() {
+                // A header kept from the lab (its persistent flags cannot be set without
+                // the kernel), opened as a detached header over a data file of the size.
+                let hdr = image_file(dir.path(), h);
+                args.extend(["--header".to_string(), s(&hdr).to_string()]);
+            }
             let mut fmt_args: Vec<String> = Vec::new();
             if let Some(fmt) = row["format"].as_array() {
                 let hdr = dir.path().join(format!("{id}.hdr"));
