@@ -10,11 +10,13 @@
 //! | `xts` | [`xts`] (any 16-byte cipher), [`aws_xts`] (AES-256-XTS via AWS-LC), [`vaes_xts`] (AES-128/192-XTS with VAES) | 16 |
 //! | `lrw` | [`lrw`] | 16 (big-endian block index) |
 //! | `adiantum` | [`adiantum`] | 32 |
+//! | `hctr2` | [`hctr2`] | 32 (the tweak) |
 
 pub mod adiantum;
 pub mod aws_xts;
 pub mod cbc;
 pub mod ecb;
+pub mod hctr2;
 pub mod lrw;
 pub mod vaes_xts;
 pub mod xts;
@@ -22,7 +24,7 @@ pub mod xts;
 use crate::CryptoError;
 
 /// The chaining modes ucrypt knows, by kernel name.
-pub const MODE_NAMES: &str = "cbc, ecb, xts, lrw, adiantum";
+pub const MODE_NAMES: &str = "cbc, ecb, xts, lrw, adiantum, hctr2";
 
 /// A keyed chaining mode: transforms one sector given its IV.
 pub trait Mode: Send + Sync {
@@ -47,6 +49,8 @@ pub enum ChainMode {
     Lrw,
     /// Adiantum (`xchacha12,aes-adiantum`), a wide-block mode.
     Adiantum,
+    /// HCTR2 (`aes-hctr2-plain64`), a wide-block mode with a 32-byte tweak.
+    Hctr2,
 }
 
 impl ChainMode {
@@ -61,6 +65,7 @@ impl ChainMode {
             "xts" => ChainMode::Xts,
             "lrw" => ChainMode::Lrw,
             "adiantum" => ChainMode::Adiantum,
+            "hctr2" => ChainMode::Hctr2,
             other => {
                 return Err(CryptoError::Unknown {
                     what: "chain mode",
@@ -79,6 +84,7 @@ impl ChainMode {
             ChainMode::Xts => "xts",
             ChainMode::Lrw => "lrw",
             ChainMode::Adiantum => "adiantum",
+            ChainMode::Hctr2 => "hctr2",
         }
     }
 
@@ -87,7 +93,7 @@ impl ChainMode {
     pub fn iv_size(self, block_size: usize) -> usize {
         match self {
             ChainMode::Ecb => 0,
-            ChainMode::Adiantum => 32,
+            ChainMode::Adiantum | ChainMode::Hctr2 => 32,
             _ => block_size.max(8),
         }
     }
@@ -116,6 +122,7 @@ impl ChainMode {
             }
             ChainMode::Lrw => Ok(Box::new(lrw::Lrw::new(cipher, key)?)),
             ChainMode::Adiantum => Ok(Box::new(adiantum::Adiantum::new(cipher, key)?)),
+            ChainMode::Hctr2 => Ok(Box::new(hctr2::Hctr2::new(cipher, key)?)),
         }
     }
 }

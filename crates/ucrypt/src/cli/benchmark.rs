@@ -27,6 +27,9 @@ pub(crate) struct Args {
     /// Seconds measured per row and direction, split into 5 rounds (median reported).
     #[arg(long, default_value_t = 1.0)]
     seconds: f64,
+    /// Also measure the specs beyond cryptsetup's default list (HCTR2).
+    #[arg(long)]
+    all: bool,
     /// Print one JSON object per row instead of the table.
     #[arg(long)]
     json: bool,
@@ -160,6 +163,10 @@ const DEFAULT_SPECS: &[(&str, usize)] = &[
     ("xchacha12,aes-adiantum-plain64", 256),
 ];
 
+/// Added to the default list by `--all`: specs the kernel's dm-crypt accepts that
+/// `cryptsetup benchmark` does not list.
+const EXTRA_SPECS: &[(&str, usize)] = &[("aes-hctr2-plain64", 128), ("aes-hctr2-plain64", 256)];
+
 const ROUNDS: usize = 5;
 
 /// Median MiB/s of `f` over `ROUNDS` rounds of `per_round` each, processing `bytes` per call.
@@ -241,6 +248,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         Some(c) => vec![(c.clone(), a.key_size)],
         None => DEFAULT_SPECS
             .iter()
+            .chain(if a.all { EXTRA_SPECS } else { &[] })
             .map(|(s, k)| (s.to_string(), *k))
             .collect(),
     };
