@@ -21,6 +21,8 @@
 
 mod map;
 mod sys;
+
+pub use map::{install_sigbus_handler, sigbus_handler_installed};
 #[cfg(test)]
 mod tests;
 
@@ -232,7 +234,9 @@ impl FileBackend {
     }
 
     /// Whether reads may be lent straight out of a memory mapping ([`Backend::read_with`]);
-    /// on by default for buffered regular files. Turning it off uses `pread` only.
+    /// on by default for buffered regular files once the program has installed the
+    /// `SIGBUS` handler ([`install_sigbus_handler`]; never without it). Turning it off uses
+    /// `pread` only.
     pub fn use_mmap(&mut self, on: bool) {
         if !on {
             self.map = None;
@@ -459,16 +463,13 @@ impl Backend for FileBackend {
         if let Err(e) = check_range(offset, len as u64, self.info.size_bytes) {
             return Some(Err(e));
         }
-        Some(map.read(offset, len, f).map_err(|map::Truncated| {
-            self.io_err(
-                "read",
-                offset,
-                io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the file was truncated while mapped (later reads use pread)",
-                ),
-            )
-        }))
+        match map.read(offset, len, f) {
+            Ok(()) => Some(Ok(())),
+            // The file shrank under the mapping (here or in a concurrent read): what `f`
+            // saw may hold zeros; the caller redoes the read with `pread`, which reports
+            // a range past the new end as the short read it is.
+            Err(map::Truncated) => None,
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {

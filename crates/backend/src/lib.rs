@@ -27,7 +27,7 @@ pub mod zero;
 pub use aligned::AlignedBuf;
 pub use error::BackendError;
 pub use faulty::FaultyBackend;
-pub use file::{FileBackend, FileOptions};
+pub use file::{install_sigbus_handler, sigbus_handler_installed, FileBackend, FileOptions};
 pub use memory::MemoryBackend;
 pub use zero::ZeroBackend;
 
@@ -112,8 +112,12 @@ pub trait Backend: Send + Sync {
 
     /// Lends the `len` bytes at `offset` to `f` in place, without copying them into a
     /// buffer, where the backend can (a regular file through a memory mapping). `None`:
-    /// it cannot (the default), and the caller uses [`Backend::read_at`]. `Some(Err)`: the
-    /// read failed, and what `f` saw is not the data.
+    /// it cannot (the default), or the lent bytes turned out not to be the data (the file
+    /// shrank under a mapping), and the caller uses [`Backend::read_at`]; what `f` saw, if
+    /// it was called, must be discarded. `Some(Err)`: the read failed.
+    ///
+    /// The caller must keep its own writes off the range while `f` runs (the engine's
+    /// range locks do): the bytes are the backend's live storage, not a copy.
     fn read_with(
         &self,
         offset: u64,

@@ -64,9 +64,22 @@ fn rc<C>(key: &[u8]) -> Option<Box<dyn BlockCipher>>
 where
     C: KeyInit + BlockCipherEncrypt + BlockCipherDecrypt + BlockSizeUser + Send + Sync + 'static,
 {
+    // The key schedule is as secret as the key: locked in RAM (crate::secret).
     C::new_from_slice(key)
         .ok()
-        .map(|c| Box::new(Rc(c)) as Box<dyn BlockCipher>)
+        .map(|c| Box::new(crate::secret::LockedBox::new(Rc(c))) as Box<dyn BlockCipher>)
+}
+
+impl<T: BlockCipher> BlockCipher for crate::secret::LockedBox<T> {
+    fn block_size(&self) -> usize {
+        (**self).block_size()
+    }
+    fn encrypt_blocks(&self, data: &mut [u8]) {
+        (**self).encrypt_blocks(data);
+    }
+    fn decrypt_blocks(&self, data: &mut [u8]) {
+        (**self).decrypt_blocks(data);
+    }
 }
 
 /// The key lengths (bytes) a cipher accepts, for error messages.

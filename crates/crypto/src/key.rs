@@ -1,6 +1,7 @@
 //! Key material: [`VolumeKey`] is locked in RAM where possible, zeroized on drop, and never
 //! printed.
 
+use crate::secret::SecretBytes;
 use crate::CryptoError;
 use zeroize::Zeroizing;
 
@@ -9,27 +10,23 @@ use zeroize::Zeroizing;
 /// `Debug` shows only the length. There is no `Display`, `Clone` or serialisation, so the
 /// bytes cannot reach a log or an error message by accident.
 pub struct VolumeKey {
-    bytes: Zeroizing<Box<[u8]>>,
-    locked: bool,
+    /// Locked (page-counted, so keys sharing a page never unlock each other), zeroed on
+    /// drop before it is unlocked.
+    bytes: SecretBytes,
 }
 
 impl VolumeKey {
     /// Takes ownership of key bytes (the source is zeroized).
     pub fn new(mut bytes: Vec<u8>) -> Self {
-        let boxed: Box<[u8]> = bytes.as_slice().into();
+        let key = SecretBytes::copy_of(&bytes);
         zeroize::Zeroize::zeroize(&mut bytes);
-        let locked = lock_memory(&boxed);
-        VolumeKey {
-            bytes: Zeroizing::new(boxed),
-            locked,
-        }
+        VolumeKey { bytes: key }
     }
 
     /// An empty key, for key-less ciphers (`cipher_null`), written `-` in a table line.
     pub fn empty() -> Self {
         VolumeKey {
-            bytes: Zeroizing::new(Box::new([])),
-            locked: false,
+            bytes: SecretBytes::zeroed(0),
         }
     }
 
@@ -84,40 +81,13 @@ impl VolumeKey {
 
     /// Whether the bytes are locked in RAM (mlock succeeded).
     pub fn is_locked(&self) -> bool {
-        self.locked
-    }
-}
-
-impl Drop for VolumeKey {
-    fn drop(&mut self) {
-        // Zeroizing clears the bytes after this; unlock first so the pages are not pinned.
-        if self.locked {
-            unlock_memory(&self.bytes);
-        }
+        self.bytes.is_locked()
     }
 }
 
 impl std::fmt::Debug for VolumeKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "VolumeKey(<redacted>, {} bytes)", self.bytes.len())
-    }
-}
-
-#[allow(unsafe_code)]
-fn lock_memory(bytes: &[u8]) -> bool {
-    if bytes.is_empty() {
-        return false;
-    }
-    // SAFETY: mlock only pins the pages that hold `bytes`; the pointer and length come from
-    // a live slice. Failure (RLIMIT_MEMLOCK) is reported, not fatal: the key still works.
-    unsafe { libc::mlock(bytes.as_ptr().cast(), bytes.len()) == 0 }
-}
-
-#[allow(unsafe_code)]
-fn unlock_memory(bytes: &[u8]) {
-    // SAFETY: undoes the mlock of the same live slice.
-    unsafe {
-        libc::munlock(bytes.as_ptr().cast(), bytes.len());
     }
 }
 

@@ -27,6 +27,7 @@ mod key;
 pub mod lane;
 pub mod legacy;
 pub mod mode;
+pub mod secret;
 mod sector;
 mod spec;
 pub mod testing;

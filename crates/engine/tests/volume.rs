@@ -170,6 +170,8 @@ fn requests_carry_their_client() {
 #[test]
 fn mapped_file_reads_decrypt_the_same_and_survive_truncation() {
     use ucrypt_backend::{FileBackend, FileOptions};
+    // Files are mapped only once the program has installed the SIGBUS handler.
+    ucrypt_backend::install_sigbus_handler().unwrap();
     let c = cipher("aes-xts-plain64", 4096);
     let data: Vec<u8> = (0..(1u32 << 20))
         .map(|i| (i.wrapping_mul(2246822519) >> 11) as u8)

@@ -5,7 +5,14 @@
 //! secret is read, [`disable_core_dumps`] sets `RLIMIT_CORE` to 0 (no core file) and
 //! clears the dumpable flag (`prctl(PR_SET_DUMPABLE, 0)`: no core even through a pipe
 //! `core_pattern`, and other processes of the same user cannot `ptrace` it or read its
-//! `/proc/PID/mem`). Keys themselves live in `VolumeKey` (mlock'd, zeroized on drop).
+//! `/proc/PID/mem`).
+//!
+//! Memory locking: only secrets are locked, as cryptsetup >= 2.6 does (it dropped
+//! `mlockall`): volume keys (`VolumeKey`), the ciphers' key schedules and keyed-context key
+//! copies, passphrases and key-file contents (`ucrypt_crypto::secret`, page-counted so two
+//! secrets on one page never unlock each other). Never `mlockall`: with `MCL_FUTURE` it
+//! also locked every page of the memory-mapped image a read touched (4.2 GB `VmLck` after
+//! one pass over a 3 GiB image), which for an image larger than RAM takes the machine down.
 
 /// Disables core dumps for this process (and what it executes: the limit is inherited).
 ///
@@ -43,40 +50,7 @@ pub fn core_dumps_disabled() -> bool {
     limit_zero && dumpable == 0
 }
 
-/// Locks every page of the process in RAM as it is touched, now and in future
-/// (`mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT)`; ONFAULT so thread stacks and
-/// reserved buffers are not populated just to be locked), as libcryptsetup locks memory
-/// while it handles keys: `VolumeKey` locks its own bytes, but the ciphers' key schedules
-/// live in library contexts it cannot reach.
-///
-/// Done only where it cannot make later allocations fail: when the process's
-/// `RLIMIT_MEMLOCK` is unlimited or it runs as root (CAP_IPC_LOCK). Otherwise nothing is
-/// locked beyond the keys themselves and `Ok(false)` is returned.
-///
-/// # Errors
-/// `mlockall` failed although the limits allowed it.
-#[allow(unsafe_code)]
-pub fn lock_all_memory() -> std::io::Result<bool> {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we own; geteuid has no arguments.
-    let unlimited = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0
-        && r.rlim_cur == libc::RLIM_INFINITY;
-    // SAFETY: as above.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !(unlimited || root) {
-        return Ok(false);
-    }
-    // SAFETY: mlockall takes flags only; it changes no memory contents.
-    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(true)
-}
-
-/// Whether any memory of this process is locked (`VmLck` in /proc/self/status).
+/// How much memory of this process is locked (`VmLck` in /proc/self/status), in bytes.
 pub fn locked_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

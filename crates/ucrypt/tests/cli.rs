@@ -327,32 +327,53 @@ fn cleartext_listen_beyond_loopback_needs_an_explicit_flag_and_warns() {
 }
 
 #[test]
-fn a_serving_process_keeps_its_memory_locked_when_root() {
-    // SAFETY: geteuid has no arguments.
-    #[allow(unsafe_code)]
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        eprintln!("SKIP: mlockall is only used as root or with an unlimited RLIMIT_MEMLOCK");
+fn a_foreign_sigbus_does_not_switch_off_truncation_containment() {
+    // Issue 18: after one SIGBUS sent by another process, the mapped-read containment
+    // used to switch itself off (the previous action, Rust's runtime handler, reset SIGBUS
+    // to the default), and truncating the served image then killed the server.
+    use common::nbd::*;
+    if !require("nbdcopy") || !require("nbdinfo") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), "d.img", 80 * 512);
-    let t = table(&img, "");
-    // $PPID inside `sh -c` is the ucrypt process.
-    let out = ok(ucrypt(
-        &[
-            "open",
-            "--table",
-            &t,
-            "--run",
-            "grep VmLck /proc/$PPID/status",
-        ],
-        b"",
-    ));
-    let line = String::from_utf8(out).unwrap();
-    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let img = tmp.path().join("d.img");
+    std::fs::write(&img, random_bytes(8 << 20)).unwrap();
+    let (_, table_file) = xts_table(tmp.path(), &img, 4096, &[]);
+    let mut served = Served::start(&table_file, &[]);
+    let copy = |what: &str| sh(&format!("nbdcopy '{}' {what}", served.uri));
+    let out = copy("null:");
     assert!(
-        kb > 1024,
-        "expected the whole process locked, VmLck is {kb} kB"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    let pid = libc::pid_t::try_from(served.child.id()).unwrap();
+    for _ in 0..3 {
+        // SAFETY: kill(2) on our own live child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGBUS) }, 0);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        served.child.try_wait().unwrap().is_none(),
+        "a SIGBUS sent with kill is not a fault: the server keeps serving"
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    // Reads past the new end fail (EIO replies), and must not kill the server.
+    let out = copy("null:");
+    assert!(
+        !out.status.success(),
+        "reads past the truncated end cannot succeed"
+    );
+    assert!(
+        served.child.try_wait().unwrap().is_none(),
+        "the server died on the truncation (SIGBUS) after a foreign SIGBUS"
+    );
+    let info = sh(&format!("nbdinfo --size '{}'", served.uri));
+    assert!(info.status.success(), "still serving: {info:?}");
+    assert!(served.stop().success());
 }

@@ -14,7 +14,6 @@ use super::Mode;
 use aws_lc_sys as ffi;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use zeroize::Zeroizing;
 
 struct Ctx {
     enc: *mut ffi::EVP_CIPHER_CTX,
@@ -133,7 +132,8 @@ pub struct AwsXts {
 /// holders get preempted mid-request; everyone queued behind a sleeping holder stalled,
 /// which made depth-256 throughput swing by up to 2x between identical runs.
 struct Spare {
-    key: Zeroizing<Vec<u8>>,
+    /// Locked in RAM like the volume key itself (crate::secret), zeroed on drop.
+    key: crate::secret::SecretBytes,
     free: Vec<Ctx>,
 }
 
@@ -160,7 +160,7 @@ impl AwsXts {
         Some(AwsXts {
             slots: slots.into_boxed_slice(),
             spare: Mutex::new(Spare {
-                key: Zeroizing::new(key.to_vec()),
+                key: crate::secret::SecretBytes::copy_of(key),
                 free: Vec::new(),
             }),
         })

@@ -245,13 +245,11 @@ pub fn run() -> ExitCode {
     if let Err(e) = ucrypt::secure::disable_core_dumps() {
         eprintln!("ucrypt: warning: cannot disable core dumps: {e}");
     }
-    // Commands that hold keys also keep every page in RAM where that is safe (key
-    // schedules inside cipher contexts are out of VolumeKey's own mlock); the benchmarks
-    // hold no secret and allocate large buffers, so they are left alone.
-    if !matches!(cli.command, Command::Bench(_) | Command::Benchmark(_)) {
-        if let Err(e) = ucrypt::secure::lock_all_memory() {
-            eprintln!("ucrypt: warning: cannot lock memory: {e}");
-        }
+    // No mlockall: only secrets are locked, where they are allocated (see secure.rs).
+    // Mapped reads of image files survive the file being truncated under them only with
+    // this handler; without it files are read with pread (ucrypt_backend::file docs).
+    if let Err(e) = ucrypt_backend::install_sigbus_handler() {
+        eprintln!("ucrypt: warning: cannot install the SIGBUS handler, not mapping files: {e}");
     }
     let result = match cli.command {
         Command::Write(a) => write::run(a),

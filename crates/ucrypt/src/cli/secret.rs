@@ -6,20 +6,70 @@
 //!   second "Verify passphrase" prompt for new passphrases).
 //! - no key file, standard input a pipe: one line, without its newline.
 //!
-//! Never from the command line itself. Secrets live in `Zeroizing` buffers.
+//! Never from the command line itself. Secrets are read straight into [`Secret`] buffers:
+//! locked in RAM (where `RLIMIT_MEMLOCK` allows) and zeroed on drop. (Standard input is read
+//! through the standard library's shared buffer, which is neither; a key file is read
+//! directly.)
 
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
-use zeroize::Zeroizing;
+use ucrypt_crypto::secret::SecretBytes;
 
 /// cryptsetup's maximum key file size (8192 kB).
 const MAX_KEYFILE: u64 = 8192 * 1024;
 /// cryptsetup's maximum interactive passphrase length.
 const MAX_PASSPHRASE: usize = 512;
 
-/// A secret's bytes.
-pub(crate) type Secret = Zeroizing<Vec<u8>>;
+/// A secret's bytes: locked in RAM, zeroed on drop, grown by moving to a bigger locked
+/// buffer (the old one is zeroed), never printed.
+pub(crate) struct Secret {
+    buf: SecretBytes,
+    len: usize,
+}
+
+impl Secret {
+    fn new() -> Self {
+        Secret {
+            buf: SecretBytes::zeroed(0),
+            len: 0,
+        }
+    }
+
+    /// Room for `more` bytes after the current ones, as a slice to fill.
+    fn spare(&mut self, more: usize) -> &mut [u8] {
+        if self.buf.len() - self.len < more {
+            let cap = (self.len + more).max(self.buf.len() * 2).max(256);
+            let mut bigger = SecretBytes::zeroed(cap);
+            bigger[..self.len].copy_from_slice(&self.buf[..self.len]);
+            self.buf = bigger;
+        }
+        &mut self.buf[self.len..self.len + more]
+    }
+
+    /// Drops the last byte (the bytes stay in the buffer until it is zeroed on drop).
+    pub(crate) fn pop(&mut self) {
+        self.len = self.len.saturating_sub(1);
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.spare(bytes.len()).copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+}
+
+impl std::ops::Deref for Secret {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret(<redacted>, {} bytes)", self.len)
+    }
+}
 
 /// `--key-file` and its modifiers, as cryptsetup spells them.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -40,10 +90,16 @@ fn read_limited(mut r: impl Read, what: &str, offset: u64, size: u64) -> Result<
     std::io::copy(&mut (&mut r).take(offset), &mut std::io::sink())
         .map_err(|e| anyhow::anyhow!("reading {what}: {e}"))?;
     let limit = if size == 0 { MAX_KEYFILE } else { size };
-    let mut buf = Zeroizing::new(Vec::new());
-    r.take(limit)
-        .read_to_end(&mut buf)
-        .map_err(|e| anyhow::anyhow!("reading {what}: {e}"))?;
+    let mut buf = Secret::new();
+    while (buf.len as u64) < limit {
+        let want = (limit - buf.len as u64).min(4096) as usize;
+        match r.read(buf.spare(want)) {
+            Ok(0) => break,
+            Ok(n) => buf.len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(anyhow::anyhow!("reading {what}: {e}").into()),
+        }
+    }
     if size != 0 && (buf.len() as u64) < size {
         return Err(anyhow::anyhow!(
             "cannot read {size} bytes from {what} (only {} available after offset {offset})",
@@ -71,13 +127,31 @@ fn stdin_is_tty() -> bool {
 
 /// Reads one line from standard input (a pipe), without the newline.
 fn read_line() -> Result<Secret, CliError> {
-    let mut line = Zeroizing::new(Vec::new());
-    std::io::stdin()
-        .lock()
-        .read_until(b'\n', &mut line)
-        .map_err(|e| anyhow::anyhow!("reading the passphrase from standard input: {e}"))?;
-    if line.last() == Some(&b'\n') {
-        line.pop();
+    let mut line = Secret::new();
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        let avail = match stdin.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(
+                    anyhow::anyhow!("reading the passphrase from standard input: {e}").into(),
+                )
+            }
+        };
+        if avail.is_empty() {
+            break;
+        }
+        let (take, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (avail.len(), false),
+        };
+        // Without the newline.
+        line.push(&avail[..take - usize::from(done)]);
+        stdin.consume(take);
+        if done {
+            break;
+        }
     }
     Ok(line)
 }
