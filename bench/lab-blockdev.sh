@@ -1,0 +1,40 @@
+#!/bin/bash
+# Block-device front ends side by side in one kernel-lab guest (issue 12, point 7):
+# fio (libaio, direct) on ucrypt's ublk device, ucrypt's kernel NBD device and the kernel's
+# dm-crypt, all aes-xts-plain64 (4096-byte sectors) over the same brd ramdisk.
+#   bench/lab-blockdev.sh [RUNTIME_SECONDS]      (default 8 per cell; about 6 min in all)
+# Prints a table of IOPS (4k) / MiB/s (1M) and the ratios; TCG distorts absolute speed,
+# so only ratios inside one run mean anything. Not part of CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RT=${1:-8}
+LAB=$(for d in .. ../..; do [ -x "$d/shared/kernel-lab/run.sh" ] && { echo "$d/shared/kernel-lab/run.sh"; break; }; done)
+[ -n "$LAB" ] || { echo "kernel lab not found (../shared/kernel-lab/run.sh)" >&2; exit 2; }
+T=${CARGO_TARGET_DIR:-target}
+cargo build --release -p ucrypt-device --example attach >&2
+ATTACH=$(realpath "$T/release/examples/attach")
+OUT=$(mktemp -d "$PWD/target/lab-bench.XXXXXX")
+KLAB_TIMEOUT=3600 "$LAB" bench/lab-blockdev-guest.sh "$ATTACH" "$RT" "$OUT"
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+devs = ["ublk", "ublk-w2", "nbd", "nbd-c2", "dm-crypt"]
+cells = [("randread", "4k", 1), ("randread", "4k", 32), ("randwrite", "4k", 1),
+         ("randwrite", "4k", 32), ("read", "1M", 8), ("write", "1M", 8)]
+def val(dev, rw, bs, qd):
+    p = os.path.join(out, f"{dev}.{rw}.{bs}.{qd}.json")
+    if not os.path.exists(p):
+        return None
+    j = json.load(open(p))["jobs"][0]
+    side = j["read"] if "read" in rw else j["write"]
+    return side["iops"] if bs == "4k" else side["bw_bytes"] / 2**20
+print("| cell | unit | " + " | ".join(devs) + " | ublk/nbd | ublk/dm-crypt | nbd/dm-crypt |")
+print("|---|---|" + "---|" * (len(devs) + 3))
+for rw, bs, qd in cells:
+    v = {d: val(d, rw, bs, qd) for d in devs}
+    unit = "IOPS" if bs == "4k" else "MiB/s"
+    r = lambda a, b: f"{v[a] / v[b]:.2f}x" if v[a] and v[b] else "-"
+    print(f"| {rw} {bs} QD{qd} | {unit} | " + " | ".join(f"{v[d]:.0f}" if v[d] else "-" for d in devs)
+          + f" | {r('ublk', 'nbd')} | {r('ublk', 'dm-crypt')} | {r('nbd', 'dm-crypt')} |")
+PY
+echo "(fio JSON in $OUT)"
