@@ -60,7 +60,26 @@ impl ModeLane {
 
 impl Lane for ModeLane {
     fn encrypt(&self, iv_first: u64, iv_step: u64, data: &mut [u8]) {
-        self.run(iv_first, iv_step, data, true);
+        let Some(g) = self.iv.as_ref().filter(|_| self.iv_size > 0) else {
+            return self.run(iv_first, iv_step, data, true);
+        };
+        // IVs for a group of sectors, then the mode encrypts the group (CBC interleaves).
+        const GROUP: usize = crate::mode::cbc::LANES;
+        let mut ivs = [0u8; GROUP * MAX_IV];
+        let mut n = iv_first;
+        for group in data.chunks_mut(GROUP * self.sector_bytes) {
+            let k = group.len() / self.sector_bytes;
+            for iv in ivs[..k * self.iv_size].chunks_exact_mut(self.iv_size) {
+                g.fill(n, iv);
+                n = n.wrapping_add(iv_step);
+            }
+            self.mode.encrypt_sectors(
+                &ivs[..k * self.iv_size],
+                self.iv_size,
+                group,
+                self.sector_bytes,
+            );
+        }
     }
     fn decrypt(&self, iv_first: u64, iv_step: u64, data: &mut [u8]) {
         self.run(iv_first, iv_step, data, false);

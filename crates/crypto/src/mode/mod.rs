@@ -34,6 +34,14 @@ pub trait Mode: Send + Sync {
     fn encrypt(&self, iv: &[u8], data: &mut [u8]);
     /// Decrypts one sector in place.
     fn decrypt(&self, iv: &[u8], data: &mut [u8]);
+    /// Encrypts consecutive sectors of `sector_bytes` each in place, sector k with
+    /// `ivs[k * iv_size..][..iv_size]`. The default goes sector by sector; CBC overrides it
+    /// to run independent sectors' chains side by side.
+    fn encrypt_sectors(&self, ivs: &[u8], iv_size: usize, data: &mut [u8], sector_bytes: usize) {
+        for (k, sector) in data.chunks_exact_mut(sector_bytes).enumerate() {
+            self.encrypt(&ivs[k * iv_size..(k + 1) * iv_size], sector);
+        }
+    }
 }
 
 /// A chaining mode by name, before keying.
