@@ -96,7 +96,7 @@ frontend_round() {
 }
 
 recovery_round() {
-  start ublk || { bad "recovery: device appears"; return; }
+  start ublk --name rec || { bad "recovery: device appears"; return; }
   local N ID
   N=$(basename "$DEV"); ID=${N#ublkb}
   mkfs.ext4 -q -F "$DEV" && mount -t ext4 "$DEV" "$MNT" || { bad "recovery: mkfs+mount"; stop; return; }
@@ -118,7 +118,9 @@ recovery_round() {
   sleep 2
   check "recovery: device still there while the server is dead" test -b "$DEV"
   check "recovery: device waits for recovery" grep -q . "/sys/block/$N/size"
-  start ublk --recover "$ID" || { bad "recovery: reattach"; return; }
+  # A different instance name must not take the device over.
+  check "recovery: another instance's name is refused" sh -c "! '$ATTACH' ublk '$W/table' --name other --recover $ID >/dev/null 2>&1"
+  start ublk --name rec --recover auto || { bad "recovery: reattach (found by name)"; return; }
   check "recovery: same node after --recover" test "$DEV" = "/dev/$N"
   check "recovery: the writer finishes" wait "$WRITER"
   local n=0 wrong=0

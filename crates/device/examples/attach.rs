@@ -2,7 +2,7 @@
 //! tests and benchmarks (the same front ends `ucrypt open DEV NAME --device ...` uses).
 //!
 //! ```text
-//! attach ublk|nbd TABLE_FILE [--workers N] [--recover DEV_ID] [--no-recovery]
+//! attach ublk|nbd TABLE_FILE [--name NAME] [--workers N] [--recover DEV_ID|auto] [--no-recovery]
 //!                            [--queues N] [--depth N] [--conns N] [--ready FILE]
 //! ```
 //!
@@ -76,7 +76,7 @@ fn run() -> Result<(), String> {
     let export: ucrypt_device::Export = Arc::new(volume);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let opts = AttachOptions {
-        name: "attach".into(),
+        name: arg_value(&args, "--name").unwrap_or_else(|| "attach".into()),
         read_only: false,
         logical_block,
         queues: u16::try_from(num("--queues", cpus)?).unwrap_or(1),
@@ -90,7 +90,14 @@ fn run() -> Result<(), String> {
             };
             let a = match arg_value(&args, "--recover") {
                 Some(id) => {
-                    let id: u32 = id.parse().map_err(|_| format!("--recover: {id}"))?;
+                    // `--recover auto`: the waiting device of this instance name.
+                    let id: u32 = if id == "auto" {
+                        ucrypt_device::ublk::find_waiting(&opts.name)
+                            .map_err(|e| e.to_string())?
+                            .ok_or_else(|| format!("no ublk device of {} waits", opts.name))?
+                    } else {
+                        id.parse().map_err(|_| format!("--recover: {id}"))?
+                    };
                     ucrypt_device::ublk::recover(export, id, &opts, &uopts)
                 }
                 None => ucrypt_device::ublk::attach(export, &opts, &uopts),

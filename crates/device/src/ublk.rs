@@ -165,6 +165,7 @@ pub fn query(dev_id: u32) -> Result<DeviceInfo, DeviceError> {
         frontend: "ublk",
         why: format!("device id {dev_id} out of range"),
     })?;
+    ctrl_ring().map_err(|e| ublk_err("creating a ublk control ring", e))?;
     let ctrl =
         UblkCtrl::new_simple(id).map_err(|e| ublk_err(&format!("ublk device {dev_id}"), e))?;
     let info = ctrl.dev_info();
@@ -195,6 +196,47 @@ pub fn query(dev_id: u32) -> Result<DeviceInfo, DeviceError> {
         logical_block: 1u32 << params.basic.logical_bs_shift.min(31),
         server_pid: info.ublksrv_pid,
     })
+}
+
+/// The instance name a ucrypt ublk device was created for (kept by libublk in
+/// `/run/ublksrvd/N.json`), if any.
+fn instance_name(dev_id: u32) -> Option<String> {
+    let ctrl = UblkCtrl::new_simple(i32::try_from(dev_id).ok()?).ok()?;
+    let name = ctrl
+        .get_target_data_from_json()
+        .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_string));
+    ctrl.disown();
+    name
+}
+
+/// The ublk devices that exist (numbers N of `/dev/ublkcN`), from sysfs.
+fn device_ids() -> Vec<u32> {
+    let mut ids: Vec<u32> = std::fs::read_dir("/sys/class/ublk-char")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("ublkc"))
+                .and_then(|n| n.parse().ok())
+        })
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// The device of instance `name` whose server died and which waits for [`recover`]
+/// (`ucrypt open --recover NAME` finds it by name: no state of the dead server needed).
+///
+/// # Errors
+/// [`DeviceError::Unavailable`] without the driver.
+pub fn find_waiting(name: &str) -> Result<Option<u32>, DeviceError> {
+    available()?;
+    Ok(device_ids().into_iter().find(|&id| {
+        query(id).is_ok_and(|i| i.state == DeviceState::Quiesced)
+            && instance_name(id).as_deref() == Some(name)
+    }))
 }
 
 /// Creates `/dev/ublkbN` serving `export` and returns once the node exists and serves.
@@ -253,6 +295,14 @@ pub fn recover(
                 String::new()
             }
         )));
+    }
+    if let Some(owner) = instance_name(dev_id) {
+        if owner != opts.name {
+            return Err(refuse(format!(
+                "/dev/ublkb{dev_id} belongs to instance {owner:?}, not {:?}",
+                opts.name
+            )));
+        }
     }
     let info = export.info();
     if existing.size_bytes != info.size_bytes || existing.logical_block != opts.logical_block {
