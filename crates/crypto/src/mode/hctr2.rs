@@ -34,18 +34,25 @@ pub const TWEAK_BYTES: usize = 32;
 /// XCTR keystream blocks computed per `encrypt_blocks` call.
 const BATCH_BLOCKS: usize = 64;
 
-/// HCTR2 over a 16-byte block cipher.
-pub struct Hctr2 {
-    cipher: Box<dyn BlockCipher>,
-    /// POLYVAL keyed with h, nothing absorbed yet (cloned per message).
+/// The secrets derived from the key: POLYVAL keyed with h (nothing absorbed yet, cloned
+/// per message; `polyval`'s `zeroize` feature wipes it on drop) and L.
+struct Derived {
     hash: Polyval,
     l: [u8; 16],
 }
 
-impl Drop for Hctr2 {
+impl Drop for Derived {
     fn drop(&mut self) {
         self.l.zeroize();
     }
+}
+
+/// HCTR2 over a 16-byte block cipher.
+pub struct Hctr2 {
+    /// The block cipher (its schedule locked in RAM by `crate::block`).
+    cipher: Box<dyn BlockCipher>,
+    /// Locked in RAM like the key schedules (`crate::secret`).
+    derived: crate::secret::LockedBox<Derived>,
 }
 
 impl Hctr2 {
@@ -79,12 +86,14 @@ impl Hctr2 {
         let mut l = [0u8; 16];
         l.copy_from_slice(&hl[16..]);
         hl.zeroize();
-        Ok(Hctr2 { cipher: c, hash, l })
+        let derived = crate::secret::LockedBox::new(Derived { hash, l });
+        l.zeroize();
+        Ok(Hctr2 { cipher: c, derived })
     }
 
     /// H(T, X) as above.
     fn hash(&self, tweak: &[u8], x: &[u8]) -> [u8; 16] {
-        let mut p = self.hash.clone();
+        let mut p = self.derived.hash.clone();
         let partial = x.len() % 16 != 0;
         let first = (tweak.len() as u128) * 16 + 2 + u128::from(partial);
         p.update_padded(&first.to_le_bytes());
@@ -131,7 +140,7 @@ impl Hctr2 {
         self.cipher.encrypt_blocks(&mut uu);
         let mut s = mm;
         xor_in_place(&mut s, &uu);
-        xor_in_place(&mut s, &self.l);
+        xor_in_place(&mut s, &self.derived.l);
         self.xctr(&s, n);
         let hv = self.hash(tweak, n);
         m.copy_from_slice(&uu);
@@ -153,7 +162,7 @@ impl Hctr2 {
         self.cipher.decrypt_blocks(&mut mm);
         let mut s = mm;
         xor_in_place(&mut s, &uu);
-        xor_in_place(&mut s, &self.l);
+        xor_in_place(&mut s, &self.derived.l);
         self.xctr(&s, v);
         let hn = self.hash(tweak, v);
         u.copy_from_slice(&mm);

@@ -42,14 +42,20 @@ impl Drop for RoundKeys {
     }
 }
 
-/// AES-XTS with VAES; see the module documentation.
-pub struct VaesXts {
+/// The three key schedules of one XTS key.
+struct Schedules {
     /// Data key, encryption schedule.
     enc: RoundKeys,
     /// Data key, decryption schedule (equivalent inverse cipher, for `vaesdec`).
     dec: RoundKeys,
     /// Tweak key, encryption schedule.
     tweak: RoundKeys,
+}
+
+/// AES-XTS with VAES; see the module documentation.
+pub struct VaesXts {
+    /// Locked in RAM like every other key schedule (`crate::secret`), zeroed on drop.
+    keys: crate::secret::LockedBox<Schedules>,
     rounds: usize,
 }
 
@@ -114,9 +120,11 @@ impl VaesXts {
         }
         let (k1, k2) = key.split_at(key.len() / 2);
         Some(VaesXts {
-            enc: schedule(k1, false)?,
-            dec: schedule(k1, true)?,
-            tweak: schedule(k2, false)?,
+            keys: crate::secret::LockedBox::new(Schedules {
+                enc: schedule(k1, false)?,
+                dec: schedule(k1, true)?,
+                tweak: schedule(k2, false)?,
+            }),
             rounds,
         })
     }
@@ -209,7 +217,7 @@ unsafe fn xts<const R: usize, const DEC: bool>(
     len: usize,
 ) {
     // The tweak: E_K2(iv), one block.
-    let tk = &k.tweak.0;
+    let tk = &k.keys.tweak.0;
     let load = |row: &[u8; 16]| {
         // SAFETY: a RoundKeys row is 16 readable bytes; the load is unaligned.
         unsafe { _mm_loadu_si128(row.as_ptr().cast()) }
@@ -237,7 +245,7 @@ unsafe fn xts<const R: usize, const DEC: bool>(
     let poly = _mm512_set_epi64(0, 0x87, 0, 0x87, 0, 0x87, 0, 0x87);
 
     // Round keys, broadcast to all four lanes.
-    let sched = if DEC { &k.dec.0 } else { &k.enc.0 };
+    let sched = if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 };
     let mut rk = [_mm512_setzero_si512(); 15];
     for (r, row) in rk.iter_mut().zip(sched.iter()).take(R + 1) {
         *r = _mm512_broadcast_i32x4(load(row));
