@@ -6,6 +6,7 @@
 //! | mode | file | IV |
 //! |---|---|---|
 //! | `ecb` | [`ecb`] | none |
+//! | `ctr` | [`ctr`] | block size (the first counter block) |
 //! | `cbc` | [`cbc`] | block size |
 //! | `xts` | [`xts`] (any 16-byte cipher), [`aws_xts`] (AES-256-XTS via AWS-LC), [`vaes_xts`] (AES-128/192-XTS with VAES) | 16 |
 //! | `lrw` | [`lrw`] | 16 (big-endian block index) |
@@ -15,6 +16,7 @@
 pub mod adiantum;
 pub mod aws_xts;
 pub mod cbc;
+pub mod ctr;
 pub mod ecb;
 pub mod hctr2;
 pub mod lrw;
@@ -24,7 +26,7 @@ pub mod xts;
 use crate::CryptoError;
 
 /// The chaining modes ucrypt knows, by kernel name.
-pub const MODE_NAMES: &str = "cbc, ecb, xts, lrw, adiantum, hctr2";
+pub const MODE_NAMES: &str = "cbc, ctr, ecb, xts, lrw, adiantum, hctr2";
 
 /// A keyed chaining mode: transforms one sector given its IV.
 pub trait Mode: Send + Sync {
@@ -51,6 +53,8 @@ pub enum ChainMode {
     Ecb,
     /// Cipher block chaining.
     Cbc,
+    /// Counter mode (the kernel's `ctr` template).
+    Ctr,
     /// XEX with ciphertext stealing (IEEE 1619), key = data key ‖ tweak key.
     Xts,
     /// Liskov-Rivest-Wagner, key = cipher key ‖ 16-byte tweak key.
@@ -70,6 +74,7 @@ impl ChainMode {
         Ok(match name {
             "ecb" => ChainMode::Ecb,
             "cbc" => ChainMode::Cbc,
+            "ctr" => ChainMode::Ctr,
             "xts" => ChainMode::Xts,
             "lrw" => ChainMode::Lrw,
             "adiantum" => ChainMode::Adiantum,
@@ -89,6 +94,7 @@ impl ChainMode {
         match self {
             ChainMode::Ecb => "ecb",
             ChainMode::Cbc => "cbc",
+            ChainMode::Ctr => "ctr",
             ChainMode::Xts => "xts",
             ChainMode::Lrw => "lrw",
             ChainMode::Adiantum => "adiantum",
@@ -115,6 +121,7 @@ impl ChainMode {
         match self {
             ChainMode::Ecb => Ok(Box::new(ecb::Ecb::new(cipher, key)?)),
             ChainMode::Cbc => Ok(Box::new(cbc::Cbc::new(cipher, key)?)),
+            ChainMode::Ctr => Ok(Box::new(ctr::Ctr::new(cipher, key)?)),
             ChainMode::Xts => {
                 if cipher == "aes" && key.len() == 64 {
                     if let Some(fast) = aws_xts::AwsXts::new(key) {
