@@ -115,12 +115,20 @@ impl FileBackend {
         };
         let mut oo = OpenOptions::new();
         oo.read(true).write(!opts.read_only);
+        // O_NONBLOCK: opening a FIFO read-only would otherwise block until a writer came
+        // (start-up hangs, deaf to SIGTERM); it is refused below like any other file that
+        // is neither regular nor a block device, and the flag is cleared for those.
+        let mut flags = libc::O_NONBLOCK;
         if opts.direct {
-            oo.custom_flags(libc::O_DIRECT);
+            flags |= libc::O_DIRECT;
         }
+        oo.custom_flags(flags);
         let file = oo.open(&path).map_err(open_err)?;
         let meta = file.metadata().map_err(open_err)?;
         let ft = meta.file_type();
+        if ft.is_file() || ft.is_block_device() {
+            sys::clear_nonblock(&file).map_err(open_err)?;
+        }
         let writable = !opts.read_only;
 
         let (info, block_device) = if ft.is_block_device() {

@@ -229,7 +229,9 @@ pub struct TableLine {
 /// A field as it may appear in an error message. A malformed line can shift the key into
 /// any field (a space inside the key, a missing cipher), so a field holding a run of 16+
 /// hex digits (8+ key bytes) is described, not echoed: errors never carry key material.
-pub(crate) fn shown(text: &str) -> String {
+/// Public for the layers that report a table's fields later (the device, when opening it
+/// fails).
+pub fn shown(text: &str) -> String {
     let mut run = 0;
     let hexy = text.bytes().any(|b| {
         run = if b.is_ascii_hexdigit() { run + 1 } else { 0 };

@@ -104,8 +104,20 @@ pub fn open_device(device: &str, read_only: bool, direct: bool) -> Result<Arc<dy
         .with_context(|| format!("connecting to NBD device {device}"))?;
         return Ok(Arc::new(remote));
     }
+    // A malformed line can shift the key into the device field: the error then describes
+    // the field instead of echoing it (the backend's error would name it as its path).
+    let named = ucrypt_format::table::shown(device);
     let mut file = FileBackend::open(device, FileOptions { read_only, direct })
-        .with_context(|| format!("opening device {device}"))?;
+        .map_err(|e| match e {
+            ucrypt_backend::BackendError::Open { source, .. } if named != device => {
+                ucrypt_backend::BackendError::Open {
+                    path: named.clone().into(),
+                    source,
+                }
+            }
+            other => other,
+        })
+        .with_context(|| format!("opening device {named}"))?;
     // Measured (`ucrypt bench uring`, BENCHMARKING.md): with O_DIRECT, a request's batch of
     // writes through io_uring reaches the device in parallel (1 MiB writes 1.7x pwrite);
     // through the page cache the gain is within noise, so buffered files keep pwrite.

@@ -527,3 +527,436 @@ fn wrong_passphrases_exit_2_and_truncated_headers_exit_cleanly() {
         }
     }
 }
+
+// ---- Issue 18.7: the hostile-testing list, each attack reproduced against the binary ----
+
+/// Waits for `child` at most `secs` seconds; kills it and fails if it is still running.
+fn wait_at_most(
+    child: &mut std::process::Child,
+    secs: u64,
+    what: &str,
+) -> std::process::ExitStatus {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if t.elapsed().as_secs() >= secs {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// `sh -c SCRIPT` with `$U` the ucrypt binary, in `dir`, all output captured.
+fn sh_in(dir: &Path, script: &str) -> std::process::Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .env("U", env!("CARGO_BIN_EXE_ucrypt"))
+        .env("TMPDIR", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// `--run` without `--socket`: the socket lives in a fresh mkdtemp directory (mode 0700),
+/// never in a directory someone created in advance under the predictable old name
+/// (`$TMPDIR/ucrypt-open-PID`; `$$` of the shell is the pid `exec` gives ucrypt), and the
+/// socket is 0600 under umask 000. Everything is gone afterwards.
+#[test]
+fn run_sockets_live_in_a_fresh_private_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "disk.img", SIZE);
+    let (_, table) = common::nbd::xts_table(tmp.path(), &img, 4096, &[]);
+    let out = sh_in(
+        tmp.path(),
+        &format!(
+            "mkdir -m 777 \"$TMPDIR/ucrypt-open-$$\" && umask 000 && exec \"$U\" open \
+             --table-file {} --run 'echo \"$unixsocket\"; stat -c %a \"$unixsocket\" \
+             \"$(dirname \"$unixsocket\")\"'",
+            table.display()
+        ),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let sock = Path::new(lines[0]);
+    assert_eq!(&lines[1..], ["600", "700"], "socket and directory modes");
+    let dir = sock.parent().unwrap();
+    assert_eq!(dir.parent().unwrap(), tmp.path());
+    let squatted: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("ucrypt-open-"))
+        .collect();
+    assert_eq!(
+        squatted.len(),
+        1,
+        "only the squatter's directory is left: {squatted:?}"
+    );
+    assert!(
+        dir.file_name().unwrap().to_string_lossy() != squatted[0],
+        "the socket went into the pre-created directory {squatted:?}"
+    );
+    assert!(!dir.exists(), "the private directory is removed");
+}
+
+/// Unix sockets are 0600 whatever the umask; 0660 and the group with `--socket-group`.
+#[test]
+fn sockets_ignore_the_umask_and_take_an_explicit_group() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "disk.img", SIZE);
+    let (_, table) = common::nbd::xts_table(tmp.path(), &img, 4096, &[]);
+    // SAFETY: getgid has no preconditions.
+    let gid = unsafe { libc::getgid() };
+    for (group, want) in [(None, 0o600), (Some(gid), 0o660)] {
+        let sock = tmp.path().join("u.sock");
+        let group_arg = group.map_or(String::new(), |g| format!("--socket-group {g}"));
+        let out = sh_in(
+            tmp.path(),
+            &format!(
+                "umask 000; exec \"$U\" open --table-file {} --socket {} {group_arg} \
+                 --run 'stat -c \"%a %g\" {}'",
+                table.display(),
+                sock.display(),
+                sock.display()
+            ),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(got, format!("{want:o} {}", group.unwrap_or(gid)));
+        assert!(!sock.exists());
+    }
+    let _ = std::fs::metadata(tmp.path()).unwrap().gid();
+}
+
+/// The pid file is never written through a planted symlink (the old temporary name was
+/// predictable: FILE.tmpPID), and no file is left behind by a start that fails: a pid
+/// file that cannot be written leaves no socket, and no private directory.
+#[test]
+fn pid_files_do_not_follow_symlinks_and_failed_starts_leave_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "disk.img", SIZE);
+    let (_, table) = common::nbd::xts_table(tmp.path(), &img, 4096, &[]);
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    let out = sh_in(
+        tmp.path(),
+        &format!(
+            "ln -s victim u.tmp$$ && exec \"$U\" open --table-file {} --socket u.sock \
+             --pid-file u.pid --run 'cat u.pid'",
+            table.display()
+        ),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(!tmp.path().join("u.pid").exists() && !tmp.path().join("u.sock").exists());
+
+    for extra in ["--socket u.sock", "--run true", "--listen 127.0.0.1:0"] {
+        let out = sh_in(
+            tmp.path(),
+            &format!(
+                "exec \"$U\" open --table-file {} {extra} --pid-file no/such/dir/u.pid",
+                table.display()
+            ),
+        );
+        assert!(!out.status.success(), "{extra}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("pid file"), "{extra}: {err}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("sock") || n.starts_with("ucrypt-open-") || n.contains("pid"))
+            .collect();
+        assert!(left.is_empty(), "{extra}: left behind {left:?}");
+    }
+}
+
+/// SIGTERM ends the server in bounded time whatever clients do: a client that pipelines
+/// reads and never reads the replies, while the socket file was removed (the old accept
+/// loop was woken by connecting to the path). In-flight requests ran, the export is
+/// flushed, exit 0.
+#[test]
+fn sigterm_ends_the_server_whatever_clients_do() {
+    let mut srv = serve(&[]);
+    let mut s = connect(&srv.sock, false);
+    s.set_write_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    let mut sent = 0;
+    while sent < 100_000
+        && s.write_all(&header(NBD_CMD_READ, 0, sent, 0, 1 << 20))
+            .is_ok()
+    {
+        sent += 1;
+    }
+    assert!(sent < 100_000, "the server never stopped reading requests");
+    std::fs::remove_file(&srv.sock).unwrap();
+    let t = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(srv.child.id() as libc::pid_t, libc::SIGTERM) };
+    let st = wait_at_most(&mut srv.child, 30, "SIGTERM with a client that never reads");
+    assert!(st.success(), "{st}");
+    assert!(t.elapsed().as_secs() < 15, "{:?}", t.elapsed());
+}
+
+/// `--max-connections 1` does not advertise multi-conn, so nbdcopy (which opens 4
+/// connections when it may) copies over one instead of waiting forever for a slot.
+#[test]
+fn one_connection_slot_does_not_hang_nbdcopy() {
+    if !common::nbd::require("nbdcopy") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "disk.img", SIZE);
+    let (_, table) = common::nbd::xts_table(tmp.path(), &img, 4096, &[]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(["open", "--table-file"])
+        .arg(&table)
+        .args(["--max-connections", "1", "--run", "nbdcopy \"$uri\" null:"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let st = wait_at_most(&mut child, 60, "nbdcopy with --max-connections 1");
+    assert!(st.success(), "{st}");
+}
+
+/// A non-loopback listen with `--tls=on` (TLS offered, plaintext still served) is refused
+/// like cleartext; `--tls=require` is accepted.
+#[test]
+fn tls_on_beyond_loopback_is_treated_as_cleartext() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "disk.img", SIZE);
+    let (_, table) = common::nbd::xts_table(tmp.path(), &img, 4096, &[]);
+    let psk = tmp.path().join("keys.psk");
+    std::fs::write(&psk, format!("alice:{}\n", "ab".repeat(32))).unwrap();
+    let args = |tls: &str| {
+        common::ucrypt(
+            &[
+                "open",
+                "--table-file",
+                table.to_str().unwrap(),
+                "--listen",
+                "0.0.0.0:0",
+                tls,
+                "--tls-psk",
+                psk.to_str().unwrap(),
+                "--run",
+                "true",
+            ],
+            b"",
+        )
+    };
+    let out = args("--tls=on");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("only offered") && err.contains("--allow-cleartext-network"),
+        "{err}"
+    );
+    let out = args("--tls=require");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// No option value panics, overflows or exhausts the machine: absurd values are refused
+/// by name, at once.
+#[test]
+fn absurd_option_values_are_refused_not_panics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "disk.img", SIZE);
+    let (_, table) = common::nbd::xts_table(tmp.path(), &img, 4096, &[]);
+    let t = table.to_str().unwrap();
+    for (opt, value) in [
+        ("--split-bytes", "18446744073709551615"),
+        ("--split-bytes", "99999999999"),
+        ("--workers", "100000"),
+        ("--nbd-workers", "100000"),
+        ("--max-connections", "0"),
+        ("--max-connections", "100000000"),
+    ] {
+        let out = common::ucrypt(
+            &["open", "--table-file", t, opt, value, "--run", "true"],
+            b"",
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && !err.contains("panicked"),
+            "{opt} {value}: {err}"
+        );
+        assert!(
+            err.contains(opt) && err.contains("outside"),
+            "{opt} {value}: {err}"
+        );
+    }
+    // The limits themselves are served.
+    let out = common::ucrypt(
+        &[
+            "open",
+            "--table-file",
+            t,
+            "--split-bytes",
+            "67108864",
+            "--workers",
+            "64",
+            "--nbd-workers",
+            "128",
+            "--max-connections",
+            "1",
+            "--run",
+            "true",
+        ],
+        b"",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A table file that is not a table (`/dev/zero`, a disk image) is refused after 1 MiB,
+/// not read whole into memory.
+#[test]
+fn table_files_are_read_up_to_a_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "disk.img", 64 << 20);
+    for f in ["/dev/zero", img.to_str().unwrap()] {
+        let t = std::time::Instant::now();
+        let err = refused(&["read", "--table-file", f, "--length", "512"], b"", 1, f);
+        assert!(err.contains("larger than 1024 KiB"), "{err}");
+        assert!(t.elapsed().as_secs() < 10, "{f}: {:?}", t.elapsed());
+    }
+    let err = refused(
+        &["read", "--table-file", "-", "--length", "512"],
+        &vec![b'0'; 2 << 20],
+        1,
+        "stdin",
+    );
+    assert!(err.contains("larger than 1024 KiB"), "{err}");
+}
+
+/// A FIFO named as the device is refused at once (opening it read-only used to block
+/// until a writer came, deaf to the first SIGTERM).
+#[test]
+fn a_fifo_as_the_device_is_refused_without_blocking() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let line = format!(
+        "0 2048 crypt aes-xts-plain64 {} 0 {} 0",
+        "0123456789abcdef".repeat(8),
+        fifo.display()
+    );
+    let table = tmp.path().join("t");
+    std::fs::write(&table, &line).unwrap();
+    for args in [
+        vec![
+            "read",
+            "--table-file",
+            table.to_str().unwrap(),
+            "--length",
+            "512",
+        ],
+        vec![
+            "open",
+            "--table-file",
+            table.to_str().unwrap(),
+            "--read-only",
+            "--run",
+            "true",
+        ],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let st = wait_at_most(&mut child, 20, args[0]);
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(
+            !st.success() && err.contains("not a regular file or block device"),
+            "{err}"
+        );
+    }
+}
+
+/// `--table LINE` warns that the key is on the command line; `--table-file` does not.
+#[test]
+fn a_key_on_the_command_line_is_warned_about() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "disk.img", 1 << 20);
+    let (line, table) = common::nbd::xts_table(tmp.path(), &img, 512, &[]);
+    let out = common::ucrypt(&["table", "--table", &line], b"");
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("warning: --table puts the key on the command line"));
+    let out = common::ucrypt(&["table", "--table-file", table.to_str().unwrap()], b"");
+    assert!(out.status.success() && out.stderr.is_empty());
+}
+
+/// A key shifted into the device field (a space inside it, the iv_offset left out) is not
+/// echoed by the device-open error.
+#[test]
+fn a_key_shifted_into_the_device_field_is_not_echoed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let k = "8c09d102cbeb0f2f55344675453640a4a7794e0d7839a51254ac473452d6355a\
+             817b3ded7afed126739c6c5cef02803dc7e16b9337ead4a4cfae7f043b720cda";
+    let line = format!("0 2048 crypt aes-xts-plain64 {} 0 {} 0", &k[..64], &k[64..]);
+    let table = tmp.path().join("t");
+    std::fs::write(&table, &line).unwrap();
+    for cmd in ["read", "open"] {
+        let out = common::ucrypt(
+            &[
+                cmd,
+                "--table-file",
+                table.to_str().unwrap(),
+                "--run",
+                "true",
+            ][..if cmd == "read" { 3 } else { 5 }],
+            b"",
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd}: {err}");
+        assert!(err.contains("not shown"), "{cmd}: {err}");
+        assert!(
+            !err.contains(&k[32..48]),
+            "{cmd}: key bytes in the error: {err}"
+        );
+    }
+}

@@ -37,6 +37,21 @@ const IOC_READ: u32 = 2 << 30;
 /// number but always stores a `u64`.
 const BLKGETSIZE64: u32 = IOC_READ | ((std::mem::size_of::<usize>() as u32) << 16) | 0x1272;
 
+/// Clears `O_NONBLOCK` (set only so that opening cannot block on a FIFO).
+pub(super) fn clear_nonblock(file: &File) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: F_GETFL on a descriptor we own; no pointers.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: F_SETFL with an integer argument on a descriptor we own; no pointers.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Converts a byte offset or length to `off_t`.
 pub(super) fn off(v: u64) -> io::Result<libc::off_t> {
     libc::off_t::try_from(v).map_err(|_| {

@@ -319,7 +319,7 @@ fn transmission<R: Transport, W: Transport>(
     workers: usize,
 ) -> Result<(), NbdError> {
     let opts = &cfg.opts;
-    let threads = workers.max(1);
+    let threads = workers.clamp(1, super::MAX_WORKERS);
     let shared = Shared {
         rd: Mutex::new(ReadSide { rd, ended: None }),
         wr: Mutex::new(WriteSide { wr, failed: false }),

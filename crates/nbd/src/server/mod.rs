@@ -61,6 +61,11 @@ use ucrypt_backend::{Backend, Support};
 /// to ("limit NBD_CMD_READ and NBD_CMD_WRITE commands to a maximum block size of 2^25").
 pub const DEFAULT_MAX_PAYLOAD: u32 = 32 << 20;
 
+/// Most threads one connection gets (`ServeOptions::workers` is capped to it): each
+/// thread holds a stack and up to a request's payload, so 100,000 of them exhaust memory
+/// and abort the process instead of serving.
+pub const MAX_WORKERS: usize = 128;
+
 /// How to serve an export.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -80,7 +85,7 @@ pub struct ServeOptions {
     pub max_waiting: usize,
     /// Threads per connection, each receiving, running and answering requests (so this
     /// many requests can be in flight per connection). 0 or 1: one thread, one request at a
-    /// time, everything inline in the thread that reads the socket.
+    /// time, everything inline in the thread that reads the socket. At most [`MAX_WORKERS`].
     pub workers: usize,
     /// Payload bytes in flight per connection: bounds buffer memory together with `workers`
     /// (a request larger than this runs alone).

@@ -149,27 +149,79 @@ impl TableArg {
     /// stacked devices, see `ucrypt::mapping::Mapping`, never cut to its first line).
     pub(crate) fn text(&self) -> Result<zeroize::Zeroizing<String>, CliError> {
         if let Some(t) = &self.table {
+            warn_key_on_command_line();
             return Ok(zeroize::Zeroizing::new(t.clone()));
         }
         let path = self
             .table_file
             .as_ref()
             .expect("clap requires one of the two");
-        // The file holds the key: zeroized on drop.
-        Ok(zeroize::Zeroizing::new(if path.as_os_str() == "-" {
-            let mut s = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
-            s
-        } else {
-            std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("reading table file {}: {e}", path.display()))?
-        }))
+        if path.as_os_str() == "-" {
+            return read_table_text(std::io::stdin().lock(), "standard input");
+        }
+        let file = std::fs::File::open(path)
+            .map_err(|e| anyhow::anyhow!("reading table file {}: {e}", path.display()))?;
+        read_table_text(file, &path.display().to_string())
     }
 
     /// The table input parsed (every line; see [`TableArg::text`]).
     pub(crate) fn mapping(&self) -> Result<ucrypt::mapping::Mapping, CliError> {
         let text = self.text()?;
         Ok(ucrypt::mapping::Mapping::parse(&text).context("parsing the table")?)
+    }
+}
+
+/// Largest table input read: a table of thousands of lines fits many times over; a disk
+/// image or `/dev/zero` given by mistake is refused after this much, not read whole.
+const MAX_TABLE_BYTES: usize = 1 << 20;
+
+/// Reads a table input of at most [`MAX_TABLE_BYTES`] (the text holds keys: the buffer is
+/// allocated once, at full size, so no reallocation leaves a copy behind, and zeroized).
+fn read_table_text(
+    input: impl std::io::Read,
+    name: &str,
+) -> Result<zeroize::Zeroizing<String>, CliError> {
+    let mut buf = zeroize::Zeroizing::new(Vec::with_capacity(MAX_TABLE_BYTES + 1));
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(input, MAX_TABLE_BYTES as u64 + 1),
+        &mut buf,
+    )
+    .map_err(|e| anyhow::anyhow!("reading table file {name}: {e}"))?;
+    if buf.len() > MAX_TABLE_BYTES {
+        return Err(anyhow::anyhow!(
+            "table file {name} is larger than {} KiB: not a table (a disk image?)",
+            MAX_TABLE_BYTES >> 10
+        ))
+        .code(EXIT_PARAMS);
+    }
+    // Moves the bytes (no copy) when they are UTF-8.
+    match String::from_utf8(std::mem::take(&mut *buf)) {
+        Ok(s) => Ok(zeroize::Zeroizing::new(s)),
+        Err(e) => {
+            // Hand the bytes back so they are zeroized with `buf`.
+            *buf = e.into_bytes();
+            Err(anyhow::anyhow!("table file {name} is not text (UTF-8)")).code(EXIT_PARAMS)
+        }
+    }
+}
+
+/// `--table LINE` puts the key in the process's command line, which every local user can
+/// read (`ps`, `/proc/PID/cmdline`) for as long as the process runs.
+fn warn_key_on_command_line() {
+    eprintln!(
+        "ucrypt: warning: --table puts the key on the command line, readable by every local \
+         user (ps); use --table-file FILE or --table-file - (standard input)"
+    );
+}
+
+/// A clap parser for a number in `LO..=HI`: an absurd value is refused with its range
+/// rather than exhausting threads or memory, or overflowing, later.
+fn bounded<const LO: usize, const HI: usize>(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if (LO..=HI).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} is outside {LO}..={HI}"))
     }
 }
 
@@ -191,11 +243,12 @@ pub(crate) struct PerfArgs {
     /// Order of the write submitter: issue (requests in arrival order) or sorted (by sector).
     #[arg(long, value_parser = ["issue", "sorted"], default_value = "issue")]
     write_order: String,
-    /// Chunk size in bytes for splitting large requests across workers (kernel: 131072).
-    #[arg(long)]
+    /// Chunk size in bytes for splitting large requests across workers (kernel: 131072;
+    /// at most 64 MiB, twice the largest request).
+    #[arg(long, value_parser = bounded::<0, { 64 << 20 }>)]
     split_bytes: Option<usize>,
-    /// Crypt worker threads (default: one per CPU).
-    #[arg(long)]
+    /// Crypt worker threads (default: one per CPU; at most 1024).
+    #[arg(long, value_parser = bounded::<0, 1024>)]
     workers: Option<usize>,
     /// auto (ucrypt's measured policy) or kernel (dm-crypt's fixed workqueue placement).
     #[arg(long, value_parser = ["auto", "kernel"], default_value = "auto")]

@@ -57,6 +57,11 @@ pub(crate) struct Args {
     /// crosses the network in the clear (a warning is printed).
     #[arg(long)]
     allow_cleartext_network: bool,
+    /// With --socket: make the socket 0660 owned by GROUP (a name or number) so its
+    /// members may connect; without it the socket is 0600 (only this user), whatever the
+    /// umask.
+    #[arg(long, value_name = "GROUP", requires = "socket")]
+    socket_group: Option<String>,
     /// Run CMD (via sh -c) once serving, with $uri, $nbd, $unixsocket/$port set; stop when
     /// it exits and return its status.
     #[arg(long, value_name = "CMD")]
@@ -70,12 +75,12 @@ pub(crate) struct Args {
     /// Export the table's device as it is (ciphertext, no encryption): a baseline.
     #[arg(long)]
     raw: bool,
-    /// Connections served at once.
-    #[arg(long, default_value_t = 16)]
+    /// Connections served at once (1..=65536; multi-conn is advertised only above 1).
+    #[arg(long, default_value_t = 16, value_parser = super::bounded::<1, 65536>)]
     max_connections: usize,
     /// Threads per connection, each receiving, running and answering requests (0 or 1: one
-    /// request at a time, in the thread that reads the socket).
-    #[arg(long, default_value_t = 8)]
+    /// request at a time, in the thread that reads the socket; at most 128).
+    #[arg(long, default_value_t = 8, value_parser = super::bounded::<0, { ucrypt_nbd::server::MAX_WORKERS }>)]
     nbd_workers: usize,
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
     #[arg(long)]
@@ -293,6 +298,8 @@ fn listen_addr(a: &Args) -> String {
 /// Decrypted data must not cross a network in the clear by accident: a TCP listen on a
 /// non-loopback address without TLS needs `--allow-cleartext-network`, and warns.
 fn check_exposure(a: &Args, tls: bool) -> Result<(), CliError> {
+    // --tls=on only offers TLS: a plaintext client is still served, in the clear.
+    let tls = tls && a.tls == TlsArg::Require;
     if tls || a.socket.is_some() || a.listen.is_none() {
         return Ok(()); // unix sockets and the default 127.0.0.1 stay on this machine
     }
@@ -304,16 +311,22 @@ fn check_exposure(a: &Args, tls: bool) -> Result<(), CliError> {
     if addrs.iter().all(|s| s.ip().is_loopback()) {
         return Ok(());
     }
+    let tls_state = if a.tls == TlsArg::On {
+        "TLS is only offered (--tls=on serves plaintext clients too)"
+    } else {
+        "TLS is off"
+    };
     if !a.allow_cleartext_network {
         return Err(anyhow::anyhow!(
-            "--listen {addr} is reachable from other machines and TLS is off: the decrypted \
+            "--listen {addr} is reachable from other machines and {tls_state}: the decrypted \
              volume would cross the network in the clear; use --tls=require with \
              --tls-certificates or --tls-psk, or pass --allow-cleartext-network"
         ))
         .code(EXIT_PARAMS);
     }
     eprintln!(
-        "ucrypt: warning: serving decrypted data without TLS on {addr}, reachable from other machines"
+        "ucrypt: warning: serving decrypted data without TLS on {addr}, reachable from \
+         other machines ({tls_state})"
     );
     Ok(())
 }
@@ -321,15 +334,26 @@ fn check_exposure(a: &Args, tls: bool) -> Result<(), CliError> {
 /// Binds the socket the options ask for.
 fn listen(a: &Args, cleanup: &mut Cleanup) -> Result<Listener, CliError> {
     if let Some(p) = &a.socket {
-        return Listener::bind_unix(p)
+        let group = a.socket_group.as_deref().map(group_id).transpose()?;
+        return Listener::bind_unix_with(p, group)
             .map_err(anyhow::Error::from)
             .code(EXIT_PARAMS);
     }
     if a.listen.is_none() && a.run.is_some() {
-        // A private socket, as nbdkit does for --run without a port.
-        let dir = std::env::temp_dir().join(format!("ucrypt-open-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+        // A private socket, as nbdkit does for --run without a port: in a directory made
+        // by mkdtemp (a fresh random name, mode 0700, never one that already exists), so
+        // no other local user can put a socket of their own where --run will connect.
+        let dir = tempfile::Builder::new()
+            .prefix("ucrypt-open-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .tempdir()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "creating a private socket directory in {}: {e}",
+                    std::env::temp_dir().display()
+                )
+            })?
+            .keep();
         cleanup.0.push(dir.clone());
         return Listener::bind_unix(dir.join("nbd.sock"))
             .map_err(anyhow::Error::from)
@@ -358,12 +382,57 @@ fn run_env(listener: &Listener, uri: &str) -> Vec<(&'static str, String)> {
 }
 
 /// Writes our pid to `path` atomically (a reader never sees a partial file).
+///
+/// The file is written under a fresh random name in the same directory (mkstemp:
+/// `O_CREAT|O_EXCL`, so never through a symlink someone planted), then renamed over `path`
+/// (which replaces a symlink at `path` rather than following it).
 fn write_pid_file(path: &Path) -> Result<(), CliError> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, format!("{}\n", std::process::id()))
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| anyhow::anyhow!("writing pid file {}: {e}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let written = (|| {
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".ucrypt-pid-")
+            .tempfile_in(dir)?;
+        writeln!(tmp, "{}", std::process::id())?;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        tmp.persist(path).map_err(|e| e.error)?;
+        Ok::<(), std::io::Error>(())
+    })();
+    written.map_err(|e| anyhow::anyhow!("writing pid file {}: {e}", path.display()))?;
     Ok(())
+}
+
+/// A group given by name or number, as its gid.
+fn group_id(group: &str) -> Result<u32, CliError> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(group)
+        .map_err(|_| anyhow::anyhow!("--socket-group {group:?}: not a group name"))
+        .code(EXIT_PARAMS)?;
+    // SAFETY: `group` is a plain C struct for which all-zero bytes are valid.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 64 * 1024];
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: a NUL-terminated name, a group struct
+    // and a buffer (with its length) that getgrnam_r fills, and the result slot.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() {
+        return Err(anyhow::anyhow!("--socket-group {group}: no such group")).code(EXIT_PARAMS);
+    }
+    Ok(grp.gr_gid)
 }
 
 /// A child's status as an exit code (signals as 128 + signal number, like the shell).
