@@ -563,11 +563,6 @@ fn sh_in(dir: &Path, script: &str) -> std::process::Output {
         .unwrap()
 }
 
-fn mode(p: &Path) -> u32 {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
-}
-
 /// `--run` without `--socket`: the socket lives in a fresh mkdtemp directory (mode 0700),
 /// never in a directory someone created in advance under the predictable old name
 /// (`$TMPDIR/ucrypt-open-PID`; `$$` of the shell is the pid `exec` gives ucrypt), and the
@@ -617,7 +612,6 @@ fn run_sockets_live_in_a_fresh_private_directory() {
 /// Unix sockets are 0600 whatever the umask; 0660 and the group with `--socket-group`.
 #[test]
 fn sockets_ignore_the_umask_and_take_an_explicit_group() {
-    use std::os::unix::fs::MetadataExt;
     let tmp = tempfile::tempdir().unwrap();
     let img = common::image(tmp.path(), "disk.img", SIZE);
     let (_, table) = common::nbd::xts_table(tmp.path(), &img, 4096, &[]);
@@ -645,7 +639,6 @@ fn sockets_ignore_the_umask_and_take_an_explicit_group() {
         assert_eq!(got, format!("{want:o} {}", group.unwrap_or(gid)));
         assert!(!sock.exists());
     }
-    let _ = std::fs::metadata(tmp.path()).unwrap().gid();
 }
 
 /// The pid file is never written through a planted symlink (the old temporary name was
