@@ -3,7 +3,9 @@
 # inside ../shared/kernel-lab (Debian's 6.12 kernel: ublk_drv, nbd, dm-crypt), started by
 # crates/device/tests/lab.rs:
 #   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk nbd recovery)
-# UCRYPT is the ucrypt binary, ATTACH the crates/device `attach` example. Prints one
+# UCRYPT is the ucrypt binary, ATTACH the crates/device `attach` example, or `cli` to go
+# through `ucrypt open IMAGE NAME --device ublk|nbd` / `ucrypt close NAME` (what users
+# type; then `close` must also refuse with exit code 5 while mounted). Prints one
 # "ok - ..." line per check and "N passed, M failed" at the end; exits 1 on any failure.
 set -u
 UCRYPT=$1 ATTACH=$2; shift 2
@@ -26,9 +28,27 @@ printf 'lab passphrase' > "$W/pass"
   { echo "luksOpen --print-table failed"; exit 1; }
 echo "# volume: $(awk '{print $4, $2 " sectors", "offset " $8, $9, $10, $11}' "$W/table")"
 
-# Starts the front end ($1) in the background; sets SERVER_PID and DEV.
+# Starts the front end ($1) in the background; sets SERVER_PID and DEV (and NAME in cli
+# mode). Extra arguments: --name NAME, --recover (cli) / --recover ID|auto (attach).
 start() {
   local front=$1; shift
+  if [ "$ATTACH" = cli ]; then
+    NAME=lab$front
+    local extra=()
+    while [ $# -gt 0 ]; do
+      case $1 in
+        --name) NAME=$2; shift 2 ;;
+        --recover) extra+=(--recover); shift; [ "${1:-}" = auto ] && shift ;;
+        *) extra+=("$1"); shift ;;
+      esac
+    done
+    "$UCRYPT" open "$IMG" "$NAME" --device "$front" -d "$W/pass" "${extra[@]}" \
+      > "$W/open.out" 2> "$W/open.err" || { echo "# open $NAME failed: $(cat "$W/open.err")"; return 1; }
+    "$UCRYPT" status --json "$NAME" > "$W/status.json" || return 1
+    DEV=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["node"])' "$W/status.json")
+    SERVER_PID=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$W/status.json")
+    return 0
+  fi
   rm -f "$W/ready"
   "$ATTACH" "$front" "$W/table" --ready "$W/ready" "$@" > "$W/attach.out" 2> "$W/attach.err" &
   SERVER_PID=$!
@@ -41,6 +61,10 @@ start() {
   return 1
 }
 stop() {
+  if [ "$ATTACH" = cli ]; then
+    "$UCRYPT" close "$NAME"
+    return
+  fi
   kill -TERM "$SERVER_PID" 2>/dev/null
   wait "$SERVER_PID"
 }
@@ -71,6 +95,12 @@ frontend_round() {
   # What `close` checks (Attachment::in_use): an exclusive open fails while mounted.
   check "$front: node busy (O_EXCL refused) while mounted" \
     sh -c "! python3 -c 'import os,sys; os.open(sys.argv[1], os.O_RDONLY|os.O_EXCL)' $DEV 2>/dev/null"
+  if [ "$ATTACH" = cli ]; then
+    "$UCRYPT" close "$NAME" > /dev/null 2>&1; rc=$?
+    check "$front: close refused while mounted (exit $rc, want 5)" test "$rc" = 5
+    check "$front: still served after the refused close" cmp -s "$MNT/a" "$W/a.$front"
+    "$UCRYPT" status "$NAME" | sed 's/^/# status: /'
+  fi
   check "$front: umount" umount "$MNT"
   check "$front: server stops and detaches on SIGTERM" stop
   check "$front: node removed after detach" sh -c "! test -s /sys/block/$N/size || test \$(cat /sys/block/$N/size) = 0"
@@ -113,13 +143,19 @@ recovery_round() {
   local WRITER=$!
   while [ "$(wc -l < "$W/acked")" -lt 8 ]; do sleep 0.2; done
   kill -9 "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
+  while kill -0 "$SERVER_PID" 2>/dev/null; do sleep 0.1; done
   local at_kill; at_kill=$(wc -l < "$W/acked")
   echo "# killed the server (-9) after $at_kill acknowledged files"
   sleep 2
   check "recovery: device still there while the server is dead" test -b "$DEV"
   check "recovery: device waits for recovery" grep -q . "/sys/block/$N/size"
   # A different instance name must not take the device over.
-  check "recovery: another instance's name is refused" sh -c "! '$ATTACH' ublk '$W/table' --name other --recover $ID >/dev/null 2>&1"
+  if [ "$ATTACH" != cli ]; then
+    check "recovery: another instance's name is refused" sh -c "! '$ATTACH' ublk '$W/table' --name other --recover $ID >/dev/null 2>&1"
+  else
+    check "recovery: --recover of a name without a waiting device is refused" \
+      sh -c "! '$UCRYPT' open '$IMG' other --device ublk --recover -d '$W/pass' >/dev/null 2>&1"
+  fi
   start ublk --name rec --recover auto || { bad "recovery: reattach (found by name)"; return; }
   check "recovery: same node after --recover" test "$DEV" = "/dev/$N"
   check "recovery: the writer finishes" wait "$WRITER"
