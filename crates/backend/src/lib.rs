@@ -177,6 +177,21 @@ pub trait Backend: Send + Sync {
         Err(BackendError::Unsupported("write_zeroes"))
     }
 
+    /// [`Backend::write_zeroes`] on behalf of a client; see [`Backend::read_at_ctx`].
+    ///
+    /// # Errors
+    /// As [`Backend::write_zeroes`].
+    fn write_zeroes_ctx(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        let _ = ctx;
+        self.write_zeroes(offset, len, fua)
+    }
+
     /// One plug: the device receives these writes together, in this order. The default
     /// issues them one by one; backends with a batch interface (io_uring) override it.
     ///
@@ -240,6 +255,15 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
         (**self).write_zeroes(offset, len, fua)
+    }
+    fn write_zeroes_ctx(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        (**self).write_zeroes_ctx(offset, len, fua, ctx)
     }
     fn submit_writes(&self, batch: &[WriteOp<'_>]) -> Result<(), BackendError> {
         (**self).submit_writes(batch)

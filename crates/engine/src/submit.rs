@@ -10,6 +10,7 @@
 use crate::options::WriteOrder;
 use crate::pool::MAX_PIECES;
 use crate::request::Completion;
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -45,6 +46,12 @@ impl Batch {
         self.chunks_left.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
+    /// Counts `n` chunks that will never be encrypted (the issuer unwound); true when that
+    /// leaves none, i.e. the batch is to be handed to the submitter now.
+    pub(crate) fn abandon_chunks(&self, n: usize) -> bool {
+        n > 0 && self.chunks_left.fetch_sub(n, Ordering::AcqRel) == n
+    }
+
     /// Records a crypto failure: the batch is then completed with it and not written.
     pub(crate) fn fail(&self, e: BackendError) {
         self.failed
@@ -67,9 +74,36 @@ impl BatchPtr {
     }
 }
 
+/// A ready batch, ordered by sequence number (the heap's top is the lowest).
+struct Ready {
+    seq: u64,
+    batch: BatchPtr,
+}
+
+impl PartialEq for Ready {
+    fn eq(&self, other: &Self) -> bool {
+        self.seq == other.seq
+    }
+}
+impl Eq for Ready {}
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Ready {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Reversed: BinaryHeap is a max-heap, the submitter wants the lowest number.
+        other.seq.cmp(&self.seq)
+    }
+}
+
 struct State {
     next_seq: u64,
-    ready: Vec<BatchPtr>,
+    /// Why a heap: releasing the run of consecutive numbers from an unordered list was a
+    /// scan per released batch, quadratic in the batches waiting; the heap's top is the
+    /// next candidate (O(log n) per batch).
+    ready: BinaryHeap<Ready>,
 }
 
 /// The submitter thread's shared half.
@@ -97,7 +131,10 @@ impl Submitter {
     /// Hands over a batch whose chunks are all encrypted.
     pub(crate) fn ready(&self, batch: &Batch) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.ready.push(BatchPtr(batch));
+        st.ready.push(Ready {
+            seq: batch.seq,
+            batch: BatchPtr(batch),
+        });
         drop(st);
         self.wake.notify_one();
     }
@@ -111,7 +148,7 @@ impl SubmitterThread {
             // hot path does not allocate.
             state: Mutex::new(State {
                 next_seq: 0,
-                ready: Vec::with_capacity(1024),
+                ready: BinaryHeap::with_capacity(1024),
             }),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -152,14 +189,14 @@ fn submit_loop(s: &Submitter, backend: &dyn Backend) {
                 match s.order {
                     WriteOrder::Issue => {
                         // Release the run of consecutive sequence numbers that are ready.
-                        while let Some(i) = st.ready.iter().position(|b| b.get().seq == st.next_seq)
-                        {
-                            take.push(st.ready.swap_remove(i));
+                        while st.ready.peek().is_some_and(|r| r.seq == st.next_seq) {
+                            let r = st.ready.pop().expect("peeked");
+                            take.push(r.batch);
                             st.next_seq += 1;
                         }
                     }
                     WriteOrder::Sorted => {
-                        take.append(&mut st.ready);
+                        take.extend(st.ready.drain().map(|r| r.batch));
                         take.sort_by_key(|b| b.get().pieces[0].0);
                     }
                 }

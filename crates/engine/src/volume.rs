@@ -8,7 +8,7 @@
 use crate::options::{EngineOptions, Placement};
 use crate::pool::{BufferPool, Segment};
 use crate::rangelock::RangeLocks;
-use crate::request::Completion;
+use crate::request::{Completion, HandOff};
 use crate::split::{split, Partial};
 use crate::stats::{ClientStats, Stats};
 use crate::submit::{Batch, SubmitterThread};
@@ -34,8 +34,10 @@ pub struct VolumeConfig {
     pub allow_discards: bool,
 }
 
-/// Zeros written per call by `write_zeroes` (encrypted like any data, never a hole).
-const ZERO_CHUNK: usize = 1 << 20;
+/// Zeros written per call by `write_zeroes` (encrypted like any data, never a hole): a
+/// shared static, so a request allocates nothing (it allocated up to 1 MiB per request);
+/// the chunks are copied into pool buffers for encryption either way.
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 /// Jobs handed to workers per round (bounds the stack array; 64 × 128 KiB = 8 MiB).
 const JOBS_PER_ROUND: usize = 64;
@@ -277,6 +279,7 @@ impl Volume {
             let base = pos + (r * split * JOBS_PER_ROUND) as u64;
             let n = group.len().div_ceil(split);
             let completion = Completion::new(n);
+            let mut hand_off = HandOff::new(&completion, n);
             let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
             for (i, chunk) in group.chunks_mut(split).enumerate() {
                 jobs[i] = Job {
@@ -289,6 +292,7 @@ impl Volume {
                 };
             }
             workers.submit(&jobs[..n]);
+            hand_off.sent(n);
             // Waiting here is what keeps `group` and `completion` alive for the workers.
             if place == Placement::Split {
                 workers.help_until(&completion)?;
@@ -319,6 +323,7 @@ impl Volume {
             let base = pos + (r * split * JOBS_PER_ROUND) as u64;
             let n = group.len().div_ceil(split);
             let completion = Completion::new(n);
+            let mut hand_off = HandOff::new(&completion, n);
             let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
             for (i, chunk) in group.chunks_mut(split).enumerate() {
                 let at = base + (i * split) as u64;
@@ -335,14 +340,26 @@ impl Volume {
                 };
             }
             workers.submit_waking(&jobs[..n], workers.len().saturating_sub(1).max(1));
+            hand_off.sent(n);
             // Helping and then waiting keeps `group` and `completion` alive for the workers.
             workers.help_until(&completion)?;
         }
         Ok(())
     }
 
+    /// Reads part of one sector: the whole sector into a stack buffer, then the part asked
+    /// for. (It took a 256 KiB pool buffer for the one sector, competing with writers for
+    /// the pool.) Sectors above 4 KiB (ucrypt's extended sizes) still use a pool buffer.
     fn read_partial(&self, buf: &mut [u8], p: Partial) -> Result<(), BackendError> {
-        let mut seg = self.pool.get_segment(self.sector_bytes as usize)?;
+        let ss = self.sector_bytes as usize;
+        if ss <= SMALL_WRITE_BYTES {
+            let mut small = SmallBuf([0; SMALL_WRITE_BYTES]);
+            let sector = &mut small.0[..ss];
+            self.read_sectors(sector, p.sector_start, Placement::Inline)?;
+            buf.copy_from_slice(&sector[p.skip..p.skip + p.len]);
+            return Ok(());
+        }
+        let mut seg = self.pool.get_segment(ss)?;
         let sector = seg.pieces().next().expect("BUG: empty segment");
         self.read_sectors(sector, p.sector_start, Placement::Inline)?;
         buf.copy_from_slice(&sector[p.skip..p.skip + p.len]);
@@ -392,6 +409,11 @@ impl Volume {
             b.n_pieces = seg.len();
             batch = Some(b);
         }
+        let chunks = seg_chunks(seg, split);
+        let mut hand_off = match (&batch, &self.submitter) {
+            (Some(b), Some(sub)) => HandOff::batch(b, &sub.shared, chunks),
+            _ => HandOff::new(&completion, chunks),
+        };
         for piece in seg.pieces() {
             for chunk in piece.chunks_mut(split) {
                 let kind = match &batch {
@@ -412,13 +434,15 @@ impl Volume {
                 at += chunk.len() as u64;
                 if n == JOBS_PER_ROUND {
                     workers.submit(&jobs);
+                    hand_off.sent(n);
                     n = 0;
                 }
             }
         }
         workers.submit(&jobs[..n]);
+        hand_off.sent(n);
         // Waiting keeps the segment, the batch and the completion alive for the workers
-        // and the submitter.
+        // and the submitter (and `hand_off` does, should this thread unwind first).
         match &batch {
             Some(b) => b.completion.wait(self.spin()),
             None => completion.wait(self.spin()),
@@ -440,6 +464,7 @@ impl Volume {
     ) -> Result<(), BackendError> {
         let split = self.opts.split_bytes;
         let completion = Completion::new(seg_chunks(seg, split));
+        let mut hand_off = HandOff::new(&completion, seg_chunks(seg, split));
         let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
         let (mut n, mut at) = (0, start);
         for piece in seg.pieces() {
@@ -472,11 +497,13 @@ impl Volume {
                 at += chunk.len() as u64;
                 if n == JOBS_PER_ROUND {
                     workers.submit(&jobs);
+                    hand_off.sent(n);
                     n = 0;
                 }
             }
         }
         workers.submit_waking(&jobs[..n], workers.len().saturating_sub(1).max(1));
+        hand_off.sent(n);
         // Helping and then waiting keeps `src`, the segment and the completion alive.
         workers.help_until(&completion)
     }
@@ -661,7 +688,22 @@ impl Backend for Volume {
     fn read_at_ctx(&self, buf: &mut [u8], offset: u64, ctx: IoCtx) -> Result<(), BackendError> {
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         self.stats.read(ctx, buf.len());
+        if buf.is_empty() {
+            return Ok(());
+        }
         let (_inflight, depth) = self.enter(buf.len());
+        // No write of this volume may change these sectors while they are read: a read
+        // returns each sector as one write left it, never a mix of two (rangelock module
+        // docs). A read-only volume has no writers.
+        let mask = self.sector_bytes - 1;
+        let (start, end) = (offset & !mask, (offset + buf.len() as u64 + mask) & !mask);
+        let (mut _reading, mut _locked) = (None, None);
+        if !self.info.caps.read_only {
+            _reading = self.locks.try_read(start, end);
+            if _reading.is_none() {
+                _locked = Some(self.locks.lock(start, end));
+            }
+        }
         let s = split(offset, buf.len() as u64, self.sector_bytes);
         let mut at = 0usize;
         if let Some(h) = s.head {
@@ -718,13 +760,25 @@ impl Backend for Volume {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
+        self.write_zeroes_ctx(offset, len, fua, IoCtx::default())
+    }
+
+    fn write_zeroes_ctx(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
         check_range(offset, len, self.info.size_bytes)?;
-        let zeros = vec![0u8; ZERO_CHUNK.min(len as usize)];
         let mut pos = offset;
         let end = offset + len;
         while pos < end {
-            let n = (end - pos).min(zeros.len() as u64) as usize;
-            self.write_at(&zeros[..n], pos, false)?;
+            // Chunks end on 64 KiB boundaries (so on sector boundaries): only the first
+            // and last can need a read-modify-write.
+            let chunk = ZEROS.len() as u64;
+            let n = (end - pos).min(chunk - pos % chunk) as usize;
+            self.write_impl(&ZEROS[..n], pos, false, ctx)?;
             pos += n as u64;
         }
         if fua {
