@@ -66,16 +66,20 @@ pub fn run(
     let go = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
+    // Set by the first request to complete: a window shorter than one request (a 10 ms
+    // cell on a loaded machine) is stretched until one has, so no cell reports 0 MiB/s.
+    let progressed = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(depth + 1));
     let slots = (region / block as u64).max(1);
     let threads: Vec<_> = (0..depth)
         .map(|t| {
-            let (dev, go, stop, total, start) = (
+            let (dev, go, stop, total, start, progressed) = (
                 Arc::clone(dev),
                 Arc::clone(&go),
                 Arc::clone(&stop),
                 Arc::clone(&total),
                 Arc::clone(&start),
+                Arc::clone(&progressed),
             );
             std::thread::spawn(move || {
                 let mut buf = vec![0xa5u8; block];
@@ -101,6 +105,9 @@ pub fn run(
                         break;
                     }
                     ops += 1;
+                    if ops == 1 {
+                        progressed.store(true, Ordering::Relaxed);
+                    }
                 }
                 total.fetch_add(ops, Ordering::Relaxed);
             })
@@ -110,6 +117,13 @@ pub fn run(
     let t0 = Instant::now();
     go.store(true, Ordering::Release);
     std::thread::sleep(Duration::from_secs_f64(secs));
+    // Bounded: a device that fails every request ends its threads, not this wait.
+    while !progressed.load(Ordering::Relaxed)
+        && t0.elapsed() < Duration::from_secs(10)
+        && threads.iter().any(|t| !t.is_finished())
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     stop.store(true, Ordering::Relaxed);
     let secs = t0.elapsed().as_secs_f64();
     for t in threads {
