@@ -13,6 +13,7 @@
 //! Every front end implements [`Attachment`]; `ucrypt`'s instance code picks one with
 //! [`FrontendKind`] and never needs to know which it got.
 
+pub mod fuse;
 pub mod nbd_kernel;
 pub mod ublk;
 

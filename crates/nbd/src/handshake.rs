@@ -43,7 +43,8 @@ pub struct ExportInfo {
     /// Transmission flags, without `NBD_FLAG_SEND_DF` (added only once structured replies
     /// are negotiated, as the spec requires).
     pub flags: u16,
-    /// Minimum block size (`NBD_INFO_BLOCK_SIZE`): the encryption sector size.
+    /// Minimum block size (`NBD_INFO_BLOCK_SIZE`): the backend's logical block, or what
+    /// `ServeOptions::min_block` lowers it to (512 for a `Volume`).
     pub min_block: u32,
     /// Preferred block size.
     pub preferred_block: u32,

@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod config;
 pub mod header;
+pub mod instance;
 pub mod mapping;
 pub mod open;
 pub mod remote_header;

@@ -107,6 +107,16 @@ pub struct ServeOptions {
     /// A connection that upgrades to TLS runs its requests one at a time (`workers` does
     /// not apply to it): see `conn.rs` for why.
     pub tls: Option<Arc<crate::TlsConfig>>,
+    /// The minimum block size to advertise instead of the backend's logical block size
+    /// (`None`: the logical block). For backends that accept smaller requests, as the
+    /// engine's `Volume` does by read-modify-write: clients such as nbdfuse or the kernel
+    /// then send 512-byte requests instead of refusing them as unaligned, while the
+    /// logical block (the encryption sector) stays the preferred size. A power of two no
+    /// larger than the logical block; other values are ignored.
+    pub min_block: Option<u32>,
+    /// Connections currently open (kept up to date by [`serve`]): a supervisor reads it to
+    /// tell whether the export is in use.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Default for ServeOptions {
@@ -125,6 +135,8 @@ impl Default for ServeOptions {
             handshake_timeout: Some(Duration::from_secs(10)),
             shutdown_grace: Duration::from_secs(5),
             tls: None,
+            min_block: None,
+            connections: Arc::default(),
         }
     }
 }
@@ -583,7 +595,11 @@ pub(crate) struct ExportConfig {
 /// [`NbdError::Export`] if the backend's block size cannot be expressed in NBD.
 pub fn export_info(export: &dyn Backend, opts: &ServeOptions) -> Result<ExportInfo, NbdError> {
     let bi = export.info();
-    let min = bi.logical_block.max(1);
+    let logical = bi.logical_block.max(1);
+    let min = match opts.min_block {
+        Some(m) if m.is_power_of_two() && m <= logical => m,
+        _ => logical,
+    };
     // "the minimum block size MUST be a power of 2 between 1 and 64 KiB" — the encryption
     // sector size always is (512..=65536).
     if !min.is_power_of_two() || min > 64 * 1024 {
@@ -601,7 +617,7 @@ pub fn export_info(export: &dyn Backend, opts: &ServeOptions) -> Result<ExportIn
     let preferred = bi
         .physical_block
         .max(bi.optimal_block)
-        .max(min)
+        .max(logical)
         .max(4096)
         .checked_next_power_of_two()
         .unwrap_or(max)
@@ -841,10 +857,20 @@ fn start_connection(
             handshake_deadline: cfg.opts.handshake_timeout.map(|l| Instant::now() + l),
         },
     );
-    let (c_export, c_cfg, c_shared) = (Arc::clone(export), Arc::clone(cfg), Arc::clone(shared));
+    // The export may have changed since the server started (an instance resized or
+    // refreshed under it): each new connection is told what it is now.
+    let c_cfg = match export_info(&**export, &cfg.opts) {
+        Ok(info) if info != cfg.info => Arc::new(ExportConfig {
+            info,
+            ..(**cfg).clone()
+        }),
+        _ => Arc::clone(cfg),
+    };
+    let (c_export, c_shared) = (Arc::clone(export), Arc::clone(shared));
     let spawned = std::thread::Builder::new()
         .name(format!("nbd-conn-{id}"))
         .spawn(move || {
+            let _counted = Counted::new(&c_cfg.opts.connections);
             // Frees the slot however the connection ends, a panic included.
             let _leave = Leave {
                 shared: &c_shared,
@@ -867,6 +893,22 @@ fn start_connection(
             t.streams.remove(&id);
             None
         }
+    }
+}
+
+/// Counts a connection in [`ServeOptions::connections`] while it lives.
+struct Counted<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(n: &'a std::sync::atomic::AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Counted(n)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -928,4 +970,59 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
         src = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ucrypt_backend::{BackendError, BackendInfo, Caps};
+
+    /// A backend that only reports sizes (export_info reads nothing else).
+    struct Sized4k(BackendInfo);
+    impl Backend for Sized4k {
+        fn info(&self) -> &BackendInfo {
+            &self.0
+        }
+        fn read_at(&self, _: &mut [u8], _: u64) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64, _: bool) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn flush(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn min_block_lowers_the_minimum_and_keeps_the_sector_preferred() {
+        let b = Sized4k(BackendInfo {
+            size_bytes: 1 << 20,
+            logical_block: 4096,
+            physical_block: 4096,
+            optimal_block: 4096,
+            caps: Caps {
+                flush: Support::Native,
+                discard: Support::None,
+                write_zeroes: Support::None,
+                read_only: false,
+            },
+        });
+        let i = export_info(&b, &ServeOptions::default()).unwrap();
+        assert_eq!((i.min_block, i.preferred_block), (4096, 4096));
+        let opts = ServeOptions {
+            min_block: Some(512),
+            ..ServeOptions::default()
+        };
+        let i = export_info(&b, &opts).unwrap();
+        assert_eq!((i.min_block, i.preferred_block), (512, 4096));
+        // Not a power of two, or above the logical block: ignored.
+        for bad in [3000, 8192] {
+            let opts = ServeOptions {
+                min_block: Some(bad),
+                ..ServeOptions::default()
+            };
+            assert_eq!(export_info(&b, &opts).unwrap().min_block, 4096);
+        }
+    }
 }

@@ -31,6 +31,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.load(a.kind)?;
     ucrypt::header::check_requirements(&mut cd).cs()?;
     let old = secret::existing(&a.key, &a.dev.device)?;

@@ -5,8 +5,11 @@
 
 mod bench;
 mod benchmark;
+mod daemon;
 mod format_dump;
+mod instance;
 mod is_luks;
+mod lifecycle;
 mod luks;
 mod luks_add_key;
 mod luks_change_key;
@@ -92,9 +95,40 @@ enum Command {
     /// Check a passphrase (--test-passphrase) or print the volume's table line (--print-table).
     #[command(name = "luksOpen")]
     LuksOpen(luks_open::Args),
-    /// Serve a table's decrypted view over NBD (unix socket or TCP), in the foreground.
+    /// Open a volume: with a NAME, a named instance in the background (a device, a FUSE
+    /// file or an NBD socket); without, serve over NBD in the foreground.
     Open(Box<open::Args>),
+    /// Show a named instance (cryptsetup status, plus its front end and node); all
+    /// instances without NAME.
+    Status(lifecycle::StatusArgs),
+    /// List the named instances.
+    Ls(lifecycle::LsArgs),
+    /// Flush, detach and stop a named instance (refused while in use unless --force or
+    /// --deferred).
+    Close(lifecycle::CloseArgs),
+    /// Hold a named instance's I/O and wipe its volume key from the server's memory.
+    #[command(name = "luksSuspend")]
+    LuksSuspend(lifecycle::SuspendArgs),
+    /// Give a suspended instance its key again (asks for the passphrase); I/O continues.
+    #[command(name = "luksResume")]
+    LuksResume(lifecycle::ResumeArgs),
+    /// Resize a named instance (after its device grew, or to --size sectors).
+    Resize(lifecycle::ResizeArgs),
+    /// Apply changed options (--perf-*, --allow-discards) to a named instance.
+    Refresh(lifecycle::RefreshArgs),
 }
+
+/// An error whose message was already printed: only its exit code remains.
+#[derive(Debug)]
+pub(crate) struct Printed;
+
+impl std::fmt::Display for Printed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("(printed)")
+    }
+}
+
+impl std::error::Error for Printed {}
 
 /// An error with the exit code it maps to.
 pub(crate) struct CliError {
@@ -256,6 +290,30 @@ pub(crate) struct PerfArgs {
 }
 
 impl PerfArgs {
+    /// The flags as they are spelled on the command line (`refresh` sends them on).
+    pub(crate) fn to_args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for (on, flag) in [
+            (self.no_read_workqueue, "--perf-no_read_workqueue"),
+            (self.no_write_workqueue, "--perf-no_write_workqueue"),
+            (self.same_cpu_crypt, "--perf-same_cpu_crypt"),
+            (self.submit_from_crypt_cpus, "--perf-submit_from_crypt_cpus"),
+        ] {
+            if on {
+                v.push(flag.to_string());
+            }
+        }
+        v.push(format!("--write-order={}", self.write_order));
+        v.push(format!("--placement={}", self.placement));
+        if let Some(n) = self.split_bytes {
+            v.push(format!("--split-bytes={n}"));
+        }
+        if let Some(n) = self.workers {
+            v.push(format!("--workers={n}"));
+        }
+        v
+    }
+
     pub(crate) fn options(&self) -> ucrypt::config::PerfOptions {
         use ucrypt::config::{PerfOptions, PlacementPolicy};
         PerfOptions {
@@ -291,6 +349,12 @@ pub(crate) fn open_error(e: anyhow::Error) -> CliError {
     }
 }
 
+/// An error and its context chain on one line, outermost first.
+pub(crate) fn error_line(err: &anyhow::Error) -> String {
+    let msg: Vec<String> = err.chain().map(ToString::to_string).collect();
+    msg.join(": ")
+}
+
 /// Parses the command line, runs the command, prints any error as one line on stderr.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
@@ -324,14 +388,22 @@ pub fn run() -> ExitCode {
         Command::LuksHeaderRestore(a) => luks_header_restore::run(a),
         Command::LuksOpen(a) => luks_open::run(a),
         Command::Open(a) => open::run(*a),
+        Command::Status(a) => lifecycle::status(a),
+        Command::Ls(a) => lifecycle::ls(a),
+        Command::Close(a) => lifecycle::close(a),
+        Command::LuksSuspend(a) => lifecycle::suspend(a),
+        Command::LuksResume(a) => lifecycle::resume(a),
+        Command::Resize(a) => lifecycle::resize(a),
+        Command::Refresh(a) => lifecycle::refresh(a),
         Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError { code, err }) => {
             // One line: the context chain, outermost first.
-            let msg: Vec<String> = err.chain().map(ToString::to_string).collect();
-            eprintln!("ucrypt: {}", msg.join(": "));
+            if err.downcast_ref::<Printed>().is_none() {
+                eprintln!("ucrypt: {}", error_line(&err));
+            }
             ExitCode::from(code)
         }
     }

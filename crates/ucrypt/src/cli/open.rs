@@ -42,21 +42,47 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 /// Arguments of `ucrypt open`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
+    /// The dm-crypt table line: '<start> <length> crypt <cipher> <key> <iv_offset> <device> <offset> [<#opts> <opts>...]'.
+    #[arg(long, conflicts_with = "table_file")]
+    table: Option<String>,
+    /// Read the table from a file ('-' for standard input): one line, several targets of one
+    /// device, or several devices as `NAME: <line>` stacked through /dev/mapper/NAME.
+    #[arg(long, value_name = "PATH")]
+    table_file: Option<PathBuf>,
     #[command(flatten)]
-    table: TableArg,
-    #[command(flatten)]
-    header: super::open_header::HeaderArgs,
+    pub(super) header: super::open_header::HeaderArgs,
+    /// Stay in the foreground (a named instance otherwise goes to the background once
+    /// its device is ready).
+    #[arg(long)]
+    pub(super) foreground: bool,
+    /// The front end of a named instance: ublk (/dev/ublkbN), nbd (/dev/nbdN), fuse (a
+    /// file, DIR/NAME), none (the NBD socket only) or auto (the first that works here).
+    #[arg(
+        long = "device",
+        id = "frontend",
+        default_value = "auto",
+        value_name = "ublk|nbd|fuse|none|auto"
+    )]
+    pub(super) frontend: String,
+    /// FUSE: mount at DIR and expose the volume as DIR/NAME (default: the instance's
+    /// runtime directory).
+    #[arg(long, value_name = "DIR")]
+    pub(super) fuse: Option<PathBuf>,
+    /// Share the image with other --shared mappings (without it a mapping holds the image
+    /// exclusively).
+    #[arg(long)]
+    pub(super) shared: bool,
     /// Serve on a unix socket at PATH.
     #[arg(long, value_name = "PATH", conflicts_with = "listen")]
-    socket: Option<PathBuf>,
+    pub(super) socket: Option<PathBuf>,
     /// Serve on TCP ADDR:PORT (default 127.0.0.1:10809; port 0 picks a free port; a bare
     /// PORT means 127.0.0.1:PORT).
     #[arg(long, value_name = "ADDR:PORT")]
-    listen: Option<String>,
+    pub(super) listen: Option<String>,
     /// Allow a TCP listen address that is not loopback without TLS: decrypted data then
     /// crosses the network in the clear (a warning is printed).
     #[arg(long)]
-    allow_cleartext_network: bool,
+    pub(super) allow_cleartext_network: bool,
     /// With --socket: make the socket 0660 owned by GROUP (a name or number) so its
     /// members may connect; without it the socket is 0600 (only this user), whatever the
     /// umask.
@@ -65,29 +91,29 @@ pub(crate) struct Args {
     /// Run CMD (via sh -c) once serving, with $uri, $nbd, $unixsocket/$port set; stop when
     /// it exits and return its status.
     #[arg(long, value_name = "CMD")]
-    run: Option<String>,
+    pub(super) run: Option<String>,
     /// Write the server's pid to FILE once it is listening.
     #[arg(long, value_name = "FILE")]
-    pid_file: Option<PathBuf>,
+    pub(super) pid_file: Option<PathBuf>,
     /// Export read-only.
     #[arg(long)]
-    read_only: bool,
+    pub(super) read_only: bool,
     /// Export the table's device as it is (ciphertext, no encryption): a baseline.
     #[arg(long)]
-    raw: bool,
+    pub(super) raw: bool,
     /// Connections served at once (1..=65536; multi-conn is advertised only above 1).
     #[arg(long, default_value_t = 16, value_parser = super::bounded::<1, 65536>)]
-    max_connections: usize,
+    pub(super) max_connections: usize,
     /// Threads per connection, each receiving, running and answering requests (0 or 1: one
     /// request at a time, in the thread that reads the socket; at most 128).
     #[arg(long, default_value_t = 8, value_parser = super::bounded::<0, { ucrypt_nbd::server::MAX_WORKERS }>)]
-    nbd_workers: usize,
+    pub(super) nbd_workers: usize,
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
     #[arg(long)]
-    large_sectors: bool,
+    pub(super) large_sectors: bool,
     /// Bypass the page cache on the device (O_DIRECT).
     #[arg(long)]
-    direct: bool,
+    pub(super) direct: bool,
     /// TLS: off (default), on (offered), require (plaintext clients refused).
     #[arg(long, value_enum, default_value_t = TlsArg::Off, value_name = "off|on|require")]
     tls: TlsArg,
@@ -103,9 +129,9 @@ pub(crate) struct Args {
     tls_psk: Option<PathBuf>,
     /// Print per-connection errors on stderr.
     #[arg(long, short)]
-    verbose: bool,
+    pub(super) verbose: bool,
     #[command(flatten)]
-    perf: PerfArgs,
+    pub(super) perf: PerfArgs,
 }
 
 /// `--tls`: nbdkit's values.
@@ -117,7 +143,7 @@ enum TlsArg {
 }
 
 /// The TLS configuration the options ask for (`None`: no TLS).
-fn tls_config(a: &Args) -> Result<Option<Arc<TlsConfig>>, CliError> {
+pub(super) fn tls_config(a: &Args) -> Result<Option<Arc<TlsConfig>>, CliError> {
     let mode = match a.tls {
         TlsArg::Off => {
             if a.tls_certificates.is_some() || a.tls_psk.is_some() {
@@ -147,7 +173,7 @@ fn tls_config(a: &Args) -> Result<Option<Arc<TlsConfig>>, CliError> {
 }
 
 /// Removes a path when dropped (the pid file, the private socket directory).
-struct Cleanup(Vec<PathBuf>);
+pub(super) struct Cleanup(pub(super) Vec<PathBuf>);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
@@ -161,7 +187,41 @@ impl Drop for Cleanup {
     }
 }
 
-pub(crate) fn run(a: Args) -> Result<(), CliError> {
+/// The table input of `a` (`--table`/`--table-file`).
+pub(super) fn table_arg(a: &Args) -> TableArg {
+    TableArg {
+        table: a.table.clone(),
+        table_file: a.table_file.clone(),
+    }
+}
+
+pub(crate) fn run(mut a: Args) -> Result<(), CliError> {
+    // `open --table LINE NAME`: the one positional is the name, not a device.
+    let has_table = a.table.is_some() || a.table_file.is_some();
+    if has_table && a.header.device.is_some() {
+        if a.header.name.is_some() || a.header.kind.is_some() || a.header.header.is_some() {
+            return Err(anyhow::anyhow!(
+                "give either a DEVICE or --table/--table-file, not both"
+            ))
+            .code(EXIT_PARAMS);
+        }
+        a.header.name = a
+            .header
+            .device
+            .take()
+            .map(|d| d.to_string_lossy().into_owned());
+    }
+    if !has_table && a.header.device.is_none() {
+        return Err(anyhow::anyhow!(
+            "give a DEVICE (with an optional NAME), or --table/--table-file"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if let Some(name) = a.header.name.clone() {
+        if a.run.is_none() && !a.header.test_passphrase {
+            return super::instance::run(a, name);
+        }
+    }
     // First, before any thread exists (the engine starts workers): threads inherit the
     // blocked mask, so only the signal thread ever takes SIGTERM/SIGINT.
     let shutdown = Shutdown::default();
@@ -270,7 +330,7 @@ fn open_export(a: &Args) -> Result<(Arc<dyn Backend>, String), CliError> {
         perf: a.perf.options(),
     };
     if a.raw {
-        let mapping = a.table.mapping()?;
+        let mapping = table_arg(a).mapping()?;
         let Some(table) = mapping.single_line() else {
             return Err(anyhow::anyhow!(
                 "--raw exports the device of a one-line table; this table has several targets \
@@ -282,7 +342,7 @@ fn open_export(a: &Args) -> Result<(Arc<dyn Backend>, String), CliError> {
             ucrypt::open::open_device(&table.device, a.read_only, a.direct).code(EXIT_DEVICE)?;
         return Ok((file, format!("ucrypt raw export of {}", table.device)));
     }
-    super::read::open_input(&a.table, opts)
+    super::read::open_input(&table_arg(a), opts)
 }
 
 /// The TCP address `--listen` names (a bare PORT means 127.0.0.1:PORT).
@@ -297,7 +357,7 @@ fn listen_addr(a: &Args) -> String {
 
 /// Decrypted data must not cross a network in the clear by accident: a TCP listen on a
 /// non-loopback address without TLS needs `--allow-cleartext-network`, and warns.
-fn check_exposure(a: &Args, tls: bool) -> Result<(), CliError> {
+pub(super) fn check_exposure(a: &Args, tls: bool) -> Result<(), CliError> {
     // --tls=on only offers TLS: a plaintext client is still served, in the clear.
     let tls = tls && a.tls == TlsArg::Require;
     if tls || a.socket.is_some() || a.listen.is_none() {
@@ -332,7 +392,7 @@ fn check_exposure(a: &Args, tls: bool) -> Result<(), CliError> {
 }
 
 /// Binds the socket the options ask for.
-fn listen(a: &Args, cleanup: &mut Cleanup) -> Result<Listener, CliError> {
+pub(super) fn listen(a: &Args, cleanup: &mut Cleanup) -> Result<Listener, CliError> {
     if let Some(p) = &a.socket {
         let group = a.socket_group.as_deref().map(group_id).transpose()?;
         return Listener::bind_unix_with(p, group)
@@ -386,7 +446,7 @@ fn run_env(listener: &Listener, uri: &str) -> Vec<(&'static str, String)> {
 /// The file is written under a fresh random name in the same directory (mkstemp:
 /// `O_CREAT|O_EXCL`, so never through a symlink someone planted), then renamed over `path`
 /// (which replaces a symlink at `path` rather than following it).
-fn write_pid_file(path: &Path) -> Result<(), CliError> {
+pub(super) fn write_pid_file(path: &Path) -> Result<(), CliError> {
     use std::os::unix::fs::PermissionsExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,

@@ -18,9 +18,10 @@ use ucrypt_backend::Backend;
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct HeaderArgs {
     /// A LUKS (or, with --type plain, plain dm-crypt) device to open instead of a table line.
-    #[arg(group = "TableArg", value_name = "DEVICE")]
+    #[arg(value_name = "DEVICE")]
     pub(crate) device: Option<PathBuf>,
-    /// Mapping name (accepted for cryptsetup compatibility; the export is served, not mapped).
+    /// Instance name: the server goes to the background once its device is ready, and
+    /// `status`, `close`, `luksSuspend`, `luksResume`, `resize`, `refresh` find it by name.
     #[arg(value_name = "NAME")]
     pub(crate) name: Option<String>,
     /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, bitlk, fvault2,
@@ -64,6 +65,35 @@ pub(crate) enum HeaderExport {
 
 /// Unlocks `h.device` and builds its volume with the engine options of `opts`.
 pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<HeaderExport, CliError> {
+    let Some((unlocked, _)) = unlock(h)? else {
+        return Ok(HeaderExport::Checked);
+    };
+    let description = describe(&unlocked);
+    let volume = ucrypt::open_unlocked(unlocked, opts).map_err(cs_error)?;
+    Ok(HeaderExport::Serve(volume, description))
+}
+
+/// The NBD export description of an unlocked volume.
+pub(crate) fn describe(unlocked: &ucrypt::Unlocked) -> String {
+    let kind_name = unlocked
+        .info
+        .kind
+        .map_or_else(|| "volume".to_string(), |k| k.to_string());
+    format!(
+        "ucrypt {kind_name} {} ({}-byte sectors, {} target(s)) on {}",
+        unlocked.table.cipher,
+        unlocked.table.sector_size_bytes(),
+        unlocked.targets.len().max(1),
+        unlocked.table.device
+    )
+}
+
+/// Reads the secret and unlocks `h.device`: the volume key and table, and the header
+/// options that unlock it again (`luksResume`, `resize`, `refresh`). `None` with
+/// `--test-passphrase` once the passphrase checked out.
+pub(crate) fn unlock(
+    h: &HeaderArgs,
+) -> Result<Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>, CliError> {
     let device = h.device.clone().expect("called only with a device");
     let kind: VolumeType = match &h.kind {
         Some(k) => k.parse().map_err(anyhow::Error::from).code(EXIT_PARAMS)?,
@@ -95,24 +125,12 @@ pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<Header
         let info = cd.info();
         ucrypt::header::check_luks_ciphers(&mut cd, &info, hopts.allow_null_cipher).cs()?;
         cd.check_passphrase(h.key_slot, &secret).cs()?;
-        return Ok(HeaderExport::Checked);
+        return Ok(None);
     }
     let unlocked = ucrypt::unlock(&device, &secret, &hopts).map_err(cs_error)?;
     drop(secret);
     if h.test_passphrase {
-        return Ok(HeaderExport::Checked);
+        return Ok(None);
     }
-    let kind_name = unlocked
-        .info
-        .kind
-        .map_or_else(|| "volume".to_string(), |k| k.to_string());
-    let description = format!(
-        "ucrypt {kind_name} {} ({}-byte sectors, {} target(s)) on {}",
-        unlocked.table.cipher,
-        unlocked.table.sector_size_bytes(),
-        unlocked.targets.len().max(1),
-        unlocked.table.device
-    );
-    let volume = ucrypt::open_unlocked(unlocked, opts).map_err(cs_error)?;
-    Ok(HeaderExport::Serve(volume, description))
+    Ok(Some((unlocked, hopts)))
 }

@@ -1,0 +1,374 @@
+//! The commands that talk to a running instance by name: `status`, `ls`, `close`,
+//! `luksSuspend`, `luksResume`, `resize`, `refresh` (through its control socket, see
+//! `ucrypt::instance::control`).
+
+use super::instance::{instance_error, EXIT_BUSY};
+use super::secret::KeyFileArgs;
+use super::{CliError, PerfArgs, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use ucrypt::instance::control;
+use ucrypt::instance::runtime::{self, InstanceError, Paths, Probe};
+
+/// `ucrypt status [NAME] [--json]`.
+#[derive(clap::Args)]
+pub(crate) struct StatusArgs {
+    /// The instance (all of them without it).
+    name: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `ucrypt ls [--json]`.
+#[derive(clap::Args)]
+pub(crate) struct LsArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `ucrypt close NAME`.
+#[derive(clap::Args)]
+pub(crate) struct CloseArgs {
+    /// The instance.
+    name: String,
+    /// Close even while in use: the users' I/O fails from then on.
+    #[arg(long, conflicts_with = "deferred")]
+    force: bool,
+    /// Close once the last user is gone (at once if there is none).
+    #[arg(long)]
+    deferred: bool,
+}
+
+/// `ucrypt luksSuspend NAME`.
+#[derive(clap::Args)]
+pub(crate) struct SuspendArgs {
+    /// The instance.
+    name: String,
+}
+
+/// The secret that rebuilds an instance's volume: the passphrase (header instances) or
+/// the table line (table instances).
+#[derive(clap::Args)]
+pub(crate) struct SecretArgs {
+    #[command(flatten)]
+    key: KeyFileArgs,
+    /// For an instance opened from a table line: the line again.
+    #[arg(long, conflicts_with = "table_file")]
+    table: Option<String>,
+    /// For an instance opened from a table line: a file holding it ('-': standard input).
+    #[arg(long, value_name = "PATH")]
+    table_file: Option<std::path::PathBuf>,
+}
+
+/// `ucrypt luksResume NAME`.
+#[derive(clap::Args)]
+pub(crate) struct ResumeArgs {
+    /// The instance.
+    name: String,
+    #[command(flatten)]
+    secret: SecretArgs,
+}
+
+/// `ucrypt resize NAME [--size SECTORS]`.
+#[derive(clap::Args)]
+pub(crate) struct ResizeArgs {
+    /// The instance.
+    name: String,
+    /// New size in 512-byte sectors (default: all the device holds).
+    #[arg(short = 'b', long)]
+    size: Option<u64>,
+    #[command(flatten)]
+    secret: SecretArgs,
+}
+
+/// `ucrypt refresh NAME [--perf-*] [--allow-discards]`.
+#[derive(clap::Args)]
+pub(crate) struct RefreshArgs {
+    /// The instance.
+    name: String,
+    /// Pass discards down (otherwise only the header's persistent flags apply).
+    #[arg(long)]
+    allow_discards: bool,
+    #[command(flatten)]
+    perf: PerfArgs,
+    #[command(flatten)]
+    secret: SecretArgs,
+}
+
+/// The live instance `name`, or exit 4 ("NAME is inactive").
+fn live(name: &str) -> Result<(Paths, u32), CliError> {
+    let p = Paths::of(name).map_err(instance_error)?;
+    match runtime::probe(&p).map_err(instance_error)? {
+        Probe::Live { pid } => Ok((p, pid)),
+        Probe::Absent => Err(instance_error(InstanceError::NotActive(name.to_string()))),
+    }
+}
+
+/// Sends a request; an `{"ok":false}` answer becomes an error with its code.
+fn call(
+    p: &Paths,
+    body: Value,
+    secret: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<Value, CliError> {
+    let v = control::call(&p.control(), body, secret, timeout)
+        .map_err(anyhow::Error::from)
+        .code(EXIT_DEVICE)?;
+    if v.get("ok").and_then(Value::as_bool) == Some(true) {
+        return Ok(v);
+    }
+    let code = v
+        .get("code")
+        .and_then(Value::as_u64)
+        .and_then(|c| u8::try_from(c).ok())
+        .unwrap_or(EXIT_PARAMS);
+    let msg = v
+        .get("error")
+        .and_then(Value::as_str)
+        .unwrap_or("the server refused");
+    Err(anyhow::anyhow!("{msg}")).code(code)
+}
+
+/// The live status of `p` (the description alone if the server does not answer).
+fn status_of(p: &Paths) -> Value {
+    match call(p, json!({"op": "status"}), None, Duration::from_secs(10)) {
+        Ok(v) => v["status"].clone(),
+        Err(_) => serde_json::to_value(p.read_description().unwrap_or_default())
+            .unwrap_or_else(|_| json!({"name": p.name})),
+    }
+}
+
+fn text(v: &Value, k: &str) -> String {
+    match &v[k] {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// cryptsetup's `status` layout, plus the front end, node and socket.
+fn print_status(v: &Value) {
+    let name = text(v, "name");
+    let busy = v["in_use"].as_bool() == Some(true);
+    println!(
+        "{name} is active{}.",
+        if busy { " and is in use" } else { "" }
+    );
+    println!("  type:    {}", text(v, "type"));
+    println!("  cipher:  {}", text(v, "cipher"));
+    println!("  keysize: {} bits", text(v, "key_bits"));
+    let suspended = v["suspended"].as_bool() == Some(true);
+    println!(
+        "  key location: {}",
+        if suspended {
+            "none (suspended: wiped from the server's memory)".to_string()
+        } else {
+            format!("ucrypt server (pid {})", text(v, "pid"))
+        }
+    );
+    println!("  device:  {}", text(v, "device"));
+    if !text(v, "header").is_empty() {
+        println!("  header:  {}", text(v, "header"));
+    }
+    println!("  sector size:  {}", text(v, "sector_size"));
+    println!("  offset:  {} sectors", text(v, "offset_sectors"));
+    println!("  size:    {} sectors", text(v, "size_sectors"));
+    let mode = if v["read_only"].as_bool() == Some(true) {
+        "readonly"
+    } else {
+        "read/write"
+    };
+    println!(
+        "  mode:    {mode}{}",
+        if suspended { " (suspended)" } else { "" }
+    );
+    if v["allow_discards"].as_bool() == Some(true) {
+        println!("  flags:   discards");
+    }
+    println!("  front end: {}", text(v, "frontend"));
+    let node = text(v, "node");
+    println!(
+        "  node:    {}",
+        if node.is_empty() { "(none)" } else { &node }
+    );
+    println!("  nbd:     {}", text(v, "uri"));
+    if let Some(n) = v["nbd_connections"].as_u64() {
+        println!("  nbd connections: {n}");
+    }
+}
+
+pub(crate) fn status(a: StatusArgs) -> Result<(), CliError> {
+    let Some(name) = a.name else {
+        return ls(LsArgs { json: a.json });
+    };
+    let p = Paths::of(&name).map_err(instance_error)?;
+    let pid = match runtime::probe(&p).map_err(instance_error)? {
+        Probe::Live { pid } => pid,
+        Probe::Absent => {
+            if a.json {
+                println!("{}", json!({"name": name, "active": false}));
+            } else {
+                println!("{name} is inactive.");
+            }
+            return Err(quiet(EXIT_DEVICE));
+        }
+    };
+    let mut v = status_of(&p);
+    if v["pid"].as_u64().unwrap_or(0) == 0 {
+        v["pid"] = json!(pid);
+    }
+    if a.json {
+        v["active"] = json!(true);
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        print_status(&v);
+    }
+    Ok(())
+}
+
+/// An error whose message was already printed (cryptsetup prints "NAME is inactive." on
+/// stdout and exits 4): keep the code, print nothing more.
+fn quiet(code: u8) -> CliError {
+    CliError {
+        code,
+        err: anyhow::Error::new(super::Printed),
+    }
+}
+
+pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
+    let all: Vec<Value> = runtime::list().iter().map(|(p, _)| status_of(p)).collect();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&all).unwrap_or_default());
+        return Ok(());
+    }
+    if all.is_empty() {
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:>8} {:<6} {:<10} {:<30} DEVICE",
+        "NAME", "PID", "FRONT", "STATE", "NODE"
+    );
+    for v in all {
+        let state = if v["suspended"].as_bool() == Some(true) {
+            "suspended"
+        } else if v["in_use"].as_bool() == Some(true) {
+            "in use"
+        } else {
+            "active"
+        };
+        let node = text(&v, "node");
+        println!(
+            "{:<16} {:>8} {:<6} {:<10} {:<30} {}",
+            text(&v, "name"),
+            text(&v, "pid"),
+            text(&v, "frontend"),
+            state,
+            if node.is_empty() {
+                text(&v, "uri")
+            } else {
+                node
+            },
+            text(&v, "device")
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn close(a: CloseArgs) -> Result<(), CliError> {
+    let (p, _) = live(&a.name)?;
+    let v = call(
+        &p,
+        json!({"op": "close", "force": a.force, "deferred": a.deferred}),
+        None,
+        Duration::from_secs(120),
+    )?;
+    if v["deferred"].as_bool() == Some(true) {
+        return Ok(()); // closes by itself once unused, as cryptsetup close --deferred
+    }
+    // Wait for the server to be gone (flushed, socket and directory removed).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if matches!(runtime::probe(&p), Ok(Probe::Absent)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(anyhow::anyhow!(
+                "{} was told to close but its server is still running after 60 s",
+                a.name
+            ))
+            .code(EXIT_BUSY);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub(crate) fn suspend(a: SuspendArgs) -> Result<(), CliError> {
+    let (p, _) = live(&a.name)?;
+    call(&p, json!({"op": "suspend"}), None, Duration::from_secs(300))?;
+    Ok(())
+}
+
+/// Reads what rebuilds the volume of `p`: its passphrase, or its table line.
+fn read_secret(p: &Paths, s: &SecretArgs) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
+    let desc = p.read_description().unwrap_or_default();
+    if s.table.is_some() || s.table_file.is_some() {
+        if desc.from_header {
+            return Err(anyhow::anyhow!(
+                "{} was opened from a header: give its passphrase, not a table line",
+                p.name
+            ))
+            .code(EXIT_PARAMS);
+        }
+        let line = TableArg {
+            table: s.table.clone(),
+            table_file: s.table_file.clone(),
+        }
+        .text()?;
+        return Ok(zeroize::Zeroizing::new(line.as_bytes().to_vec()));
+    }
+    if !desc.from_header {
+        return Err(anyhow::anyhow!(
+            "{} was opened from a table line: give it again with --table-file",
+            p.name
+        ))
+        .code(EXIT_PARAMS);
+    }
+    super::secret::existing(&s.key, std::path::Path::new(&desc.device))
+}
+
+pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
+    let (p, _) = live(&a.name)?;
+    let secret = read_secret(&p, &a.secret)?;
+    call(
+        &p,
+        json!({"op": "resume"}),
+        Some(&secret),
+        Duration::from_secs(600),
+    )?;
+    Ok(())
+}
+
+pub(crate) fn resize(a: ResizeArgs) -> Result<(), CliError> {
+    let (p, _) = live(&a.name)?;
+    let secret = read_secret(&p, &a.secret)?;
+    let mut body = json!({"op": "resize"});
+    if let Some(n) = a.size {
+        body["size"] = json!(n);
+    }
+    call(&p, body, Some(&secret), Duration::from_secs(600))?;
+    Ok(())
+}
+
+pub(crate) fn refresh(a: RefreshArgs) -> Result<(), CliError> {
+    let (p, _) = live(&a.name)?;
+    let secret = read_secret(&p, &a.secret)?;
+    let body = json!({
+        "op": "refresh",
+        "allow_discards": a.allow_discards,
+        "perf": a.perf.to_args(),
+    });
+    call(&p, body, Some(&secret), Duration::from_secs(600))?;
+    Ok(())
+}

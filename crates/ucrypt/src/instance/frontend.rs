@@ -1,0 +1,117 @@
+//! Choosing and attaching the front end of an instance: the one place that knows every
+//! kind. Each kind has one function below; a new front end is one line in [`attach`].
+//!
+//! The automatic choice (`--device auto`, the default) is the first that can work here:
+//! ublk where `/dev/ublk-control` exists and we are root, else the kernel's NBD client
+//! where `/dev/nbd0` exists and we are root, else FUSE when `/dev/fuse` is usable, else
+//! none (the NBD socket only).
+
+use std::path::{Path, PathBuf};
+use ucrypt_device::{AttachOptions, Attachment, DeviceError, Export, FrontendKind};
+
+/// What a front end may need besides the export.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// FUSE: the mount point (`--fuse DIR`, or `fuse/` in the instance directory).
+    pub fuse_dir: PathBuf,
+    /// The instance's NBD socket when it is a unix socket (a kernel NBD client can
+    /// connect its sockets there).
+    pub nbd_socket: Option<PathBuf>,
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The automatic front end for this machine and user.
+pub fn auto() -> FrontendKind {
+    if is_root() && Path::new("/dev/ublk-control").exists() && available(FrontendKind::Ublk) {
+        FrontendKind::Ublk
+    } else if is_root() && Path::new("/dev/nbd0").exists() && available(FrontendKind::Nbd) {
+        FrontendKind::Nbd
+    } else if ucrypt_device::fuse::available().is_ok() {
+        FrontendKind::Fuse
+    } else {
+        FrontendKind::None
+    }
+}
+
+/// Whether this build has the front end at all.
+pub fn available(kind: FrontendKind) -> bool {
+    match kind {
+        FrontendKind::Ublk => ublk_available(),
+        FrontendKind::Nbd => nbd_available(),
+        FrontendKind::Fuse | FrontendKind::None => true,
+    }
+}
+
+/// Parses `--device`: ublk, nbd, fuse, none, or auto (`None`).
+///
+/// # Errors
+/// An unknown name.
+pub fn parse(s: &str) -> Result<Option<FrontendKind>, String> {
+    Ok(Some(match s {
+        "auto" => return Ok(None),
+        "ublk" => FrontendKind::Ublk,
+        "nbd" => FrontendKind::Nbd,
+        "fuse" => FrontendKind::Fuse,
+        "none" => FrontendKind::None,
+        _ => {
+            return Err(format!(
+                "unknown --device {s:?} (ublk, nbd, fuse, none or auto)"
+            ))
+        }
+    }))
+}
+
+/// Attaches `export` with front end `kind`; `None` for [`FrontendKind::None`].
+///
+/// # Errors
+/// [`DeviceError::Unavailable`] when the kind cannot work here, or its attach error.
+pub fn attach(
+    kind: FrontendKind,
+    export: Export,
+    opts: &AttachOptions,
+    ctx: &Context,
+) -> Result<Option<Box<dyn Attachment>>, DeviceError> {
+    match kind {
+        FrontendKind::Ublk => ublk(export, opts, ctx).map(Some),
+        FrontendKind::Nbd => nbd(export, opts, ctx).map(Some),
+        FrontendKind::Fuse => ucrypt_device::fuse::attach(export, &ctx.fuse_dir, opts).map(Some),
+        FrontendKind::None => Ok(None),
+    }
+}
+
+fn ublk_available() -> bool {
+    ucrypt_device::ublk::available().is_ok()
+}
+
+/// The ublk front end (`/dev/ublkbN`), created with user recovery.
+fn ublk(
+    export: Export,
+    opts: &AttachOptions,
+    _ctx: &Context,
+) -> Result<Box<dyn Attachment>, DeviceError> {
+    let uopts = ucrypt_device::ublk::UblkOptions::default();
+    Ok(Box::new(ucrypt_device::ublk::attach(export, opts, &uopts)?))
+}
+
+fn nbd_available() -> bool {
+    ucrypt_device::nbd_kernel::available().is_ok()
+}
+
+/// The kernel NBD client front end (`/dev/nbdN`, connected to its own server socket).
+fn nbd(
+    export: Export,
+    opts: &AttachOptions,
+    _ctx: &Context,
+) -> Result<Box<dyn Attachment>, DeviceError> {
+    let nopts = ucrypt_device::nbd_kernel::NbdOptions {
+        connections: usize::from(opts.queues.clamp(1, 4)),
+        ..Default::default()
+    };
+    Ok(Box::new(ucrypt_device::nbd_kernel::attach(
+        export, opts, &nopts,
+    )?))
+}

@@ -1,0 +1,229 @@
+//! Exclusive access to an image: what keeps a second read-write `open`, or a `luksFormat`,
+//! off a volume that is being served.
+//!
+//! The locks are open-file-description byte-range locks (`F_OFD_SETLK`) on two bytes far
+//! past any image's end, as QEMU locks its images: they belong to the open file (a forked
+//! server keeps them, the kernel drops them when the last descriptor closes, however the
+//! process died) and, unlike `flock`, they never meet libcryptsetup's own `flock` metadata
+//! locks, so `cryptsetup luksDump` of an image in use still works. Only read locks are
+//! taken (they need only a read-only descriptor); exclusion comes from testing for other
+//! holders with `F_OFD_GETLK`:
+//!
+//! - byte [`ANY`]: read-locked by every mapping; a header-changing command or an exclusive
+//!   mapping refuses when another holder has it.
+//! - byte [`EXCL`]: read-locked by exclusive mappings; a `--shared` mapping refuses when
+//!   another holder has it.
+//!
+//! Block devices are also opened with `O_EXCL` for exclusive mappings: the kernel then
+//! refuses other exclusive openers (mounts, `cryptsetup open`, another `O_EXCL`), and we
+//! refuse a device that is mounted or held.
+
+use super::runtime;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The "some mapping holds it" byte (2^62: beyond any image, below `OFF_MAX`).
+const ANY: i64 = 1 << 62;
+/// The "an exclusive mapping holds it" byte.
+const EXCL: i64 = ANY + 1;
+
+/// Why an image could not be locked.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Another mapping or process has it.
+    #[error("{path} is in use by {holder}")]
+    InUse {
+        /// The image.
+        path: String,
+        /// Who: "ucrypt open NAME, pid N", or a description.
+        holder: String,
+    },
+    /// Opening or locking failed.
+    #[error("locking {path}: {source}")]
+    Io {
+        /// The image.
+        path: String,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// How a mapping holds its image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockMode {
+    /// Alone (read-write mappings, and read-only ones without `--shared`).
+    Exclusive,
+    /// Together with other shared mappings (`--shared`).
+    Shared,
+}
+
+/// Locks held on one image; dropped with the mapping.
+#[derive(Debug)]
+pub struct ImageLock {
+    _file: File,
+    _excl: Option<File>,
+}
+
+fn lock_byte(f: &File, start: i64, cmd: libc::c_int, typ: libc::c_int) -> io::Result<libc::flock> {
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = 1;
+    // SAFETY: fcntl with an OFD lock command reads and writes the `flock` we pass, which
+    // lives for the call; the descriptor is ours.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut fl) };
+    if r == 0 {
+        Ok(fl)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether a holder other than `f`'s open file description read-locks byte `at`.
+fn others_hold(f: &File, at: i64) -> io::Result<bool> {
+    let fl = lock_byte(f, at, libc::F_OFD_GETLK, libc::F_WRLCK)?;
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// Whether `device` is a local path we can lock (remote `nbd://` devices are not).
+fn local(device: &Path) -> bool {
+    !crate::remote_header::is_remote(device)
+}
+
+fn open_for_lock(device: &Path) -> Result<File, LockError> {
+    File::open(device).map_err(|source| LockError::Io {
+        path: device.display().to_string(),
+        source,
+    })
+}
+
+/// Takes the mapping locks on `device`. `None` for remote devices (their server decides).
+///
+/// # Errors
+/// [`LockError::InUse`] naming the holder; I/O errors.
+pub fn lock_image(device: &Path, mode: LockMode) -> Result<Option<ImageLock>, LockError> {
+    if !local(device) {
+        return Ok(None);
+    }
+    let file = open_for_lock(device)?;
+    let io = |source| LockError::Io {
+        path: device.display().to_string(),
+        source,
+    };
+    let in_use = || LockError::InUse {
+        path: device.display().to_string(),
+        holder: holder(device),
+    };
+    lock_byte(&file, ANY, libc::F_OFD_SETLK, libc::F_RDLCK).map_err(io)?;
+    let conflict = match mode {
+        LockMode::Exclusive => others_hold(&file, ANY).map_err(io)?,
+        LockMode::Shared => others_hold(&file, EXCL).map_err(io)?,
+    };
+    if conflict {
+        return Err(in_use());
+    }
+    let mut excl = None;
+    if mode == LockMode::Exclusive {
+        lock_byte(&file, EXCL, libc::F_OFD_SETLK, libc::F_RDLCK).map_err(io)?;
+        let md = file.metadata().map_err(io)?;
+        if md.file_type().is_block_device() {
+            match std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_EXCL)
+                .open(device)
+            {
+                Ok(f) => excl = Some(f),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    return Err(LockError::InUse {
+                        path: device.display().to_string(),
+                        holder: "the kernel (mounted, or held open exclusively)".into(),
+                    })
+                }
+                Err(e) => return Err(io(e)),
+            }
+        }
+    }
+    Ok(Some(ImageLock {
+        _file: file,
+        _excl: excl,
+    }))
+}
+
+/// For header-changing commands (`luksFormat`, keyslot commands, `luksHeaderRestore`,
+/// `luksUUID --uuid`): refuses when any mapping holds `device`. The returned lock keeps
+/// new mappings out until the command is done.
+///
+/// # Errors
+/// [`LockError::InUse`]; I/O errors other than a missing device (the command itself
+/// reports that).
+pub fn lock_for_header_change(device: &Path) -> Result<Option<ImageLock>, LockError> {
+    if !local(device) || !device.exists() {
+        return Ok(None);
+    }
+    lock_image(device, LockMode::Exclusive).map(|l| {
+        l.map(|mut l| {
+            // The command must not keep an O_EXCL open: libcryptsetup opens the device
+            // itself, and for a block device that open would then fail.
+            l._excl = None;
+            l
+        })
+    })
+}
+
+/// Who holds `device`: the first live instance serving it, or a description.
+pub fn holder(device: &Path) -> String {
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let Some(target) = id(device) else {
+        return "another process".into();
+    };
+    for (paths, pid) in runtime::list() {
+        let Some(d) = paths.read_description() else {
+            continue;
+        };
+        let same = id(&PathBuf::from(&d.device)) == Some(target)
+            || d.header
+                .as_deref()
+                .is_some_and(|h| id(Path::new(h)) == Some(target));
+        if same {
+            return format!("ucrypt open {}, pid {pid}", paths.name);
+        }
+    }
+    "another process (a ucrypt open of another user, or one still starting)".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exclusive_excludes_everything_and_shared_shares() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img");
+        std::fs::write(&img, vec![0u8; 4096]).unwrap();
+        let a = lock_image(&img, LockMode::Exclusive).unwrap();
+        assert!(matches!(
+            lock_image(&img, LockMode::Exclusive),
+            Err(LockError::InUse { .. })
+        ));
+        assert!(matches!(
+            lock_image(&img, LockMode::Shared),
+            Err(LockError::InUse { .. })
+        ));
+        assert!(lock_for_header_change(&img).is_err());
+        drop(a);
+        let s1 = lock_image(&img, LockMode::Shared).unwrap();
+        let s2 = lock_image(&img, LockMode::Shared).unwrap();
+        assert!(lock_image(&img, LockMode::Exclusive).is_err());
+        assert!(lock_for_header_change(&img).is_err());
+        drop((s1, s2));
+        let h = lock_for_header_change(&img).unwrap();
+        drop(h);
+        lock_image(&img, LockMode::Exclusive).unwrap();
+    }
+}

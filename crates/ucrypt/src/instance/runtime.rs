@@ -1,0 +1,446 @@
+//! The runtime directory of a named instance: `/run/ucrypt/NAME/` for root,
+//! `$XDG_RUNTIME_DIR/ucrypt/NAME/` otherwise (`/tmp/ucrypt-UID/NAME/` without
+//! `XDG_RUNTIME_DIR`; `$UCRYPT_RUNTIME_DIR/NAME/` when that is set, for tests and
+//! containers).
+//!
+//! | file | what |
+//! |---|---|
+//! | `lock` | `flock`ed by the server for its whole life: the liveness test |
+//! | `pid` | the server's pid |
+//! | `instance.json` | the [`Description`] |
+//! | `control.sock` | the control socket (status, close, suspend, resume, resize, refresh) |
+//! | `nbd.sock` | the NBD socket, unless `--socket`/`--listen` named another |
+//! | `log` | the server's standard error after it went to the background |
+//! | `fuse/` | the default FUSE mount point (`fuse/NAME` is the volume file) |
+//!
+//! A directory whose `lock` nobody holds belongs to a server that died (the kernel drops
+//! `flock` locks with the last descriptor, whatever killed the process): it is removed,
+//! never trusted, by the next `open`, `status`, `ls` or `close` that meets it.
+
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Why an instance operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    /// The name cannot name an instance.
+    #[error(
+        "invalid instance name {0:?} (use 1-64 of A-Z a-z 0-9 . _ + -, not starting with . or -)"
+    )]
+    BadName(String),
+    /// An instance of that name is running.
+    #[error("instance {name} already exists (ucrypt open {name}, pid {pid})")]
+    Exists {
+        /// Its name.
+        name: String,
+        /// Its server's pid (0 if not yet written).
+        pid: u32,
+    },
+    /// No running instance of that name.
+    #[error("instance {0} is not active")]
+    NotActive(String),
+    /// A file-system operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> InstanceError {
+    let what = what.into();
+    move |source| InstanceError::Io { what, source }
+}
+
+/// What `instance.json` says about an instance (written once it is ready).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, Eq)]
+pub struct Description {
+    /// The instance name (and NBD export name).
+    pub name: String,
+    /// The server's pid.
+    pub pid: u32,
+    /// The encrypted device or image.
+    pub device: String,
+    /// A detached header, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// LUKS1, LUKS2, PLAIN, BITLK, FVAULT2, TCRYPT, or TABLE (opened from a table line).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The cipher spec (`aes-xts-plain64`).
+    pub cipher: String,
+    /// Key size in bits.
+    pub key_bits: u32,
+    /// Encryption sector size in bytes.
+    pub sector_size: u32,
+    /// Where the data starts on the device, in 512-byte sectors.
+    pub offset_sectors: u64,
+    /// IV offset, in 512-byte sectors.
+    pub iv_offset_sectors: u64,
+    /// Size of the decrypted volume in 512-byte sectors.
+    pub size_sectors: u64,
+    /// Served read-only.
+    pub read_only: bool,
+    /// Discards passed down.
+    pub allow_discards: bool,
+    /// ublk, nbd, fuse or none.
+    pub frontend: String,
+    /// The node users open (`/dev/ublkb0`, `/dev/nbd0`, `DIR/NAME`); empty for `none`.
+    pub node: String,
+    /// The NBD URI of the socket.
+    pub uri: String,
+    /// The header UUID, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Whether the instance was opened from a header (resume/resize/refresh ask for its
+    /// passphrase) or from a table line (they need the line again).
+    pub from_header: bool,
+    /// Seconds since the epoch when it became ready.
+    pub started: u64,
+}
+
+/// The base directory holding every instance's directory (not created here).
+pub fn base_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("UCRYPT_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from("/run/ucrypt");
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("ucrypt");
+    }
+    std::env::temp_dir().join(format!("ucrypt-{uid}"))
+}
+
+/// Checks that `name` can name an instance (it becomes a directory and a file name).
+///
+/// # Errors
+/// [`InstanceError::BadName`].
+pub fn check_name(name: &str) -> Result<(), InstanceError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(InstanceError::BadName(name.to_string()))
+    }
+}
+
+/// Creates the base directory (mode 0700) if needed and checks that it is ours and not
+/// writable by others: instance directories hold sockets that give the decrypted volume.
+fn ensure_base() -> Result<PathBuf, InstanceError> {
+    let base = base_dir();
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&base)
+    {
+        Ok(()) => {}
+        Err(e) => return Err(io_err(format!("creating {}", base.display()))(e)),
+    }
+    let md = std::fs::symlink_metadata(&base).map_err(io_err(base.display().to_string()))?;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if !md.is_dir() || md.uid() != uid || md.mode() & 0o022 != 0 {
+        return Err(InstanceError::Io {
+            what: format!("{}", base.display()),
+            source: io::Error::other(
+                "not a directory owned by this user and closed to others; refusing to use it",
+            ),
+        });
+    }
+    Ok(base)
+}
+
+/// `flock(fd, op | LOCK_NB)`: `Ok(false)` when another holder has it.
+pub(crate) fn try_flock(f: &File, exclusive: bool) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let r = unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// The paths of one instance's directory.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// The instance name.
+    pub name: String,
+    /// `BASE/NAME`.
+    pub dir: PathBuf,
+}
+
+impl Paths {
+    /// The paths of `name` (checked) under the base directory.
+    ///
+    /// # Errors
+    /// [`InstanceError::BadName`].
+    pub fn of(name: &str) -> Result<Paths, InstanceError> {
+        check_name(name)?;
+        Ok(Paths {
+            name: name.to_string(),
+            dir: base_dir().join(name),
+        })
+    }
+    /// The liveness lock.
+    pub fn lock(&self) -> PathBuf {
+        self.dir.join("lock")
+    }
+    /// The pid file.
+    pub fn pid(&self) -> PathBuf {
+        self.dir.join("pid")
+    }
+    /// The JSON description.
+    pub fn description(&self) -> PathBuf {
+        self.dir.join("instance.json")
+    }
+    /// The control socket.
+    pub fn control(&self) -> PathBuf {
+        self.dir.join("control.sock")
+    }
+    /// The default NBD socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("nbd.sock")
+    }
+    /// The server's log (its standard error once in the background).
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("log")
+    }
+    /// The default FUSE mount point.
+    pub fn fuse_dir(&self) -> PathBuf {
+        self.dir.join("fuse")
+    }
+
+    /// The pid in the pid file (0 when absent or unreadable).
+    pub fn read_pid(&self) -> u32 {
+        std::fs::read_to_string(self.pid())
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The description, if written.
+    pub fn read_description(&self) -> Option<Description> {
+        let text = std::fs::read_to_string(self.description()).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+}
+
+/// What is found under a name.
+#[derive(Debug)]
+pub enum Probe {
+    /// No directory (or a stale one, now removed).
+    Absent,
+    /// A live server holds the lock (`pid` 0: still starting up).
+    Live {
+        /// Its pid.
+        pid: u32,
+    },
+}
+
+/// Whether `p`'s server is alive; a stale directory is removed.
+///
+/// # Errors
+/// I/O errors other than "not there".
+pub fn probe(p: &Paths) -> Result<Probe, InstanceError> {
+    let lock = match File::open(p.lock()) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if p.dir.exists() {
+                // A directory without a lock file: a server that died before taking it
+                // (between mkdir and lock, microseconds), or debris. Not a live instance.
+                remove_stale(p);
+            }
+            return Ok(Probe::Absent);
+        }
+        Err(e) => return Err(io_err(format!("opening {}", p.lock().display()))(e)),
+    };
+    let free = try_flock(&lock, true).map_err(io_err(format!("locking {}", p.lock().display())))?;
+    if free {
+        remove_stale(p);
+        return Ok(Probe::Absent);
+    }
+    Ok(Probe::Live { pid: p.read_pid() })
+}
+
+/// Removes a dead server's directory, including a FUSE mount point whose server died
+/// (the kernel leaves the mount; `fusermount3 -u -z` or `umount -l` takes it away).
+fn remove_stale(p: &Paths) {
+    // Not `exists()`: a dead FUSE mount fails stat with ENOTCONN.
+    lazy_unmount(&p.fuse_dir());
+    let _ = std::fs::remove_dir_all(&p.dir);
+}
+
+/// Detaches a mount of a dead FUSE server at `dir` (lazily: nothing can use it anyway).
+pub fn lazy_unmount(dir: &Path) {
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path; umount2 reads it and nothing else.
+    let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) {
+        let _ = std::process::Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// An instance directory created and locked by the server that owns it. Dropping it
+/// removes the directory (the lock goes with the descriptor).
+#[derive(Debug)]
+pub struct InstanceDir {
+    /// Its paths.
+    pub paths: Paths,
+    lock: Option<File>,
+}
+
+impl InstanceDir {
+    /// Creates and locks `BASE/NAME`, cleaning a stale one first.
+    ///
+    /// # Errors
+    /// [`InstanceError::Exists`] when a live server has the name; I/O errors.
+    pub fn create(name: &str) -> Result<InstanceDir, InstanceError> {
+        let paths = Paths::of(name)?;
+        ensure_base()?;
+        for _ in 0..3 {
+            match std::fs::DirBuilder::new().mode(0o700).create(&paths.dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if let Probe::Live { pid } = probe(&paths)? {
+                        return Err(InstanceError::Exists {
+                            name: name.to_string(),
+                            pid,
+                        });
+                    }
+                    continue; // stale, removed: try again
+                }
+                Err(e) => return Err(io_err(format!("creating {}", paths.dir.display()))(e)),
+            }
+            let lock = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(paths.lock())
+                .map_err(io_err(format!("creating {}", paths.lock().display())))?;
+            if !try_flock(&lock, true).map_err(io_err("locking the instance"))? {
+                return Err(InstanceError::Exists {
+                    name: name.to_string(),
+                    pid: 0,
+                });
+            }
+            return Ok(InstanceDir {
+                paths,
+                lock: Some(lock),
+            });
+        }
+        Err(InstanceError::Exists {
+            name: name.to_string(),
+            pid: paths.read_pid(),
+        })
+    }
+
+    /// Writes `pid` and the description (each written aside and renamed into place, so a
+    /// reader never sees half a file).
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn publish(&self, desc: &Description) -> Result<(), InstanceError> {
+        let json = serde_json::to_string_pretty(desc).map_err(|e| InstanceError::Io {
+            what: "encoding the description".into(),
+            source: io::Error::other(e),
+        })?;
+        write_atomic(&self.paths.pid(), format!("{}\n", desc.pid).as_bytes())?;
+        write_atomic(&self.paths.description(), json.as_bytes())
+    }
+}
+
+impl Drop for InstanceDir {
+    fn drop(&mut self) {
+        // Remove first, unlock after: a concurrent `open NAME` that sees the lock free
+        // finds no directory of ours to delete under its feet.
+        let _ = std::fs::remove_dir_all(&self.paths.dir);
+        self.lock.take();
+    }
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> Result<(), InstanceError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)
+        .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(io_err(format!("writing {}", path.display())))
+}
+
+/// Every live instance under the base directory, by name (stale ones are removed).
+pub fn list() -> Vec<(Paths, u32)> {
+    let Ok(rd) = std::fs::read_dir(base_dir()) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| check_name(n).is_ok())
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .filter_map(|n| {
+            let p = Paths::of(&n).ok()?;
+            match probe(&p) {
+                Ok(Probe::Live { pid }) => Some((p, pid)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_could_escape_the_directory_are_refused() {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "-x",
+            ".hidden",
+            "a b",
+            &"x".repeat(65),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        for good in ["secret", "vol-1", "a.b_c+d", "X9"] {
+            assert!(check_name(good).is_ok(), "{good:?}");
+        }
+    }
+}

@@ -1,0 +1,693 @@
+//! Named instances on the host (no kernel module needed): `ucrypt open DEV NAME` in the
+//! background with the FUSE front end or the NBD socket only, `status`/`ls`/`close`, the
+//! exclusive-access refusals, stale runtime directories, `luksSuspend`/`luksResume`,
+//! `resize`, `refresh`, and the 512-byte minimum block size through nbdfuse.
+//!
+//! Peers that check our bytes: `mkfs.ext4`/`debugfs` (e2fsprogs) on the FUSE file, QEMU's
+//! own LUKS driver (`qemu-img convert`) reading back what went in through FUSE, cryptsetup
+//! making the headers, nbdfuse/nbdcopy/nbdinfo (libnbd) on the socket.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::nbd::require;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A private runtime directory; every server still running in it is stopped on drop.
+struct Runtime {
+    tmp: tempfile::TempDir,
+}
+
+impl Runtime {
+    fn new() -> Runtime {
+        Runtime {
+            tmp: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn dir(&self) -> PathBuf {
+        self.tmp.path().join("run")
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+    /// Runs ucrypt with this runtime directory.
+    fn uc(&self, args: &[&str], stdin: &[u8]) -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+            .args(args)
+            .env("UCRYPT_RUNTIME_DIR", self.dir())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut sin = child.stdin.take().unwrap();
+        let data = stdin.to_vec();
+        let feeder = std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut sin, &data);
+        });
+        let out = child.wait_with_output().unwrap();
+        feeder.join().unwrap();
+        out
+    }
+    fn ok(&self, args: &[&str], stdin: &[u8]) -> String {
+        let out = self.uc(args, stdin);
+        assert!(
+            out.status.success(),
+            "ucrypt {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+    fn status(&self, name: &str) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["status", name, "--json"], b"")).unwrap()
+    }
+    fn pid(&self, name: &str) -> i32 {
+        self.status(name)["pid"].as_i64().unwrap() as i32
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let Ok(rd) = std::fs::read_dir(self.dir()) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let pid = std::fs::read_to_string(e.path().join("pid")).unwrap_or_default();
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                // SAFETY: kill(2) with a pid this test's servers wrote; no memory involved.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            let fuse = e.path().join("fuse");
+            if fuse.exists() {
+                let _ = Command::new("umount").arg("-l").arg(&fuse).status();
+            }
+        }
+    }
+}
+
+fn assert_code(out: &Output, code: i32, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{out:?}");
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+}
+
+/// Whether FUSE mounts work here (root or fusermount3, and /dev/fuse).
+fn fuse_usable() -> bool {
+    let ok = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .is_ok();
+    if !ok {
+        eprintln!("SKIP: /dev/fuse is not usable here");
+    }
+    ok
+}
+
+fn sh(cmd: &str) -> Output {
+    Command::new("sh").arg("-c").arg(cmd).output().unwrap()
+}
+
+fn sh_ok(cmd: &str) -> String {
+    let out = sh(cmd);
+    assert!(out.status.success(), "{cmd}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A LUKS image made by cryptsetup (fast PBKDF2), passphrase "pw".
+fn luks_image(rt: &Runtime, name: &str, mib: u64, luks: &str, sector: u32) -> (PathBuf, PathBuf) {
+    let img = rt.path(name);
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    let pass = rt.path("pass");
+    std::fs::write(&pass, "pw").unwrap();
+    let mut args = vec![
+        "luksFormat".to_string(),
+        "-q".into(),
+        "--type".into(),
+        luks.into(),
+        "--pbkdf-force-iterations".into(),
+        "1000".into(),
+        "--key-file".into(),
+        pass.display().to_string(),
+    ];
+    if luks == "luks2" {
+        args.extend([
+            "--pbkdf".into(),
+            "pbkdf2".into(),
+            "--sector-size".into(),
+            sector.to_string(),
+        ]);
+    }
+    args.push(img.display().to_string());
+    let out = Command::new("cryptsetup").args(&args).output().unwrap();
+    assert!(out.status.success(), "cryptsetup {args:?}: {out:?}");
+    (img, pass)
+}
+
+/// Waits until `name` is gone from the runtime directory.
+fn wait_gone(rt: &Runtime, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rt.dir().join(name).exists() {
+        assert!(Instant::now() < deadline, "{name} still there");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn fuse_file_of_a_4k_luks2_volume_takes_mkfs_and_keeps_files_across_close_and_reopen() {
+    if !fuse_usable() || !require("cryptsetup") || !require("mkfs.ext4") || !require("debugfs") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 64, "luks2", 4096);
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    // open returns once the file is there, and prints it.
+    let node = rt.ok(
+        &["open", img, "vol", "--device", "fuse", "--key-file", pass],
+        b"",
+    );
+    assert!(node.ends_with("/vol"), "{node}");
+    assert_eq!(std::fs::metadata(&node).unwrap().len(), 48 << 20);
+    let st = rt.status("vol");
+    assert_eq!(st["type"], "LUKS2");
+    assert_eq!(st["sector_size"], 4096);
+    assert_eq!(st["frontend"], "fuse");
+    assert_eq!(st["node"], node.as_str());
+    assert_eq!(st["in_use"], false);
+    let text = rt.ok(&["status", "vol"], b"");
+    for want in [
+        "vol is active.",
+        "type:    LUKS2",
+        "cipher:  aes-xts-plain64",
+        "keysize: 512 bits",
+        "sector size:  4096",
+        "offset:  32768 sectors",
+        "size:    98304 sectors",
+        "mode:    read/write",
+        "front end: fuse",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+    assert!(rt.ok(&["ls"], b"").contains("vol"));
+
+    sh_ok(&format!("mkfs.ext4 -q -F {node}"));
+    let data = common::nbd::random_bytes(300_000);
+    let src = rt.path("data");
+    std::fs::write(&src, &data).unwrap();
+    sh_ok(&format!(
+        "debugfs -w -R 'write {} data' {node}",
+        src.display()
+    ));
+
+    // Held open (as a loop device or a mount would): close refuses with 5.
+    let held = std::fs::File::open(&node).unwrap();
+    assert_eq!(rt.status("vol")["in_use"], true);
+    assert_code(&rt.uc(&["close", "vol"], b""), 5, "in use");
+    drop(held);
+    rt.ok(&["close", "vol"], b"");
+    assert!(!Path::new(&node).exists());
+    let out = rt.uc(&["status", "vol"], b"");
+    assert_eq!(out.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("vol is inactive."));
+
+    // Reopen: the file system and the file are intact.
+    let node = rt.ok(
+        &["open", img, "vol", "--key-file", pass, "--device", "fuse"],
+        b"",
+    );
+    let back = rt.path("back");
+    sh_ok(&format!("debugfs -R 'dump data {}' {node}", back.display()));
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "file changed across close/reopen"
+    );
+    sh_ok(&format!("e2fsck -fn {node}"));
+    rt.ok(&["close", "vol"], b"");
+}
+
+#[test]
+fn files_written_through_fuse_read_back_through_qemus_luks_driver() {
+    if !fuse_usable()
+        || !require("cryptsetup")
+        || !require("mkfs.ext4")
+        || !require("debugfs")
+        || !require("qemu-img")
+    {
+        return;
+    }
+    let rt = Runtime::new();
+    // QEMU's LUKS driver reads LUKS1 (512-byte sectors).
+    let (img, pass) = luks_image(&rt, "img1", 32, "luks1", 512);
+    let mnt = rt.path("mnt");
+    let node = rt.ok(
+        &[
+            "open",
+            img.to_str().unwrap(),
+            "one",
+            "--fuse",
+            mnt.to_str().unwrap(),
+            "--key-file",
+            pass.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert_eq!(Path::new(&node), mnt.join("one"));
+    sh_ok(&format!("mkfs.ext4 -q -F {node}"));
+    let data = common::nbd::random_bytes(200_000);
+    let src = rt.path("data");
+    std::fs::write(&src, &data).unwrap();
+    sh_ok(&format!("debugfs -w -R 'write {} f' {node}", src.display()));
+    rt.ok(&["close", "one"], b"");
+    assert!(!mnt.exists(), "the mount point we created is removed");
+    let raw = rt.path("plain.raw");
+    sh_ok(&format!(
+        "qemu-img convert --object secret,id=s0,file={} --image-opts \
+         driver=luks,key-secret=s0,file.filename={} -O raw {}",
+        pass.display(),
+        img.display(),
+        raw.display()
+    ));
+    let back = rt.path("back");
+    sh_ok(&format!(
+        "debugfs -R 'dump f {}' {}",
+        back.display(),
+        raw.display()
+    ));
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "qemu read other data"
+    );
+}
+
+#[test]
+fn images_in_use_refuse_a_second_open_and_header_changes_with_exit_5() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 20, "luks2", 512);
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    rt.ok(
+        &["open", img, "a", "--device", "none", "--key-file", pass],
+        b"",
+    );
+    let pid = rt.pid("a");
+    let holder = format!("in use by ucrypt open a, pid {pid}");
+    // The name is taken.
+    let other = rt.path("other");
+    std::fs::File::create(&other)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let t = format!(
+        "0 2048 crypt aes-xts-plain64 {} 0 {} 0",
+        "ab".repeat(64),
+        other.display()
+    );
+    assert_code(
+        &rt.uc(&["open", "--table", &t, "a", "--device", "none"], b""),
+        5,
+        "already exists",
+    );
+    // A second mapping of the image, read-write or read-only.
+    assert_code(
+        &rt.uc(
+            &["open", img, "b", "--device", "none", "--key-file", pass],
+            b"",
+        ),
+        5,
+        &holder,
+    );
+    assert_code(
+        &rt.uc(
+            &[
+                "open",
+                img,
+                "b",
+                "--device",
+                "none",
+                "--read-only",
+                "--shared",
+                "--key-file",
+                pass,
+            ],
+            b"",
+        ),
+        5,
+        &holder,
+    );
+    // Every header-changing command.
+    let backup = rt.path("hdr");
+    Command::new("cryptsetup")
+        .args(["luksHeaderBackup", img, "--header-backup-file"])
+        .arg(&backup)
+        .status()
+        .unwrap();
+    let new = rt.path("new");
+    std::fs::write(&new, "pw2").unwrap();
+    let new = new.to_str().unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["luksFormat", "-q", img, pass],
+        vec!["luksAddKey", img, "--key-file", pass, new],
+        vec!["luksChangeKey", img, "--key-file", pass, new],
+        vec!["luksRemoveKey", img, pass, "--batch-mode"],
+        vec!["luksKillSlot", img, "0", "--batch-mode"],
+        vec![
+            "luksUUID",
+            img,
+            "--uuid",
+            "12345678-1234-1234-1234-123456789abc",
+            "--batch-mode",
+        ],
+        vec![
+            "luksHeaderRestore",
+            img,
+            "--header-backup-file",
+            backup.to_str().unwrap(),
+            "--batch-mode",
+        ],
+    ];
+    let before = std::fs::read(img).unwrap()[..16384].to_vec();
+    for c in &cases {
+        assert_code(&rt.uc(c, b""), 5, &holder);
+    }
+    assert!(
+        std::fs::read(img).unwrap()[..16384] == before[..],
+        "a header changed"
+    );
+    // Reading the header is not a change (and cryptsetup's own flock is not ours).
+    rt.ok(&["luksDump", img], b"");
+    assert!(Command::new("cryptsetup")
+        .args(["luksDump", img])
+        .output()
+        .unwrap()
+        .status
+        .success());
+    rt.ok(&["close", "a"], b"");
+
+    // --shared: several read-only mappings; a read-write one and header changes refused.
+    rt.ok(
+        &[
+            "open",
+            img,
+            "r1",
+            "--device",
+            "none",
+            "--read-only",
+            "--shared",
+            "--key-file",
+            pass,
+        ],
+        b"",
+    );
+    rt.ok(
+        &[
+            "open",
+            img,
+            "r2",
+            "--device",
+            "none",
+            "--read-only",
+            "--shared",
+            "--key-file",
+            pass,
+        ],
+        b"",
+    );
+    let out = rt.uc(
+        &["open", img, "rw", "--device", "none", "--key-file", pass],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    assert_code(
+        &rt.uc(&["luksKillSlot", img, "0", "--batch-mode"], b""),
+        5,
+        "in use by ucrypt open r",
+    );
+    rt.ok(&["close", "r1"], b"");
+    rt.ok(&["close", "r2"], b"");
+    // Free again.
+    rt.ok(
+        &[
+            "luksUUID",
+            img,
+            "--uuid",
+            "12345678-1234-1234-1234-123456789abc",
+            "--batch-mode",
+        ],
+        b"",
+    );
+}
+
+#[test]
+fn a_dead_servers_directory_is_recognised_and_cleaned() {
+    let rt = Runtime::new();
+    let img = rt.path("img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let t = format!(
+        "0 8192 crypt aes-xts-plain64 {} 0 {} 0",
+        "cd".repeat(64),
+        img.display()
+    );
+    let fuse = fuse_usable();
+    let dev = if fuse { "fuse" } else { "none" };
+    rt.ok(&["open", "--table", &t, "dead", "--device", dev], b"");
+    let pid = rt.pid("dead");
+    // SAFETY: kill(2) on the server this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(rt.dir().join("dead").exists(), "the debris is there");
+    // status does not trust it, and cleans it.
+    let out = rt.uc(&["status", "dead"], b"");
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(!rt.dir().join("dead").exists());
+    // The lock died with the server: the image opens again under the same name.
+    rt.ok(&["open", "--table", &t, "dead", "--device", dev], b"");
+    // SAFETY: as above.
+    unsafe { libc::kill(rt.pid("dead"), libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(200));
+    // open meets the debris and cleans it too.
+    rt.ok(&["open", "--table", &t, "dead", "--device", "none"], b"");
+    assert_eq!(rt.ok(&["ls", "--json"], b"").matches("\"name\"").count(), 1);
+    rt.ok(&["close", "dead"], b"");
+    wait_gone(&rt, "dead");
+}
+
+/// Whether `needle` occurs in the readable memory of process `pid`.
+fn memory_contains(pid: i32, needle: &[u8]) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
+        let path = f.nth(3).unwrap_or("");
+        if !perms.starts_with('r') || path.starts_with('/') || path == "[vvar]" {
+            continue; // file mappings (the binary, libraries, the image) hold no key
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (b - a) as usize];
+        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        if buf.windows(needle.len()).any(|w| w == needle) {
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+fn suspend_holds_io_and_wipes_the_key_resume_resize_and_refresh_over_the_socket() {
+    if !require("cryptsetup") || !require("nbdcopy") || !require("nbdinfo") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 32, "luks2", 512);
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    let uri = rt.ok(
+        &["open", img, "s", "--device", "none", "--key-file", pass],
+        b"",
+    );
+    assert!(uri.starts_with("nbd+unix:///s?socket="), "{uri}");
+    let data = common::nbd::random_bytes(1 << 20);
+    let src = rt.path("data");
+    std::fs::write(&src, &data).unwrap();
+    sh_ok(&format!("nbdcopy {} '{uri}'", src.display()));
+    // The volume key, from cryptsetup, to look for in the server's memory.
+    let dump = Command::new("cryptsetup")
+        .args([
+            "luksDump",
+            "--dump-volume-key",
+            "--batch-mode",
+            "--key-file",
+            pass,
+            img,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&dump.stdout);
+    let hex: String = text
+        .split("MK dump:")
+        .nth(1)
+        .or_else(|| text.split("Volume key:").nth(1))
+        .unwrap_or_else(|| panic!("no key in {text}"))
+        .split_whitespace()
+        .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
+        .collect();
+    let key = hex::decode(&hex).unwrap();
+    assert_eq!(key.len(), 64);
+    let pid = rt.pid("s");
+    // Each XTS half is an AES-256 key: its first round key is the half itself.
+    assert!(
+        memory_contains(pid, &key[..32]),
+        "key not found: the scan would prove nothing"
+    );
+
+    rt.ok(&["luksSuspend", "s"], b"");
+    let st = rt.status("s");
+    assert_eq!(st["suspended"], true);
+    assert!(
+        !memory_contains(pid, &key[..32]),
+        "key half 1 still in memory"
+    );
+    assert!(
+        !memory_contains(pid, &key[32..]),
+        "key half 2 still in memory"
+    );
+    // I/O waits.
+    let out_path = rt.path("out");
+    let mut reader = Command::new("nbdcopy")
+        .args([uri.as_str(), out_path.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        reader.try_wait().unwrap().is_none(),
+        "a read went through while suspended"
+    );
+    // A wrong passphrase: exit 2, still suspended.
+    let bad = rt.path("bad");
+    std::fs::write(&bad, "nope").unwrap();
+    assert_code(
+        &rt.uc(
+            &["luksResume", "s", "--key-file", bad.to_str().unwrap()],
+            b"",
+        ),
+        2,
+        "passphrase",
+    );
+    assert_eq!(rt.status("s")["suspended"], true);
+    assert_code(&rt.uc(&["close", "s"], b""), 5, "suspended");
+    rt.ok(&["luksResume", "s", "--key-file", pass], b"");
+    assert!(reader.wait().unwrap().success());
+    assert!(std::fs::read(&out_path).unwrap()[..data.len()] == data[..]);
+
+    // resize to 4 MiB, then back to all the device holds.
+    rt.ok(&["resize", "s", "--size", "8192", "--key-file", pass], b"");
+    assert_eq!(
+        sh_ok(&format!("nbdinfo --size '{uri}'")),
+        (8192 * 512).to_string()
+    );
+    rt.ok(&["resize", "s", "--key-file", pass], b"");
+    assert_eq!(
+        sh_ok(&format!("nbdinfo --size '{uri}'")),
+        (16u64 << 20).to_string()
+    );
+    // refresh with discards: the export now offers trim.
+    assert!(!sh_ok(&format!("nbdinfo '{uri}'")).contains("can_trim: true"));
+    rt.ok(
+        &[
+            "refresh",
+            "s",
+            "--allow-discards",
+            "--perf-no_read_workqueue",
+            "--key-file",
+            pass,
+        ],
+        b"",
+    );
+    assert!(sh_ok(&format!("nbdinfo '{uri}'")).contains("can_trim: true"));
+    assert_eq!(rt.status("s")["allow_discards"], true);
+    sh_ok(&format!("nbdcopy '{uri}' {}", out_path.display()));
+    assert!(std::fs::read(&out_path).unwrap()[..data.len()] == data[..]);
+    // A connected client makes the instance busy.
+    let mut client = Command::new("nbdsh")
+        .args(["-u", uri.as_str(), "-c", "import time; time.sleep(30)"])
+        .spawn()
+        .ok();
+    if client.is_some() {
+        std::thread::sleep(Duration::from_millis(500));
+        assert_code(&rt.uc(&["close", "s"], b""), 5, "NBD connection");
+        rt.ok(&["close", "s", "--deferred"], b"");
+        assert!(
+            rt.dir().join("s").exists(),
+            "deferred close waits for the client"
+        );
+        if let Some(c) = client.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        wait_gone(&rt, "s");
+    } else {
+        rt.ok(&["close", "s"], b"");
+    }
+}
+
+#[test]
+fn mkfs_works_on_an_nbdfuse_file_of_a_4k_sector_volume() {
+    if !fuse_usable() || !require("cryptsetup") || !require("nbdfuse") || !require("mkfs.ext4") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 32, "luks2", 4096);
+    let uri = rt.ok(
+        &[
+            "open",
+            img.to_str().unwrap(),
+            "n",
+            "--device",
+            "none",
+            "--key-file",
+            pass.to_str().unwrap(),
+        ],
+        b"",
+    );
+    let info = sh_ok(&format!("nbdinfo '{uri}'"));
+    assert!(info.contains("block_size_minimum: 512"), "{info}");
+    assert!(info.contains("block_size_preferred: 4096"), "{info}");
+    let mnt = rt.path("nbdfuse");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut fuse = Command::new("nbdfuse").arg(&mnt).arg(&uri).spawn().unwrap();
+    let file = mnt.join("nbd");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !file.exists() {
+        assert!(Instant::now() < deadline, "nbdfuse did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = sh(&format!("mkfs.ext4 -q -F {}", file.display()));
+    let fsck = sh(&format!("e2fsck -fn {}", file.display()));
+    let _ = Command::new("umount").arg(&mnt).status();
+    let _ = fuse.wait();
+    assert!(out.status.success(), "mkfs.ext4 on nbdfuse: {out:?}");
+    assert!(fsck.status.success(), "e2fsck: {fsck:?}");
+    rt.ok(&["close", "n"], b"");
+}
