@@ -311,7 +311,23 @@ pub(crate) fn suspend(a: SuspendArgs) -> Result<(), CliError> {
 }
 
 /// Reads what rebuilds the volume of `p`: its passphrase, or its table line.
-fn read_secret(p: &Paths, s: &SecretArgs) -> Result<zeroize::Zeroizing<Vec<u8>>, CliError> {
+/// A passphrase (locked in RAM) or a table text, zeroed on drop either way.
+enum Payload {
+    Passphrase(super::secret::Secret),
+    Table(zeroize::Zeroizing<String>),
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Passphrase(s) => s,
+            Payload::Table(t) => t.as_bytes(),
+        }
+    }
+}
+
+fn read_secret(p: &Paths, s: &SecretArgs) -> Result<Payload, CliError> {
     let desc = p.read_description().unwrap_or_default();
     if s.table.is_some() || s.table_file.is_some() {
         if desc.from_header {
@@ -326,7 +342,7 @@ fn read_secret(p: &Paths, s: &SecretArgs) -> Result<zeroize::Zeroizing<Vec<u8>>,
             table_file: s.table_file.clone(),
         }
         .text()?;
-        return Ok(zeroize::Zeroizing::new(line.as_bytes().to_vec()));
+        return Ok(Payload::Table(line));
     }
     if !desc.from_header {
         return Err(anyhow::anyhow!(
@@ -335,7 +351,7 @@ fn read_secret(p: &Paths, s: &SecretArgs) -> Result<zeroize::Zeroizing<Vec<u8>>,
         ))
         .code(EXIT_PARAMS);
     }
-    super::secret::existing(&s.key, std::path::Path::new(&desc.device))
+    super::secret::existing(&s.key, std::path::Path::new(&desc.device)).map(Payload::Passphrase)
 }
 
 pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
