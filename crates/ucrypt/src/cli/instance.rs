@@ -112,6 +112,7 @@ fn choose_frontend(a: &Args) -> Result<FrontendKind, CliError> {
         let ctx = frontend::Context {
             fuse_dir: PathBuf::new(),
             nbd_socket: None,
+            recover: false,
         };
         let probe: Arc<dyn Backend> = Arc::new(ucrypt_backend::ZeroBackend::new(0));
         if let Err(e) = frontend::attach(kind, probe, &attach_options("probe", false, 512), &ctx) {
@@ -366,6 +367,7 @@ fn serve(
     let ctx = frontend::Context {
         fuse_dir: a.fuse.clone().unwrap_or_else(|| dir.paths.fuse_dir()),
         nbd_socket,
+        recover: a.recover,
     };
     let attached = frontend::attach(
         kind,

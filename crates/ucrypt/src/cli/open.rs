@@ -64,6 +64,11 @@ pub(crate) struct Args {
         value_name = "ublk|nbd|fuse|none|auto"
     )]
     pub(super) frontend: String,
+    /// ublk user recovery: the server of NAME died (killed, crashed) and its /dev/ublkbN
+    /// waits, with whatever is mounted on it; open the same volume again and reattach to
+    /// that device instead of creating one (requests in flight are re-issued).
+    #[arg(long)]
+    pub(super) recover: bool,
     /// FUSE: mount at DIR and expose the volume as DIR/NAME (default: the instance's
     /// runtime directory).
     #[arg(long, value_name = "DIR")]

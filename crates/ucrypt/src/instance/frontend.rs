@@ -17,6 +17,9 @@ pub struct Context {
     /// The instance's NBD socket when it is a unix socket (a kernel NBD client can
     /// connect its sockets there).
     pub nbd_socket: Option<PathBuf>,
+    /// ublk: reattach to the device of this instance whose server died (`open --recover`)
+    /// instead of creating one.
+    pub recover: bool,
 }
 
 fn is_root() -> bool {
@@ -75,6 +78,12 @@ pub fn attach(
     opts: &AttachOptions,
     ctx: &Context,
 ) -> Result<Option<Box<dyn Attachment>>, DeviceError> {
+    if ctx.recover && kind != FrontendKind::Ublk {
+        return Err(DeviceError::Unavailable {
+            frontend: kind.as_str(),
+            why: "--recover reattaches a ublk device (user recovery); use --device ublk".into(),
+        });
+    }
     match kind {
         FrontendKind::Ublk => ublk(export, opts, ctx).map(Some),
         FrontendKind::Nbd => nbd(export, opts, ctx).map(Some),
@@ -87,14 +96,27 @@ fn ublk_available() -> bool {
     ucrypt_device::ublk::available().is_ok()
 }
 
-/// The ublk front end (`/dev/ublkbN`), created with user recovery.
+/// The ublk front end (`/dev/ublkbN`, created with user recovery), or with `ctx.recover`
+/// the instance's device that waits for a new server (user recovery).
 fn ublk(
     export: Export,
     opts: &AttachOptions,
-    _ctx: &Context,
+    ctx: &Context,
 ) -> Result<Box<dyn Attachment>, DeviceError> {
-    let uopts = ucrypt_device::ublk::UblkOptions::default();
-    Ok(Box::new(ucrypt_device::ublk::attach(export, opts, &uopts)?))
+    use ucrypt_device::ublk;
+    let uopts = ublk::UblkOptions::default();
+    if ctx.recover {
+        let id = ublk::find_waiting(&opts.name)?.ok_or_else(|| DeviceError::Unavailable {
+            frontend: "ublk",
+            why: format!(
+                "no ublk device of instance {:?} waits for recovery (its server is alive, \
+                 it was closed, or it was not opened with --device ublk)",
+                opts.name
+            ),
+        })?;
+        return Ok(Box::new(ublk::recover(export, id, opts, &uopts)?));
+    }
+    Ok(Box::new(ublk::attach(export, opts, &uopts)?))
 }
 
 fn nbd_available() -> bool {
