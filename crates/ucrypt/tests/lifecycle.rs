@@ -13,7 +13,7 @@ mod common;
 
 use common::nbd::require;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// A private runtime directory; every server still running in it is stopped on drop.
@@ -35,22 +35,8 @@ impl Runtime {
     }
     /// Runs ucrypt with this runtime directory.
     fn uc(&self, args: &[&str], stdin: &[u8]) -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
-            .args(args)
-            .env("UCRYPT_RUNTIME_DIR", self.dir())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut sin = child.stdin.take().unwrap();
-        let data = stdin.to_vec();
-        let feeder = std::thread::spawn(move || {
-            let _ = std::io::Write::write_all(&mut sin, &data);
-        });
-        let out = child.wait_with_output().unwrap();
-        feeder.join().unwrap();
-        out
+        let dir = self.dir();
+        common::ucrypt_env(args, stdin, &[("UCRYPT_RUNTIME_DIR", dir.as_os_str())])
     }
     fn ok(&self, args: &[&str], stdin: &[u8]) -> String {
         let out = self.uc(args, stdin);

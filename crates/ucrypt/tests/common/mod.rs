@@ -35,8 +35,14 @@ pub fn pattern(sectors: u64) -> Vec<u8> {
 
 /// Runs the ucrypt binary with `args`, feeding `stdin`.
 pub fn ucrypt(args: &[&str], stdin: &[u8]) -> Output {
+    ucrypt_env(args, stdin, &[])
+}
+
+/// [`ucrypt`] with extra environment variables.
+pub fn ucrypt_env(args: &[&str], stdin: &[u8], env: &[(&str, &std::ffi::OsStr)]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
