@@ -155,10 +155,17 @@ impl SubmitterThread {
             order,
         });
         let s = Arc::clone(&shared);
+        // Running before the first write (see `Workers::new`: thread start-up allocates).
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let started2 = Arc::clone(&started);
         let thread = std::thread::Builder::new()
             .name("ucrypt-submit".into())
-            .spawn(move || submit_loop(&s, &*backend))
+            .spawn(move || {
+                started2.wait();
+                submit_loop(&s, &*backend)
+            })
             .expect("spawning the write submitter thread");
+        started.wait();
         SubmitterThread {
             shared,
             thread: Some(thread),

@@ -156,12 +156,18 @@ impl Workers {
             },
         });
         let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+        // The pool is ready once every worker runs: a thread's start-up (its name, its
+        // signal stack) allocates, and must not fall on the first requests' time (the
+        // no_alloc test caught a late-starting worker allocating mid-workload).
+        let started = Arc::new(std::sync::Barrier::new(n + 1));
         let threads = (0..n)
             .map(|i| {
                 let s = Arc::clone(&shared);
+                let started = Arc::clone(&started);
                 std::thread::Builder::new()
                     .name(format!("ucrypt-crypt{i}"))
                     .spawn(move || {
+                        started.wait();
                         // Only same_cpu_crypt workers are bound to a CPU (dm-crypt's bound
                         // per-CPU workqueue); the shared pool floats like the unbound
                         // workqueue, so the scheduler can put a woken worker on the CPU the
@@ -174,6 +180,7 @@ impl Workers {
                     .expect("spawning a crypt worker thread")
             })
             .collect();
+        started.wait();
         Workers {
             shared,
             threads,
