@@ -677,3 +677,107 @@ fn mkfs_works_on_an_nbdfuse_file_of_a_4k_sector_volume() {
     assert!(fsck.status.success(), "e2fsck: {fsck:?}");
     rt.ok(&["close", "n"], b"");
 }
+
+/// A loop device attached for one test, detached on drop.
+struct Loop(String);
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// Opens `dev` with `O_EXCL` in a child that holds it until its stdin closes.
+fn hold_exclusively(dev: &str) -> std::process::Child {
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY|os.O_EXCL); print('held', flush=True); sys.stdin.read()",
+            dev,
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(
+        line.trim(),
+        "held",
+        "the holder could not open {dev} O_EXCL"
+    );
+    child
+}
+
+/// Whether an `O_EXCL` open of `dev` by another process is refused with EBUSY.
+fn excl_refused(dev: &str) -> bool {
+    let out = sh(&format!(
+        "python3 -c 'import os,sys,errno\ntry:\n os.open(sys.argv[1], os.O_RDONLY|os.O_EXCL)\nexcept OSError as e:\n sys.exit(7 if e.errno==errno.EBUSY else 1)' {dev}"
+    ));
+    match out.status.code() {
+        Some(7) => true,
+        Some(0) => false,
+        _ => panic!("probing {dev}: {out:?}"),
+    }
+}
+
+#[test]
+fn a_real_block_device_is_held_with_o_excl_and_refused_when_the_kernel_holds_it() {
+    if !require("cryptsetup") || !require("losetup") || !require("python3") {
+        return;
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "/dev/loop-control is missing"
+        );
+        eprintln!("SKIP: no loop devices here");
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 20, "luks2", 512);
+    let pass = pass.to_str().unwrap();
+    let lo = Loop(sh_ok(&format!("losetup -f --show {}", img.display())));
+    let dev = lo.0.as_str();
+    assert!(!excl_refused(dev), "{dev} is busy before the test");
+
+    // Served read-write: the kernel refuses other exclusive openers (mkfs, mount, dm-crypt).
+    rt.ok(
+        &["open", dev, "a", "--device", "none", "--key-file", pass],
+        b"",
+    );
+    assert!(excl_refused(dev), "{dev} is served but not held O_EXCL");
+    let mkfs = sh(&format!("mkfs.ext4 -q -F {dev} 2>&1"));
+    assert!(!mkfs.status.success(), "mkfs.ext4 ran on a served device");
+    rt.ok(&["close", "a"], b"");
+    wait_gone(&rt, "a");
+    assert!(!excl_refused(dev), "{dev} still held after close");
+
+    // Held by someone else (as a mount or dm-crypt would): open and header changes exit 5.
+    let mut holder = hold_exclusively(dev);
+    assert_code(
+        &rt.uc(
+            &["open", dev, "b", "--device", "none", "--key-file", pass],
+            b"",
+        ),
+        5,
+        "in use by the kernel",
+    );
+    assert!(
+        !rt.dir().join("b").exists(),
+        "a refused open left a directory"
+    );
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    // Free again: it opens.
+    rt.ok(
+        &["open", dev, "b", "--device", "none", "--key-file", pass],
+        b"",
+    );
+    rt.ok(&["close", "b"], b"");
+    wait_gone(&rt, "b");
+}
