@@ -14,78 +14,64 @@
 use crate::kdf::{self, Argon2Cost, Argon2Kind, Hash};
 use crate::luks1::{decrypt_area, open};
 use crate::{af, FormatError};
-use serde_json::Value;
 use std::path::Path;
 use ucrypt_crypto::{CipherSpec, VolumeKey};
 use zeroize::Zeroizing;
 
-/// Decodes standard base64 (with or without padding), as LUKS2 stores salts and digests.
+pub mod metadata;
+
+pub use metadata::{BinaryHeader, Metadata, Number};
+
+/// Decodes standard base64 (with or without padding, whitespace ignored), as LUKS2 stores
+/// salts and digests, with RustCrypto's constant-time `base64ct`.
 ///
 /// # Errors
-/// [`FormatError::Header`] for a character outside the alphabet.
+/// [`FormatError::Header`] for a character outside the alphabet or a bad length.
 pub fn base64_decode(s: &str) -> Result<Vec<u8>, FormatError> {
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for c in s.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=') {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => {
-                return Err(FormatError::Header {
-                    what: "LUKS2 base64 field".into(),
-                    reason: format!("character {:?} is not base64 (A-Z a-z 0-9 + /)", c as char),
-                })
-            }
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    Ok(out)
-}
-
-fn field<'a>(v: &'a Value, path: &str, what: &str) -> Result<&'a Value, FormatError> {
-    let mut cur = v;
-    for p in path.split('.') {
-        cur = &cur[p];
-    }
-    if cur.is_null() {
+    use base64ct::{Base64Unpadded, Encoding};
+    let clean: String = s
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace() && *c != '=')
+        .collect();
+    if let Some(c) = clean
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '+' || *c == '/'))
+    {
         return Err(FormatError::Header {
-            what: what.to_string(),
-            reason: format!("field \"{path}\" is missing"),
+            what: "LUKS2 base64 field".into(),
+            reason: format!("character {c:?} is not base64 (A-Z a-z 0-9 + /)"),
         });
     }
-    Ok(cur)
+    // cryptsetup writes padded base64; with the padding removed above, a final group of 2
+    // or 3 characters decodes as its padded form would (1 character is not a byte).
+    Base64Unpadded::decode_vec(&clean).map_err(|e| FormatError::Header {
+        what: "LUKS2 base64 field".into(),
+        reason: format!("{e} (length {} after padding is removed)", clean.len()),
+    })
 }
 
-fn str_field<'a>(v: &'a Value, path: &str, what: &str) -> Result<&'a str, FormatError> {
-    field(v, path, what)?
-        .as_str()
-        .ok_or_else(|| FormatError::Header {
-            what: what.to_string(),
-            reason: format!("field \"{path}\" is not a string"),
-        })
+fn missing(what: &str, path: &str) -> FormatError {
+    FormatError::Header {
+        what: what.to_string(),
+        reason: format!("field \"{path}\" is missing"),
+    }
 }
 
-/// A number stored either as a JSON number or (for 64-bit values) as a decimal string.
-fn num_field(v: &Value, path: &str, what: &str) -> Result<u64, FormatError> {
-    let f = field(v, path, what)?;
-    f.as_u64()
-        .or_else(|| f.as_str().and_then(|s| s.parse().ok()))
+fn need<'a, T>(v: Option<&'a T>, path: &str, what: &str) -> Result<&'a T, FormatError> {
+    v.ok_or_else(|| missing(what, path))
+}
+
+fn num(v: Option<&Number>, path: &str, what: &str) -> Result<u64, FormatError> {
+    need(v, path, what)?
+        .get()
         .ok_or_else(|| FormatError::Header {
             what: what.to_string(),
             reason: format!("field \"{path}\" is not a non-negative integer"),
         })
 }
 
-fn u32_field(v: &Value, path: &str, what: &str) -> Result<u32, FormatError> {
-    let n = num_field(v, path, what)?;
+fn u32_num(v: Option<&Number>, path: &str, what: &str) -> Result<u32, FormatError> {
+    let n = num(v, path, what)?;
     u32::try_from(n).map_err(|_| FormatError::Header {
         what: what.to_string(),
         reason: format!("field \"{path}\" = {n} is larger than 2^32-1"),
@@ -93,15 +79,20 @@ fn u32_field(v: &Value, path: &str, what: &str) -> Result<u32, FormatError> {
 }
 
 /// Derives a keyslot's area key from `passphrase` with the keyslot's `kdf` object.
-fn derive(kdf_v: &Value, passphrase: &[u8], out: &mut [u8], what: &str) -> Result<(), FormatError> {
-    let salt = base64_decode(str_field(kdf_v, "salt", what)?)?;
-    match str_field(kdf_v, "type", what)? {
+fn derive(
+    kdf_v: &metadata::Kdf,
+    passphrase: &[u8],
+    out: &mut [u8],
+    what: &str,
+) -> Result<(), FormatError> {
+    let salt = base64_decode(need(kdf_v.salt.as_ref(), "salt", what)?)?;
+    match kdf_v.kind.as_str() {
         "pbkdf2" => {
-            let hash = Hash::from_name(str_field(kdf_v, "hash", what)?)?;
+            let hash = Hash::from_name(need(kdf_v.hash.as_ref(), "hash", what)?)?;
             hash.pbkdf2(
                 passphrase,
                 &salt,
-                u32_field(kdf_v, "iterations", what)?,
+                u32_num(kdf_v.iterations.as_ref(), "iterations", what)?,
                 out,
             );
             Ok(())
@@ -113,9 +104,9 @@ fn derive(kdf_v: &Value, passphrase: &[u8], out: &mut [u8], what: &str) -> Resul
                 Argon2Kind::Id
             };
             let cost = Argon2Cost {
-                time: u32_field(kdf_v, "time", what)?,
-                memory_kib: u32_field(kdf_v, "memory", what)?,
-                lanes: u32_field(kdf_v, "cpus", what)?,
+                time: u32_num(kdf_v.time.as_ref(), "time", what)?,
+                memory_kib: u32_num(kdf_v.memory.as_ref(), "memory", what)?,
+                lanes: u32_num(kdf_v.cpus.as_ref(), "cpus", what)?,
             };
             kdf::argon2(kind, cost, passphrase, &salt, out)
         }
@@ -126,32 +117,27 @@ fn derive(kdf_v: &Value, passphrase: &[u8], out: &mut [u8], what: &str) -> Resul
 }
 
 /// Checks `key` against digest object `d`.
-fn digest_matches(d: &Value, key: &[u8], what: &str) -> Result<bool, FormatError> {
-    let t = str_field(d, "type", what)?;
-    if t != "pbkdf2" {
+fn digest_matches(d: &metadata::Digest, key: &[u8], what: &str) -> Result<bool, FormatError> {
+    if d.kind != "pbkdf2" {
         return Err(FormatError::NotSupported(format!(
-            "{what}: digest type \"{t}\" (supported: pbkdf2)"
+            "{what}: digest type \"{}\" (supported: pbkdf2)",
+            d.kind
         )));
     }
-    let hash = Hash::from_name(str_field(d, "hash", what)?)?;
-    let salt = base64_decode(str_field(d, "salt", what)?)?;
-    let want = base64_decode(str_field(d, "digest", what)?)?;
+    let hash = Hash::from_name(need(d.hash.as_ref(), "hash", what)?)?;
+    let salt = base64_decode(need(d.salt.as_ref(), "salt", what)?)?;
+    let want = base64_decode(need(d.digest.as_ref(), "digest", what)?)?;
     let mut got = Zeroizing::new(vec![0u8; want.len()]);
-    hash.pbkdf2(key, &salt, u32_field(d, "iterations", what)?, &mut got);
+    hash.pbkdf2(
+        key,
+        &salt,
+        u32_num(d.iterations.as_ref(), "iterations", what)?,
+        &mut got,
+    );
     Ok(got[..] == want[..])
 }
 
-fn names(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Unlocks a volume key from the LUKS2 header on `path` whose JSON metadata is `json`,
+/// Unlocks a volume key from the LUKS2 header on `path` whose JSON metadata is `meta`,
 /// trying `slot` only or every keyslot in numeric order. Without `allow_unbound`, only
 /// keyslots whose digest is bound to a segment count. Returns the slot and the key.
 ///
@@ -161,71 +147,53 @@ fn names(v: &Value) -> Vec<String> {
 /// hash or cipher ucrypt lacks.
 pub fn unlock(
     path: &Path,
-    json: &str,
+    meta: &Metadata,
     slot: Option<u32>,
     passphrase: &[u8],
     allow_unbound: bool,
 ) -> Result<(u32, VolumeKey), FormatError> {
     let device = path.display().to_string();
-    let meta_what = format!("LUKS2 metadata on {device}");
-    let meta: Value = serde_json::from_str(json).map_err(|e| FormatError::Header {
-        what: meta_what.clone(),
-        reason: format!("not JSON: {e}"),
-    })?;
-    let keyslots = meta["keyslots"]
-        .as_object()
-        .ok_or_else(|| FormatError::Header {
-            what: meta_what.clone(),
-            reason: "\"keyslots\" is not an object".into(),
-        })?;
-    let mut ids: Vec<u32> = keyslots.keys().filter_map(|k| k.parse().ok()).collect();
-    ids.sort_unstable();
     let f = open(path)?;
     let mut tried = Vec::new();
-    for id in ids {
+    for (&id, ks) in &meta.keyslots {
         if slot.is_some_and(|s| s != id) {
             continue;
         }
-        let ks = &keyslots[&id.to_string()];
         let what = format!("LUKS2 keyslot {id} on {device}");
-        if str_field(ks, "type", &what)? != "luks2" {
+        if ks.kind != "luks2" {
             continue;
         }
         // Digests that cover this keyslot; bound = one of them names a segment.
-        let digests: Vec<&Value> = meta["digests"]
-            .as_object()
-            .into_iter()
-            .flat_map(|m| m.values())
-            .filter(|d| names(&d["keyslots"]).contains(&id.to_string()))
-            .collect();
-        let bound = digests.iter().any(|d| !names(&d["segments"]).is_empty());
+        let digests: Vec<&metadata::Digest> = meta.digests_of_keyslot(id).map(|(_, d)| d).collect();
+        let bound = digests.iter().any(|d| !d.segments.is_empty());
         if digests.is_empty() || (!bound && !allow_unbound) {
             continue;
         }
-        let area = field(ks, "area", &what)?;
-        if str_field(area, "type", &what)? != "raw" {
+        let area = need(ks.area.as_ref(), "area", &what)?;
+        if area.kind != "raw" {
             return Err(FormatError::NotSupported(format!(
                 "{what}: area type \"{}\" (supported: raw)",
-                str_field(area, "type", &what)?
+                area.kind
             )));
         }
-        let cipher = str_field(area, "encryption", &what)?;
+        let cipher = need(area.encryption.as_ref(), "area.encryption", &what)?;
         let _: CipherSpec = cipher.parse()?;
-        let key_bytes = u32_field(ks, "key_size", &what)? as usize;
-        let area_key_bytes = u32_field(area, "key_size", &what)? as usize;
-        let stripes = u32_field(ks, "af.stripes", &what)?;
-        let af_hash = Hash::from_name(str_field(ks, "af.hash", &what)?)?;
-        let af_type = str_field(ks, "af.type", &what)?;
-        if af_type != "luks1" {
+        let key_bytes = u32_num(ks.key_size.as_ref(), "key_size", &what)? as usize;
+        let area_key_bytes = u32_num(area.key_size.as_ref(), "area.key_size", &what)? as usize;
+        let af_v = need(ks.af.as_ref(), "af", &what)?;
+        let stripes = u32_num(af_v.stripes.as_ref(), "af.stripes", &what)?;
+        let af_hash = Hash::from_name(need(af_v.hash.as_ref(), "af.hash", &what)?)?;
+        if af_v.kind != "luks1" {
             return Err(FormatError::NotSupported(format!(
-                "{what}: AF type \"{af_type}\" (supported: luks1)"
+                "{what}: AF type \"{}\" (supported: luks1)",
+                af_v.kind
             )));
         }
         let (offset, size) = (
-            num_field(area, "offset", &what)?,
-            num_field(area, "size", &what)?,
+            num(Some(&area.offset), "area.offset", &what)?,
+            num(Some(&area.size), "area.size", &what)?,
         );
-        let need = key_bytes as u64 * u64::from(stripes);
+        let need_bytes = key_bytes as u64 * u64::from(stripes);
         if key_bytes == 0 || key_bytes > 512 || area_key_bytes == 0 || area_key_bytes > 512 {
             return Err(FormatError::Header {
                 what,
@@ -234,7 +202,7 @@ pub fn unlock(
                 ),
             });
         }
-        if need.div_ceil(512) * 512 > size {
+        if need_bytes.div_ceil(512) * 512 > size {
             return Err(FormatError::Header {
                 what,
                 reason: format!(
@@ -244,8 +212,13 @@ pub fn unlock(
         }
         tried.push(id.to_string());
         let mut area_key = Zeroizing::new(vec![0u8; area_key_bytes]);
-        derive(field(ks, "kdf", &what)?, passphrase, &mut area_key, &what)?;
-        let material = decrypt_area(&f, &device, offset, need as usize, cipher, &area_key)?;
+        derive(
+            need(ks.kdf.as_ref(), "kdf", &what)?,
+            passphrase,
+            &mut area_key,
+            &what,
+        )?;
+        let material = decrypt_area(&f, &device, offset, need_bytes as usize, cipher, &area_key)?;
         let key = af::merge(&material, key_bytes, stripes, af_hash)?;
         for d in &digests {
             if digest_matches(d, &key, &what)? {
@@ -276,5 +249,9 @@ mod tests {
         assert_eq!(base64_decode("aGVsbG8").unwrap(), b"hello");
         assert_eq!(base64_decode("+/8=").unwrap(), [0xfb, 0xff]);
         assert!(base64_decode("a*b").is_err());
+        assert_eq!(base64_decode("aGVs\nbG8=").unwrap(), b"hello");
+        assert_eq!(base64_decode("").unwrap(), b"");
+        // One leftover character is not a whole byte.
+        assert!(base64_decode("aGVsb").is_err());
     }
 }

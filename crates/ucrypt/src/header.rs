@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use ucrypt_crypto::VolumeKey;
 use ucrypt_format::cryptsetup::{self as cs, CryptDevice, HeaderInfo, HeaderType};
+use ucrypt_format::luks2::{self, Metadata};
 use ucrypt_format::plain::PlainOptions;
 use ucrypt_format::{FormatError, KeySource, OptParam, TableLine};
 
@@ -267,12 +268,14 @@ pub fn check_requirements(cd: &mut CryptDevice) -> Result<(u32, u32)> {
         if req & cs::REQUIREMENT_UNKNOWN != 0 || what.is_empty() {
             // Name them: config.requirements.mandatory of the JSON metadata.
             let names = cd
-                .dump_json()
+                .luks2_metadata()
                 .ok()
-                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
-                .and_then(|v| {
-                    let list = v["config"]["requirements"]["mandatory"].as_array()?.clone();
-                    Some(list.iter().map(ToString::to_string).collect::<Vec<_>>())
+                .and_then(|m| m.config.requirements)
+                .map(|r| {
+                    r.mandatory
+                        .iter()
+                        .map(|n| luks2::metadata::quoted(n))
+                        .collect::<Vec<_>>()
                 })
                 .unwrap_or_default();
             unknown = format!(
@@ -357,9 +360,8 @@ pub struct Luks2Segment {
 ///
 /// # Errors
 /// [`FormatError::Refused`] naming the field and its value.
-pub fn check_luks2_metadata(json: &str, info: &HeaderInfo, device: &str) -> Result<Luks2Segment> {
-    let v: serde_json::Value =
-        serde_json::from_str(json).context("parsing the LUKS2 JSON metadata")?;
+pub fn check_luks2_metadata(v: &Metadata, info: &HeaderInfo, device: &str) -> Result<Luks2Segment> {
+    use luks2::metadata::quoted;
     let refuse = |what: String| -> anyhow::Error {
         FormatError::Refused(format!(
             "LUKS2 header on {device}: {what}; ucrypt does not implement it and will not map \
@@ -367,63 +369,65 @@ pub fn check_luks2_metadata(json: &str, info: &HeaderInfo, device: &str) -> Resu
         ))
         .into()
     };
-    if let Some(req) = v["config"]["requirements"]["mandatory"].as_array() {
-        if !req.is_empty() {
-            let names: Vec<String> = req.iter().map(ToString::to_string).collect();
+    if let Some(req) = &v.config.requirements {
+        if !req.mandatory.is_empty() {
+            let names: Vec<String> = req.mandatory.iter().map(|n| quoted(n)).collect();
             return Err(refuse(format!(
                 "config.requirements.mandatory lists {}",
                 names.join(", ")
             )));
         }
     }
-    if let Some(flags) = v["config"]["flags"].as_array() {
+    if let Some(flags) = &v.config.flags {
         for f in flags {
-            if !f.as_str().is_some_and(|f| LUKS2_KNOWN_FLAGS.contains(&f)) {
-                return Err(refuse(format!("config.flags has the unknown flag {f}")));
+            if !LUKS2_KNOWN_FLAGS.contains(&f.as_str()) {
+                return Err(refuse(format!(
+                    "config.flags has the unknown flag {}",
+                    quoted(f)
+                )));
             }
         }
     }
-    let segments = v["segments"]
-        .as_object()
-        .ok_or_else(|| refuse("no segments object".into()))?;
-    if segments.len() != 1 || !segments.contains_key("0") {
-        let keys: Vec<&str> = segments.keys().map(String::as_str).collect();
-        return Err(refuse(format!(
-            "{} segments ({}) where ucrypt maps exactly one, segment 0 (several segments \
-             mean a reencryption or a layout ucrypt does not build)",
-            segments.len(),
-            keys.join(", ")
-        )));
-    }
-    let seg = &segments["0"];
-    let ty = seg["type"].as_str().unwrap_or("(none)");
+    let segments = &v.segments;
+    let seg = match segments.get(&0) {
+        Some(seg) if segments.len() == 1 => seg,
+        _ => {
+            let keys: Vec<String> = segments.keys().map(ToString::to_string).collect();
+            return Err(refuse(format!(
+                "{} segments ({}) where ucrypt maps exactly one, segment 0 (several segments \
+                 mean a reencryption or a layout ucrypt does not build)",
+                segments.len(),
+                keys.join(", ")
+            )));
+        }
+    };
+    let ty = seg.kind.as_str();
     if ty != "crypt" {
         return Err(refuse(format!(
             "segments.0.type is \"{ty}\" (only \"crypt\" is implemented)"
         )));
     }
-    if let Some(integrity) = seg.get("integrity") {
-        let kind = integrity["type"].as_str().unwrap_or("?");
+    if let Some(integrity) = &seg.integrity {
+        let kind = integrity.kind.as_deref().unwrap_or("?");
         return Err(refuse(format!(
             "segments.0.integrity is {{\"type\": \"{kind}\"}}: authenticated encryption \
              (dm-integrity tags interleaved with the data, cryptsetup --integrity)"
         )));
     }
-    if let Some(flags) = seg["flags"].as_array().filter(|f| !f.is_empty()) {
-        let names: Vec<String> = flags.iter().map(ToString::to_string).collect();
+    if let Some(flags) = seg.flags.as_ref().filter(|f| !f.is_empty()) {
+        let names: Vec<String> = flags.iter().map(|n| quoted(n)).collect();
         return Err(refuse(format!(
             "segments.0.flags is [{}]",
             names.join(", ")
         )));
     }
-    let num = |field: &str| -> Result<u64> {
-        let f = &seg[field];
-        f.as_str()
-            .and_then(|s| s.parse().ok())
-            .or_else(|| f.as_u64())
-            .ok_or_else(|| refuse(format!("segments.0.{field} is {f}, not a number")))
+    let num = |field: &str, n: Option<&luks2::Number>| -> Result<u64> {
+        n.and_then(luks2::Number::get).ok_or_else(|| {
+            let shown = n.map_or_else(|| "null".to_string(), ToString::to_string);
+            refuse(format!("segments.0.{field} is {shown}, not a number"))
+        })
     };
-    let enc = seg["encryption"].as_str().unwrap_or("");
+    let enc = seg.encryption.as_deref().unwrap_or("");
     if enc != info.cipher_spec() {
         return Err(refuse(format!(
             "segments.0.encryption \"{enc}\" differs from the cipher libcryptsetup reports \
@@ -431,13 +435,13 @@ pub fn check_luks2_metadata(json: &str, info: &HeaderInfo, device: &str) -> Resu
             info.cipher_spec()
         )));
     }
-    let sector = num("sector_size")?;
+    let sector = num("sector_size", seg.sector_size.as_ref())?;
     if ![512, 1024, 2048, 4096].contains(&sector) || sector != u64::from(info.sector_size) {
         return Err(refuse(format!(
             "segments.0.sector_size is {sector} (dm-crypt takes 512, 1024, 2048 or 4096)"
         )));
     }
-    let offset = num("offset")?;
+    let offset = num("offset", Some(&seg.offset))?;
     if offset % sector != 0 || offset != info.data_offset * 512 {
         return Err(refuse(format!(
             "segments.0.offset {offset} is not the data offset {} sectors or not aligned to \
@@ -445,42 +449,25 @@ pub fn check_luks2_metadata(json: &str, info: &HeaderInfo, device: &str) -> Resu
             info.data_offset
         )));
     }
-    let tweak = num("iv_tweak")?;
+    let tweak = num("iv_tweak", seg.iv_tweak.as_ref())?;
     if tweak != info.iv_offset {
         return Err(refuse(format!(
             "segments.0.iv_tweak {tweak} differs from the IV offset libcryptsetup reports ({})",
             info.iv_offset
         )));
     }
-    let size_bytes = match seg["size"].as_str() {
-        Some("dynamic") => None,
-        _ => {
-            let n = num("size")?;
-            if n == 0 || n % sector != 0 {
-                return Err(refuse(format!(
-                    "segments.0.size {n} is not a positive multiple of the sector size {sector}"
-                )));
-            }
-            Some(n)
+    let size_bytes = if seg.size.is("dynamic") {
+        None
+    } else {
+        let n = num("size", Some(&seg.size))?;
+        if n == 0 || n % sector != 0 {
+            return Err(refuse(format!(
+                "segments.0.size {n} is not a positive multiple of the sector size {sector}"
+            )));
         }
+        Some(n)
     };
-    let mut digest_keyslots = Vec::new();
-    if let Some(digests) = v["digests"].as_object() {
-        for d in digests.values() {
-            let covers = d["segments"]
-                .as_array()
-                .is_some_and(|a| a.iter().any(|s| s == "0"));
-            if covers {
-                digest_keyslots.extend(
-                    d["keyslots"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|k| k.as_str()?.parse::<u32>().ok()),
-                );
-            }
-        }
-    }
+    let digest_keyslots = v.keyslots_of_segment(0);
     if digest_keyslots.is_empty() {
         return Err(refuse(
             "no digest covers segment 0 (no keyslot can hold its volume key)".into(),
@@ -489,21 +476,24 @@ pub fn check_luks2_metadata(json: &str, info: &HeaderInfo, device: &str) -> Resu
     // Every keyslot that can open segment 0 must hold a key of the segment's size, in the
     // keyslot format libcryptsetup decrypts for ucrypt.
     for k in &digest_keyslots {
-        let slot = &v["keyslots"][k.to_string()];
-        if slot.is_null() {
+        let Some(slot) = v.keyslots.get(k) else {
             continue; // a digest may name a keyslot since removed; libcryptsetup skips it
-        }
-        let ty = slot["type"].as_str().unwrap_or("(none)");
-        if ty != "luks2" {
+        };
+        if slot.kind != "luks2" {
             return Err(refuse(format!(
-                "keyslots.{k}.type is \"{ty}\" (only \"luks2\" keyslots hold the volume key)"
+                "keyslots.{k}.type is {} (only \"luks2\" keyslots hold the volume key)",
+                quoted(&slot.kind)
             )));
         }
-        let size = slot["key_size"].as_u64();
+        let size = slot.key_size.as_ref().and_then(luks2::Number::get);
         if size != Some(info.key_bytes as u64) {
+            let shown = slot
+                .key_size
+                .as_ref()
+                .map_or_else(|| "null".to_string(), ToString::to_string);
             return Err(refuse(format!(
-                "keyslots.{k}.key_size is {} but segment 0's key is {} bytes",
-                slot["key_size"], info.key_bytes
+                "keyslots.{k}.key_size is {shown} but segment 0's key is {} bytes",
+                info.key_bytes
             )));
         }
     }
@@ -511,13 +501,6 @@ pub fn check_luks2_metadata(json: &str, info: &HeaderInfo, device: &str) -> Resu
         size_bytes,
         digest_keyslots,
     })
-}
-
-/// [`check_luks2_metadata`] on the header loaded in `cd`.
-fn luks2_segment(cd: &mut CryptDevice, info: &HeaderInfo) -> Result<Luks2Segment> {
-    let json = zeroize::Zeroizing::new(cd.dump_json()?);
-    let device = cd.device_name().to_string();
-    check_luks2_metadata(&json, info, &device)
 }
 
 fn cipher_spec(info: &HeaderInfo, device: &str) -> Result<ucrypt_crypto::CipherSpec> {
@@ -552,12 +535,12 @@ fn is_cipher_null(spec: &str) -> bool {
 ///   cryptsetup never writes and refuses (`LUKS2_keyslot_cipher_incompatible`): such a
 ///   string can name a kernel driver instead of a cipher. No option opens these.
 ///
-/// `luks2_json` is the LUKS2 metadata (`crypt_dump_json`), `None` for LUKS1.
+/// `luks2` is the LUKS2 metadata, `None` for LUKS1.
 ///
 /// # Errors
 /// [`FormatError::Refused`] naming the keyslot or segment and the cipher.
 pub fn refuse_unsafe_luks_ciphers(
-    luks2_json: Option<&str>,
+    luks2: Option<&Metadata>,
     info: &HeaderInfo,
     device: &str,
     allow_null_cipher: bool,
@@ -572,30 +555,24 @@ pub fn refuse_unsafe_luks_ciphers(
         .into()
     };
     let mut used: Vec<(String, String)> = Vec::new();
-    if let Some(json) = luks2_json {
-        let v: serde_json::Value =
-            serde_json::from_str(json).context("parsing the LUKS2 JSON metadata")?;
-        if let Some(slots) = v["keyslots"].as_object() {
-            for (id, slot) in slots {
-                let Some(spec) = slot["area"]["encryption"].as_str() else {
-                    continue;
-                };
-                if spec.starts_with("capi:") {
-                    return Err(FormatError::Refused(format!(
-                        "LUKS2 header on {device}: keyslot {id} is encrypted with \"{spec}\", \
-                         a kernel crypto API string that cryptsetup never writes for a keyslot \
-                         and refuses (it can name a kernel driver rather than a cipher)"
-                    ))
-                    .into());
-                }
-                used.push((format!("keyslot {id}"), spec.to_string()));
+    if let Some(v) = luks2 {
+        for (id, slot) in &v.keyslots {
+            let Some(spec) = slot.area.as_ref().and_then(|a| a.encryption.as_deref()) else {
+                continue;
+            };
+            if spec.starts_with("capi:") {
+                return Err(FormatError::Refused(format!(
+                    "LUKS2 header on {device}: keyslot {id} is encrypted with \"{spec}\", \
+                     a kernel crypto API string that cryptsetup never writes for a keyslot \
+                     and refuses (it can name a kernel driver rather than a cipher)"
+                ))
+                .into());
             }
+            used.push((format!("keyslot {id}"), spec.to_string()));
         }
-        if let Some(segs) = v["segments"].as_object() {
-            for (id, seg) in segs {
-                if let Some(spec) = seg["encryption"].as_str() {
-                    used.push((format!("data segment {id}"), spec.to_string()));
-                }
+        for (id, seg) in &v.segments {
+            if let Some(spec) = &seg.encryption {
+                used.push((format!("data segment {id}"), spec.clone()));
             }
         }
     } else {
@@ -620,17 +597,12 @@ pub fn check_luks_ciphers(
     info: &HeaderInfo,
     allow_null_cipher: bool,
 ) -> Result<()> {
-    let json = match info.kind {
-        Some(HeaderType::Luks2) => Some(zeroize::Zeroizing::new(cd.dump_json()?)),
+    let meta = match info.kind {
+        Some(HeaderType::Luks2) => Some(cd.luks2_metadata()?),
         _ => None,
     };
     let device = cd.device_name().to_string();
-    refuse_unsafe_luks_ciphers(
-        json.as_deref().map(String::as_str),
-        info,
-        &device,
-        allow_null_cipher,
-    )
+    refuse_unsafe_luks_ciphers(meta.as_ref(), info, &device, allow_null_cipher)
 }
 
 /// Reads the header on `device` (or `opts.header`), unlocks the volume key with `secret`
@@ -658,12 +630,21 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
     let info = cd.info();
     // The metadata first: an integrity or reencryption header is named as such, not as
     // whatever its cipher string fails on.
-    let luks2 = if info.kind == Some(HeaderType::Luks2) {
-        Some(luks2_segment(&mut cd, &info)?)
-    } else {
-        None
+    // The JSON metadata is read and parsed once, for both checks.
+    let meta = match info.kind {
+        Some(HeaderType::Luks2) => Some(cd.luks2_metadata()?),
+        _ => None,
     };
-    check_luks_ciphers(&mut cd, &info, opts.allow_null_cipher)?;
+    let luks2 = match &meta {
+        Some(m) => Some(check_luks2_metadata(m, &info, cd.device_name())?),
+        None => None,
+    };
+    refuse_unsafe_luks_ciphers(
+        meta.as_ref(),
+        &info,
+        cd.device_name(),
+        opts.allow_null_cipher,
+    )?;
     let cipher = cipher_spec(&info, &device_str)?;
     let (slot, key) = cd
         .volume_key(opts.key_slot, secret)
@@ -1007,6 +988,11 @@ mod tests {
         }
     }
 
+    /// The typed metadata of `text` (every row below parses; the checks refuse).
+    fn meta(text: &str) -> Metadata {
+        Metadata::parse(text).unwrap()
+    }
+
     /// Sets `value` at the JSON pointer `path` (creating the last member), or removes it.
     fn with(path: &str, value: Option<Value>) -> String {
         let mut v = base();
@@ -1025,7 +1011,7 @@ mod tests {
     fn luks2_fields_ucrypt_does_not_implement_are_refused_by_name() {
         let info = info();
         let base_info = self::info();
-        let ok = check_luks2_metadata(&base().to_string(), &info, "d").unwrap();
+        let ok = check_luks2_metadata(&meta(&base().to_string()), &info, "d").unwrap();
         assert_eq!(ok.size_bytes, None);
         assert_eq!(ok.digest_keyslots, vec![0]);
         let rows: Vec<(&str, Option<Value>, &str)> = vec![
@@ -1143,7 +1129,7 @@ mod tests {
         ];
         for (path, value, want) in rows {
             let text = with(path, value.clone());
-            let e = check_luks2_metadata(&text, &info, "d")
+            let e = check_luks2_metadata(&meta(&text), &info, "d")
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(want), "{path} = {value:?}: {e}");
@@ -1151,7 +1137,7 @@ mod tests {
         }
         // Fields that are honoured: a fixed size, known flags, unbound extra digests.
         let sized = check_luks2_metadata(
-            &with("/segments/0/size", Some(json!("1048576"))),
+            &meta(&with("/segments/0/size", Some(json!("1048576")))),
             &info,
             "d",
         );
@@ -1160,14 +1146,14 @@ mod tests {
             "/config/flags",
             Some(json!(["allow-discards", "no-read-workqueue"])),
         );
-        check_luks2_metadata(&flags, &info, "d").unwrap();
+        check_luks2_metadata(&meta(&flags), &info, "d").unwrap();
         // A sector size libcryptsetup also reports is honoured (it becomes the table's).
         let info4k = HeaderInfo {
             sector_size: 4096,
             ..base_info
         };
         check_luks2_metadata(
-            &with("/segments/0/sector_size", Some(json!(4096))),
+            &meta(&with("/segments/0/sector_size", Some(json!(4096)))),
             &info4k,
             "d",
         )
@@ -1177,7 +1163,7 @@ mod tests {
     #[test]
     fn null_ciphers_are_refused_unless_allowed_and_capi_keyslots_always() {
         let check = |v: &Value, info: &HeaderInfo, allow: bool| {
-            refuse_unsafe_luks_ciphers(Some(&v.to_string()), info, "d", allow)
+            refuse_unsafe_luks_ciphers(Some(&meta(&v.to_string())), info, "d", allow)
                 .map_err(|e| e.to_string())
         };
         assert!(check(&base(), &info(), false).is_ok());

@@ -61,33 +61,32 @@ pub fn header_bytes(
     size: u64,
     read: &mut dyn FnMut(u64, usize) -> Result<Vec<u8>>,
 ) -> Result<u64> {
-    const MAGIC: &[u8] = b"LUKS\xba\xbe";
-    const MAGIC2: &[u8] = b"SKUL\xba\xbe";
-    let be16 = |at: usize| u16::from_be_bytes([first[at], first[at + 1]]);
-    let want = if first.len() >= 4096 && first.starts_with(MAGIC) && be16(6) == 1 {
+    use ucrypt_format::luks2::{self, BinaryHeader, Metadata};
+    let version = (first.len() >= 8 && first.starts_with(luks2::metadata::MAGIC))
+        .then(|| u16::from_be_bytes([first[6], first[7]]));
+    let want = if first.len() >= 4096 && version == Some(1) {
         // LUKS1: payloadOffset (512-byte sectors) at byte 104.
         let payload = u32::from_be_bytes(first[104..108].try_into().expect("4 bytes"));
         u64::from(payload) * 512
-    } else if first.len() >= 4096 && first.starts_with(MAGIC) && be16(6) == 2 {
-        let hdr_size = u64::from_be_bytes(first[8..16].try_into().expect("8 bytes"));
+    } else if first.len() >= 4096 && version == Some(2) {
+        let hdr_size = BinaryHeader::parse(first)?.hdr_size;
         if !(4096..=MAX_HEADER_BYTES / 2).contains(&hdr_size) {
             bail!("LUKS2 header size {hdr_size} is out of range");
         }
         let json = read(4096, (hdr_size - 4096) as usize)?;
         let json = &json[..json.iter().position(|&b| b == 0).unwrap_or(json.len())];
-        let v: serde_json::Value =
-            serde_json::from_slice(json).context("LUKS2 JSON metadata does not parse")?;
-        let num = |x: &serde_json::Value| x.as_str().and_then(|s| s.parse::<u64>().ok());
+        let meta = std::str::from_utf8(json)
+            .map_err(|e| anyhow::anyhow!("not UTF-8: {e}"))
+            .and_then(|j| Ok(Metadata::parse(j)?))
+            .context("LUKS2 JSON metadata does not parse")?;
         let mut end = 2 * hdr_size;
-        if let Some(slots) = v["keyslots"].as_object() {
-            for s in slots.values() {
-                if let (Some(o), Some(l)) = (num(&s["area"]["offset"]), num(&s["area"]["size"])) {
-                    end = end.max(o.saturating_add(l));
-                }
+        for area in meta.keyslots.values().filter_map(|k| k.area.as_ref()) {
+            if let (Some(o), Some(l)) = (area.offset.get(), area.size.get()) {
+                end = end.max(o.saturating_add(l));
             }
         }
         end
-    } else if first.starts_with(MAGIC2) {
+    } else if first.starts_with(luks2::metadata::MAGIC_REENCRYPT) {
         bail!("the device holds a LUKS2 header in the middle of a reencryption (SKUL magic)");
     } else {
         4096
@@ -170,7 +169,7 @@ mod tests {
     #[test]
     fn luks1_copies_up_to_the_payload() {
         let mut h = vec![0u8; 4096];
-        h[..6].copy_from_slice(b"LUKS\xba\xbe");
+        h[..6].copy_from_slice(ucrypt_format::luks1::MAGIC);
         h[6..8].copy_from_slice(&1u16.to_be_bytes());
         h[104..108].copy_from_slice(&4096u32.to_be_bytes());
         assert_eq!(header_bytes(&h, 64 << 20, &mut no_read).unwrap(), 2 << 20);
@@ -181,7 +180,7 @@ mod tests {
     #[test]
     fn luks2_copies_both_headers_and_every_keyslot_area() {
         let mut h = vec![0u8; 4096];
-        h[..6].copy_from_slice(b"LUKS\xba\xbe");
+        h[..6].copy_from_slice(ucrypt_format::luks1::MAGIC);
         h[6..8].copy_from_slice(&2u16.to_be_bytes());
         h[8..16].copy_from_slice(&16384u64.to_be_bytes());
         let json = br#"{"keyslots":{"0":{"area":{"offset":"32768","size":"258048"}},
@@ -198,7 +197,7 @@ mod tests {
     #[test]
     fn implausible_headers_are_refused_and_others_get_4k() {
         let mut h = vec![0u8; 4096];
-        h[..6].copy_from_slice(b"LUKS\xba\xbe");
+        h[..6].copy_from_slice(ucrypt_format::luks1::MAGIC);
         h[6..8].copy_from_slice(&2u16.to_be_bytes());
         h[8..16].copy_from_slice(&u64::MAX.to_be_bytes());
         assert!(header_bytes(&h, 1 << 40, &mut no_read).is_err());

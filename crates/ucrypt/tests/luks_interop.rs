@@ -245,8 +245,8 @@ fn pure_rust_keyslot_unlock_matches_cryptsetup_volume_key() {
             } else {
                 let mut cd = ucrypt_format::cryptsetup::CryptDevice::init(&img).unwrap();
                 cd.load(None).unwrap();
-                let json = cd.dump_json().unwrap();
-                ucrypt_format::luks2::unlock(&img, &json, None, p, false)
+                let meta = cd.luks2_metadata().unwrap();
+                ucrypt_format::luks2::unlock(&img, &meta, None, p, false)
             }
         };
         let (slot, key) = unlock(pass).unwrap();

@@ -688,8 +688,8 @@ impl CryptDevice {
         let r = match self.info().kind {
             Some(HeaderType::Luks1) => crate::luks1::unlock(&self.header, slot, passphrase),
             Some(HeaderType::Luks2) => {
-                let json = self.dump_json()?;
-                crate::luks2::unlock(&self.header, &json, slot, passphrase, allow_unbound)
+                let meta = self.luks2_metadata()?;
+                crate::luks2::unlock(&self.header, &meta, slot, passphrase, allow_unbound)
             }
             _ => return Err(lib_err),
         };
@@ -873,6 +873,15 @@ impl CryptDevice {
         })?;
         // SAFETY: set by the successful call, valid until the next call on this context.
         Ok(unsafe { opt_string(p) }.unwrap_or_default())
+    }
+
+    /// [`Self::dump_json`] parsed into the typed LUKS2 metadata.
+    ///
+    /// # Errors
+    /// As [`Self::dump_json`]; [`FormatError::Header`] when the JSON does not parse.
+    pub fn luks2_metadata(&mut self) -> Result<crate::luks2::Metadata, FormatError> {
+        let json = zeroize::Zeroizing::new(self.dump_json()?);
+        crate::luks2::Metadata::parse(&json)
     }
 
     /// `crypt_header_backup` to `file` (must not exist).
