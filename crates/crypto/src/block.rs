@@ -2,15 +2,17 @@
 //!
 //! Every cipher here comes from a maintained crate (RustCrypto); nothing in ucrypt
 //! implements a block cipher itself. The kernel names are the ones dm-crypt accepts in a
-//! cipher spec: `aes`, `serpent`, `twofish`, `camellia`, `blowfish`, `des3_ede`,
-//! `cipher_null`.
+//! cipher spec: `aes`, `serpent`, `twofish`, `camellia`, `kuznyechik`, `blowfish`,
+//! `des3_ede`, `cast5`, `cipher_null`; plus two TrueCrypt-only names the kernel lacks,
+//! `blowfish_le` and cascades `a+b[+c]` ([`crate::legacy::tcrypt_cbc`]).
 
 use crate::CryptoError;
 use cipher::{array::Array, BlockCipherDecrypt, BlockCipherEncrypt, BlockSizeUser, KeyInit};
 
 /// The block ciphers ucrypt knows, by kernel name.
 pub const CIPHER_NAMES: &str =
-    "aes, serpent, twofish, camellia, kuznyechik, blowfish, des3_ede, cast5, cipher_null";
+    "aes, serpent, twofish, camellia, kuznyechik, blowfish, des3_ede, cast5, cipher_null \
+     (TrueCrypt cbc-tcw only: blowfish_le, cascades like serpent+twofish+aes)";
 
 /// A keyed block cipher working on whole blocks in place.
 pub trait BlockCipher: Send + Sync {
@@ -87,11 +89,12 @@ pub fn key_lengths(name: &str) -> &'static str {
     match name {
         "aes" | "twofish" | "camellia" => "16, 24 or 32",
         "serpent" => "16 to 32",
-        "blowfish" => "4 to 56",
+        "blowfish" | "blowfish_le" => "4 to 56",
         "des3_ede" => "24",
         "kuznyechik" => "32",
         "cast5" => "5 to 16",
         "cipher_null" => "0",
+        n if n.contains(crate::legacy::tcrypt_cbc::CASCADE_SEP) => "an equal share per cipher",
         _ => "?",
     }
 }
@@ -109,16 +112,17 @@ pub fn is_known(name: &str) -> bool {
             | "des3_ede"
             | "cast5"
             | "cipher_null"
-    )
+            | "blowfish_le"
+    ) || crate::legacy::tcrypt_cbc::cascade_parts(name).is_some()
 }
 
 /// Block size of a known cipher, without a key.
 pub fn block_size_of(name: &str) -> Option<usize> {
     match name {
         "aes" | "serpent" | "twofish" | "camellia" | "kuznyechik" => Some(16),
-        "blowfish" | "des3_ede" | "cast5" => Some(8),
+        "blowfish" | "blowfish_le" | "des3_ede" | "cast5" => Some(8),
         "cipher_null" => Some(1),
-        _ => None,
+        n => crate::legacy::tcrypt_cbc::cascade_parts(n).map(|(_, bs)| bs),
     }
 }
 
@@ -144,12 +148,19 @@ pub fn new_block_cipher(name: &str, key: &[u8]) -> Result<Box<dyn BlockCipher>, 
             _ => None,
         },
         "blowfish" => rc::<blowfish::Blowfish>(key),
+        // TrueCrypt's Blowfish: the block's 32-bit halves little-endian, same key schedule.
+        "blowfish_le" => rc::<blowfish::BlowfishLE>(key),
         "des3_ede" => rc::<des::TdesEde3>(key),
         "kuznyechik" => rc::<kuznyechik::Kuznyechik>(key),
         "cast5" => rc::<cast5::Cast5>(key),
         "cipher_null" => key
             .is_empty()
             .then(|| Box::new(NullCipher) as Box<dyn BlockCipher>),
+        n if n.contains(crate::legacy::tcrypt_cbc::CASCADE_SEP) => {
+            // The cascade's ciphers keep their schedules in LockedBoxes of their own.
+            let c = crate::legacy::tcrypt_cbc::Cascade::new(n, key)?;
+            return Ok(Box::new(c));
+        }
         other => {
             return Err(CryptoError::Unknown {
                 what: "cipher",

@@ -110,7 +110,7 @@ fn parse_legacy(text: &str) -> Result<CipherSpec, CryptoError> {
         ));
     }
     let iv = parse_iv(text, ivpart)?;
-    check_cipher(text, cipher, mode)?;
+    check_cipher(text, cipher, mode, iv.as_ref())?;
     Ok(CipherSpec {
         text: text.to_string(),
         cipher: cipher.to_string(),
@@ -145,7 +145,7 @@ fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
     }
     let mode = ChainMode::parse(mode_name)?;
     let iv = parse_iv(text, ivpart)?;
-    check_cipher(text, cipher, mode)?;
+    check_cipher(text, cipher, mode, iv.as_ref())?;
     let keycount = if iv == Some(IvMode::Lmk) { 64 } else { 1 };
     Ok(CipherSpec {
         text: text.to_string(),
@@ -157,9 +157,26 @@ fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
     })
 }
 
-fn check_cipher(text: &str, cipher: &str, mode: ChainMode) -> Result<(), CryptoError> {
+fn check_cipher(
+    text: &str,
+    cipher: &str,
+    mode: ChainMode,
+    iv: Option<&IvMode>,
+) -> Result<(), CryptoError> {
     if mode == ChainMode::Adiantum {
         return Ok(()); // the pair is checked when keyed
+    }
+    if legacy::tcrypt_cbc::is_truecrypt_cipher(cipher)
+        && block::is_known(cipher)
+        && (mode != ChainMode::Cbc || iv != Some(&IvMode::Tcw))
+    {
+        return Err(spec_err(
+            text,
+            format!(
+                "{cipher} is a TrueCrypt legacy cipher the kernel does not have; ucrypt \
+                 accepts it only as {cipher}-cbc-tcw"
+            ),
+        ));
     }
     if !block::is_known(cipher) {
         return Err(CryptoError::Unknown {
@@ -498,6 +515,42 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("digest algorithm missing"), "{e}");
+    }
+
+    #[test]
+    fn truecrypt_ciphers_only_with_cbc_tcw() {
+        let s = parse("serpent+twofish+aes-cbc-tcw");
+        assert_eq!(
+            (s.cipher.as_str(), s.iv_size()),
+            ("serpent+twofish+aes", 16)
+        );
+        // 3 x 32-byte keys, 16-byte IV seed, 16-byte whitening.
+        assert!(s
+            .build(&VolumeKey::new(vec![1; 128]), SectorParams::default())
+            .is_ok());
+        let s = parse("blowfish_le-cbc-tcw");
+        assert_eq!(s.iv_size(), 8);
+        assert!(s
+            .build(
+                &VolumeKey::new(vec![1; 56 + 8 + 16]),
+                SectorParams::default()
+            )
+            .is_ok());
+        assert_eq!(parse("capi:cbc(aes+serpent)-tcw").cipher, "aes+serpent");
+        for bad in [
+            "aes+serpent-xts-plain64",
+            "blowfish_le-cbc-plain64",
+            "blowfish_le-ecb",
+            "capi:cbc(aes+twofish)-plain64",
+        ] {
+            let e = bad.parse::<CipherSpec>().unwrap_err().to_string();
+            assert!(e.contains("only as"), "{bad}: {e}");
+        }
+        // Not cascades: unknown parts or mixed block sizes are unknown ciphers.
+        for bad in ["aes+rot13-cbc-tcw", "aes+blowfish-cbc-tcw", "aes+-cbc-tcw"] {
+            let e = bad.parse::<CipherSpec>().unwrap_err().to_string();
+            assert!(e.contains("unknown cipher"), "{bad}: {e}");
+        }
     }
 
     #[test]
