@@ -2,8 +2,8 @@
 //!
 //! Every cipher here comes from a maintained crate (RustCrypto); nothing in ucrypt
 //! implements a block cipher itself. The kernel names are the ones dm-crypt accepts in a
-//! cipher spec: `aes`, `serpent`, `twofish`, `camellia`, `kuznyechik`, `blowfish`,
-//! `des3_ede`, `cast5`, `cipher_null`; plus two TrueCrypt-only names the kernel lacks,
+//! cipher spec: `aes`, `serpent`, `twofish`, `camellia`, `kuznyechik`, `blowfish`, `des`,
+//! `des3_ede`, `cast5`, `cast6`, `cipher_null`; plus two TrueCrypt-only names the kernel lacks,
 //! `blowfish_le` and cascades `a+b[+c]` ([`crate::legacy::tcrypt_cbc`]).
 
 use crate::CryptoError;
@@ -11,7 +11,7 @@ use cipher::{array::Array, BlockCipherDecrypt, BlockCipherEncrypt, BlockSizeUser
 
 /// The block ciphers ucrypt knows, by kernel name.
 pub const CIPHER_NAMES: &str =
-    "aes, serpent, twofish, camellia, kuznyechik, blowfish, des3_ede, cast5, cipher_null \
+    "aes, serpent, twofish, camellia, kuznyechik, blowfish, des, des3_ede, cast5, cast6, cipher_null \
      (TrueCrypt cbc-tcw only: blowfish_le, cascades like serpent+twofish+aes)";
 
 /// A keyed block cipher working on whole blocks in place.
@@ -90,7 +90,9 @@ pub fn key_lengths(name: &str) -> &'static str {
         "aes" | "twofish" | "camellia" => "16, 24 or 32",
         "serpent" => "16 to 32",
         "blowfish" | "blowfish_le" => "4 to 56",
+        "des" => "8",
         "des3_ede" => "24",
+        "cast6" => "16, 20, 24, 28 or 32",
         "kuznyechik" => "32",
         "cast5" => "5 to 16",
         "cipher_null" => "0",
@@ -109,8 +111,10 @@ pub fn is_known(name: &str) -> bool {
             | "camellia"
             | "kuznyechik"
             | "blowfish"
+            | "des"
             | "des3_ede"
             | "cast5"
+            | "cast6"
             | "cipher_null"
             | "blowfish_le"
     ) || crate::legacy::tcrypt_cbc::cascade_parts(name).is_some()
@@ -119,8 +123,8 @@ pub fn is_known(name: &str) -> bool {
 /// Block size of a known cipher, without a key.
 pub fn block_size_of(name: &str) -> Option<usize> {
     match name {
-        "aes" | "serpent" | "twofish" | "camellia" | "kuznyechik" => Some(16),
-        "blowfish" | "blowfish_le" | "des3_ede" | "cast5" => Some(8),
+        "aes" | "serpent" | "twofish" | "camellia" | "kuznyechik" | "cast6" => Some(16),
+        "blowfish" | "blowfish_le" | "des" | "des3_ede" | "cast5" => Some(8),
         "cipher_null" => Some(1),
         n => crate::legacy::tcrypt_cbc::cascade_parts(n).map(|(_, bs)| bs),
     }
@@ -150,7 +154,11 @@ pub fn new_block_cipher(name: &str, key: &[u8]) -> Result<Box<dyn BlockCipher>, 
         "blowfish" => rc::<blowfish::Blowfish>(key),
         // TrueCrypt's Blowfish: the block's 32-bit halves little-endian, same key schedule.
         "blowfish_le" => rc::<blowfish::BlowfishLE>(key),
+        "des" => rc::<des::Des>(key),
         "des3_ede" => rc::<des::TdesEde3>(key),
+        // The kernel's cast6 takes 128- to 256-bit keys in 32-bit steps.
+        "cast6" if key.len() % 4 == 0 => rc::<cast6::Cast6>(key),
+        "cast6" => None,
         "kuznyechik" => rc::<kuznyechik::Kuznyechik>(key),
         "cast5" => rc::<cast5::Cast5>(key),
         "cipher_null" => key

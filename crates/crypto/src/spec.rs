@@ -124,9 +124,23 @@ fn parse_legacy(text: &str) -> Result<CipherSpec, CryptoError> {
 fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
     // The IV is after the last '-' (dm-crypt uses strrchr), its options after ':'.
     let (alg, ivpart) = match api.rfind('-') {
-        Some(i) if api[..i].ends_with(')') => (&api[..i], Some(&api[i + 1..])),
+        Some(i) if api[..i].ends_with(')') || &api[..i] == "chacha20" => {
+            (&api[..i], Some(&api[i + 1..]))
+        }
         _ => (api, None),
     };
+    // A bare stream cipher: the kernel allocates the skcipher by that name.
+    if alg == "chacha20" {
+        let iv = parse_iv(text, ivpart)?;
+        return Ok(CipherSpec {
+            text: text.to_string(),
+            cipher: alg.to_string(),
+            keycount: 1,
+            mode: ChainMode::Chacha20,
+            iv,
+            capi: true,
+        });
+    }
     let open = alg.find('(').ok_or_else(|| {
         spec_err(
             text,
@@ -137,13 +151,30 @@ fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
         return Err(spec_err(text, "unbalanced parentheses in crypto API name"));
     }
     let mode_name = &alg[..open];
-    let cipher = &alg[open + 1..alg.len() - 1];
+    let mut cipher = &alg[open + 1..alg.len() - 1];
+    // The one nested template dm-crypt can use that the legacy form cannot express:
+    // cts(cbc(cipher)), CBC with ciphertext stealing.
+    let cts = mode_name == "cts";
+    if cts {
+        cipher = cipher
+            .strip_prefix("cbc(")
+            .and_then(|c| c.strip_suffix(')'))
+            .ok_or_else(|| {
+                CryptoError::Unsupported(format!(
+                    "crypto API template \"{alg}\" (cts is supported as cts(cbc(cipher)))"
+                ))
+            })?;
+    }
     if cipher.contains('(') {
         return Err(CryptoError::Unsupported(format!(
             "nested crypto API template \"{alg}\" (write the IV mode after '-' instead)"
         )));
     }
-    let mode = ChainMode::parse(mode_name)?;
+    let mode = if cts {
+        ChainMode::Cts
+    } else {
+        ChainMode::parse(mode_name)?
+    };
     let iv = parse_iv(text, ivpart)?;
     check_cipher(text, cipher, mode, iv.as_ref())?;
     let keycount = if iv == Some(IvMode::Lmk) { 64 } else { 1 };
@@ -166,6 +197,9 @@ fn check_cipher(
     if mode == ChainMode::Adiantum {
         return Ok(()); // the pair is checked when keyed
     }
+    if mode == ChainMode::Chacha20 {
+        return Ok(()); // only made by parse_capi for "chacha20"
+    }
     if legacy::tcrypt_cbc::is_truecrypt_cipher(cipher)
         && block::is_known(cipher)
         && (mode != ChainMode::Cbc || iv != Some(&IvMode::Tcw))
@@ -185,10 +219,12 @@ fn check_cipher(
             expected: block::CIPHER_NAMES,
         });
     }
-    if cipher == "cipher_null" && mode != ChainMode::Ecb {
+    // The kernel's cipher_null has a 1-byte block: ECB is the identity, CBC chains bytes
+    // (c_i = p_i xor c_i-1, a keyless scramble); other modes want real blocks.
+    if cipher == "cipher_null" && mode != ChainMode::Ecb && mode != ChainMode::Cbc {
         return Err(spec_err(
             text,
-            "cipher_null only works with ecb (cipher_null-ecb)",
+            "cipher_null only works with ecb or cbc (cipher_null-ecb)",
         ));
     }
     Ok(())
@@ -291,8 +327,10 @@ impl CipherSpec {
             if !bytes.is_empty() {
                 return Err(self.key_err(bytes.len(), "cipher_null takes no key (write -)".into()));
             }
-            // The kernel's cipher_null leaves data as it is: nothing to run per sector.
-            return Ok(Box::new(crate::lane::Identity(ss)));
+            if self.mode == ChainMode::Ecb {
+                // The kernel's cipher_null leaves data as it is: nothing to run per sector.
+                return Ok(Box::new(crate::lane::Identity(ss)));
+            }
         }
         let layout = self.key_layout(bytes.len())?;
         let extra = &bytes[bytes.len() - layout.extra_len..];
@@ -515,6 +553,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("digest algorithm missing"), "{e}");
+    }
+
+    #[test]
+    fn kernel_only_forms_cts_chacha20_and_cbc_null() {
+        // Each also has a kernel golden vector (make-kernel-ciphers.sh); here the parsing.
+        let s = parse("capi:cts(cbc(aes))-plain64");
+        assert_eq!((s.cipher.as_str(), s.mode), ("aes", ChainMode::Cts));
+        let s = parse("capi:chacha20-plain64");
+        assert_eq!(
+            (s.cipher.as_str(), s.mode, s.iv.clone(), s.iv_size()),
+            ("chacha20", ChainMode::Chacha20, Some(IvMode::Plain64), 16)
+        );
+        let s = parse("cipher_null-cbc-plain");
+        assert!(s
+            .build(&VolumeKey::empty(), SectorParams::default())
+            .is_ok());
+        for bad in [
+            "aes-cts-plain64",            // the kernel's cts(aes) does not exist either
+            "capi:cts(ecb(aes))-plain64", // cts only over cbc
+            "capi:xts(ecb(aes))-plain64", // other nested templates
+            "cipher_null-xts-plain64",    // cipher_null has no 16-byte block
+            "chacha20-ctr-plain64",       // chacha20 is a stream cipher, capi: form only
+        ] {
+            assert!(bad.parse::<CipherSpec>().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -10,7 +10,9 @@ use zeroize::Zeroizing;
 
 /// Hashes ucrypt accepts for ESSIV, by kernel name.
 pub const HASH_NAMES: &str =
-    "sha1, sha224, sha256, sha384, sha512, md5, rmd160, wp256, wp384, wp512";
+    "sha1, sha224, sha256, sha384, sha512, sha3-224, sha3-256, sha3-384, sha3-512, md4, md5, \
+     rmd160, wp256, wp384, wp512, streebog256, streebog512, blake2b-160, blake2b-256, \
+     blake2b-384, blake2b-512";
 
 /// Hashes `data` with the kernel-named hash.
 ///
@@ -23,7 +25,20 @@ pub fn hash(name: &str, data: &[u8]) -> Result<Zeroizing<Vec<u8>>, CryptoError> 
         "sha256" => sha2::Sha256::digest(data).to_vec(),
         "sha384" => sha2::Sha384::digest(data).to_vec(),
         "sha512" => sha2::Sha512::digest(data).to_vec(),
+        "sha3-224" => sha3::Sha3_224::digest(data).to_vec(),
+        "sha3-256" => sha3::Sha3_256::digest(data).to_vec(),
+        "sha3-384" => sha3::Sha3_384::digest(data).to_vec(),
+        "sha3-512" => sha3::Sha3_512::digest(data).to_vec(),
+        "md4" => md4::Md4::digest(data).to_vec(),
         "md5" => md5::Md5::digest(data).to_vec(),
+        "streebog256" => streebog::Streebog256::digest(data).to_vec(),
+        "streebog512" => streebog::Streebog512::digest(data).to_vec(),
+        // The kernel's blake2b-N: unkeyed BLAKE2b with an N-bit output parameter (not a
+        // truncated BLAKE2b-512), as the blake2 crate's fixed-size types compute it.
+        "blake2b-160" => blake2::Blake2b::<digest::consts::U20>::digest(data).to_vec(),
+        "blake2b-256" => blake2::Blake2b::<digest::consts::U32>::digest(data).to_vec(),
+        "blake2b-384" => blake2::Blake2b::<digest::consts::U48>::digest(data).to_vec(),
+        "blake2b-512" => blake2::Blake2b512::digest(data).to_vec(),
         "rmd160" => ripemd::Ripemd160::digest(data).to_vec(),
         "wp512" => whirlpool::Whirlpool::digest(data).to_vec(),
         // The kernel's wp384/wp256 are Whirlpool truncated (crypto/wp512.c).

@@ -72,6 +72,61 @@ impl Mode for Ctr {
     }
 }
 
+/// XCTR over a 16-byte block cipher, as the kernel's `xctr(cipher)` template (the stream
+/// mode of HCTR2, usable alone as `capi:xctr(aes)-plain64`): keystream block i (from 1) is
+/// E(IV ⊕ le128(i)). Proven by the kernel golden vector `aes-xctr-plain64-k256`
+/// (`testdata/golden/make-kernel-ciphers.sh`) and by HCTR2's vectors, which run it too.
+pub struct Xctr {
+    cipher: Box<dyn BlockCipher>,
+}
+
+impl Xctr {
+    /// Keys the cipher.
+    ///
+    /// # Errors
+    /// As [`new_block_cipher`]; [`CryptoError::Unsupported`] for a block size other than 16.
+    pub fn new(cipher: &str, key: &[u8]) -> Result<Self, CryptoError> {
+        let c = new_block_cipher(cipher, key)?;
+        if c.block_size() != 16 {
+            return Err(CryptoError::Unsupported(format!(
+                "xctr over {cipher} (block size {}; xctr needs 16)",
+                c.block_size()
+            )));
+        }
+        Ok(Xctr { cipher: c })
+    }
+
+    fn apply(&self, iv: &[u8], data: &mut [u8]) {
+        let mut base = [0u8; 16];
+        base.copy_from_slice(&iv[..16]);
+        let base = u128::from_le_bytes(base);
+        let mut i: u128 = 1;
+        let mut ks = [0u8; BATCH_BYTES];
+        for chunk in data.chunks_mut(BATCH_BYTES) {
+            let n = chunk.len().div_ceil(16) * 16;
+            for b in ks[..n].chunks_exact_mut(16) {
+                b.copy_from_slice(&(base ^ i).to_le_bytes());
+                i = i.wrapping_add(1);
+            }
+            self.cipher.encrypt_blocks(&mut ks[..n]);
+            xor_in_place(chunk, &ks[..chunk.len()]);
+        }
+        ks.zeroize();
+    }
+}
+
+impl Mode for Xctr {
+    fn iv_size(&self) -> usize {
+        16
+    }
+    fn encrypt(&self, iv: &[u8], data: &mut [u8]) {
+        self.apply(iv, data);
+    }
+    fn decrypt(&self, iv: &[u8], data: &mut [u8]) {
+        self.apply(iv, data);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,10 @@
 //! | `ecb` | [`ecb`] | none |
 //! | `ctr` | [`ctr`] | block size (the first counter block) |
 //! | `cbc` | [`cbc`] | block size |
+//! | `pcbc` | [`pcbc`] | block size |
+//! | `cts` (only `capi:cts(cbc(X))`) | [`cts`] | block size |
+//! | `xctr` | [`ctr`] ([`ctr::Xctr`]) | 16 |
+//! | `chacha20` (only `capi:chacha20`, a stream cipher) | [`chacha`] | 16 |
 //! | `xts` | [`xts`] (any 16-byte cipher), [`aws_xts`] (AES-256-XTS via AWS-LC), [`vaes_xts`] (AES-128/192-XTS with VAES) | 16 |
 //! | `lrw` | [`lrw`] | 16 (big-endian block index) |
 //! | `adiantum` | [`adiantum`] | 32 |
@@ -16,17 +20,21 @@
 pub mod adiantum;
 pub mod aws_xts;
 pub mod cbc;
+pub mod chacha;
 pub mod ctr;
+pub mod cts;
 pub mod ecb;
 pub mod hctr2;
 pub mod lrw;
+pub mod pcbc;
 pub mod vaes_xts;
 pub mod xts;
 
 use crate::CryptoError;
 
 /// The chaining modes ucrypt knows, by kernel name.
-pub const MODE_NAMES: &str = "cbc, ctr, ecb, xts, lrw, adiantum, hctr2";
+pub const MODE_NAMES: &str =
+    "cbc, pcbc, ctr, xctr, ecb, xts, lrw, adiantum, hctr2 (and capi:cts(cbc(X)), capi:chacha20)";
 
 /// A keyed chaining mode: transforms one sector given its IV.
 pub trait Mode: Send + Sync {
@@ -63,6 +71,14 @@ pub enum ChainMode {
     Adiantum,
     /// HCTR2 (`aes-hctr2-plain64`), a wide-block mode with a 32-byte tweak.
     Hctr2,
+    /// Propagating CBC (the kernel's `pcbc` template).
+    Pcbc,
+    /// CBC with ciphertext stealing, `cts(cbc(cipher))`; only in the `capi:` form.
+    Cts,
+    /// XCTR (little-endian counter XORed into the IV), the kernel's `xctr` template.
+    Xctr,
+    /// The `chacha20` stream cipher itself (`capi:chacha20-plain64`; cipher `chacha20`).
+    Chacha20,
 }
 
 impl ChainMode {
@@ -79,6 +95,8 @@ impl ChainMode {
             "lrw" => ChainMode::Lrw,
             "adiantum" => ChainMode::Adiantum,
             "hctr2" => ChainMode::Hctr2,
+            "pcbc" => ChainMode::Pcbc,
+            "xctr" => ChainMode::Xctr,
             other => {
                 return Err(CryptoError::Unknown {
                     what: "chain mode",
@@ -99,6 +117,10 @@ impl ChainMode {
             ChainMode::Lrw => "lrw",
             ChainMode::Adiantum => "adiantum",
             ChainMode::Hctr2 => "hctr2",
+            ChainMode::Pcbc => "pcbc",
+            ChainMode::Cts => "cts",
+            ChainMode::Xctr => "xctr",
+            ChainMode::Chacha20 => "chacha20",
         }
     }
 
@@ -108,6 +130,7 @@ impl ChainMode {
         match self {
             ChainMode::Ecb => 0,
             ChainMode::Adiantum | ChainMode::Hctr2 => 32,
+            ChainMode::Xctr | ChainMode::Chacha20 => 16,
             _ => block_size.max(8),
         }
     }
@@ -138,6 +161,10 @@ impl ChainMode {
             ChainMode::Lrw => Ok(Box::new(lrw::Lrw::new(cipher, key)?)),
             ChainMode::Adiantum => Ok(Box::new(adiantum::Adiantum::new(cipher, key)?)),
             ChainMode::Hctr2 => Ok(Box::new(hctr2::Hctr2::new(cipher, key)?)),
+            ChainMode::Pcbc => Ok(Box::new(pcbc::Pcbc::new(cipher, key)?)),
+            ChainMode::Cts => Ok(Box::new(cts::Cts::new(cipher, key)?)),
+            ChainMode::Xctr => Ok(Box::new(ctr::Xctr::new(cipher, key)?)),
+            ChainMode::Chacha20 => Ok(Box::new(chacha::ChaCha::new(key)?)),
         }
     }
 }
