@@ -1167,6 +1167,47 @@ mod tests {
         }
     }
 
+    /// Reference: VeraCrypt's cascade list (its documentation's "Cascades of ciphers", whose
+    /// names run from the last cipher applied to the first) and its key layout (`EAInit`
+    /// keys each cipher of an EA from consecutive 32-byte slots in EA order; the XTS
+    /// secondary keys follow all primary ones, `EAGetKeySize` bytes in). Every VeraCrypt
+    /// cascade must be in the search with that layout, including the three no suite image
+    /// covers (Kuznyechik-AES, Camellia-Serpent, Kuznyechik-Twofish).
+    #[test]
+    fn every_veracrypt_xts_cascade_with_veracrypts_key_layout() {
+        let veracrypt_ui = [
+            "AES-Twofish",
+            "AES-Twofish-Serpent",
+            "Serpent-AES",
+            "Serpent-Twofish-AES",
+            "Twofish-Serpent",
+            "Camellia-Kuznyechik",
+            "Camellia-Serpent",
+            "Kuznyechik-AES",
+            "Kuznyechik-Serpent-Camellia",
+            "Kuznyechik-Twofish",
+        ];
+        for ui in veracrypt_ui {
+            let order: Vec<String> = ui.split('-').rev().map(str::to_lowercase).collect();
+            let name = order.join("-");
+            let chain = CHAINS
+                .iter()
+                .find(|c| c.mode == Xts && c.long_name == name)
+                .unwrap_or_else(|| panic!("VeraCrypt's {ui} ({name}) is not searched"));
+            let n = chain.ciphers.len();
+            assert_eq!(chain.chain_key_size, 64 * n, "{name}");
+            for (i, (alg, want)) in chain.ciphers.iter().zip(&order).enumerate() {
+                assert_eq!(alg.name, want, "{name}: cipher {i}");
+                assert_eq!(
+                    (alg.key_offset, alg.iv_offset, alg.key_size),
+                    (32 * i, 32 * (n + i), 64),
+                    "{name}: {} keys",
+                    alg.name
+                );
+            }
+        }
+    }
+
     fn unhex(s: &str) -> Vec<u8> {
         (0..s.len())
             .step_by(2)
