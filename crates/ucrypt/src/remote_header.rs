@@ -6,8 +6,35 @@
 //! device. The data path then opens the URI itself; the key never leaves this process.
 //!
 //! What is copied: LUKS1 up to its payload offset (header and key-material areas), LUKS2
-//! both binary headers with their JSON and every keyslot area the JSON names. Anything
-//! else gets the first 4 KiB, which is enough for libcryptsetup to say what it is not.
+//! both binary headers with their JSON, the whole keyslots area (`config.keyslots_size`)
+//! and every keyslot area the JSON names. For `open` anything else gets the first 4 KiB,
+//! which is enough for libcryptsetup to say what it is not.
+//!
+//! ## Header commands ([`RemoteHeader`])
+//! `luksFormat`, `isLuks`, `luksDump`, the keyslot commands, `luksUUID`,
+//! `luksHeaderBackup/Restore`, `tcryptDump` and `bitlkDump` run libcryptsetup (or ucrypt's
+//! TCRYPT reader) on the same kind of memfd, with what each format keeps outside a LUKS
+//! header area copied too ([`metadata_ranges`]): BitLocker's three FVE metadata blocks at
+//! the offsets its boot sector names; TrueCrypt/VeraCrypt's first and last 128 KiB (normal,
+//! hidden and system headers, and the backup headers at the end). After the command,
+//! [`RemoteHeader::write_back`] sends the server exactly the bytes that differ from what it
+//! holds:
+//!
+//! ```text
+//!  compare  the copied ranges (memfd vs. the copy taken at staging) and every other page
+//!           the command wrote (the memfd's data extents, SEEK_DATA) vs. the server's bytes
+//!  refuse   if the server's bytes in a copied range changed meanwhile (another writer):
+//!           nothing is written
+//!  write    the differing byte runs (rounded out to the export's minimum block size;
+//!           runs less than 512 bytes apart joined, the bytes between rewritten with the
+//!           values the server holds), highest offset first, so keyslot material lands before the LUKS headers at
+//!           the front that point at it (libcryptsetup's own order); then FLUSH
+//! ```
+//!
+//! A command that fails or is interrupted before the write-back leaves the server
+//! untouched. There is no lock across machines: two hosts changing one remote header at
+//! once is as unsafe as with cryptsetup on a shared disk; the changed-meanwhile check only
+//! catches changes to the copied ranges.
 
 use anyhow::{bail, Context, Result};
 use std::fs::File;
@@ -80,6 +107,9 @@ pub fn header_bytes(
             .and_then(|j| Ok(Metadata::parse(j)?))
             .context("LUKS2 JSON metadata does not parse")?;
         let mut end = 2 * hdr_size;
+        if let Some(k) = meta.config.keyslots_size.as_ref().and_then(|k| k.get()) {
+            end = end.max((2 * hdr_size).saturating_add(k));
+        }
         for area in meta.keyslots.values().filter_map(|k| k.area.as_ref()) {
             if let (Some(o), Some(l)) = (area.offset.get(), area.size.get()) {
                 end = end.max(o.saturating_add(l));
@@ -144,6 +174,307 @@ pub fn stage(uri: &str, copy: bool) -> Result<StagedHeader> {
     (&file).flush()?;
     let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
     Ok(StagedHeader { file, path, size })
+}
+
+/// TrueCrypt/VeraCrypt keep headers in the first 128 KiB (normal at 0, system encryption
+/// at sector 62, hidden at 64 KiB) and backups in the last 128 KiB.
+const TCRYPT_SPAN: u64 = 128 << 10;
+
+/// The byte ranges `(offset, length)` a header command needs from a device of `size`
+/// bytes whose first 4 KiB are `first`: a LUKS header area ([`header_bytes`]); BitLocker's
+/// boot sector and the three FVE metadata blocks it points at (`-FVE-FS-` volumes at byte
+/// 176 of the boot sector, BitLocker To Go `MSWIN4.1` volumes at byte 440, as
+/// libcryptsetup's `bitlk.c` reads them); anything else the first and last 128 KiB (the
+/// TrueCrypt/VeraCrypt headers, and enough for libcryptsetup to say what it is not).
+/// Sorted, merged, within the device.
+///
+/// # Errors
+/// As [`header_bytes`].
+pub fn metadata_ranges(
+    first: &[u8],
+    size: u64,
+    read: &mut dyn FnMut(u64, usize) -> Result<Vec<u8>>,
+) -> Result<Vec<(u64, u64)>> {
+    use ucrypt_format::luks2::metadata::{MAGIC, MAGIC_REENCRYPT};
+    let mut ranges = Vec::new();
+    if first.starts_with(MAGIC) || first.starts_with(MAGIC_REENCRYPT) {
+        // A header in reencryption (SKUL) has the LUKS2 layout: copy it the same way.
+        let mut probe = first.to_vec();
+        if probe.starts_with(MAGIC_REENCRYPT) {
+            probe[..6].copy_from_slice(MAGIC);
+        }
+        ranges.push((0, header_bytes(&probe, size, read)?.max(4096)));
+    } else if first.len() >= 512 && (&first[3..11] == b"-FVE-FS-" || &first[3..11] == b"MSWIN4.1") {
+        let at = if &first[3..11] == b"-FVE-FS-" {
+            176
+        } else {
+            440
+        };
+        ranges.push((0, 4096));
+        let fve = ucrypt_format::bitlk::FVE_METADATA_BYTES;
+        for i in 0..3 {
+            let o = u64::from_le_bytes(first[at + 8 * i..at + 8 * i + 8].try_into()?);
+            if o != 0 && o < size {
+                ranges.push((o, fve));
+            }
+        }
+    } else {
+        ranges.push((0, TCRYPT_SPAN));
+        ranges.push((size.saturating_sub(TCRYPT_SPAN), TCRYPT_SPAN));
+    }
+    Ok(merge(ranges, size))
+}
+
+/// Sorts `(offset, length)` ranges, clips them to `size` and merges overlapping ones.
+fn merge(mut ranges: Vec<(u64, u64)>, size: u64) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (o, l) in ranges {
+        let end = o.saturating_add(l).min(size);
+        if o >= end {
+            continue;
+        }
+        match out.last_mut() {
+            Some((lo, ll)) if o <= *lo + *ll => *ll = (*ll).max(end - *lo),
+            _ => out.push((o, end - o)),
+        }
+    }
+    out
+}
+
+/// A remote device staged for a header command: a memfd of the device's size holding its
+/// metadata ([`metadata_ranges`]), the copy taken then, and the connection the changes go
+/// back through ([`RemoteHeader::write_back`]). See the module docs.
+pub struct RemoteHeader {
+    uri: String,
+    staged: StagedHeader,
+    remote: ucrypt_nbd::NbdBackend,
+    /// What the copied ranges held when they were read.
+    snapshot: Vec<(u64, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RemoteHeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteHeader")
+            .field("uri", &self.uri)
+            .field("staged", &self.staged)
+            .field(
+                "copied",
+                &self
+                    .snapshot
+                    .iter()
+                    .map(|(o, b)| (*o, b.len()))
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// What [`RemoteHeader::write_back`] sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteBack {
+    /// Write requests sent (runs of changed bytes).
+    pub runs: usize,
+    /// Bytes written (changed bytes, rounded out to the export's minimum block size and
+    /// joined across gaps under 512 bytes).
+    pub bytes: u64,
+}
+
+impl RemoteHeader {
+    /// Connects to `uri` and stages it: its metadata copied when `copy` (a device whose
+    /// header is detached elsewhere needs only its size).
+    ///
+    /// # Errors
+    /// Connection or read failures, an implausible header.
+    pub fn stage(uri: &str, copy: bool) -> Result<RemoteHeader> {
+        let remote = ucrypt_nbd::NbdBackend::connect(
+            uri,
+            ucrypt_nbd::RemoteOptions {
+                connections: 1,
+                read_only: false,
+            },
+        )
+        .with_context(|| format!("connecting to NBD device {uri}"))?;
+        let size = remote.info().size_bytes;
+        let mut read = |at: u64, len: usize| -> Result<Vec<u8>> {
+            let len = len.min(size.saturating_sub(at) as usize);
+            let mut b = vec![0u8; len];
+            remote
+                .read_at(&mut b, at)
+                .with_context(|| format!("reading the metadata of {uri} at byte {at}"))?;
+            Ok(b)
+        };
+        let ranges = if copy && size > 0 {
+            let first = read(0, 4096)?;
+            metadata_ranges(&first, size, &mut read)?
+        } else {
+            Vec::new()
+        };
+        let file = memfd("ucrypt-remote-header")?;
+        file.set_len(size)
+            .context("sizing the memfd for the remote header")?;
+        let mut snapshot = Vec::new();
+        for (o, l) in ranges {
+            let bytes = read(o, l as usize)?;
+            file.write_all_at(&bytes, o)
+                .context("writing the remote metadata into the memfd")?;
+            snapshot.push((o, bytes));
+        }
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        Ok(RemoteHeader {
+            uri: uri.to_string(),
+            staged: StagedHeader { file, path, size },
+            remote,
+            snapshot,
+        })
+    }
+
+    /// The local path header readers open (`/proc/self/fd/N`).
+    pub fn path(&self) -> &std::path::Path {
+        self.staged.path()
+    }
+
+    /// The URI staged.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// The ranges of the memfd the command may have changed: the copied ranges and every
+    /// data extent (pages written), merged.
+    fn candidate_ranges(&self) -> Result<Vec<(u64, u64)>> {
+        let fd = self.staged.file.as_raw_fd();
+        let size = self.staged.size;
+        let mut ranges: Vec<(u64, u64)> = self
+            .snapshot
+            .iter()
+            .map(|(o, b)| (*o, b.len() as u64))
+            .collect();
+        let mut at = 0u64;
+        while at < size {
+            // SAFETY: lseek on a descriptor this value owns; no memory is passed.
+            let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+            if data < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ENXIO) {
+                    break; // no data after `at`
+                }
+                return Err(e).context("finding the pages written in the memfd (SEEK_DATA)");
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+            if hole < 0 {
+                return Err(std::io::Error::last_os_error())
+                    .context("finding the pages written in the memfd (SEEK_HOLE)");
+            }
+            let (data, hole) = (data as u64, (hole as u64).min(size));
+            if hole <= data {
+                break;
+            }
+            ranges.push((data, hole - data));
+            at = hole;
+        }
+        Ok(merge(ranges, size))
+    }
+
+    /// Sends the server the bytes the command changed (see the module docs) and flushes.
+    ///
+    /// # Errors
+    /// The memfd changed size, the server's copy of the metadata changed since staging
+    /// (nothing is written then), or a read, write or flush failed.
+    pub fn write_back(&self) -> Result<WriteBack> {
+        let size = self.staged.size;
+        let now = self.staged.file.metadata()?.len();
+        if now != size {
+            bail!(
+                "the staged copy of {} changed size ({size} -> {now} bytes); nothing written",
+                self.uri
+            );
+        }
+        let block = u64::from(self.remote.info().logical_block.max(1));
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        const PIECE: u64 = 1 << 20;
+        // Runs closer than this are sent as one request, the bytes between rewritten with
+        // the values the server holds (just compared): a wiped keyslot area of random bytes
+        // over random bytes is then a handful of requests, not one per 256 bytes.
+        const JOIN_GAP: u64 = 512;
+        for (o, l) in self.candidate_ranges()? {
+            let mut at = o;
+            while at < o + l {
+                let n = (o + l - at).min(PIECE) as usize;
+                let mut cur = vec![0u8; n];
+                self.staged
+                    .file
+                    .read_exact_at(&mut cur, at)
+                    .context("reading the staged copy")?;
+                let mut server = vec![0u8; n];
+                self.remote
+                    .read_at(&mut server, at)
+                    .with_context(|| format!("reading {} at byte {at}", self.uri))?;
+                self.check_unchanged(at, &server)?;
+                let mut i = 0;
+                while i < n {
+                    if cur[i] == server[i] {
+                        i += 1;
+                        continue;
+                    }
+                    let start = i;
+                    while i < n && cur[i] != server[i] {
+                        i += 1;
+                    }
+                    let s = (at + start as u64) / block * block;
+                    let e = (at + i as u64).div_ceil(block) * block;
+                    let e = e.min(size);
+                    match runs.last_mut() {
+                        Some((ro, rl)) if s <= *ro + *rl + JOIN_GAP => *rl = (*rl).max(e - *ro),
+                        _ => runs.push((s, e - s)),
+                    }
+                }
+                at += n as u64;
+            }
+        }
+        let mut done = WriteBack::default();
+        for &(o, l) in runs.iter().rev() {
+            let mut buf = vec![0u8; l as usize];
+            self.staged
+                .file
+                .read_exact_at(&mut buf, o)
+                .context("reading the staged copy")?;
+            self.remote.write_at(&buf, o, false).with_context(|| {
+                format!(
+                    "writing the changed header bytes to {} at byte {o}",
+                    self.uri
+                )
+            })?;
+            done.runs += 1;
+            done.bytes += l;
+        }
+        if done.runs > 0 {
+            self.remote
+                .flush()
+                .with_context(|| format!("flushing {}", self.uri))?;
+        }
+        Ok(done)
+    }
+
+    /// Fails if the server's bytes `server` at `at` differ from the copy taken at staging
+    /// wherever the two overlap.
+    fn check_unchanged(&self, at: u64, server: &[u8]) -> Result<()> {
+        let end = at + server.len() as u64;
+        for (o, snap) in &self.snapshot {
+            let (s, e) = (at.max(*o), end.min(*o + snap.len() as u64));
+            if s < e
+                && server[(s - at) as usize..(e - at) as usize]
+                    != snap[(s - o) as usize..(e - o) as usize]
+            {
+                bail!(
+                    "the metadata of {} changed on the server while this command ran \
+                     (bytes {s}..{e}); nothing written, run the command again",
+                    self.uri
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 fn memfd(name: &str) -> Result<File> {

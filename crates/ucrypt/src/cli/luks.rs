@@ -1,9 +1,10 @@
 //! What the LUKS commands share: the device argument with `--header`, `--type`,
 //! `--batch-mode`, error → exit code mapping, and loading the header.
 
-use super::{CliError, EXIT_DEVICE};
+use super::{CliError, WithCode, EXIT_DEVICE};
 use std::path::{Path, PathBuf};
 use ucrypt::header::{crypt_device, load_luks, VolumeType};
+use ucrypt::remote_header::RemoteHeader;
 use ucrypt_format::cryptsetup::CryptDevice;
 use ucrypt_format::FormatError;
 
@@ -18,9 +19,33 @@ pub(crate) struct DeviceArgs {
 }
 
 impl DeviceArgs {
-    /// A libcryptsetup context on the device (and detached header).
+    /// A libcryptsetup context on the device (and detached header); NBD URIs are staged
+    /// locally ([`local_path`]).
     pub(crate) fn context(&self) -> Result<CryptDevice, CliError> {
-        crypt_device(&self.device, self.header.as_deref()).map_err(cs_error)
+        let (device, header) = self.local()?;
+        crypt_device(&device, header.as_deref()).map_err(cs_error)
+    }
+
+    /// A context on the header location alone (the detached header or the device), for
+    /// luksFormat; NBD URIs staged as in [`DeviceArgs::context`].
+    pub(crate) fn header_context(&self) -> Result<CryptDevice, CliError> {
+        crypt_device(&local_path(self.header_path(), true)?, None).map_err(cs_error)
+    }
+
+    /// The device and detached header as local paths: an NBD URI becomes its staged memfd
+    /// (metadata copied where the header is; only sized for a data device whose header is
+    /// detached).
+    pub(crate) fn local(&self) -> Result<(PathBuf, Option<PathBuf>), CliError> {
+        let header = match &self.header {
+            Some(h) => Some(local_path(h, true)?),
+            None => None,
+        };
+        Ok((local_path(&self.device, header.is_none())?, header))
+    }
+
+    /// The data device as a local path (see [`DeviceArgs::local`]).
+    pub(crate) fn local_device(&self) -> Result<PathBuf, CliError> {
+        Ok(self.local()?.0)
     }
 
     /// A context with the LUKS header of `kind` loaded.
@@ -34,6 +59,63 @@ impl DeviceArgs {
     pub(crate) fn header_path(&self) -> &Path {
         self.header.as_deref().unwrap_or(&self.device)
     }
+}
+
+/// Remote devices staged by this process's header command, written back by
+/// [`write_back_remote`] when it ends.
+static STAGED: std::sync::Mutex<Vec<RemoteHeader>> = std::sync::Mutex::new(Vec::new());
+
+/// `path` itself, or for an NBD URI the path of its staged copy
+/// ([`ucrypt::remote_header::RemoteHeader`]; staged once per URI and process, `copy`
+/// naming whether its metadata is needed).
+///
+/// # Errors
+/// The server cannot be reached or read (exit code 4), or its header is implausible.
+pub(crate) fn local_path(path: &Path, copy: bool) -> Result<PathBuf, CliError> {
+    if !ucrypt::remote_header::is_remote(path) {
+        return Ok(path.to_path_buf());
+    }
+    let uri = path.display().to_string();
+    let mut staged = STAGED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = staged.iter().find(|r| r.uri() == uri) {
+        return Ok(r.path().to_path_buf());
+    }
+    let r = RemoteHeader::stage(&uri, copy).code(EXIT_DEVICE)?;
+    let local = r.path().to_path_buf();
+    staged.push(r);
+    Ok(local)
+}
+
+/// Writes every staged remote device's changes back to its server (see
+/// [`RemoteHeader::write_back`]) and forgets the staging. Called when a command ends, and
+/// by luksFormat before it wipes through the data path.
+///
+/// # Errors
+/// The first write-back that failed (exit code 4); the others are still attempted.
+pub(crate) fn write_back_remote() -> Result<(), CliError> {
+    let staged = std::mem::take(&mut *STAGED.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut first = None;
+    for r in staged {
+        if let Err(e) = r.write_back() {
+            first.get_or_insert(e);
+        }
+    }
+    match first {
+        Some(e) => Err(e).code(EXIT_DEVICE),
+        None => Ok(()),
+    }
+}
+
+/// `text` (libcryptsetup's dump, which names the device it read) with the path of every
+/// staged remote device replaced by its URI.
+pub(crate) fn shown(mut text: String) -> String {
+    for r in STAGED.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let path = r.path().display().to_string();
+        if text.contains(&path) {
+            text = text.replace(&path, r.uri());
+        }
+    }
+    text
 }
 
 /// Parses `--type` for LUKS commands.

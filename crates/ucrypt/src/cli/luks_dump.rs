@@ -38,7 +38,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         return Ok(());
     }
     if !a.dump_volume_key {
-        print!("{}", cd.dump().cs()?);
+        print!("{}", super::luks::shown(cd.dump().cs()?));
         return Ok(());
     }
     secret::confirm(

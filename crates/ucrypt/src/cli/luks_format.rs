@@ -173,7 +173,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
                 .map_err(|e| anyhow::anyhow!("sizing header file {}: {e}", h.display()))?;
         }
     }
-    let mut cd = ucrypt::header::crypt_device(a.dev.header_path(), None).cs()?;
+    let mut cd = a.dev.header_context()?;
     let kind = a
         .pbkdf
         .clone()
@@ -197,7 +197,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             sector_size: a.sector_size,
             label: a.label.clone(),
             subsystem: a.subsystem.clone(),
-            data_device: a.dev.header.as_ref().map(|_| a.dev.device.clone()),
+            data_device: match &a.dev.header {
+                Some(_) => Some(a.dev.local_device()?),
+                None => None,
+            },
             align_sectors: a.align_payload,
         },
         None,
@@ -206,6 +209,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let slot = cd.add_keyslot_by_volume_key(a.key_slot, None, &pass).cs()?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     drop(cd);
+    // A remote header reaches its server before the wipe reads it back from there.
+    super::luks::write_back_remote()?;
     if a.wipe {
         wipe(&a, &pass)?;
         verbose(a.verbose, "Data area wiped with encrypted zeros.");

@@ -397,6 +397,16 @@ pub fn run() -> ExitCode {
         Command::Refresh(a) => lifecycle::refresh(a),
         Command::Bench(a) => bench::run(a),
     };
+    // Header commands on NBD URIs worked on a staged copy: the bytes they changed go back
+    // to the server now (also after a failure, as they would be on a local device).
+    let result = match (result, luks::write_back_remote()) {
+        (Ok(()), wb) => wb,
+        (Err(e), Ok(())) => Err(e),
+        (Err(e), Err(wb)) => {
+            eprintln!("ucrypt: {}", error_line(&wb.err));
+            Err(e)
+        }
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError { code, err }) => {

@@ -129,17 +129,24 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
         sector_size: 512,
         iv_large_sectors: false,
     };
-    let (hopts, secret) = inputs(
-        &a.device,
-        a.header.clone(),
-        &a.key,
-        &a.tcrypt,
-        &plain,
-        false,
-    )?;
-    let (hdr, meta) = ucrypt::tcrypt::load_header(&a.device, &secret, &hopts).map_err(cs_error)?;
+    // NBD URIs are read through staged copies (super::luks::local_path); the dump names
+    // what the user named.
+    let header = match &a.header {
+        Some(h) => Some(super::luks::local_path(h, true)?),
+        None => None,
+    };
+    let device = super::luks::local_path(&a.device, header.is_none())?;
+    let (hopts, secret) = inputs(&a.device, header, &a.key, &a.tcrypt, &plain, false)?;
+    let (hdr, meta) = ucrypt::tcrypt::load_header(&device, &secret, &hopts).map_err(cs_error)?;
     drop(secret);
-    let mut out = hdr.dump(&meta.display().to_string());
+    let shown = if Some(&meta) == hopts.header.as_ref() {
+        a.header.clone().unwrap_or(meta)
+    } else if meta == device {
+        a.device.clone()
+    } else {
+        meta
+    };
+    let mut out = hdr.dump(&shown.display().to_string());
     if a.dump_volume_key {
         let key = hdr.volume_key();
         out.push_str("MK dump:\t");
