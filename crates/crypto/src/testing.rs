@@ -4,25 +4,24 @@
 use crate::{Sector512, SectorCipher};
 use std::path::PathBuf;
 
-/// The kernel golden vectors (`testdata/golden/`, copied from the kernel-made set beside the workspace, or
-/// `$UCRYPT_GOLDEN_DIR`). `None` (skip, with a message) when missing locally.
+/// The kernel golden vectors (`testdata/golden/` of the repository, or `$UCRYPT_GOLDEN_DIR`).
+/// `None` (skip, with a message) when missing, by the workspace's one skip rule
+/// ([`ucrypt_testkit::require_that`]).
 ///
 /// # Panics
-/// When missing under CI (`CI` set): CI must not skip the kernel vectors.
+/// When missing under CI: CI must not skip the kernel vectors.
 pub fn golden_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("UCRYPT_GOLDEN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/golden"));
-    if dir.join("manifest.jsonl").exists() {
-        return Some(dir);
+    match std::env::var_os("UCRYPT_GOLDEN_DIR").map(PathBuf::from) {
+        Some(dir) => ucrypt_testkit::require_that(
+            dir.join("manifest.jsonl").exists(),
+            format_args!(
+                "golden vectors not found at {} (UCRYPT_GOLDEN_DIR)",
+                dir.display()
+            ),
+        )
+        .then_some(dir),
+        None => ucrypt_testkit::testdata("golden", "manifest.jsonl"),
     }
-    assert!(
-        std::env::var("CI").is_err(),
-        "golden vectors missing at {} (set UCRYPT_GOLDEN_DIR); CI must not skip them",
-        dir.display()
-    );
-    eprintln!("SKIP: golden vectors not found at {}", dir.display());
-    None
 }
 
 /// The golden vectors' plaintext ("pattern-v1"): byte `i` of 512-byte sector `n` (counted

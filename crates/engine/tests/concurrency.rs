@@ -21,30 +21,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use ucrypt_backend::Backend;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use ucrypt_testkit::Rng;
 
 fn seed() -> u64 {
-    std::env::var("UCRYPT_STRESS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        })
+    ucrypt_testkit::seed("UCRYPT_STRESS_SEED")
 }
 
 const SIZE: u64 = 64 * 1024;
@@ -53,7 +33,7 @@ const THREADS: usize = 6;
 #[test]
 fn disjoint_owners_sharing_sectors_never_lose_an_update() {
     let seed = seed();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut total_writes = 0u64;
     for sector in [512u32, 4096] {
         for (name, opts) in configs() {
@@ -76,7 +56,7 @@ fn disjoint_owners_sharing_sectors_never_lose_an_update() {
             let threads: Vec<_> = (0..THREADS)
                 .map(|t| {
                     let (v, slots) = (Arc::clone(&v), Arc::clone(&slots));
-                    let mut r = Rng(rng.next() | 1);
+                    let mut r = Rng::new(rng.next_u64() | 1);
                     std::thread::spawn(move || {
                         let mine: Vec<usize> =
                             (0..slots.len()).filter(|&i| slots[i].2 == t).collect();
@@ -159,7 +139,7 @@ fn disjoint_owners_sharing_sectors_never_lose_an_update() {
 #[test]
 fn overlapping_writers_leave_a_serial_order_per_sector() {
     let seed = seed();
-    let mut rng = Rng(seed ^ 0x5555);
+    let mut rng = Rng::new(seed ^ 0x5555);
     let mut total_writes = 0u64;
     for sector in [512u64, 4096] {
         for (name, opts) in configs() {
@@ -175,7 +155,7 @@ fn overlapping_writers_leave_a_serial_order_per_sector() {
             let threads: Vec<_> = (0..4u64)
                 .map(|t| {
                     let v = Arc::clone(&v);
-                    let mut r = Rng(rng.next() | 1);
+                    let mut r = Rng::new(rng.next_u64() | 1);
                     std::thread::spawn(move || {
                         let mut log = Vec::new();
                         for i in 0..500u64 {
@@ -288,7 +268,7 @@ fn reads_never_return_a_mix_of_two_writes() {
                         .map(|t| {
                             let (v, stop) = (Arc::clone(&v), Arc::clone(&stop));
                             std::thread::spawn(move || {
-                                let mut r = Rng(t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+                                let mut r = Rng::new(t.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
                                 let mut n = 0u64;
                                 while !stop.load(Ordering::Relaxed) {
                                     n += 1;

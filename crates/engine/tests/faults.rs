@@ -143,13 +143,8 @@ fn under_random_faults_every_reported_success_is_real() {
             .map(|t| {
                 let (v, faulty) = (Arc::clone(&v), Arc::clone(&faulty));
                 std::thread::spawn(move || {
-                    let mut x = 0x9e37_79b9_u64 ^ (t << 32) | 1;
-                    let mut rnd = move || {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        x
-                    };
+                    let mut rng = ucrypt_testkit::Rng::new(0x9e37_79b9_u64 ^ (t << 32) | 1);
+                    let mut rnd = move || rng.next_u64();
                     let (mut ok, mut err) = (0, 0);
                     let quarter = MIB / 4;
                     for i in 0..60u64 {

@@ -76,19 +76,7 @@ fn a_server_error_becomes_a_backend_error_with_its_errno() {
     remote.read_at(&mut [0u8; 512], 0).unwrap();
 }
 
-/// Whether `tool` is on PATH (missing: skip locally, fail under `CI=true`).
-fn require(tool: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-    if !found {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "required tool {tool} is missing (run scripts/setup.sh)"
-        );
-        eprintln!("SKIP: {tool} not found on PATH (run scripts/setup.sh)");
-    }
-    found
-}
+use ucrypt_testkit::require;
 
 /// nbdkit's file plugin serving `img` on `sock`, in the foreground, killed on drop.
 struct Nbdkit(std::process::Child);

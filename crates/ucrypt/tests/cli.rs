@@ -167,16 +167,7 @@ fn large_sectors_need_the_flag_and_warn() {
 
 #[test]
 fn keyring_user_key_works_like_the_hex_key() {
-    if std::process::Command::new("keyctl")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        assert!(
-            std::env::var("CI").is_err(),
-            "keyctl missing: scripts/setup.sh installs keyutils"
-        );
-        eprintln!("SKIP: keyctl not installed");
+    if !require("keyctl") {
         return;
     }
     let desc = format!("ucrypt-test-{}", std::process::id());

@@ -40,32 +40,10 @@ const SECTORS: u64 = 512; // 2 MiB volume
 const CONNS: usize = 4;
 const MAGIC: &[u8; 8] = b"UCRASH01";
 
-/// Tiny deterministic PRNG (xorshift64*), so a failing seed can be replayed.
-#[derive(Clone)]
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use ucrypt_testkit::Rng;
 
 fn seed() -> u64 {
-    std::env::var("UCRYPT_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        })
+    ucrypt_testkit::seed("UCRYPT_CRASH_SEED")
 }
 
 /// The content write `id` puts in volume sector `sector`.
@@ -73,9 +51,9 @@ fn fill(id: u64, sector: u64, out: &mut [u8]) {
     out[..8].copy_from_slice(MAGIC);
     out[8..16].copy_from_slice(&id.to_le_bytes());
     out[16..24].copy_from_slice(&sector.to_le_bytes());
-    let mut r = Rng((id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ sector) | 1);
+    let mut r = Rng::new((id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ sector) | 1);
     for c in out[24..].chunks_mut(8) {
-        let v = r.next().to_le_bytes();
+        let v = r.next_u64().to_le_bytes();
         c.copy_from_slice(&v[..c.len()]);
     }
 }
@@ -353,7 +331,7 @@ fn load_round(
         .map(|_| {
             let (a, r, n, d, s) = (
                 addr.clone(),
-                Rng(rng.next() | 1),
+                Rng::new(rng.next_u64() | 1),
                 Arc::clone(next_id),
                 Arc::clone(&done),
                 Arc::clone(&stop),
@@ -444,7 +422,7 @@ fn rounds(default: u64) -> u64 {
 #[test]
 fn sigkill_rounds_lose_no_acknowledged_write() {
     let seed = seed();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let tmp = tempfile::tempdir().unwrap();
     let img = common::image(tmp.path(), "disk.img", SECTORS * SECTOR);
     let (_, table) = common::nbd::xts_table(tmp.path(), &img, SECTOR as u32, &[]);
@@ -708,7 +686,7 @@ impl InProc {
 #[test]
 fn power_cut_loses_only_unflushed_writes() {
     let seed = seed();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let tmp = tempfile::tempdir().unwrap();
     let variants = engine_variants();
     // Round 0 prefills through a plain memory backend, so the first cache starts durable.
@@ -739,7 +717,7 @@ fn power_cut_loses_only_unflushed_writes() {
             tmp.path().join(format!("c{round}.sock")),
         );
         let kill_after = 20 + rng.below(300);
-        let mut cut_rng = Rng(rng.next() | 1);
+        let mut cut_rng = Rng::new(rng.next_u64() | 1);
         let mut after = Vec::new();
         let (logs, crash_t) = load_round(&srv.addr, &mut rng, &next_id, kill_after, || {
             after = disk.cut(&mut cut_rng);
@@ -798,7 +776,7 @@ fn the_checker_catches_a_disk_that_ignores_flush() {
         tmp.path().join("l.sock"),
     );
     let next_id = Arc::new(AtomicU64::new(1 + SECTORS));
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let (logs, crash_t) = load_round(&srv.addr, &mut rng, &next_id, 200, || {});
     // Lose every cached sector: nothing reached "stable storage".
     let mut st = liar.0.state.lock().unwrap();

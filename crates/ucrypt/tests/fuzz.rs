@@ -18,22 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-}
+use ucrypt_testkit::Rng;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
@@ -68,65 +53,56 @@ const U64S: [u64; 6] = [0, 1, 1 << 20, u64::MAX, u64::MAX - 511, 1 << 63];
 /// Mutations are aimed at the first `hot` bytes four times out of five.
 fn mutate(rng: &mut Rng, base: &[u8], corpus: &[Vec<u8>], hot: usize) -> Vec<u8> {
     let mut v = base.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        let span = if rng.below(5) != 0 {
+    for _ in 0..1 + rng.index(4) {
+        let span = if rng.index(5) != 0 {
             v.len().min(hot)
         } else {
             v.len()
         };
-        let at = rng.below(span.max(1));
+        let at = rng.index(span.max(1));
         let last = at.min(v.len().saturating_sub(1));
-        match rng.below(10) {
-            0 if !v.is_empty() => v[last] ^= 1 << rng.below(8),
+        match rng.index(10) {
+            0 if !v.is_empty() => v[last] ^= 1 << rng.index(8),
             1 if !v.is_empty() => {
-                v[last] = [0, 1, 0x7f, 0x80, 0xff, b'0', b'9', b' ', b'"'][rng.below(9)]
+                v[last] = [0, 1, 0x7f, 0x80, 0xff, b'0', b'9', b' ', b'"'][rng.index(9)]
             }
             2 if at + 4 <= v.len() => {
-                v[at..at + 4].copy_from_slice(&U32S[rng.below(U32S.len())].to_be_bytes())
+                v[at..at + 4].copy_from_slice(&U32S[rng.index(U32S.len())].to_be_bytes())
             }
             3 if at + 8 <= v.len() => {
-                v[at..at + 8].copy_from_slice(&U64S[rng.below(U64S.len())].to_be_bytes())
+                v[at..at + 8].copy_from_slice(&U64S[rng.index(U64S.len())].to_be_bytes())
             }
             4 => v.truncate(at),
             5 if at < v.len() => {
-                let n = 1 + rng.below((v.len() - at).min(64));
+                let n = 1 + rng.index((v.len() - at).min(64));
                 v.drain(at..at + n);
             }
             6 if at <= v.len() => {
-                let n = 1 + rng.below(32);
-                let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                let n = 1 + rng.index(32);
+                let bytes: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
                 v.splice(at..at, bytes);
             }
             7 => {
-                let other = &corpus[rng.below(corpus.len())];
-                let from = rng.below(other.len() + 1);
+                let other = &corpus[rng.index(corpus.len())];
+                let from = rng.index(other.len() + 1);
                 v.truncate(at);
                 v.extend_from_slice(&other[from..]);
             }
             8 if at < v.len() => {
                 // Duplicate a chunk (repeated frames, repeated options).
-                let n = 1 + rng.below((v.len() - at).min(256));
+                let n = 1 + rng.index((v.len() - at).min(256));
                 let chunk = v[at..at + n].to_vec();
                 v.splice(at..at, chunk);
             }
-            _ if !v.is_empty() => v[last] = rng.next() as u8,
-            _ => v.push(rng.next() as u8),
+            _ if !v.is_empty() => v[last] = rng.next_u64() as u8,
+            _ => v.push(rng.next_u64() as u8),
         }
     }
     v
 }
 
 fn seed() -> u64 {
-    std::env::var("UCRYPT_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        })
+    ucrypt_testkit::seed("UCRYPT_FUZZ_SEED")
 }
 
 fn budget() -> Duration {
@@ -147,7 +123,7 @@ fn fuzz(
     check: impl Fn(&[u8]),
 ) -> u64 {
     let seed = seed();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let corpus = corpus(target);
     let start = Instant::now();
     let mut n = 0u64;
@@ -168,7 +144,7 @@ fn fuzz(
         n += 1;
     }
     while start.elapsed() < budget() && n < 5_000_000 {
-        let base = &corpus[rng.below(corpus.len())];
+        let base = &corpus[rng.index(corpus.len())];
         let m = mutate(&mut rng, base, &corpus, hot);
         let m = extra(&mut rng, m);
         run(&m, n);
@@ -365,19 +341,19 @@ const TOKENS: &[&str] = &[
 ];
 
 fn mutate_tokens(rng: &mut Rng, v: Vec<u8>) -> Vec<u8> {
-    if rng.below(2) == 0 {
+    if rng.index(2) == 0 {
         return v;
     }
     let s = String::from_utf8_lossy(&v).into_owned();
     let mut t: Vec<String> = s.split(' ').map(str::to_string).collect();
-    let i = rng.below(t.len());
-    match rng.below(4) {
-        0 => t[i] = TOKENS[rng.below(TOKENS.len())].to_string(),
+    let i = rng.index(t.len());
+    match rng.index(4) {
+        0 => t[i] = TOKENS[rng.index(TOKENS.len())].to_string(),
         1 => {
-            let j = rng.below(t.len());
+            let j = rng.index(t.len());
             t.swap(i, j);
         }
-        2 => t.insert(i, TOKENS[rng.below(TOKENS.len())].to_string()),
+        2 => t.insert(i, TOKENS[rng.index(TOKENS.len())].to_string()),
         _ => {
             t.remove(i);
         }
@@ -511,7 +487,7 @@ fn tame(v: &mut [u8]) -> bool {
 /// checksum (and falling back to the intact secondary header).
 fn fix_luks2_checksum(rng: &mut Rng, mut v: Vec<u8>) -> Vec<u8> {
     use sha2::Digest;
-    if rng.below(2) == 0 || v.len() < 512 || &v[..6] != b"LUKS\xba\xbe" || v[6..8] != [0, 2] {
+    if rng.index(2) == 0 || v.len() < 512 || &v[..6] != b"LUKS\xba\xbe" || v[6..8] != [0, 2] {
         return v;
     }
     let size = u64::from_be_bytes(v[8..16].try_into().unwrap());

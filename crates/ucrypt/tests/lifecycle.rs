@@ -81,17 +81,15 @@ fn assert_code(out: &Output, code: i32, needle: &str) {
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
 }
 
-/// Whether FUSE mounts work here (root or fusermount3, and /dev/fuse).
+/// Whether FUSE mounts work here (root or fusermount3, and /dev/fuse), by the workspace's
+/// skip rule.
 fn fuse_usable() -> bool {
     let ok = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/fuse")
         .is_ok();
-    if !ok {
-        eprintln!("SKIP: /dev/fuse is not usable here");
-    }
-    ok
+    common::require_that(ok, "/dev/fuse is not usable here")
 }
 
 fn sh(cmd: &str) -> Output {
@@ -730,12 +728,10 @@ fn a_real_block_device_is_held_with_o_excl_and_refused_when_the_kernel_holds_it(
     if !require("cryptsetup") || !require("losetup") || !require("python3") {
         return;
     }
-    if !Path::new("/dev/loop-control").exists() {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "/dev/loop-control is missing"
-        );
-        eprintln!("SKIP: no loop devices here");
+    if !common::require_that(
+        Path::new("/dev/loop-control").exists(),
+        "no loop devices here (/dev/loop-control is missing)",
+    ) {
         return;
     }
     let rt = Runtime::new();

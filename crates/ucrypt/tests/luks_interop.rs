@@ -10,24 +10,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use ucrypt::{HeaderOptions, OpenOptions, VolumeType};
 use ucrypt_backend::Backend;
 
-/// True when `tool` runs; false (skip) locally; a failure under CI.
-fn require(tool: &str) -> bool {
-    let ok = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(std::env::var("CI").is_err(), "{tool} is required under CI");
-        eprintln!("SKIP: {tool} not found");
-    }
-    ok
-}
+use common::{require, require_that};
 
 /// Runs a command with `stdin`, asserting success; returns stdout.
 fn run(cmd: &str, args: &[&str], stdin: &[u8]) -> String {
@@ -269,12 +257,7 @@ fn luks2_4096_byte_sectors_count_ivs_in_512_byte_units_like_python_cryptography_
         .args(["-c", "import cryptography"])
         .status()
         .is_ok_and(|s| s.success());
-    if !has_module {
-        assert!(
-            std::env::var("CI").is_err(),
-            "python3-cryptography is required under CI"
-        );
-        eprintln!("SKIP: python3 cryptography module not found");
+    if !require_that(has_module, "python3 cryptography module not found") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -635,17 +618,9 @@ fn data_written_through_nbdkit_luks_reads_back_through_ucrypt_and_the_reverse() 
 /// cryptsetup's compatibility images: each opens and checks out, or is refused.
 #[test]
 fn cryptsetup_test_suite_images_open_or_are_refused_as_expected() {
-    let base =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/peer-tests/cryptsetup");
-    if !base.join("expectations.json").exists() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "peer-tests missing at {}",
-            base.display()
-        );
-        eprintln!("SKIP: {} not found", base.display());
+    let Some(base) = ucrypt_testkit::testdata("peer-tests/cryptsetup", "expectations.json") else {
         return;
-    }
+    };
     if !require("xz") || !require("tar") {
         return;
     }

@@ -469,11 +469,11 @@ fn ext4_on_nbdfuse_survives_unmount_and_a_new_server() {
     }
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    if !root
-        || !std::path::Path::new("/dev/fuse").exists()
-        || !std::path::Path::new("/dev/loop-control").exists()
-    {
-        eprintln!("SKIP: needs root, /dev/fuse and loop devices");
+    if !require_that(
+        root && std::path::Path::new("/dev/fuse").exists()
+            && std::path::Path::new("/dev/loop-control").exists(),
+        "needs root, /dev/fuse and loop devices",
+    ) {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

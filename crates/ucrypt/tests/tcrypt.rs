@@ -23,15 +23,10 @@ use ucrypt::{HeaderOptions, OpenOptions, VolumeType};
 use ucrypt_backend::Backend;
 use ucrypt_format::tcrypt::TcryptOptions;
 
+/// cryptsetup's test-suite images (`testdata/peer-tests/cryptsetup`), by the workspace's
+/// skip rule.
 fn base() -> Option<PathBuf> {
-    let b = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/peer-tests/cryptsetup");
-    if b.join("expectations.json").exists() {
-        Some(b)
-    } else {
-        assert!(std::env::var("CI").is_err(), "peer-tests missing");
-        eprintln!("SKIP: {} not found", b.display());
-        None
-    }
+    ucrypt_testkit::testdata("peer-tests/cryptsetup", "expectations.json")
 }
 
 /// The extracted archive (once per test binary) and the TCRYPT entries.

@@ -4,10 +4,13 @@
 pub mod nbd;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 #[allow(unused_imports)] // not every test binary reads the golden vectors
 pub use ucrypt_crypto::testing::golden_dir;
+/// The workspace's one skip rule, RNG and image helpers (`ucrypt-testkit`).
+#[allow(unused_imports)] // not every test binary uses each
+pub use ucrypt_testkit::{ci, image, image_with, random_bytes, require, require_that, Rng};
 
 /// All manifest cases.
 pub fn cases(dir: &Path) -> Vec<serde_json::Value> {
@@ -67,12 +70,4 @@ pub fn ok(out: Output) -> Vec<u8> {
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
-}
-
-/// Creates a zero-filled image of `bytes`.
-pub fn image(dir: &Path, name: &str, bytes: u64) -> PathBuf {
-    let p = dir.join(name);
-    let f = std::fs::File::create(&p).unwrap();
-    f.set_len(bytes).unwrap();
-    p
 }

@@ -1,35 +1,14 @@
 //! Helpers for the NBD interop tests: peer-tool requirements (nbdkit's `requires`), a
 //! served table (`ucrypt open`), and table lines with fresh keys.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-/// Whether `tool` is on PATH. Missing tools skip the test with a printed reason locally,
-/// and fail it under `CI=true` (CI installs them with `scripts/setup.sh`).
-pub fn require(tool: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false);
-    if !found {
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true"),
-            "required tool {tool} is missing (run scripts/setup.sh)"
-        );
-        eprintln!("SKIP: {tool} not found on PATH (run scripts/setup.sh)");
-    }
-    found
-}
-
-/// Random bytes from the OS.
-pub fn random_bytes(n: usize) -> Vec<u8> {
-    let mut b = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")
-        .unwrap()
-        .read_exact(&mut b)
-        .unwrap();
-    b
-}
+/// The workspace's skip rule and OS randomness (`ucrypt-testkit`), for the tests that
+/// import this module alone.
+#[allow(unused_imports)] // not every test binary uses each
+pub use ucrypt_testkit::{random_bytes, require};
 
 /// A table line for `img` (all of it) with a fresh 512-bit aes-xts-plain64 key, written to
 /// a file so the key never appears on a command line. Returns (line, table file).

@@ -1,0 +1,235 @@
+//! # ucrypt-testkit: what every test suite of the workspace shares
+//!
+//! * **One skip rule** ([`ci`], [`require`], [`require_that`], [`testdata`]): a test that
+//!   needs a tool, a device, a lab or test data it cannot find *skips* with a message on
+//!   stderr (`SKIP: ...`) when run by hand, and *fails* under CI (the `CI` environment
+//!   variable set to anything but empty, `0` or `false`), where `scripts/setup.sh` installed
+//!   everything and a skip would hide a missing check.
+//! * **One RNG** ([`Rng`]): xorshift64, deterministic from a printed seed so that a failing
+//!   run can be replayed ([`Rng::from_env`]). Not for keys: those come from
+//!   [`random_bytes`] (the OS).
+//! * **One image helper set** ([`image`], [`image_with`], [`random_bytes`]).
+//!
+//! Standard library only, so that every crate (even `ucrypt-crypto`, at the bottom of the
+//! layering) can use it without pulling anything in.
+
+use std::fmt::Display;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Whether the tests run under CI: `CI` is set, non-empty, and neither `0` nor `false`.
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// The one skip rule: `ok` passes through; when it is false, prints `SKIP: {what}` (by
+/// hand) or panics naming `what` (under [`ci`]). Returns `ok`, so a test reads
+/// `if !require_that(cond, "...") { return; }`.
+///
+/// # Panics
+/// When `ok` is false under CI.
+pub fn require_that(ok: bool, what: impl Display) -> bool {
+    if !ok {
+        assert!(
+            !ci(),
+            "{what} (CI is set, so a missing requirement fails instead of skipping; \
+             scripts/setup.sh installs the tools)"
+        );
+        eprintln!("SKIP: {what}");
+    }
+    ok
+}
+
+/// Whether `tool` is an executable on `PATH`, by [`require_that`]'s rule.
+///
+/// # Panics
+/// When it is missing under CI.
+pub fn require(tool: &str) -> bool {
+    require_that(
+        on_path(tool),
+        format_args!("{tool} not found on PATH (run scripts/setup.sh)"),
+    )
+}
+
+/// Whether `tool` is an executable file in a `PATH` directory (no skip rule applied).
+pub fn on_path(tool: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p).any(|d| {
+            std::fs::metadata(d.join(tool))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// The repository's `testdata/` directory.
+pub fn testdata_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
+}
+
+/// `testdata/<rel>` when `testdata/<rel>/<marker>` exists, else `None` by
+/// [`require_that`]'s rule (test data belongs in the repository: missing under CI fails).
+///
+/// # Panics
+/// When missing under CI.
+pub fn testdata(rel: &str, marker: &str) -> Option<PathBuf> {
+    let dir = testdata_root().join(rel);
+    let found = dir.join(marker).exists();
+    require_that(
+        found,
+        format_args!("test data {} not found", dir.join(marker).display()),
+    )
+    .then_some(dir)
+}
+
+/// A seed for [`Rng`]: the environment variable `var` (a decimal number) when set, so that
+/// a failing run can be replayed, else the clock (odd, never 0).
+pub fn seed(var: &str) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                | 1
+        })
+}
+
+/// A deterministic xorshift64 generator (Marsaglia's 13/7/17 triple), replayable from its
+/// seed. Test inputs only: never key material.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed` (0, which xorshift cannot leave, is replaced by a constant).
+    pub fn new(seed: u64) -> Self {
+        Rng(if seed == 0 {
+            0x9e37_79b9_7f4a_7c15
+        } else {
+            seed
+        })
+    }
+
+    /// A generator seeded from the environment variable `var` (a decimal number) or, when
+    /// it is unset, from the clock; the seed is printed so that a failure can be replayed
+    /// with `var=<seed>`. Returns the generator and its seed.
+    pub fn from_env(var: &str) -> (Self, u64) {
+        let seed = seed(var);
+        eprintln!("{var}={seed}");
+        (Rng::new(seed), seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+
+    /// An index in `0..n` (0 when `n` is 0).
+    pub fn index(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
+    }
+
+    /// Fills `out` with random bytes.
+    pub fn fill(&mut self, out: &mut [u8]) {
+        for chunk in out.chunks_mut(8) {
+            let x = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&x[..chunk.len()]);
+        }
+    }
+}
+
+/// `n` random bytes from the OS (keys, passphrases).
+///
+/// # Panics
+/// When `/dev/urandom` cannot be read.
+pub fn random_bytes(n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .expect("reading /dev/urandom");
+    b
+}
+
+/// Creates `dir/name`, a sparse zero-filled image of `bytes`.
+///
+/// # Panics
+/// When the file cannot be created.
+pub fn image(dir: &Path, name: &str, bytes: u64) -> PathBuf {
+    let p = dir.join(name);
+    let f = std::fs::File::create(&p)
+        .unwrap_or_else(|e| panic!("creating the image {}: {e}", p.display()));
+    f.set_len(bytes)
+        .unwrap_or_else(|e| panic!("sizing the image {}: {e}", p.display()));
+    p
+}
+
+/// Creates `dir/name` holding `content`.
+///
+/// # Panics
+/// When the file cannot be written.
+pub fn image_with(dir: &Path, name: &str, content: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, content)
+        .unwrap_or_else(|e| panic!("writing the image {}: {e}", p.display()));
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xorshift64_matches_marsaglias_sequence_and_replays() {
+        // x=1: 1 ^ 1<<13 = 8193; ^ >>7 = 8193 ^ 64 = 8257; ^ <<17 = 8257 ^ 1082261504.
+        let mut r = Rng::new(1);
+        assert_eq!(r.next_u64(), 8257 ^ (8257 << 17));
+        let (mut a, mut b) = (Rng::new(42), Rng::new(42));
+        let xs: Vec<u64> = (0..100).map(|_| a.next_u64()).collect();
+        assert!(xs.iter().all(|&x| x == b.next_u64()));
+        assert_ne!(Rng::new(0).next_u64(), 0);
+        assert_eq!(Rng::new(5).below(0), 0);
+        assert!((0..1000).all(|_| a.below(7) < 7));
+        let mut buf = [0u8; 13];
+        a.fill(&mut buf);
+        assert!(buf.iter().any(|&x| x != 0));
+    }
+
+    #[test]
+    fn the_skip_rule_passes_what_is_there() {
+        assert!(require_that(true, "never printed"));
+        assert!(require("sh"));
+        assert!(!on_path("no-such-tool-ucrypt-testkit"));
+        if !ci() {
+            assert!(!require_that(
+                false,
+                "testkit self-test: a skipped requirement"
+            ));
+            assert!(!require("no-such-tool-ucrypt-testkit"));
+        }
+    }
+
+    #[test]
+    fn images_have_the_asked_size_and_content() {
+        let dir = std::env::temp_dir().join(format!("ucrypt-testkit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let p = image(&dir, "a.img", 1 << 20);
+        assert_eq!(std::fs::metadata(&p).map(|m| m.len()).ok(), Some(1 << 20));
+        let q = image_with(&dir, "b.img", b"abc");
+        assert_eq!(std::fs::read(&q).ok().as_deref(), Some(&b"abc"[..]));
+        assert_eq!(random_bytes(32).len(), 32);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
