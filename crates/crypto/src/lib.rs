@@ -29,6 +29,7 @@ pub mod legacy;
 pub mod mode;
 pub mod secret;
 mod sector;
+mod serpent;
 mod spec;
 pub mod testing;
 mod twofish;

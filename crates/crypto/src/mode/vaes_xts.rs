@@ -20,9 +20,6 @@
 //! Only used where the CPU has VAES, VPCLMULQDQ, AVX-512F and AVX-512BW (checked once at
 //! keying); elsewhere [`VaesXts::new`] returns `None` and the generic XTS runs.
 #![allow(unsafe_code)]
-// The AVX-512 intrinsics are stable since Rust 1.89 (the workspace says 1.85, but `aes`
-// 0.9 already needs 1.89).
-#![allow(clippy::incompatible_msrv)]
 
 use super::Mode;
 use aws_lc_sys as ffi;

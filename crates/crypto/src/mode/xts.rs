@@ -42,6 +42,12 @@ impl Xts {
         Ok(Xts { data, tweak })
     }
 
+    /// XTS over two already keyed ciphers (data, tweak), e.g. a reference implementation
+    /// measured beside ucrypt's own; `None` unless both have 16-byte blocks.
+    pub fn from_ciphers(data: Box<dyn BlockCipher>, tweak: Box<dyn BlockCipher>) -> Option<Self> {
+        (data.block_size() == 16 && tweak.block_size() == 16).then_some(Xts { data, tweak })
+    }
+
     fn run(&self, iv: &[u8], data: &mut [u8], encrypt: bool) {
         let mut t = [0u8; 16];
         t.copy_from_slice(&iv[..16]);
