@@ -27,7 +27,8 @@ pub(crate) struct Args {
     /// Seconds measured per row and direction, split into 5 rounds (median reported).
     #[arg(long, default_value_t = 1.0)]
     seconds: f64,
-    /// Also measure the specs beyond cryptsetup's default list (HCTR2).
+    /// Also measure the specs beyond cryptsetup's default list (HCTR2, XChaCha20-Adiantum,
+    /// Camellia, Kuznyechik, CTR/LRW/benbi, CAST5, Blowfish, 3DES).
     #[arg(long)]
     all: bool,
     /// Print one JSON object per row instead of the table.
@@ -163,9 +164,29 @@ const DEFAULT_SPECS: &[(&str, usize)] = &[
     ("xchacha12,aes-adiantum-plain64", 256),
 ];
 
-/// Added to the default list by `--all`: specs the kernel's dm-crypt accepts that
-/// `cryptsetup benchmark` does not list.
-const EXTRA_SPECS: &[(&str, usize)] = &[("aes-hctr2-plain64", 128), ("aes-hctr2-plain64", 256)];
+/// Added to the default list by `--all`: the other specs ucrypt serves that
+/// `cryptsetup benchmark` does not list: HCTR2, Adiantum over XChaCha20, the ciphers of
+/// VeraCrypt volumes (Camellia, Kuznyechik; Serpent and Twofish are above) and the older
+/// modes and 64-bit block ciphers LUKS1 and loop-AES era volumes use.
+const EXTRA_SPECS: &[(&str, usize)] = &[
+    ("aes-hctr2-plain64", 128),
+    ("aes-hctr2-plain64", 256),
+    ("xchacha20,aes-adiantum-plain64", 256),
+    ("camellia-xts-plain64", 256),
+    ("camellia-xts-plain64", 512),
+    ("camellia-cbc-essiv:sha256", 256),
+    ("kuznyechik-xts-plain64", 512),
+    ("kuznyechik-cbc-essiv:sha256", 256),
+    ("aes-cbc-plain64", 256),
+    ("aes-ctr-plain64", 256),
+    ("aes-lrw-benbi", 384),
+    ("aes-cbc-benbi", 256),
+    ("serpent-cbc-plain64", 256),
+    ("twofish-cbc-plain64", 256),
+    ("cast5-cbc-plain64", 128),
+    ("blowfish-cbc-plain64", 256),
+    ("des3_ede-cbc-plain64", 192),
+];
 
 const ROUNDS: usize = 5;
 
@@ -232,7 +253,8 @@ struct Row {
 /// Another library's figure for the same work, where ucrypt links one: AES-XTS through
 /// the `aes` crate (plain64 IVs, our batched XTS loop) beside AWS-LC or the VAES kernel,
 /// AES-XTS with a 512-bit key through raw AWS-LC calls beside ucrypt's path, and
-/// Serpent-XTS through the `serpent` crate beside ucrypt's bit-sliced SIMD Serpent.
+/// Serpent-XTS through the `serpent` crate beside ucrypt's bit-sliced SIMD Serpent, and
+/// Adiantum through the `adiantum` crate beside ucrypt's (AVX2 NH).
 fn alternative(
     spec: &CipherSpec,
     key: &[u8],
@@ -241,17 +263,40 @@ fn alternative(
     per_round: Duration,
 ) -> Option<Row> {
     use ucrypt_crypto::block::reference_block_cipher;
-    use ucrypt_crypto::mode::{xts::Xts, ChainMode, Mode};
-    if spec.mode != ChainMode::Xts {
-        return None;
-    }
+    use ucrypt_crypto::mode::{adiantum::AdiantumCrate, xts::Xts, ChainMode, Mode};
     let bytes = data.len();
     let run = |f: &mut dyn FnMut(&mut [u8], bool), data: &mut [u8]| {
         let enc = measure(bytes, per_round, || f(data, true));
         let dec = measure(bytes, per_round, || f(data, false));
         (enc, dec)
     };
-    if key.len() == 64 {
+    if spec.mode == ChainMode::Adiantum {
+        let reference = AdiantumCrate::new(&spec.cipher, key)?;
+        let mut iv = [0u8; 32];
+        let (enc, dec) = run(
+            &mut |d, e| {
+                for (n, sector) in d.chunks_exact_mut(sector_bytes).enumerate() {
+                    iv[..8].copy_from_slice(&(n as u64).to_le_bytes());
+                    if e {
+                        reference.encrypt(&iv, sector);
+                    } else {
+                        reference.decrypt(&iv, sector);
+                    }
+                }
+            },
+            data,
+        );
+        return Some(Row {
+            name: "adiantum crate".into(),
+            key_bits: key.len() * 8,
+            enc,
+            dec,
+        });
+    }
+    if spec.mode != ChainMode::Xts {
+        return None;
+    }
+    if spec.cipher == "aes" && key.len() == 64 {
         let mut raw = RawLibraryXts::new(key)?;
         let (enc, dec) = run(&mut |d, e| raw.run(d, sector_bytes, e), data);
         return Some(Row {
