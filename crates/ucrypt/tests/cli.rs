@@ -252,6 +252,62 @@ fn bench_emits_json_rows_with_the_required_fields_and_a_chart() {
     }
     let svg = std::fs::read_to_string(&chart).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("cloudflare") && svg.contains("sector-size"));
+    // Run parameters and date on the chart; a variant keeps its colour in both panels.
+    assert!(svg.contains("0.01 s per measurement, 1 repeats") && svg.contains(" UTC |"));
+    let fills = |variant: &str| -> std::collections::BTreeSet<String> {
+        svg.lines()
+            .filter(|l| l.starts_with("<rect x") && l.contains(&format!("<title>{variant}:")))
+            .map(|l| {
+                l.split("fill=\"")
+                    .nth(1)
+                    .unwrap()
+                    .split('"')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    for v in ["raw", "auto"] {
+        assert_eq!(fills(v).len(), 1, "{v}: {:?}", fills(v));
+    }
+    assert_ne!(fills("raw"), fills("auto"));
+}
+
+#[test]
+fn benchmark_chart_has_both_directions_error_bars_and_the_run_parameters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let chart = tmp.path().join("b.svg");
+    ok(ucrypt(
+        &[
+            "benchmark",
+            "--cipher",
+            "aes-xts-plain64",
+            "--key-size",
+            "256",
+            "--seconds",
+            "0.05",
+            "--chart",
+            chart.to_str().unwrap(),
+        ],
+        b"",
+    ));
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(
+        svg.contains(">Encryption<") && svg.contains(">Decryption<"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("sector size 4096") && svg.contains(" UTC |"),
+        "{svg}"
+    );
+    // ucrypt's bar and the aes crate's beside it, in each panel, each with its title.
+    assert_eq!(
+        svg.matches("<title>ucrypt: aes-xts-plain64 256b").count(),
+        2,
+        "{svg}"
+    );
+    assert_eq!(svg.matches("<title>aes crate XTS: ").count(), 2, "{svg}");
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! report.rs       table │ JSON lines │ SVG chart
 //! ```
 
+pub mod chart;
 pub mod experiments;
 pub mod load;
 pub mod report;

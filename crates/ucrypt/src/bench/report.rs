@@ -83,110 +83,60 @@ pub fn json(rows: &[Row]) -> String {
     out
 }
 
-const COLORS: [&str; 8] = [
-    "#888888", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-];
-
-/// The chart: per experiment a panel of grouped bars (ratio to raw, raw = 1.0 line).
-pub fn svg(rows: &[Row]) -> String {
-    let bar = 9.0;
-    let gap = 14.0;
-    let panel_h = 230.0;
-    let left = 50.0;
-    let mut experiments: Vec<&str> = Vec::new();
+/// The chart ([`super::chart`]): a panel per experiment, a group per cell, a bar per
+/// variant at its ratio to the raw passthrough (1.0 = raw, dashed), the spread of its
+/// repeats (lowest..highest MiB/s, scaled by the same ratio) as an error bar; `params`
+/// (run parameters and date) under the title.
+pub fn svg(rows: &[Row], params: &str) -> String {
+    use super::chart::{Bar, Group, Panel};
+    let mut panels: Vec<Panel> = Vec::new();
+    let mut prev: Option<&Row> = None;
     for r in rows {
-        if !experiments.contains(&r.cell.experiment) {
-            experiments.push(r.cell.experiment);
+        if !panels.iter().any(|p| p.title == r.cell.experiment) {
+            panels.push(Panel {
+                title: r.cell.experiment.to_string(),
+                unit: "x".into(),
+                reference: Some(1.0),
+                log: false,
+                groups: Vec::new(),
+            });
         }
-    }
-    // Cells per experiment, in order, and the widest panel.
-    let groups = |e: &str| -> Vec<Vec<&Row>> {
-        let mut g: Vec<Vec<&Row>> = Vec::new();
-        for r in rows.iter().filter(|r| r.cell.experiment == e) {
-            let same = g.last().is_some_and(|last| last[0].cell.same_as(&r.cell));
-            if same {
-                if let Some(l) = g.last_mut() {
-                    l.push(r);
-                }
-            } else {
-                g.push(vec![r]);
+        let Some(p) = panels.iter_mut().find(|p| p.title == r.cell.experiment) else {
+            continue;
+        };
+        let median = r.median.mib_s();
+        let scale = if median > 0.0 {
+            r.ratio_to_raw / median
+        } else {
+            0.0
+        };
+        let bar = Bar {
+            variant: r.variant.to_string(),
+            value: r.ratio_to_raw,
+            lo: r.spread.0 * scale,
+            hi: r.spread.1 * scale,
+            note: format!(
+                "; {:.1} MiB/s, repeats {:.1}..{:.1} MiB/s",
+                median, r.spread.0, r.spread.1
+            ),
+        };
+        if prev.is_some_and(|q: &Row| q.cell.same_as(&r.cell)) {
+            if let Some(g) = p.groups.last_mut() {
+                g.bars.push(bar);
             }
+        } else {
+            p.groups.push(Group {
+                label: label(r),
+                bars: vec![bar],
+            });
         }
-        g
-    };
-    let width = experiments
-        .iter()
-        .map(|e| {
-            groups(e)
-                .iter()
-                .map(|g| g.len() as f64 * bar + gap)
-                .sum::<f64>()
-        })
-        .fold(600.0, f64::max)
-        + left
-        + 230.0;
-    let height = experiments.len() as f64 * (panel_h + 40.0) + 40.0;
-    let mut s = String::new();
-    let _ = writeln!(s, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" font-family=\"sans-serif\" font-size=\"10\">");
-    let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
-    let _ = writeln!(s, "<text x=\"10\" y=\"20\" font-size=\"14\">ucrypt bench: throughput relative to the raw backend (median; 1.0 = raw passthrough)</text>");
-    for (pi, e) in experiments.iter().enumerate() {
-        let top = 40.0 + pi as f64 * (panel_h + 40.0);
-        let gs = groups(e);
-        let max = gs
-            .iter()
-            .flatten()
-            .map(|r| r.ratio_to_raw)
-            .fold(1.2, f64::max)
-            .min(4.0);
-        let y = |v: f64| top + 20.0 + (panel_h - 60.0) * (1.0 - v.min(max) / max);
-        let _ = writeln!(
-            s,
-            "<text x=\"10\" y=\"{:.0}\" font-size=\"12\" font-weight=\"bold\">{e}</text>",
-            top + 12.0
-        );
-        for t in [0.0, 0.5, 1.0, max] {
-            let _ = writeln!(s, "<line x1=\"{left}\" x2=\"{:.0}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"{}\" stroke-dasharray=\"{}\"/>", width - 230.0, y(t), y(t), if t == 1.0 { "#000" } else { "#ddd" }, if t == 1.0 { "4 2" } else { "" });
-            let _ = writeln!(
-                s,
-                "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{t:.1}x</text>",
-                left - 4.0,
-                y(t) + 3.0
-            );
-        }
-        let mut x = left + 4.0;
-        let mut legend: Vec<&str> = Vec::new();
-        for g in &gs {
-            let x0 = x;
-            for r in g {
-                let ci = legend
-                    .iter()
-                    .position(|v| *v == r.variant)
-                    .unwrap_or_else(|| {
-                        legend.push(r.variant);
-                        legend.len() - 1
-                    });
-                let h = y(0.0) - y(r.ratio_to_raw);
-                let _ = writeln!(s, "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\"><title>{} {}: {:.1} MiB/s, {:.3}x raw</title></rect>", y(r.ratio_to_raw), bar - 1.0, COLORS[ci % COLORS.len()], r.variant, label(r), r.median.mib_s(), r.ratio_to_raw);
-                x += bar;
-            }
-            let _ = writeln!(
-                s,
-                "<text transform=\"translate({:.1},{:.1}) rotate(35)\" font-size=\"9\">{}</text>",
-                x0,
-                y(0.0) + 10.0,
-                label(g[0])
-            );
-            x += gap;
-        }
-        for (i, v) in legend.iter().enumerate() {
-            let ly = top + 24.0 + i as f64 * 14.0;
-            let lx = width - 220.0;
-            let _ = writeln!(s, "<rect x=\"{lx}\" y=\"{:.0}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" y=\"{:.0}\">{v}</text>", ly - 9.0, COLORS[i % COLORS.len()], lx + 14.0, ly);
-        }
+        prev = Some(r);
     }
-    s.push_str("</svg>\n");
-    s
+    super::chart::render(
+        "ucrypt bench: throughput relative to the raw backend (median of the repeats; error bars: lowest..highest)",
+        params,
+        &panels,
+    )
 }
 
 fn label(r: &Row) -> String {

@@ -104,7 +104,17 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         }
     }
     if let Some(path) = &a.chart {
-        std::fs::write(path, report::svg(&rows))
+        let params = format!(
+            "{} | {} s per measurement, {} repeats interleaved, {} MiB memory backend{} | {} CPUs | ucrypt {}",
+            ucrypt::bench::chart::now_utc(),
+            s.secs,
+            s.repeats,
+            s.region >> 20,
+            if s.quick { ", --quick" } else { "" },
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            env!("CARGO_PKG_VERSION")
+        );
+        std::fs::write(path, report::svg(&rows, &params))
             .map_err(|e| anyhow::anyhow!("writing chart {}: {e}", path.display()))?;
         eprintln!("chart written to {}", path.display());
     }

@@ -46,6 +46,59 @@ pub(crate) struct Args {
     /// Argon2 time cost (iterations) for the Argon2 rows.
     #[arg(long, default_value_t = 4)]
     pbkdf_force_iterations: u32,
+    /// Also write an SVG chart of the cipher rows here (encryption and decryption panels,
+    /// the spread of the rounds as error bars).
+    #[arg(long, value_name = "FILE")]
+    chart: Option<std::path::PathBuf>,
+}
+
+/// The chart of the cipher rows: a panel per direction, a group per spec and key size,
+/// ucrypt's bar and the alternative library's beside it (one colour per library).
+fn chart(a: &Args, ss: SectorSize, buffer: usize, rows: &[(Row, Option<Row>)]) -> String {
+    use ucrypt::bench::chart::{render, Bar, Group, Panel};
+    let bar = |variant: &str, r: Rate| Bar {
+        variant: variant.to_string(),
+        value: r.median,
+        lo: r.lo,
+        hi: r.hi,
+        note: String::new(),
+    };
+    let panel = |title: &str, pick: fn(&Row) -> Rate| Panel {
+        title: title.into(),
+        unit: "MiB/s".into(),
+        reference: None,
+        log: true,
+        groups: rows
+            .iter()
+            .map(|(r, alt)| Group {
+                label: format!("{} {}b", r.name, r.key_bits),
+                bars: std::iter::once(bar(
+                    if r.name.starts_with("raw ") {
+                        "raw AWS-LC"
+                    } else {
+                        "ucrypt"
+                    },
+                    pick(r),
+                ))
+                .chain(alt.iter().map(|x| bar(&x.name, pick(x))))
+                .collect(),
+            })
+            .collect(),
+    };
+    render(
+        "ucrypt benchmark: cipher throughput in memory (median of the rounds; error bars: lowest..highest)",
+        &format!(
+            "{} | sector size {ss}, {buffer} bytes per call, {ROUNDS} rounds in {} s per row and direction | {} CPUs | ucrypt {}",
+            ucrypt::bench::chart::now_utc(),
+            a.seconds,
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            env!("CARGO_PKG_VERSION")
+        ),
+        &[
+            panel("Encryption", |r| r.enc),
+            panel("Decryption", |r| r.dec),
+        ],
+    )
 }
 
 /// One PBKDF row.
@@ -226,7 +279,22 @@ fn interleaved_ratio(
     ratios[ROUNDS]
 }
 
-fn measure(bytes: usize, per_round: Duration, mut f: impl FnMut()) -> f64 {
+/// A throughput: the median of the rounds, and their lowest and highest (the chart's error
+/// bars). Formats as the median, so `{:>9.1}` prints as before.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    median: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.median, f)
+    }
+}
+
+fn measure(bytes: usize, per_round: Duration, mut f: impl FnMut()) -> Rate {
     f(); // warm up (page faults, key schedule caches)
     let mut rates: Vec<f64> = (0..ROUNDS)
         .map(|_| {
@@ -240,14 +308,19 @@ fn measure(bytes: usize, per_round: Duration, mut f: impl FnMut()) -> f64 {
         })
         .collect();
     rates.sort_by(f64::total_cmp);
-    rates[ROUNDS / 2]
+    Rate {
+        median: rates[ROUNDS / 2],
+        lo: rates[0],
+        hi: rates[ROUNDS - 1],
+    }
 }
 
+#[derive(Clone)]
 struct Row {
     name: String,
     key_bits: usize,
-    enc: f64,
-    dec: f64,
+    enc: Rate,
+    dec: Rate,
 }
 
 /// Another library's figure for the same work, where ucrypt links one: AES-XTS through
@@ -365,6 +438,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let key_bytes: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
     let mut data = vec![0x5au8; buffer];
     let mut rows = Vec::new();
+    let mut charted = Vec::new();
     if !a.json {
         println!("# Tests are approximate using memory only (no storage IO); sector size {ss}, {buffer} bytes per call, median of {ROUNDS} rounds.");
         println!(
@@ -420,6 +494,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         };
         let alt = alternative(&parsed, key, &mut data, ss.len(), per_round);
         print_row(&row, alt.as_ref());
+        charted.push((row.clone(), alt));
         rows.push(row);
     }
     // The raw library baseline for the hot path, in the same run.
@@ -435,6 +510,12 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     });
     if let Some(r) = &raw {
         print_row(r, None);
+        charted.push((r.clone(), None));
+    }
+    if let Some(path) = &a.chart {
+        std::fs::write(path, chart(&a, ss, buffer, &charted))
+            .map_err(|e| anyhow::anyhow!("writing chart {}: {e}", path.display()))?;
+        eprintln!("chart written to {}", path.display());
     }
     let ours = rows
         .iter()
