@@ -78,7 +78,7 @@ pub fn load_header(
 /// Unlocks a TCRYPT volume: the bottom layer as `table`, the layers above in `layers`.
 ///
 /// # Errors
-/// As [`load_header`], plus legacy modes without a mapping, and a device too small for
+/// As [`load_header`], plus a sector size that is not a multiple of 512, and a device too small for
 /// the area the header describes.
 pub fn unlock_tcrypt(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let t = &opts.tcrypt;
