@@ -2,7 +2,7 @@
 # Kernel-lab checks of ucrypt's block-device front ends (issue 12, point 6). Runs as root
 # inside ../shared/kernel-lab (Debian's 6.12 kernel: ublk_drv, nbd, dm-crypt), started by
 # crates/device/tests/lab.rs:
-#   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk nbd recovery)
+#   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk nbd recovery nbd-recovery)
 # UCRYPT is the ucrypt binary, ATTACH the crates/device `attach` example, or `cli` to go
 # through `ucrypt open IMAGE NAME --device ublk|nbd` / `ucrypt close NAME` (what users
 # type; then `close` must also refuse with exit code 5 while mounted). Prints one
@@ -125,11 +125,16 @@ frontend_round() {
   umount "$MNT"; stop
 }
 
+# kill -9 of the server under a mounted filesystem doing fsync'd writes, then
+# `open --recover`: ublk's user recovery (requests re-issued, no deadline), or for the
+# kernel NBD client new connections handed over with NBD_CMD_RECONFIGURE within its
+# dead-connection timeout (30 s).
 recovery_round() {
-  start ublk --name rec || { bad "recovery: device appears"; return; }
+  local front=$1 R="recovery ($1)"
+  start "$front" --name "rec$front" || { bad "$R: device appears"; return; }
   local N ID
   N=$(basename "$DEV"); ID=${N#ublkb}
-  mkfs.ext4 -q -F "$DEV" && mount -t ext4 "$DEV" "$MNT" || { bad "recovery: mkfs+mount"; stop; return; }
+  mkfs.ext4 -q -F "$DEV" && mount -t ext4 "$DEV" "$MNT" || { bad "$R: mkfs+mount"; stop; return; }
   # A writer of fsync'd files: a file counts as acknowledged once dd's fsync returned,
   # and only then is it logged (on tmpfs, outside the device).
   : > "$W/acked"
@@ -145,32 +150,33 @@ recovery_round() {
   kill -9 "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
   while kill -0 "$SERVER_PID" 2>/dev/null; do sleep 0.1; done
   local at_kill; at_kill=$(wc -l < "$W/acked")
-  echo "# killed the server (-9) after $at_kill acknowledged files"
+  echo "# $front: killed the server (-9) after $at_kill acknowledged files"
   sleep 2
-  check "recovery: device still there while the server is dead" test -b "$DEV"
-  check "recovery: device waits for recovery" grep -q . "/sys/block/$N/size"
+  check "$R: device still there while the server is dead" test -b "$DEV"
+  check "$R: device keeps its size while the server is dead" grep -qv '^0$' "/sys/block/$N/size"
   # A different instance name must not take the device over.
   if [ "$ATTACH" != cli ]; then
-    check "recovery: another instance's name is refused" sh -c "! '$ATTACH' ublk '$W/table' --name other --recover $ID >/dev/null 2>&1"
+    check "$R: another instance's name is refused" sh -c "! '$ATTACH' ublk '$W/table' --name other --recover $ID >/dev/null 2>&1"
   else
-    check "recovery: --recover of a name without a waiting device is refused" \
-      sh -c "! '$UCRYPT' open '$IMG' other --device ublk --recover -d '$W/pass' >/dev/null 2>&1"
+    check "$R: --recover of a name without a waiting device is refused" \
+      sh -c "! '$UCRYPT' open '$IMG' other --device $front --recover -d '$W/pass' >/dev/null 2>&1"
   fi
-  start ublk --name rec --recover auto || { bad "recovery: reattach (found by name)"; return; }
-  check "recovery: same node after --recover" test "$DEV" = "/dev/$N"
-  check "recovery: the writer finishes" wait "$WRITER"
+  # Without --device: the kind the dead instance used is found by its name.
+  start auto --name "rec$front" --recover auto || { bad "$R: reattach (found by name)"; return; }
+  check "$R: same node after --recover" test "$DEV" = "/dev/$N"
+  check "$R: the writer finishes" wait "$WRITER"
   local n=0 wrong=0
   while read -r i s; do
     n=$((n + 1)); [ "$(sha "$MNT/f.$i")" = "$s" ] || wrong=$((wrong + 1))
   done < "$W/acked"
-  check "recovery: all $n fsync'd files intact (0 wrong: $wrong)" test "$wrong" = 0 -a "$n" = 40
-  check "recovery: umount" umount "$MNT"
+  check "$R: all $n fsync'd files intact (0 wrong: $wrong)" test "$wrong" = 0 -a "$n" = 40
+  check "$R: umount" umount "$MNT"
   stop
   if dm_open; then
     mount -t ext4 -o ro /dev/mapper/uclab "$MNT"
     wrong=0
     while read -r i s; do [ "$(sha "$MNT/f.$i")" = "$s" ] || wrong=$((wrong + 1)); done < "$W/acked"
-    check "recovery: dm-crypt reads the same $n files" test "$wrong" = 0
+    check "$R: dm-crypt reads the same $n files" test "$wrong" = 0
     umount "$MNT"; dm_close
   fi
 }
@@ -178,7 +184,8 @@ recovery_round() {
 for f in $FRONTENDS; do
   case $f in
     ublk|nbd) frontend_round "$f" ;;
-    recovery) recovery_round ;;
+    recovery) recovery_round ublk ;;
+    nbd-recovery) recovery_round nbd ;;
   esac
 done
 dmesg | grep -iE "ublk|nbd|EXT4-fs error|I/O error" | tail -20 | sed 's/^/# dmesg: /'

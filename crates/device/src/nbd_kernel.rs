@@ -22,9 +22,12 @@
 //! ```
 //!
 //! **Dead connections.** The server lives in this process; if the process dies, the kernel
-//! sees the sockets close and, after `dead_conn_timeout`, fails the device's I/O (a mounted
-//! filesystem gets errors rather than hanging forever). For a server that can die and
-//! come back under a mounted filesystem, use the ublk front end with user recovery.
+//! sees the sockets close and holds the device's I/O for `dead_conn_timeout` (30 s by
+//! default), then fails it (a mounted filesystem gets errors rather than hanging forever).
+//! Within that time a new server can take over: [`reconnect`] (`ucrypt open --recover`)
+//! finds the device by its backend identifier (`ucrypt:NAME`, in
+//! `/sys/block/nbdN/backend`) and hands the kernel new sockets with `NBD_CMD_RECONFIGURE`;
+//! the held requests are then served. ublk's user recovery has no such deadline.
 
 use crate::{block_device_in_use, AttachOptions, Attachment, DeviceError, Export, FrontendKind};
 use neli::consts::{nl::NlmF, socket::NlFamily};
@@ -184,7 +187,13 @@ fn call(
         .map_err(|e| netlink_err(what, e))?;
     let mut index = None;
     for reply in recv {
-        let reply = reply.map_err(|e| netlink_err(what, e))?;
+        let reply = reply.map_err(|e| match e {
+            // The kernel's answer is an errno: name it, not the whole echoed message.
+            neli::err::RouterError::Nlmsgerr(m) => {
+                DeviceError::io(what, std::io::Error::from_raw_os_error(-*m.error()))
+            }
+            e => netlink_err(what, e),
+        })?;
         if let NlPayload::Payload(p) = reply.nl_payload() {
             if let Ok(i) = p
                 .attrs()
@@ -224,17 +233,21 @@ fn private_dir() -> Result<PathBuf, DeviceError> {
     ))
 }
 
-/// Connects `export` to a kernel NBD device and returns once `/dev/nbdN` has its size.
-///
-/// # Errors
-/// [`DeviceError::Unavailable`] without the nbd module, [`DeviceError::Io`] when the
-/// server, the handshake or the kernel's `NBD_CMD_CONNECT` fails (with the errno).
-pub fn attach(
+/// What [`NbdAttachment`]s are known by in sysfs (`/sys/block/nbdN/backend`, set with
+/// `NBD_ATTR_BACKEND_IDENTIFIER`): which instance a device belongs to, for
+/// [`reconnect`].
+fn backend_identifier(name: &str) -> String {
+    format!("ucrypt:{name}")
+}
+
+/// Starts the server on a private socket and negotiates `connections` sockets with it:
+/// the attachment (not yet indexed: dropping it stops the server), the negotiated socket
+/// fds to hand to the kernel, and the export's facts.
+fn serve_and_negotiate(
     export: Export,
     opts: &AttachOptions,
     nopts: &NbdOptions,
-) -> Result<NbdAttachment, DeviceError> {
-    available()?;
+) -> Result<(NbdAttachment, Vec<OwnedFd>, ucrypt_nbd::client::ExportFacts), DeviceError> {
     let connections = nopts.connections.max(1);
     let dir = private_dir()?;
     let sock_path = dir.join("nbd.sock");
@@ -262,7 +275,7 @@ pub fn attach(
             })
             .map_err(|e| DeviceError::io("starting the NBD server thread", e))?
     };
-    let mut attachment = NbdAttachment {
+    let attachment = NbdAttachment {
         node: PathBuf::new(),
         index: None,
         shutdown,
@@ -296,12 +309,16 @@ pub fn attach(
     let _ = std::fs::remove_file(&sock_path);
     let _ = std::fs::remove_dir(&dir);
     let (fds, facts) = negotiated?;
+    Ok((attachment, fds, facts))
+}
 
-    let block = u64::from(opts.logical_block.max(512));
-    // The kernel's size must be whole blocks.
-    let size = facts.size_bytes / block * block;
+/// `NBD_ATTR_SOCKETS` with one `NBD_SOCK_ITEM` per fd.
+fn sockets_attr(fds: &[OwnedFd]) -> Result<Nlattr<NbdAttr, Buffer>, DeviceError> {
+    fn built(e: impl std::fmt::Display) -> DeviceError {
+        netlink_err("building a netlink attribute", e)
+    }
     let mut sockets = attr(NbdAttr::Sockets, Vec::<u8>::new())?;
-    for fd in &fds {
+    for fd in fds {
         let raw =
             u32::try_from(fd.as_raw_fd()).map_err(|_| netlink_err("socket fd", "negative"))?;
         let item = NlattrBuilder::default()
@@ -309,28 +326,46 @@ pub fn attach(
                 AttrTypeBuilder::default()
                     .nla_type(NBD_SOCK_ITEM)
                     .build()
-                    .map_err(|e| netlink_err("building a netlink attribute", e))?,
+                    .map_err(built)?,
             )
             .nla_payload(Vec::<u8>::new())
             .build()
-            .map_err(|e| netlink_err("building a netlink attribute", e))?
+            .map_err(built)?
             .nest(
                 &NlattrBuilder::default()
                     .nla_type(
                         AttrTypeBuilder::default()
                             .nla_type(NBD_SOCK_FD)
                             .build()
-                            .map_err(|e| netlink_err("building a netlink attribute", e))?,
+                            .map_err(built)?,
                     )
                     .nla_payload(raw)
                     .build()
-                    .map_err(|e| netlink_err("building a netlink attribute", e))?,
+                    .map_err(built)?,
             )
             .map_err(|e| netlink_err("nesting a netlink attribute", e))?;
         sockets = sockets
             .nest(&item)
             .map_err(|e| netlink_err("nesting a netlink attribute", e))?;
     }
+    Ok(sockets)
+}
+
+/// Connects `export` to a kernel NBD device and returns once `/dev/nbdN` has its size.
+///
+/// # Errors
+/// [`DeviceError::Unavailable`] without the nbd module, [`DeviceError::Io`] when the
+/// server, the handshake or the kernel's `NBD_CMD_CONNECT` fails (with the errno).
+pub fn attach(
+    export: Export,
+    opts: &AttachOptions,
+    nopts: &NbdOptions,
+) -> Result<NbdAttachment, DeviceError> {
+    available()?;
+    let (mut attachment, fds, facts) = serve_and_negotiate(export, opts, nopts)?;
+    let block = u64::from(opts.logical_block.max(512));
+    // The kernel's size must be whole blocks.
+    let size = facts.size_bytes / block * block;
     let mut attrs: GenlBuffer<NbdAttr, Buffer> = GenlBuffer::new();
     if let Some(i) = nopts.index {
         attrs.push(attr(NbdAttr::Index, i)?);
@@ -342,7 +377,11 @@ pub fn attach(
         NbdAttr::DeadConnTimeout,
         nopts.dead_conn_timeout.as_secs().max(1),
     )?);
-    attrs.push(sockets);
+    attrs.push(attr(
+        NbdAttr::BackendIdentifier,
+        backend_identifier(&opts.name),
+    )?);
+    attrs.push(sockets_attr(&fds)?);
     let index = call(
         NbdCmd::Connect,
         attrs,
@@ -355,6 +394,96 @@ pub fn attach(
     attachment.index = Some(index);
     attachment.node = PathBuf::from(format!("/dev/nbd{index}"));
     wait_for_size(&attachment.node, index)?;
+    Ok(attachment)
+}
+
+/// The kernel NBD device that instance `name` connected (its backend identifier), if one
+/// is still configured.
+pub fn find_by_instance(name: &str) -> Option<u32> {
+    let want = backend_identifier(name);
+    let mut found: Vec<u32> = std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n: u32 = e.file_name().to_str()?.strip_prefix("nbd")?.parse().ok()?;
+            let id = std::fs::read_to_string(e.path().join("backend")).ok()?;
+            (id.trim() == want).then_some(n)
+        })
+        .collect();
+    found.sort_unstable();
+    found.first().copied()
+}
+
+/// Hands freshly negotiated sockets of a new server to `/dev/nbd{index}`, whose server
+/// died, with `NBD_CMD_RECONFIGURE`: the kernel replaces its dead connections with them
+/// and requeues what was waiting, so the device and whatever is mounted on it continue
+/// (within the dead-connection timeout the device was connected with; after it, the
+/// waiting requests had already failed with EIO). The caller makes sure no live instance
+/// of the name exists.
+///
+/// # Errors
+/// [`DeviceError::Unavailable`] when the device belongs to another instance or another
+/// volume (size or block size differ); [`DeviceError::Io`] when the kernel refuses (its
+/// connections are alive: `ENOSPC`; it is not configured: `EINVAL`).
+pub fn reconnect(
+    export: Export,
+    index: u32,
+    opts: &AttachOptions,
+    nopts: &NbdOptions,
+) -> Result<NbdAttachment, DeviceError> {
+    available()?;
+    let refuse = |why: String| DeviceError::Unavailable {
+        frontend: "nbd",
+        why,
+    };
+    let sys = PathBuf::from(format!("/sys/block/nbd{index}"));
+    let owner = std::fs::read_to_string(sys.join("backend")).unwrap_or_default();
+    if owner.trim() != backend_identifier(&opts.name) {
+        return Err(refuse(format!(
+            "/dev/nbd{index} belongs to {:?}, not to instance {:?}",
+            owner.trim(),
+            opts.name
+        )));
+    }
+    let block = u64::from(opts.logical_block.max(512));
+    let size = export.info().size_bytes / block * block;
+    let sectors: u64 = std::fs::read_to_string(sys.join("size"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let logical: u64 = std::fs::read_to_string(sys.join("queue/logical_block_size"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if sectors * 512 != size || logical != block {
+        return Err(refuse(format!(
+            "/dev/nbd{index} has {} bytes in blocks of {logical}, this volume {size} bytes in \
+             blocks of {block}: not the same volume",
+            sectors * 512
+        )));
+    }
+    let (mut attachment, fds, _facts) = serve_and_negotiate(export, opts, nopts)?;
+    let mut attrs: GenlBuffer<NbdAttr, Buffer> = GenlBuffer::new();
+    attrs.push(attr(NbdAttr::Index, index)?);
+    // The kernel refuses to reconfigure a device that has an identifier without it.
+    attrs.push(attr(
+        NbdAttr::BackendIdentifier,
+        backend_identifier(&opts.name),
+    )?);
+    attrs.push(attr(
+        NbdAttr::DeadConnTimeout,
+        nopts.dead_conn_timeout.as_secs().max(1),
+    )?);
+    attrs.push(sockets_attr(&fds)?);
+    call(
+        NbdCmd::Reconfigure,
+        attrs,
+        &format!("reconnecting /dev/nbd{index} (NBD_CMD_RECONFIGURE)"),
+    )?;
+    drop(fds);
+    attachment.index = Some(index);
+    attachment.node = PathBuf::from(format!("/dev/nbd{index}"));
     Ok(attachment)
 }
 

@@ -5,9 +5,10 @@
 //! mount, write, busy while mounted, `ucrypt close` refused with exit code 5 while mounted
 //! (and the volume still served), umount, close, node gone, reopen, data intact; then the
 //! kernel's own dm-crypt (the table `luksOpen --print-table` gives) reads what the front
-//! end wrote and the front end reads what dm-crypt wrote. ublk user recovery: `kill -9`
-//! of the server under a mounted filesystem doing fsync'd writes, `ucrypt open --recover`,
-//! every fsync'd file intact, and dm-crypt reads them too.
+//! end wrote and the front end reads what dm-crypt wrote. Crash recovery, for ublk (user
+//! recovery) and kernel NBD (`NBD_CMD_RECONFIGURE`): `kill -9` of the server under a
+//! mounted filesystem doing fsync'd writes, `ucrypt open --recover` (the front end found
+//! by the instance's name), every fsync'd file intact, and dm-crypt reads them too.
 //!
 //! Skipped with a message when `CI` is unset and the lab cannot start; fails when `CI` is
 //! set.
@@ -46,7 +47,7 @@ fn open_by_name_as_ublk_and_kernel_nbd_on_a_real_kernel() {
         .arg(root.join("tests/lab/blockdev.sh"))
         .arg(env!("CARGO_BIN_EXE_ucrypt"))
         .arg("cli")
-        .args(["ublk", "nbd", "recovery"])
+        .args(["ublk", "nbd", "recovery", "nbd-recovery"])
         .current_dir(&root)
         .env("KLAB_TIMEOUT", "1500")
         .output()

@@ -90,12 +90,14 @@ struct Server {
 }
 
 /// The front end `--device`/`--fuse` ask for.
-fn choose_frontend(a: &Args) -> Result<FrontendKind, CliError> {
+fn choose_frontend(a: &Args, name: &str) -> Result<FrontendKind, CliError> {
     let asked = frontend::parse(&a.frontend)
         .map_err(|e| anyhow::anyhow!(e))
         .code(EXIT_PARAMS)?;
     let kind = match asked {
         Some(k) => k,
+        // `--recover`: the kind of device the dead instance left behind.
+        None if a.recover => frontend::recover_kind(name).unwrap_or_else(frontend::auto),
         None if a.fuse.is_some() => FrontendKind::Fuse,
         None => frontend::auto(),
     };
@@ -155,7 +157,7 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
     ucrypt::instance::runtime::check_name(&name).map_err(instance_error)?;
     let tls = open::tls_config(&a)?;
     open::check_exposure(&a, tls.is_some())?;
-    let kind = choose_frontend(&a)?;
+    let kind = choose_frontend(&a, &name)?;
     let dir = InstanceDir::create(&name).map_err(instance_error)?;
 
     // What to serve, and the image to lock (the table input is read once: it may be

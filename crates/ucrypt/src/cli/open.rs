@@ -64,9 +64,12 @@ pub(crate) struct Args {
         value_name = "ublk|nbd|fuse|none|auto"
     )]
     pub(super) frontend: String,
-    /// ublk user recovery: the server of NAME died (killed, crashed) and its /dev/ublkbN
-    /// waits, with whatever is mounted on it; open the same volume again and reattach to
-    /// that device instead of creating one (requests in flight are re-issued).
+    /// Crash recovery: the server of NAME died (killed, crashed) and its device waits, with
+    /// whatever is mounted on it; open the same volume again and reattach to that device
+    /// instead of creating one. ublk (user recovery): requests in flight are re-issued, no
+    /// deadline. Kernel NBD: new connections replace the dead ones (NBD_CMD_RECONFIGURE)
+    /// within the device's 30 s dead-connection timeout. Without --device, the kind the
+    /// dead instance used.
     #[arg(long)]
     pub(super) recover: bool,
     /// FUSE: mount at DIR and expose the volume as DIR/NAME (default: the instance's

@@ -78,10 +78,12 @@ pub fn attach(
     opts: &AttachOptions,
     ctx: &Context,
 ) -> Result<Option<Box<dyn Attachment>>, DeviceError> {
-    if ctx.recover && kind != FrontendKind::Ublk {
+    if ctx.recover && !matches!(kind, FrontendKind::Ublk | FrontendKind::Nbd) {
         return Err(DeviceError::Unavailable {
             frontend: kind.as_str(),
-            why: "--recover reattaches a ublk device (user recovery); use --device ublk".into(),
+            why: "--recover reattaches a ublk or kernel NBD device whose server died; \
+                  use --device ublk or --device nbd"
+                .into(),
         });
     }
     match kind {
@@ -123,17 +125,48 @@ fn nbd_available() -> bool {
     ucrypt_device::nbd_kernel::available().is_ok()
 }
 
-/// The kernel NBD client front end (`/dev/nbdN`, connected to its own server socket).
+/// The kernel NBD client front end (`/dev/nbdN`, connected to its own server socket), or
+/// with `ctx.recover` the instance's device whose server died, given new connections.
 fn nbd(
     export: Export,
     opts: &AttachOptions,
-    _ctx: &Context,
+    ctx: &Context,
 ) -> Result<Box<dyn Attachment>, DeviceError> {
-    let nopts = ucrypt_device::nbd_kernel::NbdOptions {
+    use ucrypt_device::nbd_kernel;
+    let nopts = nbd_kernel::NbdOptions {
         connections: usize::from(opts.queues.clamp(1, 4)),
         ..Default::default()
     };
-    Ok(Box::new(ucrypt_device::nbd_kernel::attach(
-        export, opts, &nopts,
-    )?))
+    if ctx.recover {
+        let index =
+            nbd_kernel::find_by_instance(&opts.name).ok_or_else(|| DeviceError::Unavailable {
+                frontend: "nbd",
+                why: format!(
+                    "no kernel NBD device of instance {:?} is configured (it was closed, its \
+                     dead-connection timeout disconnected it, or it was not opened with \
+                     --device nbd)",
+                    opts.name
+                ),
+            })?;
+        return Ok(Box::new(nbd_kernel::reconnect(
+            export, index, opts, &nopts,
+        )?));
+    }
+    Ok(Box::new(nbd_kernel::attach(export, opts, &nopts)?))
+}
+
+/// For `open --recover` without `--device`: the front end instance `name` used, from the
+/// description its dead server left in the runtime directory, else a kernel NBD device
+/// carrying its name. Reads files only: it runs before `open` forks, where no thread may
+/// have been started yet (libublk's control calls would start some).
+pub fn recover_kind(name: &str) -> Option<FrontendKind> {
+    let described = super::runtime::Paths::of(name)
+        .ok()
+        .and_then(|p| p.read_description())
+        .and_then(|d| parse(&d.frontend).ok().flatten())
+        .filter(|k| matches!(k, FrontendKind::Ublk | FrontendKind::Nbd));
+    if described.is_some() {
+        return described;
+    }
+    ucrypt_device::nbd_kernel::find_by_instance(name).map(|_| FrontendKind::Nbd)
 }
