@@ -153,6 +153,24 @@ pub trait Backend: Send + Sync {
         self.write_at(buf, offset, fua)
     }
 
+    /// [`Backend::write_at_ctx`] from a buffer the caller gives up: the backend may
+    /// overwrite `buf` (the engine's `Volume` encrypts in place in it instead of copying the
+    /// plaintext into a buffer of its own first). For callers that own the buffer the
+    /// request arrived in and do not read it afterwards (the NBD server's receive buffer, a
+    /// ublk I/O buffer). The default writes it as [`Backend::write_at_ctx`] does.
+    ///
+    /// # Errors
+    /// As [`Backend::write_at`]; on error `buf` may hold anything.
+    fn write_in_place_ctx(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        self.write_at_ctx(buf, offset, fua, ctx)
+    }
+
     /// Makes every completed write durable.
     ///
     /// # Errors
@@ -246,6 +264,15 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
         ctx: IoCtx,
     ) -> Result<(), BackendError> {
         (**self).write_at_ctx(buf, offset, fua, ctx)
+    }
+    fn write_in_place_ctx(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        (**self).write_in_place_ctx(buf, offset, fua, ctx)
     }
     fn flush(&self) -> Result<(), BackendError> {
         (**self).flush()

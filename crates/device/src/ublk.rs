@@ -784,7 +784,9 @@ fn execute(export: &dyn Backend, req: Request, data: &mut [u8], emulate_zeroes: 
             if req.op == sys::UBLK_IO_OP_READ {
                 export.read_at_ctx(buf, req.offset, ctx)
             } else {
-                export.write_at_ctx(buf, req.offset, req.fua, ctx)
+                // The I/O buffer is ours until the commit, and the kernel copies a write's
+                // data into it afresh at every dispatch: the volume encrypts in place.
+                export.write_in_place_ctx(buf, req.offset, req.fua, ctx)
             }
             .map(|()| len as i32)
         }

@@ -736,6 +736,39 @@ impl Backend for Volume {
         self.write_impl(buf, offset, fua, ctx)
     }
 
+    /// Whole-sector writes placed inline are encrypted in the caller's buffer and written
+    /// from it: no copy into a pool or stack buffer first (dm-crypt must copy: the bio's
+    /// pages belong to the page cache). Under the same range lock as any write, so the
+    /// no-torn-reads guarantee holds; requests with partial sectors or for the workers take
+    /// the copying path ([`Backend::write_at_ctx`]) and leave `buf` as it was.
+    fn write_in_place_ctx(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        let mask = self.sector_bytes - 1;
+        if self.info.caps.read_only
+            || buf.is_empty()
+            || offset & mask != 0
+            || buf.len() as u64 & mask != 0
+        {
+            return self.write_impl(buf, offset, fua, ctx);
+        }
+        check_range(offset, buf.len() as u64, self.info.size_bytes)?;
+        let (_inflight, depth) = self.enter(buf.len());
+        if self.placement(true, buf.len(), depth) != Placement::Inline {
+            drop(_inflight);
+            return self.write_impl(buf, offset, fua, ctx);
+        }
+        self.stats.write(ctx, buf.len());
+        let _guard = self.locks.lock(offset, offset + buf.len() as u64);
+        self.cipher
+            .encrypt(Sector512::from_bytes_floor(offset), buf);
+        self.backend.write_at(buf, self.lower(offset), fua)
+    }
+
     fn flush(&self) -> Result<(), BackendError> {
         // Every write acknowledged so far has reached the backend (writes complete only
         // after the backend call returns), so flushing the backend covers them all, from

@@ -574,7 +574,8 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
                 fua,
             },
             Some(b),
-        ) => export.write_at_ctx(&b[..l as usize], offset, fua, ctx),
+            // The receive buffer is ours and read no more: the volume encrypts in place in it.
+        ) => export.write_in_place_ctx(&mut b[..l as usize], offset, fua, ctx),
         (Command::Flush, _) => export.flush(),
         (Command::Trim { offset, len, fua }, _) => {
             // FUA on a trim: the discard must be durable before the reply.

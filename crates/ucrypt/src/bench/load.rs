@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use ucrypt_backend::Backend;
+use ucrypt_backend::{Backend, IoCtx};
 
 /// Read or write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +98,8 @@ pub fn run(
                     let off = (rng % slots) * block as u64;
                     let r = match op {
                         Op::Read => dev.read_at(&mut buf, off),
-                        Op::Write => dev.write_at(&buf, off, false),
+                        // As the NBD server and ublk do: the request's buffer is given up.
+                        Op::Write => dev.write_in_place_ctx(&mut buf, off, false, IoCtx::default()),
                     };
                     if let Err(e) = r {
                         eprintln!("bench: {} at {off}: {e}", op.name());

@@ -209,6 +209,15 @@ impl Backend for Switch {
     ) -> Result<(), BackendError> {
         self.with(|v| v.write_at_ctx(buf, offset, fua, ctx))?
     }
+    fn write_in_place_ctx(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        self.with(|v| v.write_in_place_ctx(buf, offset, fua, ctx))?
+    }
     fn flush(&self) -> Result<(), BackendError> {
         self.with(|v| v.flush())?
     }
