@@ -107,6 +107,13 @@ pub enum Command {
         /// `NBD_CMD_FLAG_FUA`.
         fua: bool,
     },
+    /// `NBD_CMD_BLOCK_STATUS` for `base:allocation` (only once the client selected it).
+    BlockStatus {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes (no payload: may exceed the maximum block size).
+        len: u32,
+    },
     /// `NBD_CMD_DISC`: no reply; finish in-flight requests and close.
     Disc,
 }
@@ -120,6 +127,10 @@ pub struct Limits {
     pub flags: u16,
     /// Largest READ/WRITE payload (the advertised maximum block size).
     pub max_payload: u32,
+    /// `base:allocation` was selected: `NBD_CMD_BLOCK_STATUS` is valid ("A client MUST
+    /// NOT send NBD_CMD_BLOCK_STATUS unless within the negotiation phase it ... selected
+    /// a context"; the server answers EINVAL otherwise).
+    pub block_status: bool,
 }
 
 /// Validates `req`, returning the command or the errno to reply with.
@@ -139,6 +150,7 @@ pub fn validate(req: &Request, limits: &Limits) -> Result<Command, Errno> {
         // "A client MUST NOT send a trim request unless NBD_FLAG_SEND_TRIM was set"
         NBD_CMD_TRIM => (has(NBD_FLAG_SEND_TRIM), true),
         NBD_CMD_WRITE_ZEROES => (has(NBD_FLAG_SEND_WRITE_ZEROES), true),
+        NBD_CMD_BLOCK_STATUS => (limits.block_status, false),
         _ => (false, false),
     };
     if !advertised {
@@ -158,6 +170,8 @@ pub fn validate(req: &Request, limits: &Limits) -> Result<Command, Errno> {
         NBD_CMD_READ if has(NBD_FLAG_SEND_DF) => allowed |= NBD_CMD_FLAG_DF,
         // NO_HOLE is trivially honoured: zeroes are always written, encrypted.
         NBD_CMD_WRITE_ZEROES => allowed |= NBD_CMD_FLAG_NO_HOLE,
+        // REQ_ONE: "the server MUST return at most one descriptor" (it always does).
+        NBD_CMD_BLOCK_STATUS => allowed |= NBD_CMD_FLAG_REQ_ONE,
         _ => {}
     }
     if req.flags & !allowed != 0 {
@@ -199,6 +213,7 @@ pub fn validate(req: &Request, limits: &Limits) -> Result<Command, Errno> {
         NBD_CMD_READ => Command::Read { offset, len },
         NBD_CMD_WRITE => Command::Write { offset, len, fua },
         NBD_CMD_TRIM => Command::Trim { offset, len, fua },
+        NBD_CMD_BLOCK_STATUS => Command::BlockStatus { offset, len },
         _ => Command::WriteZeroes { offset, len, fua },
     })
 }
@@ -219,6 +234,7 @@ mod tests {
             size_bytes: 1 << 20,
             flags,
             max_payload: 64 << 10,
+            block_status: false,
         }
     }
 
@@ -272,6 +288,34 @@ mod tests {
         ];
         for (r, e) in cases {
             assert_eq!(validate(&r, &l), Err(e), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn block_status_only_once_base_allocation_was_selected() {
+        let mut l = limits(ALL | NBD_FLAG_READ_ONLY);
+        let r = req(
+            NBD_CMD_BLOCK_STATUS,
+            NBD_CMD_FLAG_REQ_ONE,
+            4096,
+            (1 << 20) - 4096,
+        );
+        assert_eq!(validate(&r, &l), Err(Errno::EINVAL));
+        l.block_status = true;
+        // No payload: longer than the maximum block size is fine, and read-only too.
+        assert_eq!(
+            validate(&r, &l),
+            Ok(Command::BlockStatus {
+                offset: 4096,
+                len: (1 << 20) - 4096
+            })
+        );
+        for bad in [
+            req(NBD_CMD_BLOCK_STATUS, 0, 0, 0),
+            req(NBD_CMD_BLOCK_STATUS, 0, 1 << 20, 1),
+            req(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_DF, 0, 512),
+        ] {
+            assert_eq!(validate(&bad, &l), Err(Errno::EINVAL), "{bad:?}");
         }
     }
 

@@ -62,6 +62,9 @@ pub struct Negotiated {
     /// The client entered transmission with `NBD_OPT_GO` having asked for
     /// `NBD_INFO_BLOCK_SIZE` (it promised to honour the constraints).
     pub block_size_agreed: bool,
+    /// The client selected `base:allocation` with `NBD_OPT_SET_META_CONTEXT`
+    /// (id [`BASE_ALLOCATION_ID`]): `NBD_CMD_BLOCK_STATUS` is answered.
+    pub base_allocation: bool,
 }
 
 /// Whether the handshake offers or insists on TLS (nbdkit's `--tls=off|on|require`).
@@ -112,6 +115,8 @@ pub struct Handshake {
     tls: TlsMode,
     /// TLS has been initiated on this connection.
     tls_active: bool,
+    /// `base:allocation` selected by the last `NBD_OPT_SET_META_CONTEXT`.
+    base_allocation: bool,
 }
 
 impl Handshake {
@@ -131,6 +136,7 @@ impl Handshake {
             options_seen: 0,
             tls,
             tls_active: false,
+            base_allocation: false,
         }
     }
 
@@ -141,6 +147,7 @@ impl Handshake {
     pub fn tls_started(&mut self) {
         self.tls_active = true;
         self.structured = false;
+        self.base_allocation = false;
     }
 
     /// Whether TLS has been initiated on this connection.
@@ -293,6 +300,7 @@ impl Handshake {
                     structured_replies: self.structured,
                     flags,
                     block_size_agreed: false,
+                    base_allocation: self.base_allocation && self.structured,
                 }))
             }
             NBD_OPT_LIST => {
@@ -331,6 +339,10 @@ impl Handshake {
                 Ok(Step::Continue)
             }
             NBD_OPT_INFO | NBD_OPT_GO => self.info_or_go(option, data, out),
+            NBD_OPT_LIST_META_CONTEXT | NBD_OPT_SET_META_CONTEXT => {
+                self.meta_context(option, data, out);
+                Ok(Step::Continue)
+            }
             // NOTLS mode: "If the server receives NBD_OPT_STARTTLS it MUST respond with
             // NBD_REP_ERR_POLICY ... [or] NBD_REP_ERR_UNSUP".
             _ => {
@@ -424,9 +436,59 @@ impl Handshake {
                 structured_replies: self.structured,
                 flags,
                 block_size_agreed: asked(NBD_INFO_BLOCK_SIZE),
+                base_allocation: self.base_allocation && self.structured,
             }));
         }
         Ok(Step::Continue)
+    }
+
+    /// `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT` ("Metadata querying"):
+    /// the one context offered is `base:allocation`. LIST with no queries, or a query of
+    /// `base:` or `base:allocation`, names it; SET selects it when a query is exactly
+    /// `base:allocation` and otherwise selects nothing (each SET replaces the last).
+    fn meta_context(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) {
+        let set = option == NBD_OPT_SET_META_CONTEXT;
+        // "The server MUST reply with NBD_REP_ERR_INVALID ... if the client has not
+        // negotiated structured replies" (nbdkit and qemu-nbd do the same for LIST).
+        if !self.structured {
+            error(
+                out,
+                option,
+                NBD_REP_ERR_INVALID,
+                "negotiate structured replies (NBD_OPT_STRUCTURED_REPLY) first",
+            );
+            return;
+        }
+        let Some((name, queries)) = parse_meta_request(data) else {
+            error(
+                out,
+                option,
+                NBD_REP_ERR_INVALID,
+                "malformed NBD_OPT_LIST/SET_META_CONTEXT data",
+            );
+            return;
+        };
+        if !self.name_matches(name) {
+            error(out, option, NBD_REP_ERR_UNKNOWN, "no such export");
+            return;
+        }
+        let matches = if set {
+            queries.iter().any(|q| *q == BASE_ALLOCATION.as_bytes())
+        } else {
+            queries.is_empty()
+                || queries
+                    .iter()
+                    .any(|q| *q == b"base:" || *q == BASE_ALLOCATION.as_bytes())
+        };
+        if set {
+            self.base_allocation = matches;
+        }
+        if matches {
+            let mut p = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+            p.extend_from_slice(BASE_ALLOCATION.as_bytes());
+            reply(out, option, NBD_REP_META_CONTEXT, &p);
+        }
+        reply(out, option, NBD_REP_ACK, &[]);
     }
 
     fn name_matches(&self, name: &[u8]) -> bool {
@@ -444,6 +506,34 @@ impl Handshake {
         }
         f
     }
+}
+
+/// Splits LIST/SET_META_CONTEXT data (32-bit name length, name, 32-bit query count, then
+/// each query as a 32-bit length and its bytes) into the export name and the queries;
+/// `None` if the lengths do not add up exactly or a string exceeds the spec's 4096 bytes.
+fn parse_meta_request(data: &[u8]) -> Option<(&[u8], Vec<&[u8]>)> {
+    let take_u32 = |d: &[u8], at: usize| -> Option<usize> {
+        d.get(at..at + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let name_len = take_u32(data, 0)?;
+    if name_len > 4096 {
+        return None;
+    }
+    let name = data.get(4..4 + name_len)?;
+    let mut at = 4 + name_len;
+    let count = take_u32(data, at)?;
+    at += 4;
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        let len = take_u32(data, at)?;
+        if len > 4096 {
+            return None;
+        }
+        queries.push(data.get(at + 4..at + 4 + len)?);
+        at += 4 + len;
+    }
+    (at == data.len()).then_some((name, queries))
 }
 
 /// Splits INFO/GO data into the export name and the information requests; `None` if the
@@ -645,9 +735,84 @@ mod tests {
         assert_eq!(replies(&out)[0].1, NBD_REP_ACK);
     }
 
+    fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        d
+    }
+
+    /// The contexts named in META_CONTEXT replies, and the final reply type.
+    fn contexts(out: &[u8]) -> (Vec<(u32, String)>, u32) {
+        let r = replies(out);
+        let named = r
+            .iter()
+            .filter(|(_, k, _)| *k == NBD_REP_META_CONTEXT)
+            .map(|(_, _, d)| (be_u32(d, 0), String::from_utf8(d[4..].to_vec()).unwrap()))
+            .collect();
+        (named, r.last().unwrap().1)
+    }
+
+    #[test]
+    fn meta_contexts_need_structured_replies_and_offer_base_allocation() {
+        let base = || (BASE_ALLOCATION_ID, BASE_ALLOCATION.to_string());
+        // Without structured replies: NBD_REP_ERR_INVALID, nothing selected.
+        let (out, _) = run(&[(NBD_OPT_SET_META_CONTEXT, meta_data("", &[BASE_ALLOCATION]))]);
+        assert_eq!(contexts(&out), (vec![], NBD_REP_ERR_INVALID));
+        let sr = (NBD_OPT_STRUCTURED_REPLY, vec![]);
+        // LIST: no query lists everything; "base:" the namespace; others nothing.
+        for (q, named) in [
+            (&[][..], true),
+            (&["base:"][..], true),
+            (&["base:allocation"][..], true),
+            (&["qemu:dirty-bitmap:x"][..], false),
+        ] {
+            let (out, _) = run(&[sr.clone(), (NBD_OPT_LIST_META_CONTEXT, meta_data("vol", q))]);
+            let (c, last) = contexts(&out);
+            assert_eq!(last, NBD_REP_ACK, "{q:?}");
+            assert_eq!(c, if named { vec![base()] } else { vec![] }, "{q:?}");
+        }
+        // SET base:allocation, then GO: block status is on.
+        let (out, step) = run(&[
+            sr.clone(),
+            (
+                NBD_OPT_SET_META_CONTEXT,
+                meta_data("", &["qemu:x", BASE_ALLOCATION]),
+            ),
+            (NBD_OPT_GO, go_data("", &[])),
+        ]);
+        assert_eq!(contexts(&out).0, vec![base()]);
+        let Ok(Step::Transmission(n)) = step else {
+            panic!("{step:?}")
+        };
+        assert!(n.base_allocation && n.structured_replies);
+        // A later SET without it deselects it; an unknown export is NBD_REP_ERR_UNKNOWN;
+        // a query count that overruns the data is NBD_REP_ERR_INVALID.
+        let (_, step) = run(&[
+            sr.clone(),
+            (NBD_OPT_SET_META_CONTEXT, meta_data("", &[BASE_ALLOCATION])),
+            (NBD_OPT_SET_META_CONTEXT, meta_data("", &[])),
+            (NBD_OPT_GO, go_data("", &[])),
+        ]);
+        assert!(matches!(step, Ok(Step::Transmission(n)) if !n.base_allocation));
+        let (out, _) = run(&[
+            sr.clone(),
+            (NBD_OPT_SET_META_CONTEXT, meta_data("other", &[])),
+        ]);
+        assert_eq!(contexts(&out).1, NBD_REP_ERR_UNKNOWN);
+        let mut bad = meta_data("", &[BASE_ALLOCATION]);
+        bad.truncate(bad.len() - 1);
+        let (out, _) = run(&[sr, (NBD_OPT_SET_META_CONTEXT, bad)]);
+        assert_eq!(contexts(&out).1, NBD_REP_ERR_INVALID);
+    }
+
     #[test]
     fn starttls_and_unknown_options_are_unsupported() {
-        for o in [NBD_OPT_STARTTLS, NBD_OPT_SET_META_CONTEXT, 999] {
+        for o in [NBD_OPT_STARTTLS, 999] {
             let (out, step) = run(&[(o, vec![])]);
             assert_eq!(step, Ok(Step::Continue));
             assert_eq!(replies(&out)[0].1, NBD_REP_ERR_UNSUP);

@@ -105,6 +105,14 @@ pub const NBD_CMD_FLAG_PAYLOAD_LEN: u16 = 1 << 5;
 
 // Structured reply flags and types.
 pub const NBD_REPLY_FLAG_DONE: u16 = 1 << 0;
+/// `base:allocation` status bit: the extent is a hole (not allocated).
+pub const NBD_STATE_HOLE: u32 = 1 << 0;
+/// `base:allocation` status bit: the extent reads as zeroes.
+pub const NBD_STATE_ZERO: u32 = 1 << 1;
+/// The one metadata context this server offers (`doc/proto.md`, "Metadata querying").
+pub const BASE_ALLOCATION: &str = "base:allocation";
+/// The id this server gives [`BASE_ALLOCATION`] in `NBD_REP_META_CONTEXT`.
+pub const BASE_ALLOCATION_ID: u32 = 1;
 pub const NBD_REPLY_TYPE_NONE: u16 = 0;
 pub const NBD_REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const NBD_REPLY_TYPE_OFFSET_HOLE: u16 = 2;

@@ -172,7 +172,8 @@ fn option_errors_leave_the_handshake_usable() {
     greet(&mut s, NBD_FLAG_C_FIXED_NEWSTYLE);
     let cases: &[(u32, Vec<u8>, u32)] = &[
         (NBD_OPT_STARTTLS, vec![], NBD_REP_ERR_UNSUP),
-        (NBD_OPT_SET_META_CONTEXT, vec![0; 8], NBD_REP_ERR_UNSUP),
+        // Before NBD_OPT_STRUCTURED_REPLY a metadata context cannot be set.
+        (NBD_OPT_SET_META_CONTEXT, vec![0; 8], NBD_REP_ERR_INVALID),
         (0x7fff_0000, vec![1, 2, 3], NBD_REP_ERR_UNSUP),
         (NBD_OPT_LIST, vec![0], NBD_REP_ERR_INVALID),
         (NBD_OPT_STRUCTURED_REPLY, vec![0], NBD_REP_ERR_INVALID),

@@ -225,6 +225,7 @@ mod nbd_targets {
                         size_bytes: SIZE,
                         flags: n.flags,
                         max_payload: MAX_PAYLOAD,
+                        block_status: n.base_allocation,
                     };
                     requests(rest, &limits);
                     return;
@@ -267,6 +268,9 @@ mod nbd_targets {
                 ) => {
                     assert!(in_range(offset, len), "{req:?}")
                 }
+                Ok(Command::BlockStatus { offset, len }) => {
+                    assert!(in_range(offset, len) && limits.block_status, "{req:?}")
+                }
                 Ok(Command::Flush) => assert!(req.offset == 0 && req.length == 0),
                 Ok(Command::Disc) => return,
                 Err(e) => assert_ne!(e.value(), 0, "an error reply must carry an errno"),
@@ -298,6 +302,7 @@ fn fuzz_nbd_requests() {
         size_bytes: nbd_targets::SIZE,
         flags,
         max_payload: nbd_targets::MAX_PAYLOAD,
+        block_status: true,
     };
     fuzz(
         "nbd_requests",

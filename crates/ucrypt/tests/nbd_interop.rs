@@ -50,6 +50,45 @@ fn nbdinfo_reports_size_block_sizes_and_flags() {
     assert_eq!(v["exports"][0]["is_read_only"], true);
 }
 
+/// `base:allocation` (NBD_CMD_BLOCK_STATUS): libnbd's and QEMU's map commands see one data
+/// extent over the whole export, with and without `allow_discards` (after a trim too: a
+/// trimmed sector decrypts to noise, so it is neither a hole nor zero to a reader).
+#[test]
+fn nbdinfo_map_and_qemu_img_map_see_data_everywhere() {
+    if !require("nbdinfo") || !require("qemu-img") || !require("qemu-io") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for opts in [&[][..], &["allow_discards"][..]] {
+        let img = image(tmp.path(), &format!("map{}.img", opts.len()), 8 * MIB);
+        let (_, t) = xts_table(tmp.path(), &img, 512, opts);
+        let trim = if opts.is_empty() {
+            ""
+        } else {
+            r#"qemu-io -f raw -c 'discard 0 1M' "$uri" >/dev/null && "#
+        };
+        let out = open_run(&t, &format!(r#"{trim}nbdinfo --map --json "$uri""#), &[]);
+        run_ok(&out, "nbdinfo --map");
+        let map: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            map,
+            serde_json::json!([{"offset": 0, "length": 8 * MIB, "type": 0, "description": "data"}]),
+            "{opts:?}"
+        );
+        let out = open_run(&t, r#"qemu-img map --output=json "$uri""#, &[]);
+        run_ok(&out, "qemu-img map");
+        let map: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let e = &map[0];
+        assert_eq!(map.as_array().unwrap().len(), 1, "{map}");
+        assert_eq!((&e["start"], &e["length"]), (&0.into(), &(8 * MIB).into()));
+        assert_eq!(
+            (&e["data"], &e["zero"]),
+            (&true.into(), &false.into()),
+            "{map}"
+        );
+    }
+}
+
 /// The strongest check: through nbdcopy, the export reads the kernel's ciphertext as the
 /// kernel's plaintext, and writing the plaintext produces the kernel's ciphertext.
 #[test]

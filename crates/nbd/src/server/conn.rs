@@ -257,6 +257,8 @@ struct Reply {
     cookie: u64,
     /// `Some(offset)` for READ: its reply carries data (or, structured, an error chunk).
     read_offset: Option<u64>,
+    /// `Some(len)` for a BLOCK_STATUS answered with one `base:allocation` extent.
+    block_status: Option<u32>,
     /// Bytes of `buf` that are the READ's data.
     len: usize,
     error: Option<(Errno, String)>,
@@ -337,6 +339,7 @@ fn transmission<R: Transport, W: Transport>(
             size_bytes: cfg.info.size_bytes,
             flags: negotiated.flags,
             max_payload: cfg.info.max_block,
+            block_status: negotiated.base_allocation,
         },
         structured: negotiated.structured_replies,
         cfg,
@@ -430,6 +433,7 @@ fn next_request<R: Transport, W: Transport>(
             Ok(Some(Next::Refused(Reply {
                 cookie: req.cookie,
                 read_offset,
+                block_status: None,
                 len: 0,
                 error: Some((errno, refusal(errno).to_string())),
                 buf: None,
@@ -516,6 +520,7 @@ fn execute_caught<R: Transport, W: Transport>(sh: &Shared<'_, R, W>, job: Job) -
                     Command::Read { offset, .. } => Some(offset),
                     _ => None,
                 },
+                block_status: None,
                 len: 0,
                 error: Some((Errno::EIO, wire_message(cmd, Errno::EIO, None))),
                 buf: None,
@@ -534,6 +539,7 @@ fn wire_message(cmd: Command, errno: Errno, host: Option<i32>) -> String {
         Command::Write { offset, len, .. } => ("write", Some((offset, u64::from(len)))),
         Command::Flush => ("flush", None),
         Command::Trim { offset, len, .. } => ("trim", Some((offset, u64::from(len)))),
+        Command::BlockStatus { offset, len } => ("block_status", Some((offset, u64::from(len)))),
         Command::WriteZeroes { offset, len, .. } => {
             ("write_zeroes", Some((offset, u64::from(len))))
         }
@@ -561,7 +567,16 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
     } = job;
     let mut read_offset = None;
     let mut len = 0;
+    let mut block_status = None;
     let result = match (cmd, buf.as_mut()) {
+        // base:allocation: the whole range is data (status 0: allocated, not known to read
+        // as zeroes). Every sector of a volume is ciphertext; one that was never written
+        // or was trimmed decrypts to noise, not zeroes, so NBD_STATE_ZERO is never true,
+        // and ucrypt keeps no map of trimmed ranges from which to report holes.
+        (Command::BlockStatus { len: l, .. }, _) => {
+            block_status = Some(l);
+            Ok(())
+        }
         (Command::Read { offset, len: l }, Some(b)) => {
             read_offset = Some(offset);
             len = l as usize;
@@ -616,6 +631,7 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
     Reply {
         cookie,
         read_offset,
+        block_status,
         len,
         error,
         buf,
@@ -679,6 +695,20 @@ fn encode(w: &mut impl Write, r: &Reply, structured: bool) -> io::Result<()> {
         (None, Some(b)) if r.read_offset.is_some() => &b[..r.len],
         _ => &[][..],
     };
+    if let (true, Some(length), None) = (structured, r.block_status, &r.error) {
+        // One NBD_REPLY_TYPE_BLOCK_STATUS chunk with DONE: the context id, then one
+        // descriptor (length, status flags) covering the request.
+        let mut h = [0u8; STRUCTURED_REPLY_BYTES + 12];
+        h[..4].copy_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        h[4..6].copy_from_slice(&NBD_REPLY_FLAG_DONE.to_be_bytes());
+        h[6..8].copy_from_slice(&NBD_REPLY_TYPE_BLOCK_STATUS.to_be_bytes());
+        h[8..16].copy_from_slice(&r.cookie.to_be_bytes());
+        h[16..20].copy_from_slice(&12u32.to_be_bytes());
+        h[20..24].copy_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+        h[24..28].copy_from_slice(&length.to_be_bytes());
+        h[28..32].copy_from_slice(&0u32.to_be_bytes());
+        return write_all_vectored(w, &mut [IoSlice::new(&h)]);
+    }
     if let (true, Some(offset)) = (structured, r.read_offset) {
         // "If structured replies are negotiated ... MUST NOT use a simple reply for
         // NBD_CMD_READ (even for the case of an early EINVAL due to bad flags)".
