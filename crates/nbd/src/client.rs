@@ -7,11 +7,13 @@
 
 use crate::command::Request;
 use crate::proto::*;
+use crate::tls::ClientTls;
 use crate::NbdError;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 /// Where an NBD server is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +71,19 @@ impl Connection {
     /// # Errors
     /// Connection failures, a server that is not fixed newstyle, an unknown export.
     pub fn connect(addr: &Address, export: &str) -> Result<Connection, NbdError> {
+        Self::connect_tls(addr, export, None)
+    }
+
+    /// Connects and negotiates `export`, first upgrading to TLS with `tls` (the server must
+    /// accept `NBD_OPT_STARTTLS`; nothing but the greeting is exchanged in the clear).
+    ///
+    /// # Errors
+    /// As [`Connection::connect`], plus a server without TLS and a failed TLS handshake.
+    pub fn connect_tls(
+        addr: &Address,
+        export: &str,
+        tls: Option<&ClientTls>,
+    ) -> Result<Connection, NbdError> {
         let (r, w): (Box<dyn Duplex>, Box<dyn Duplex>) = match addr {
             Address::Unix(p) => {
                 let s = UnixStream::connect(p).map_err(io("connecting to the NBD server"))?;
@@ -86,7 +101,27 @@ impl Connection {
                 )
             }
         };
-        Self::negotiate(r, w, export)
+        let Some(tls) = tls else {
+            return Self::negotiate(r, w, export);
+        };
+        let (mut r, mut w) = (r, w);
+        let no_zeroes = starttls(&mut *r, &mut *w)?;
+        drop(r);
+        // One TLS session over the socket, shared by the reading and the writing half (a
+        // connection runs one request at a time, so the lock is never contended).
+        let ssl = Arc::new(Mutex::new(tls.connect(Plain(w))?));
+        let mut c = Connection {
+            rd: BufReader::with_capacity(256 * 1024, Box::new(TlsHalf(ssl.clone()))),
+            wr: BufWriter::with_capacity(256 * 1024, Box::new(TlsHalf(ssl))),
+            next_cookie: 1,
+            facts: ExportFacts {
+                size_bytes: 0,
+                flags: 0,
+                block: (1, 4096, DEFAULT_MAX_BLOCK),
+            },
+        };
+        c.go(export, no_zeroes)?;
+        Ok(c)
     }
 
     /// Negotiates `export` over an already connected unix socket (a socketpair end, or a
@@ -147,6 +182,11 @@ impl Connection {
             cflags |= NBD_FLAG_C_NO_ZEROES;
         }
         self.send(&cflags.to_be_bytes())?;
+        self.go(export, no_zeroes)
+    }
+
+    /// The options after the greeting: `NBD_OPT_GO` (or `NBD_OPT_EXPORT_NAME`).
+    fn go(&mut self, export: &str, no_zeroes: bool) -> Result<(), NbdError> {
         let mut data = (export.len() as u32).to_be_bytes().to_vec();
         data.extend_from_slice(export.as_bytes());
         data.extend_from_slice(&1u16.to_be_bytes());
@@ -269,3 +309,99 @@ impl Connection {
 /// The spec's default maximum for clients that were told nothing ("limit NBD_CMD_READ and
 /// NBD_CMD_WRITE commands to a maximum block size of 2^25").
 const DEFAULT_MAX_BLOCK: u32 = 32 << 20;
+
+/// The greeting, the client flags and `NBD_OPT_STARTTLS` in the clear, on the raw socket
+/// (unbuffered: no byte of the TLS handshake may be read ahead). Returns whether the
+/// server omits the 124 zero bytes of `NBD_OPT_EXPORT_NAME`.
+fn starttls(r: &mut dyn Duplex, w: &mut dyn Duplex) -> Result<bool, NbdError> {
+    let mut g = [0u8; 18];
+    r.read_exact(&mut g)
+        .map_err(io("reading from the NBD server"))?;
+    if g[..8] != NBDMAGIC.to_be_bytes() || g[8..16] != IHAVEOPT.to_be_bytes() {
+        return Err(refused("not a newstyle NBD server".into()));
+    }
+    let hflags = u16::from_be_bytes([g[16], g[17]]);
+    if hflags & NBD_FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(refused("the server does not speak fixed newstyle".into()));
+    }
+    let no_zeroes = hflags & NBD_FLAG_NO_ZEROES != 0;
+    let mut cflags = NBD_FLAG_C_FIXED_NEWSTYLE;
+    if no_zeroes {
+        cflags |= NBD_FLAG_C_NO_ZEROES;
+    }
+    let mut m = cflags.to_be_bytes().to_vec();
+    m.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    m.extend_from_slice(&NBD_OPT_STARTTLS.to_be_bytes());
+    m.extend_from_slice(&0u32.to_be_bytes());
+    w.write_all(&m)
+        .and_then(|()| w.flush())
+        .map_err(io("writing to the NBD server"))?;
+    let mut h = [0u8; 20];
+    r.read_exact(&mut h)
+        .map_err(io("reading from the NBD server"))?;
+    let kind = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+    let len = u32::from_be_bytes([h[16], h[17], h[18], h[19]]);
+    if len > 64 * 1024 {
+        return Err(refused(format!("option reply of {len} bytes")));
+    }
+    let mut msg = vec![0u8; len as usize];
+    r.read_exact(&mut msg)
+        .map_err(io("reading from the NBD server"))?;
+    if kind != NBD_REP_ACK {
+        return Err(refused(format!(
+            "the server refused TLS (NBD_OPT_STARTTLS: {kind:#x} {})",
+            String::from_utf8_lossy(&msg)
+        )));
+    }
+    Ok(no_zeroes)
+}
+
+/// The socket under TLS (OpenSSL's handshake errors want `Debug`).
+struct Plain(Box<dyn Duplex>);
+
+impl std::fmt::Debug for Plain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NBD socket")
+    }
+}
+
+impl Read for Plain {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for Plain {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// One half of a connection over a shared TLS session.
+struct TlsHalf(Arc<Mutex<openssl::ssl::SslStream<Plain>>>);
+
+impl TlsHalf {
+    fn lock(&self) -> std::sync::MutexGuard<'_, openssl::ssl::SslStream<Plain>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Read for TlsHalf {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.lock().read(buf)
+    }
+}
+
+impl Write for TlsHalf {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.lock().write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.lock().flush()
+    }
+}

@@ -35,4 +35,4 @@ pub use error::{NbdError, ProtocolViolation};
 pub use handshake::TlsMode;
 pub use remote::{NbdBackend, RemoteOptions};
 pub use server::{serve, Listener, ServeOptions, Shutdown};
-pub use tls::{TlsConfig, TlsKind};
+pub use tls::{ClientTls, ClientTlsParams, TlsConfig, TlsKind};

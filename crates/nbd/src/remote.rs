@@ -27,6 +27,7 @@
 use crate::client::{Address, Connection, ExportFacts};
 use crate::command::Request;
 use crate::proto::*;
+use crate::tls::{ClientTls, ClientTlsParams};
 use crate::NbdError;
 use std::io;
 use std::path::PathBuf;
@@ -57,30 +58,68 @@ impl Default for RemoteOptions {
 
 /// Whether `device` is an NBD URI rather than a path.
 pub fn is_nbd_uri(device: &str) -> bool {
-    device.starts_with("nbd://") || device.starts_with("nbd+unix://")
+    ["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"]
+        .iter()
+        .any(|s| device.starts_with(s))
 }
 
-/// Parses `nbd+unix:///EXPORT?socket=PATH` and `nbd://HOST[:PORT][/EXPORT]` (no TLS
-/// schemes; no percent-decoding).
+/// Parses `nbd+unix:///EXPORT?socket=PATH` and `nbd://HOST[:PORT][/EXPORT]`, and their
+/// TLS forms `nbds+unix://` and `nbds://` (see [`parse_uri_tls`]); percent-escapes in the
+/// query are decoded.
 ///
 /// # Errors
 /// [`NbdError::Export`] naming what is wrong with the URI.
 pub fn parse_uri(uri: &str) -> Result<(Address, String), NbdError> {
+    let (addr, export, _) = split_uri(uri)?;
+    Ok((addr, export))
+}
+
+/// [`parse_uri`] plus the TLS client for `nbds://` and `nbds+unix://` URIs, from the query
+/// parameters libnbd takes ([`crate::tls::ClientTls`]: `tls-certificates`,
+/// `tls-psk-file`, `tls-username` or `user@`, `tls-verify-peer`, `tls-hostname`).
+///
+/// # Errors
+/// As [`parse_uri`], plus unreadable or malformed credentials.
+pub fn parse_uri_tls(uri: &str) -> Result<(Address, String, Option<ClientTls>), NbdError> {
+    let (addr, export, tls) = split_uri(uri)?;
+    let tls = match tls {
+        Some(p) => Some(ClientTls::new(&p)?),
+        None => None,
+    };
+    Ok((addr, export, tls))
+}
+
+fn split_uri(uri: &str) -> Result<(Address, String, Option<ClientTlsParams>), NbdError> {
     let bad = |why: &str| NbdError::Export(format!("NBD URI {uri:?}: {why}"));
-    if let Some(rest) = uri.strip_prefix("nbd+unix://") {
-        let (path_part, query) = rest
-            .split_once('?')
-            .ok_or_else(|| bad("missing ?socket=PATH"))?;
-        let export = path_part.strip_prefix('/').unwrap_or(path_part);
-        let socket = query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix("socket="))
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| bad("missing socket=PATH"))?;
-        return Ok((Address::Unix(PathBuf::from(socket)), export.to_string()));
+    let (scheme, rest) = uri
+        .split_once("://")
+        .ok_or_else(|| bad("expected nbd://, nbd+unix://, nbds:// or nbds+unix://"))?;
+    let (unix, tls) = match scheme {
+        "nbd" => (false, false),
+        "nbds" => (false, true),
+        "nbd+unix" => (true, false),
+        "nbds+unix" => (true, true),
+        _ => return Err(bad("expected nbd://, nbd+unix://, nbds:// or nbds+unix://")),
+    };
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut params = Vec::new();
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        let v = percent_decode(v).ok_or_else(|| bad("bad percent-escape in the query"))?;
+        params.push((k, v));
     }
-    if let Some(rest) = uri.strip_prefix("nbd://") {
-        let (hostport, export) = rest.split_once('/').unwrap_or((rest, ""));
+    let param = |k: &str| params.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+    let (authority, export) = rest.split_once('/').unwrap_or((rest, ""));
+    let (user, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u.to_string()), h),
+        None => (None, authority),
+    };
+    let addr = if unix {
+        let socket = param("socket")
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| bad("missing ?socket=PATH"))?;
+        Address::Unix(PathBuf::from(socket))
+    } else {
         if hostport.is_empty() {
             return Err(bad("missing host"));
         }
@@ -88,14 +127,48 @@ pub fn parse_uri(uri: &str) -> Result<(Address, String), NbdError> {
             Some(close) => hostport[close..].contains(':'),
             None => hostport.contains(':'),
         };
-        let addr = if has_port {
+        Address::Tcp(if has_port {
             hostport.to_string()
         } else {
             format!("{hostport}:{NBD_DEFAULT_PORT}")
+        })
+    };
+    let tls = tls.then(|| {
+        let host = match hostport.rfind(']') {
+            Some(close) => hostport[..close].trim_start_matches('['),
+            None => hostport.split(':').next().unwrap_or(""),
         };
-        return Ok((Address::Tcp(addr), export.to_string()));
+        ClientTlsParams {
+            certificates: param("tls-certificates").map(PathBuf::from),
+            psk_file: param("tls-psk-file").map(PathBuf::from),
+            username: param("tls-username").or(user),
+            verify_peer: !matches!(
+                param("tls-verify-peer").as_deref(),
+                Some("false" | "0" | "no" | "off")
+            ),
+            hostname: param("tls-hostname")
+                .or_else(|| (!unix && !host.is_empty()).then(|| host.to_string())),
+        }
+    });
+    Ok((addr, export.to_string(), tls))
+}
+
+/// `%XX` escapes decoded (hand-written: a few lines, for query values only).
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
     }
-    Err(bad("expected nbd:// or nbd+unix://"))
+    String::from_utf8(out).ok()
 }
 
 /// A remote NBD export as a backend.
@@ -103,6 +176,8 @@ pub struct NbdBackend {
     uri: String,
     addr: Address,
     export: String,
+    /// TLS for `nbds://` URIs (every connection, reconnects too).
+    tls: Option<ClientTls>,
     info: BackendInfo,
     /// One request at a time per connection; `None` after a failure until reconnected.
     conns: Vec<Mutex<Option<Connection>>>,
@@ -136,8 +211,8 @@ impl NbdBackend {
     /// # Errors
     /// Bad URIs, connection and negotiation failures.
     pub fn connect(uri: &str, opts: RemoteOptions) -> Result<NbdBackend, NbdError> {
-        let (addr, export) = parse_uri(uri)?;
-        let first = Connection::connect(&addr, &export)?;
+        let (addr, export, tls) = parse_uri_tls(uri)?;
+        let first = Connection::connect_tls(&addr, &export, tls.as_ref())?;
         let ExportFacts {
             size_bytes,
             flags,
@@ -150,7 +225,11 @@ impl NbdBackend {
         };
         let mut conns = vec![Mutex::new(Some(first))];
         for _ in 1..n {
-            conns.push(Mutex::new(Some(Connection::connect(&addr, &export)?)));
+            conns.push(Mutex::new(Some(Connection::connect_tls(
+                &addr,
+                &export,
+                tls.as_ref(),
+            )?)));
         }
         let support = |f: u16| {
             if flags & f != 0 {
@@ -187,6 +266,7 @@ impl NbdBackend {
             uri: uri.to_string(),
             addr,
             export,
+            tls,
             info,
             conns,
             next: AtomicUsize::new(0),
@@ -219,13 +299,15 @@ impl NbdBackend {
             source,
         };
         if guard.is_none() {
-            let c = Connection::connect(&self.addr, &self.export).map_err(|e| {
-                BackendError::Other(format!(
-                    "reconnecting to {}: {}",
-                    self.uri,
-                    crate::server::chain(&e)
-                ))
-            })?;
+            let c = Connection::connect_tls(&self.addr, &self.export, self.tls.as_ref()).map_err(
+                |e| {
+                    BackendError::Other(format!(
+                        "reconnecting to {}: {}",
+                        self.uri,
+                        crate::server::chain(&e)
+                    ))
+                },
+            )?;
             // Writes the server acknowledged but nobody flushed may have died with it.
             if self.acked.load(Ordering::SeqCst) > self.covered.load(Ordering::SeqCst) {
                 self.lost.store(true, Ordering::SeqCst);
@@ -428,10 +510,43 @@ mod tests {
             parse_uri("nbd://[::1]/").unwrap(),
             (Address::Tcp("[::1]:10809".into()), String::new())
         );
-        for bad in ["nbd+unix:///x", "nbd://", "nbds://h/", "/dev/sda"] {
+        for bad in [
+            "nbd+unix:///x",
+            "nbd://",
+            "nbds+unix:///",
+            "ftp://h/",
+            "/dev/sda",
+        ] {
             assert!(parse_uri(bad).is_err(), "{bad}");
         }
         assert!(is_nbd_uri("nbd+unix:///?socket=x") && !is_nbd_uri("/tmp/nbd"));
+        assert!(is_nbd_uri("nbds://h/") && is_nbd_uri("nbds+unix:///?socket=x"));
+    }
+
+    #[test]
+    fn tls_uris_carry_libnbd_parameters() {
+        let (addr, export, p) =
+            split_uri("nbds://alice@store.example:10810/vol?tls-certificates=/etc/pki/x%20y")
+                .unwrap();
+        assert_eq!(addr, Address::Tcp("store.example:10810".into()));
+        assert_eq!(export, "vol");
+        let p = p.unwrap();
+        assert_eq!(p.certificates, Some("/etc/pki/x y".into()));
+        assert_eq!(p.username.as_deref(), Some("alice"));
+        assert!(p.verify_peer && p.psk_file.is_none());
+        assert_eq!(p.hostname.as_deref(), Some("store.example"));
+        let (addr, _, p) = split_uri(
+            "nbds+unix:///?socket=/s&tls-psk-file=/k.psk&tls-username=bob&tls-verify-peer=false",
+        )
+        .unwrap();
+        let p = p.unwrap();
+        assert_eq!(addr, Address::Unix("/s".into()));
+        assert_eq!(
+            (p.psk_file, p.username),
+            (Some("/k.psk".into()), Some("bob".into()))
+        );
+        assert!(!p.verify_peer && p.hostname.is_none());
+        assert!(split_uri("nbd://h/").unwrap().2.is_none());
     }
 
     #[test]

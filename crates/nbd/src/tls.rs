@@ -198,6 +198,170 @@ impl TlsConfig {
     }
 }
 
+/// The client side of TLS, for `nbds://` and `nbds+unix://` devices, configured from the
+/// URI's query parameters as libnbd reads them (`nbdinfo`, `nbdcopy`):
+///
+/// ```text
+///  tls-certificates=DIR   DIR/ca-cert.pem verifies the server (default: the system's
+///                         CAs); DIR/client-cert.pem + DIR/client-key.pem, when present,
+///                         are the client's certificate (for --tls-verify-peer servers)
+///  tls-verify-peer=false  do not verify the server's certificate
+///  tls-psk-file=FILE      pre-shared keys (psktool's username:hexkey lines)
+///  tls-username=USER      the PSK identity (default: the URI's user@, else $LOGNAME/$USER)
+///  tls-hostname=NAME      the name the server's certificate must carry (default: the
+///                         URI's host; not checked for unix sockets)
+/// ```
+#[derive(Clone)]
+pub struct ClientTls {
+    connector: openssl::ssl::SslConnector,
+    kind: TlsKind,
+    hostname: Option<String>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key: the kind and the name checked only.
+        f.debug_struct("ClientTls")
+            .field("kind", &self.kind)
+            .field("hostname", &self.hostname)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`ClientTls::new`] is built from (the URI's parameters).
+#[derive(Debug, Clone, Default)]
+pub struct ClientTlsParams {
+    /// `tls-certificates`: a directory with `ca-cert.pem` (and `client-cert.pem`,
+    /// `client-key.pem`).
+    pub certificates: Option<PathBuf>,
+    /// `tls-psk-file`.
+    pub psk_file: Option<PathBuf>,
+    /// `tls-username` (or the URI's `user@`).
+    pub username: Option<String>,
+    /// `tls-verify-peer` (default true).
+    pub verify_peer: bool,
+    /// The name the server's certificate is checked against (`None`: not checked).
+    pub hostname: Option<String>,
+}
+
+impl ClientTls {
+    /// Builds the client's TLS context: PSK when a PSK file is named, x509 otherwise.
+    ///
+    /// # Errors
+    /// Unreadable or malformed files, a username the PSK file has no key for, OpenSSL
+    /// refusing a certificate or key.
+    pub fn new(p: &ClientTlsParams) -> Result<ClientTls, NbdError> {
+        use openssl::ssl::SslConnector;
+        let mut b = SslConnector::builder(SslMethod::tls_client())
+            .map_err(setup("creating the TLS client context".to_string()))?;
+        b.set_min_proto_version(Some(SslVersion::TLS1_2))
+            .map_err(setup("setting the minimum TLS version".to_string()))?;
+        b.set_options(SslOptions::IGNORE_UNEXPECTED_EOF | SslOptions::NO_RENEGOTIATION);
+        let kind = if let Some(file) = &p.psk_file {
+            let text = Zeroizing::new(std::fs::read_to_string(file).map_err(|source| {
+                NbdError::TlsFile {
+                    path: file.clone(),
+                    source,
+                }
+            })?);
+            let keys = parse_psk_file(&text).map_err(|(line, reason)| NbdError::PskFile {
+                path: file.clone(),
+                line,
+                reason,
+            })?;
+            let user = p
+                .username
+                .clone()
+                .or_else(|| std::env::var("LOGNAME").ok())
+                .or_else(|| std::env::var("USER").ok())
+                .unwrap_or_default();
+            let key = keys.get(user.as_bytes()).cloned().ok_or_else(|| {
+                NbdError::Export(format!(
+                    "PSK file {} has no key for username {user:?} (set tls-username)",
+                    file.display()
+                ))
+            })?;
+            b.set_cipher_list(
+                "ECDHE-PSK-AES256-CBC-SHA384:ECDHE-PSK-AES128-CBC-SHA256:\
+                 DHE-PSK-AES256-GCM-SHA384:DHE-PSK-AES128-GCM-SHA256:\
+                 PSK-AES256-GCM-SHA384:PSK-AES128-GCM-SHA256",
+            )
+            .map_err(setup("choosing the PSK cipher suites".to_string()))?;
+            b.set_verify(SslVerifyMode::NONE);
+            let identity = user.into_bytes();
+            b.set_psk_client_callback(move |_ssl, _hint, id_out, key_out| {
+                // The identity NUL-terminated, the key copied; 0 bytes fails the handshake.
+                let (Some(id), Some(k)) = (
+                    id_out.get_mut(..identity.len() + 1),
+                    key_out.get_mut(..key.len()),
+                ) else {
+                    return Ok(0);
+                };
+                id[..identity.len()].copy_from_slice(&identity);
+                id[identity.len()] = 0;
+                k.copy_from_slice(&key);
+                Ok(key.len())
+            });
+            TlsKind::Psk
+        } else {
+            let dir = p.certificates.as_deref();
+            let file = |name: &str| dir.map(|d| d.join(name)).filter(|f| f.exists());
+            match file("ca-cert.pem") {
+                Some(ca) => b
+                    .set_ca_file(&ca)
+                    .map_err(setup(format!("loading {}", ca.display())))?,
+                None => b
+                    .set_default_verify_paths()
+                    .map_err(setup("loading the system's CA certificates".to_string()))?,
+            }
+            if let (Some(cert), Some(key)) = (file("client-cert.pem"), file("client-key.pem")) {
+                b.set_certificate_chain_file(&cert)
+                    .map_err(setup(format!("loading {}", cert.display())))?;
+                b.set_private_key_file(&key, SslFiletype::PEM)
+                    .map_err(setup(format!("loading {}", key.display())))?;
+            }
+            b.set_verify(if p.verify_peer {
+                SslVerifyMode::PEER
+            } else {
+                SslVerifyMode::NONE
+            });
+            TlsKind::X509 {
+                verify_peer: p.verify_peer,
+            }
+        };
+        let check_name = matches!(kind, TlsKind::X509 { verify_peer: true });
+        Ok(ClientTls {
+            connector: b.build(),
+            kind,
+            hostname: p.hostname.clone().filter(|_| check_name),
+        })
+    }
+
+    /// What the client authenticates with.
+    pub fn kind(&self) -> TlsKind {
+        self.kind
+    }
+
+    /// Runs the client side of the TLS handshake on `stream` (after `NBD_OPT_STARTTLS`).
+    ///
+    /// # Errors
+    /// [`NbdError::TlsHandshake`]: the server's certificate did not verify, the PSK was
+    /// refused, or the server hung up.
+    pub(crate) fn connect<S: Read + Write + std::fmt::Debug>(
+        &self,
+        stream: S,
+    ) -> Result<SslStream<S>, NbdError> {
+        let mut c = self
+            .connector
+            .configure()
+            .map_err(setup("configuring the TLS connection".to_string()))?;
+        c.set_verify_hostname(self.hostname.is_some());
+        c.set_use_server_name_indication(self.hostname.is_some());
+        c.connect(self.hostname.as_deref().unwrap_or(""), stream)
+            .map_err(|e| NbdError::TlsHandshake(e.to_string()))
+    }
+}
+
 /// An acceptor with the settings both kinds share.
 fn builder() -> Result<openssl::ssl::SslAcceptorBuilder, NbdError> {
     let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())

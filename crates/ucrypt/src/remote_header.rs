@@ -313,6 +313,7 @@ impl RemoteHeader {
         let file = memfd("ucrypt-remote-header")?;
         file.set_len(size)
             .context("sizing the memfd for the remote header")?;
+        seal_size(&file)?;
         let mut snapshot = Vec::new();
         for (o, l) in ranges {
             let bytes = read(o, l as usize)?;
@@ -477,11 +478,30 @@ impl RemoteHeader {
     }
 }
 
+/// Seals `file` at its size: a write past the end fails (EPERM) as on the fixed-size
+/// device it stands for, instead of growing the copy (libcryptsetup extends a regular file
+/// that is too small for a header, where on a block device it fails).
+fn seal_size(file: &File) -> Result<()> {
+    // SAFETY: fcntl on a descriptor `file` owns; F_ADD_SEALS takes an int argument.
+    let r = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error()).context("sealing the memfd's size");
+    }
+    Ok(())
+}
+
 fn memfd(name: &str) -> Result<File> {
     let cname = std::ffi::CString::new(name).expect("no NUL in the name");
     // SAFETY: a valid NUL-terminated name and flags; the returned descriptor is owned by
     // the File below and closed with it.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error()).context("memfd_create");
     }

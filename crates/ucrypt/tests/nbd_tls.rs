@@ -255,3 +255,167 @@ fn tls_options_without_credentials_are_refused_with_a_reason() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// nbdkit serving `img` with `--tls=require` and `tls_args`, stopped on drop.
+struct TlsNbdkit(std::process::Child);
+
+impl TlsNbdkit {
+    /// Starts nbdkit on `listen` (`-U SOCKET` or `-i 127.0.0.1 -p PORT`); waits until it
+    /// accepts connections.
+    fn start(listen: &[&str], tls_args: &[String], img: &Path, probe: &dyn Fn() -> bool) -> Self {
+        let child = std::process::Command::new("nbdkit")
+            .args(["-f", "--exit-with-parent", "--tls=require"])
+            .args(listen)
+            .args(tls_args)
+            .arg("file")
+            .arg(img)
+            .spawn()
+            .unwrap();
+        let up = (0..250).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            probe()
+        });
+        assert!(up, "nbdkit did not start");
+        TlsNbdkit(child)
+    }
+}
+
+impl Drop for TlsNbdkit {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A table line whose device is `uri`, with a fresh key; and the same key over the local
+/// `img` (to check the ciphertext nbdkit stored).
+fn tables(dir: &Path, img: &Path, uri: &str, name: &str) -> (PathBuf, PathBuf) {
+    let (line, local) = xts_table(dir, img, 4096, &[]);
+    let remote = dir.join(format!("{name}.table"));
+    std::fs::write(&remote, line.replace(img.to_str().unwrap(), uri)).unwrap();
+    (remote, local)
+}
+
+/// `nbds://` and `nbds+unix://` devices against nbdkit `--tls=require` (GnuTLS): x509
+/// over TCP with the server's name checked, and PSK over a unix socket; what ucrypt
+/// writes through TLS decrypts from the file nbdkit stored, plaintext and wrong
+/// credentials are refused, and a LUKS header command works through TLS too.
+#[test]
+fn remote_devices_over_tls_to_nbdkit_with_x509_and_psk() {
+    if !require("nbdkit") || !require("openssl") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let pki = make_pki(d);
+    let data = random_bytes(2 * MIB as usize);
+    let write = |table: &Path| ucrypt(&["write", "--table-file", table.to_str().unwrap()], &data);
+
+    // x509 over TCP: the server certificate is for 127.0.0.1, signed by the test CA.
+    let img = image(d, "x509.img", 4 * MIB);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let _srv = TlsNbdkit::start(
+        &["-i", "127.0.0.1", "-p", &port.to_string()],
+        &[format!("--tls-certificates={}", pki.server.display())],
+        &img,
+        &|| std::net::TcpStream::connect(&addr).is_ok(),
+    );
+    let uri = format!("nbds://{addr}/?tls-certificates={}", pki.client.display());
+    let (remote, local) = tables(d, &img, &uri, "x509");
+    ok(write(&remote));
+    assert!(
+        ucrypt_read(&remote)[..data.len()] == data[..],
+        "read back over TLS"
+    );
+    assert!(
+        ucrypt_read(&local)[..data.len()] == data[..],
+        "nbdkit's file decrypts"
+    );
+    // Plaintext to a --tls=require server, and a server certificate checked against the
+    // system CAs (a directory without ca-cert.pem), are refused; verify-peer=false is not.
+    let empty = d.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    for (bad, why) in [
+        (format!("nbd://{addr}/"), "plaintext"),
+        (
+            format!("nbds://{addr}/?tls-certificates={}", empty.display()),
+            "unknown CA",
+        ),
+    ] {
+        let (t, _) = tables(d, &img, &bad, "bad");
+        let out = write(&t);
+        assert!(!out.status.success(), "{why} accepted");
+    }
+    let lax = format!(
+        "nbds://{addr}/?tls-certificates={}&tls-verify-peer=false",
+        empty.display()
+    );
+    let (t, _) = tables(d, &img, &lax, "lax");
+    ok(write(&t));
+
+    // PSK over a unix socket.
+    let img = image(d, "psk.img", 4 * MIB);
+    let psk = psk_file(d, "keys.psk", "alice");
+    let sock = d.join("psk.sock");
+    let _srv = TlsNbdkit::start(
+        &["-U", sock.to_str().unwrap()],
+        &[format!("--tls-psk={}", psk.display())],
+        &img,
+        &|| std::os::unix::net::UnixStream::connect(&sock).is_ok(),
+    );
+    let uri = |user: &str, file: &Path| {
+        format!(
+            "nbds+unix:///?socket={}&tls-psk-file={}&tls-username={user}",
+            sock.display(),
+            file.display()
+        )
+    };
+    let (remote, local) = tables(d, &img, &uri("alice", &psk), "psk");
+    ok(write(&remote));
+    assert!(
+        ucrypt_read(&local)[..data.len()] == data[..],
+        "nbdkit's file decrypts (PSK)"
+    );
+    // Another key for alice: the handshake fails; an unknown username fails before it.
+    let other = psk_file(d, "other.psk", "alice");
+    for (u, f) in [("alice", &other), ("mallory", &psk)] {
+        let (t, _) = tables(d, &img, &uri(u, f), "badpsk");
+        let out = write(&t);
+        assert!(!out.status.success(), "{u} with {} accepted", f.display());
+        assert!(!String::from_utf8_lossy(&out.stderr)
+            .contains(&std::fs::read_to_string(f).unwrap()[6..]));
+    }
+    // A header command through TLS: luksFormat on the nbds+unix device, then isLuks.
+    if require("cryptsetup") {
+        let pass = d.join("pass");
+        std::fs::write(&pass, "tls-pass").unwrap();
+        let u = uri("alice", &psk);
+        ok(ucrypt(
+            &[
+                "luksFormat",
+                "-q",
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-file",
+                pass.to_str().unwrap(),
+                &u,
+            ],
+            b"",
+        ));
+        let st = std::process::Command::new("cryptsetup")
+            .args(["isLuks", img.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(
+            st.success(),
+            "cryptsetup does not see the header written over TLS"
+        );
+        ok(ucrypt(&["isLuks", &u], b""));
+    }
+}

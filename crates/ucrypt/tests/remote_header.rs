@@ -23,6 +23,8 @@ impl Nbdkit {
     fn start(dir: &Path, name: &str, img: &Path, read_only: bool) -> Nbdkit {
         let sock = dir.join(format!("{name}.sock"));
         let log = dir.join(format!("{name}.log"));
+        // A socket left by an earlier server of that name would look like this one.
+        let _ = std::fs::remove_file(&sock);
         let mut cmd = Command::new("nbdkit");
         cmd.args(["-f", "--exit-with-parent", "-U"])
             .arg(&sock)
@@ -38,7 +40,6 @@ impl Nbdkit {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let _ = std::fs::remove_file(&sock);
         let up = (0..250).any(|_| {
             std::thread::sleep(std::time::Duration::from_millis(20));
             std::os::unix::net::UnixStream::connect(&sock).is_ok()
