@@ -31,8 +31,9 @@
 //!           the front that point at it (libcryptsetup's own order); then FLUSH
 //! ```
 //!
-//! A command that fails or is interrupted before the write-back leaves the server
-//! untouched. There is no lock across machines: two hosts changing one remote header at
+//! A command killed before the write-back leaves the server untouched; one that fails
+//! still writes back what it changed (as libcryptsetup's writes would be on a local disk;
+//! `cli::run` calls the write-back after every command). There is no lock across machines: two hosts changing one remote header at
 //! once is as unsafe as with cryptsetup on a shared disk; the changed-meanwhile check only
 //! catches changes to the copied ranges.
 
