@@ -3,7 +3,7 @@
 
 use super::luks::{CsResult, DeviceArgs};
 use super::secret::{self, KeyFileArgs};
-use super::{CliError, WithCode};
+use super::CliError;
 use ucrypt::header::{load_luks, VolumeType};
 
 /// Arguments of `ucrypt bitlkDump` and `fvault2Dump` (`tcryptDump`: see `cli::tcrypt`).
@@ -23,16 +23,6 @@ pub(crate) struct Args {
 
 /// Runs the dump for `kind` (Bitlk or Fvault2).
 pub(crate) fn run(kind: VolumeType, a: Args) -> Result<(), CliError> {
-    if kind == VolumeType::Fvault2 && ucrypt::remote_header::is_remote(&a.dev.device) {
-        // libcryptsetup follows FileVault2's encrypted metadata anywhere in the first GiB;
-        // staging cannot know which blocks beforehand (remote_header::metadata_ranges).
-        return Err(anyhow::anyhow!(
-            "fvault2Dump on a remote NBD device ({}) is not supported: its metadata is \
-             spread over the device's first GiB; copy the device (nbdcopy) and dump the copy",
-            a.dev.device.display()
-        ))
-        .code(super::EXIT_PARAMS);
-    }
     let mut cd = a.dev.context()?;
     load_luks(&mut cd, kind).map_err(super::luks::cs_error)?;
     if !a.dump_volume_key {
