@@ -530,6 +530,45 @@ impl Backend for FileBackend {
             .map_err(|e| self.io_err("flush", 0, e))
     }
 
+    /// Holes of a regular file, from `SEEK_HOLE`/`SEEK_DATA` (block devices: unknown).
+    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+        use std::os::fd::AsRawFd;
+        if self.block_device {
+            return None;
+        }
+        let end = offset.checked_add(len)?.min(self.info.size_bytes);
+        let fd = self.file.as_raw_fd();
+        let mut out = Vec::new();
+        let mut at = offset;
+        while at < end {
+            // SAFETY: lseek on the descriptor this backend owns; no memory is passed.
+            let hole = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_HOLE) };
+            if hole < 0 {
+                return None;
+            }
+            let hole = hole as u64;
+            if hole >= end {
+                break;
+            }
+            // SAFETY: as above.
+            let data = unsafe { libc::lseek(fd, hole as libc::off_t, libc::SEEK_DATA) };
+            let data = if data < 0 {
+                // ENXIO: no data after the hole, up to the end of the file.
+                if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
+                    return None;
+                }
+                end
+            } else {
+                (data as u64).min(end)
+            };
+            if data > hole {
+                out.push((hole, data - hole));
+            }
+            at = data.max(hole + 1);
+        }
+        Some(out)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         self.check_writable()?;
         if self.info.caps.discard == Support::None {

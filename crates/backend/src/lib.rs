@@ -186,6 +186,15 @@ pub trait Backend: Send + Sync {
         Err(BackendError::Unsupported("discard"))
     }
 
+    /// The holes (unallocated ranges: never written, or discarded) in
+    /// `[offset, offset + len)`, sorted and disjoint, as `(offset, length)`; `None` when
+    /// the backend cannot tell, and everything then counts as allocated. Answers NBD's
+    /// `base:allocation` queries.
+    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+        let _ = (offset, len);
+        None
+    }
+
     /// Writes zeroes over a range.
     ///
     /// # Errors
@@ -276,6 +285,9 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
     }
     fn flush(&self) -> Result<(), BackendError> {
         (**self).flush()
+    }
+    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+        (**self).holes(offset, len)
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         (**self).discard(offset, len)

@@ -776,6 +776,31 @@ impl Backend for Volume {
         self.backend.flush()
     }
 
+    /// Whole sectors whose ciphertext is a hole of the device, and only with
+    /// `allow_discards`: a trimmed range's content is unspecified, so a reader may take it
+    /// as unallocated. Without it every sector counts as data (a hole in a sparse image
+    /// still decrypts to a definite, if meaningless, content).
+    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+        if self.info.caps.discard == Support::None {
+            return None;
+        }
+        let end = offset.checked_add(len)?.min(self.info.size_bytes);
+        let lower = self
+            .backend
+            .holes(self.lower(offset), end.checked_sub(offset)?)?;
+        let s = self.sector_bytes;
+        Some(
+            lower
+                .into_iter()
+                .filter_map(|(o, l)| {
+                    let o = o.checked_sub(self.cfg.data_offset_bytes)?;
+                    let (start, stop) = (o.div_ceil(s) * s, (o + l).min(end) / s * s);
+                    (stop > start).then_some((start, stop - start))
+                })
+                .collect(),
+        )
+    }
+
     fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         if self.info.caps.discard == Support::None {
             return Err(BackendError::Unsupported(

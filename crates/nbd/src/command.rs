@@ -113,6 +113,8 @@ pub enum Command {
         offset: u64,
         /// Bytes (no payload: may exceed the maximum block size).
         len: u32,
+        /// `NBD_CMD_FLAG_REQ_ONE`: at most one descriptor.
+        one: bool,
     },
     /// `NBD_CMD_DISC`: no reply; finish in-flight requests and close.
     Disc,
@@ -213,7 +215,11 @@ pub fn validate(req: &Request, limits: &Limits) -> Result<Command, Errno> {
         NBD_CMD_READ => Command::Read { offset, len },
         NBD_CMD_WRITE => Command::Write { offset, len, fua },
         NBD_CMD_TRIM => Command::Trim { offset, len, fua },
-        NBD_CMD_BLOCK_STATUS => Command::BlockStatus { offset, len },
+        NBD_CMD_BLOCK_STATUS => Command::BlockStatus {
+            offset,
+            len,
+            one: req.flags & NBD_CMD_FLAG_REQ_ONE != 0,
+        },
         _ => Command::WriteZeroes { offset, len, fua },
     })
 }
@@ -307,7 +313,8 @@ mod tests {
             validate(&r, &l),
             Ok(Command::BlockStatus {
                 offset: 4096,
-                len: (1 << 20) - 4096
+                len: (1 << 20) - 4096,
+                one: true
             })
         );
         for bad in [

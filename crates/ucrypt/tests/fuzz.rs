@@ -268,7 +268,7 @@ mod nbd_targets {
                 ) => {
                     assert!(in_range(offset, len), "{req:?}")
                 }
-                Ok(Command::BlockStatus { offset, len }) => {
+                Ok(Command::BlockStatus { offset, len, .. }) => {
                     assert!(in_range(offset, len) && limits.block_status, "{req:?}")
                 }
                 Ok(Command::Flush) => assert!(req.offset == 0 && req.length == 0),

@@ -50,43 +50,78 @@ fn nbdinfo_reports_size_block_sizes_and_flags() {
     assert_eq!(v["exports"][0]["is_read_only"], true);
 }
 
-/// `base:allocation` (NBD_CMD_BLOCK_STATUS): libnbd's and QEMU's map commands see one data
-/// extent over the whole export, with and without `allow_discards` (after a trim too: a
-/// trimmed sector decrypts to noise, so it is neither a hole nor zero to a reader).
+/// `base:allocation` (NBD_CMD_BLOCK_STATUS): libnbd's and QEMU's map commands see data
+/// everywhere without `allow_discards` (even over a sparse image: a never-written sector
+/// decrypts to a definite content), and with it holes exactly where whole sectors were
+/// trimmed (qemu-io discards; never "zero": a trimmed sector decrypts to noise).
 #[test]
-fn nbdinfo_map_and_qemu_img_map_see_data_everywhere() {
+fn nbdinfo_map_and_qemu_img_map_see_data_and_trimmed_holes() {
     if !require("nbdinfo") || !require("qemu-img") || !require("qemu-io") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    for opts in [&[][..], &["allow_discards"][..]] {
-        let img = image(tmp.path(), &format!("map{}.img", opts.len()), 8 * MIB);
-        let (_, t) = xts_table(tmp.path(), &img, 512, opts);
-        let trim = if opts.is_empty() {
-            ""
-        } else {
-            r#"qemu-io -f raw -c 'discard 0 1M' "$uri" >/dev/null && "#
-        };
-        let out = open_run(&t, &format!(r#"{trim}nbdinfo --map --json "$uri""#), &[]);
+    let map = |t: &std::path::Path, before: &str| -> (serde_json::Value, serde_json::Value) {
+        let out = open_run(t, &format!(r#"{before}nbdinfo --map --json "$uri""#), &[]);
         run_ok(&out, "nbdinfo --map");
-        let map: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(
-            map,
-            serde_json::json!([{"offset": 0, "length": 8 * MIB, "type": 0, "description": "data"}]),
-            "{opts:?}"
-        );
-        let out = open_run(&t, r#"qemu-img map --output=json "$uri""#, &[]);
+        let nbdinfo = serde_json::from_slice(&out.stdout).unwrap();
+        let out = open_run(t, r#"qemu-img map --output=json "$uri""#, &[]);
         run_ok(&out, "qemu-img map");
-        let map: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let e = &map[0];
-        assert_eq!(map.as_array().unwrap().len(), 1, "{map}");
-        assert_eq!((&e["start"], &e["length"]), (&0.into(), &(8 * MIB).into()));
-        assert_eq!(
-            (&e["data"], &e["zero"]),
-            (&true.into(), &false.into()),
-            "{map}"
-        );
-    }
+        (nbdinfo, serde_json::from_slice(&out.stdout).unwrap())
+    };
+    // Without allow_discards, over a sparse image: one data extent.
+    let img = image(tmp.path(), "sparse.img", 8 * MIB);
+    let (_, t) = xts_table(tmp.path(), &img, 512, &[]);
+    let (n, q) = map(&t, "");
+    assert_eq!(
+        n,
+        serde_json::json!([{"offset": 0, "length": 8 * MIB, "type": 0, "description": "data"}])
+    );
+    assert_eq!(q.as_array().unwrap().len(), 1, "{q}");
+    assert_eq!(
+        (&q[0]["data"], &q[0]["zero"]),
+        (&true.into(), &false.into()),
+        "{q}"
+    );
+    // With allow_discards, over an allocated image: holes where qemu-io trimmed.
+    let img = tmp.path().join("full.img");
+    std::fs::write(&img, random_bytes(8 * MIB as usize)).unwrap();
+    let (_, t) = xts_table(tmp.path(), &img, 4096, &["allow_discards"]);
+    let trim = r#"qemu-io -f raw -c 'discard 0 1M' -c 'discard 3M 4096' "$uri" >/dev/null && "#;
+    let (n, q) = map(&t, trim);
+    let e = |offset: u64, length: u64, hole: bool| {
+        serde_json::json!({"offset": offset, "length": length, "type": u8::from(hole),
+            "description": if hole { "hole" } else { "data" }})
+    };
+    assert_eq!(
+        n,
+        serde_json::json!([
+            e(0, MIB, true),
+            e(MIB, 2 * MIB, false),
+            e(3 * MIB, 4096, true),
+            e(3 * MIB + 4096, 5 * MIB - 4096, false)
+        ])
+    );
+    let q: Vec<_> = q
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["start"].as_u64().unwrap(),
+                x["data"].as_bool().unwrap(),
+                x["zero"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        q,
+        [
+            (0, false, false),
+            (MIB, true, false),
+            (3 * MIB, false, false),
+            (3 * MIB + 4096, true, false)
+        ]
+    );
 }
 
 /// The strongest check: through nbdcopy, the export reads the kernel's ciphertext as the

@@ -257,8 +257,8 @@ struct Reply {
     cookie: u64,
     /// `Some(offset)` for READ: its reply carries data (or, structured, an error chunk).
     read_offset: Option<u64>,
-    /// `Some(len)` for a BLOCK_STATUS answered with one `base:allocation` extent.
-    block_status: Option<u32>,
+    /// For a BLOCK_STATUS: its `base:allocation` descriptors (length, status flags).
+    block_status: Option<Vec<(u32, u32)>>,
     /// Bytes of `buf` that are the READ's data.
     len: usize,
     error: Option<(Errno, String)>,
@@ -539,7 +539,9 @@ fn wire_message(cmd: Command, errno: Errno, host: Option<i32>) -> String {
         Command::Write { offset, len, .. } => ("write", Some((offset, u64::from(len)))),
         Command::Flush => ("flush", None),
         Command::Trim { offset, len, .. } => ("trim", Some((offset, u64::from(len)))),
-        Command::BlockStatus { offset, len } => ("block_status", Some((offset, u64::from(len)))),
+        Command::BlockStatus { offset, len, .. } => {
+            ("block_status", Some((offset, u64::from(len))))
+        }
         Command::WriteZeroes { offset, len, .. } => {
             ("write_zeroes", Some((offset, u64::from(len))))
         }
@@ -569,12 +571,18 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
     let mut len = 0;
     let mut block_status = None;
     let result = match (cmd, buf.as_mut()) {
-        // base:allocation: the whole range is data (status 0: allocated, not known to read
-        // as zeroes). Every sector of a volume is ciphertext; one that was never written
-        // or was trimmed decrypts to noise, not zeroes, so NBD_STATE_ZERO is never true,
-        // and ucrypt keeps no map of trimmed ranges from which to report holes.
-        (Command::BlockStatus { len: l, .. }, _) => {
-            block_status = Some(l);
+        // base:allocation: holes where the export reports them (a Volume: trimmed whole
+        // sectors, only with allow_discards), data elsewhere. Never NBD_STATE_ZERO: a
+        // sector that was never written or was trimmed decrypts to noise, not zeroes.
+        (
+            Command::BlockStatus {
+                offset,
+                len: l,
+                one,
+            },
+            _,
+        ) => {
+            block_status = Some(allocation(export, offset, l, one));
             Ok(())
         }
         (Command::Read { offset, len: l }, Some(b)) => {
@@ -639,6 +647,38 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
     }
 }
 
+/// Most descriptors in one BLOCK_STATUS reply ("the server MAY return fewer descriptors
+/// than needed to cover the whole length"; the client asks again from where they end).
+const MAX_DESCRIPTORS: usize = 1024;
+
+/// The `base:allocation` descriptors of `[offset, offset + len)`: `(length, flags)`,
+/// holes as `NBD_STATE_HOLE`, data as 0; at most one with `one` (REQ_ONE).
+fn allocation(export: &dyn Backend, offset: u64, len: u32, one: bool) -> Vec<(u32, u32)> {
+    let end = offset + u64::from(len);
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    let mut at = offset;
+    let mut push = |l: u64, flags: u32| {
+        // Each length fits: every range lies within the request, itself under 2^32.
+        out.push((l as u32, flags));
+    };
+    for (o, l) in export.holes(offset, u64::from(len)).unwrap_or_default() {
+        let (o, e) = (o.max(at), (o + l).min(end));
+        if e <= o {
+            continue;
+        }
+        if o > at {
+            push(o - at, 0);
+        }
+        push(e - o, NBD_STATE_HOLE);
+        at = e;
+    }
+    if at < end {
+        push(end - at, 0);
+    }
+    out.truncate(if one { 1 } else { MAX_DESCRIPTORS });
+    out
+}
+
 /// Write-zeroes for a backend without it: zeroes written as ordinary data.
 fn write_zeroes(
     export: &dyn Backend,
@@ -695,18 +735,21 @@ fn encode(w: &mut impl Write, r: &Reply, structured: bool) -> io::Result<()> {
         (None, Some(b)) if r.read_offset.is_some() => &b[..r.len],
         _ => &[][..],
     };
-    if let (true, Some(length), None) = (structured, r.block_status, &r.error) {
-        // One NBD_REPLY_TYPE_BLOCK_STATUS chunk with DONE: the context id, then one
-        // descriptor (length, status flags) covering the request.
-        let mut h = [0u8; STRUCTURED_REPLY_BYTES + 12];
-        h[..4].copy_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
-        h[4..6].copy_from_slice(&NBD_REPLY_FLAG_DONE.to_be_bytes());
-        h[6..8].copy_from_slice(&NBD_REPLY_TYPE_BLOCK_STATUS.to_be_bytes());
-        h[8..16].copy_from_slice(&r.cookie.to_be_bytes());
-        h[16..20].copy_from_slice(&12u32.to_be_bytes());
-        h[20..24].copy_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
-        h[24..28].copy_from_slice(&length.to_be_bytes());
-        h[28..32].copy_from_slice(&0u32.to_be_bytes());
+    if let (true, Some(desc), None) = (structured, &r.block_status, &r.error) {
+        // One NBD_REPLY_TYPE_BLOCK_STATUS chunk with DONE: the context id, then the
+        // descriptors (length, status flags).
+        let mut h = Vec::with_capacity(STRUCTURED_REPLY_BYTES + 4 + 8 * desc.len());
+        h.extend_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        h.extend_from_slice(&NBD_REPLY_FLAG_DONE.to_be_bytes());
+        h.extend_from_slice(&NBD_REPLY_TYPE_BLOCK_STATUS.to_be_bytes());
+        h.extend_from_slice(&r.cookie.to_be_bytes());
+        // At most MAX_DESCRIPTORS: far below 2^32 bytes.
+        h.extend_from_slice(&((4 + 8 * desc.len()) as u32).to_be_bytes());
+        h.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+        for (l, f) in desc {
+            h.extend_from_slice(&l.to_be_bytes());
+            h.extend_from_slice(&f.to_be_bytes());
+        }
         return write_all_vectored(w, &mut [IoSlice::new(&h)]);
     }
     if let (true, Some(offset)) = (structured, r.read_offset) {

@@ -224,6 +224,9 @@ impl Backend for Switch {
     fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         self.with(|v| v.discard(offset, len))?
     }
+    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+        self.current()?.holes(offset, len)
+    }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
         self.with(|v| v.write_zeroes(offset, len, fua))?
     }
