@@ -424,3 +424,48 @@ fn a_foreign_sigbus_does_not_switch_off_truncation_containment() {
     assert!(info.status.success(), "still serving: {info:?}");
     assert!(served.stop().success());
 }
+
+/// cryptsetup's exit codes for usage: 1 for a wrong command line (clap's default is 2,
+/// which cryptsetup uses for a wrong passphrase), 0 for --help and --version.
+#[test]
+fn usage_errors_exit_1_and_help_exits_0_as_cryptsetups() {
+    for args in [
+        &["frobnicate"][..],
+        &["open", "--no-such-option", "x"][..],
+        &["luksDump"][..],
+    ] {
+        let out = ucrypt(args, b"");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{args:?}: no message");
+    }
+    for args in [&["--help"][..], &["--version"][..], &["open", "--help"][..]] {
+        let out = ucrypt(args, b"");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert!(!out.stdout.is_empty(), "{args:?}: nothing printed");
+    }
+}
+
+/// `--readonly` and `-r` (cryptsetup's spellings) mean `--read-only`: the instance is
+/// read-only in `status`.
+#[test]
+fn readonly_and_r_are_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "img", 1 << 20);
+    let t = table(&img, "");
+    let run = dir.path().join("run");
+    let env = [("UCRYPT_RUNTIME_DIR", run.as_os_str())];
+    for (i, flag) in ["--readonly", "-r", "--read-only"].iter().enumerate() {
+        let name = format!("ro{i}");
+        let out = ucrypt_env(
+            &["open", "--table", &t, &name, flag, "--device", "none"],
+            b"",
+            &env,
+        );
+        assert_eq!(out.status.code(), Some(0), "{flag}: {out:?}");
+        let st = ucrypt_env(&["status", &name, "--json"], b"", &env);
+        let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+        let closed = ucrypt_env(&["close", &name], b"", &env);
+        assert_eq!(closed.status.code(), Some(0), "{closed:?}");
+        assert_eq!(v["read_only"], serde_json::Value::Bool(true), "{flag}: {v}");
+    }
+}

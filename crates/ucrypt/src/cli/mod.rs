@@ -357,7 +357,19 @@ pub(crate) fn error_line(err: &anyhow::Error) -> String {
 
 /// Parses the command line, runs the command, prints any error as one line on stderr.
 pub fn run() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print and succeed; usage errors exit 1 as cryptsetup's do
+        // (clap's own 2 means "wrong passphrase" to cryptsetup's users).
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_PARAMS)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     // Before any key or passphrase is read: no core dump may ever hold one.
     if let Err(e) = ucrypt::secure::disable_core_dumps() {
         eprintln!("ucrypt: warning: cannot disable core dumps: {e}");

@@ -103,8 +103,8 @@ pub(crate) struct Args {
     /// Write the server's pid to FILE once it is listening.
     #[arg(long, value_name = "FILE")]
     pub(super) pid_file: Option<PathBuf>,
-    /// Export read-only.
-    #[arg(long)]
+    /// Export read-only (cryptsetup's `--readonly`/`-r` are accepted too).
+    #[arg(long, short = 'r', visible_alias = "readonly")]
     pub(super) read_only: bool,
     /// Export the table's device as it is (ciphertext, no encryption): a baseline.
     #[arg(long)]
