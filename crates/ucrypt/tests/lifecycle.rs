@@ -777,3 +777,56 @@ fn a_real_block_device_is_held_with_o_excl_and_refused_when_the_kernel_holds_it(
     rt.ok(&["close", "b"], b"");
     wait_gone(&rt, "b");
 }
+
+#[test]
+fn cryptsetups_per_type_open_commands_open_by_name() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 20, "luks2", 512);
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    // `luksOpen DEV NAME` serves, as `open --type luks DEV NAME`.
+    rt.ok(
+        &["luksOpen", img, "l", "--device", "none", "--key-file", pass],
+        b"",
+    );
+    let st = rt.status("l");
+    assert_eq!(st["type"], "LUKS2", "{st}");
+    rt.ok(&["close", "l"], b"");
+    wait_gone(&rt, "l");
+    // With the user's own --type, and with --test-passphrase (checks, serves nothing).
+    rt.ok(
+        &[
+            "luksOpen",
+            img,
+            "l2",
+            "--type",
+            "luks2",
+            "--device",
+            "none",
+            "--key-file",
+            pass,
+        ],
+        b"",
+    );
+    rt.ok(&["close", "l2"], b"");
+    wait_gone(&rt, "l2");
+    rt.ok(
+        &["luksOpen", img, "--test-passphrase", "--key-file", pass],
+        b"",
+    );
+    assert!(!rt.dir().join("ucrypt").exists());
+    // `plainOpen DEV NAME` is `open --type plain`: the same table as --print-table prints.
+    let key = rt.path("plainkey");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let key = key.to_str().unwrap();
+    rt.ok(
+        &["plainOpen", img, "p", "--device", "none", "--key-file", key],
+        b"",
+    );
+    assert_eq!(rt.status("p")["type"], "PLAIN");
+    rt.ok(&["close", "p"], b"");
+    let printed = rt.ok(&["plainOpen", img, "--print-table", "--key-file", key], b"");
+    assert!(printed.contains("aes-cbc-essiv:sha256"), "{printed}");
+}

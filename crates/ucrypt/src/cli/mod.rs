@@ -356,8 +356,50 @@ pub(crate) fn error_line(err: &anyhow::Error) -> String {
 }
 
 /// Parses the command line, runs the command, prints any error as one line on stderr.
+/// cryptsetup's per-type open commands: `luksOpen`, `tcryptOpen`, `bitlkOpen`,
+/// `plainOpen` and `fvault2Open DEV NAME` are `open --type T DEV NAME`. With
+/// `--test-passphrase` or `--print-table` they stay (or become) `luksOpen --type T`, which
+/// checks or prints without serving.
+fn expand_open_aliases(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let Some(pos) = args
+        .iter()
+        .skip(1)
+        .position(|a| !a.to_string_lossy().starts_with('-'))
+    else {
+        return args;
+    };
+    let pos = pos + 1;
+    let kind = match args[pos].to_str() {
+        Some("luksOpen") => "luks",
+        Some("tcryptOpen") => "tcrypt",
+        Some("bitlkOpen") => "bitlk",
+        Some("plainOpen") => "plain",
+        Some("fvault2Open") => "fvault2",
+        _ => return args,
+    };
+    let rest = &args[pos + 1..];
+    let checks_only = rest
+        .iter()
+        .any(|a| a == "--test-passphrase" || a == "--print-table");
+    // `luksOpen --type luks2`: the user's type wins.
+    let typed = rest.iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == "--type" || a == "-M" || a.starts_with("--type=")
+    });
+    let command = if checks_only { "luksOpen" } else { "open" };
+    if checks_only && kind == "luks" {
+        return args;
+    }
+    if typed {
+        args[pos] = command.into();
+    } else {
+        args.splice(pos..=pos, [command.into(), "--type".into(), kind.into()]);
+    }
+    args
+}
+
 pub fn run() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(expand_open_aliases(std::env::args_os().collect())) {
         Ok(cli) => cli,
         // --help and --version print and succeed; usage errors exit 1 as cryptsetup's do
         // (clap's own 2 means "wrong passphrase" to cryptsetup's users).
