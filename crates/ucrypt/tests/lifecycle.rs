@@ -830,3 +830,83 @@ fn cryptsetups_per_type_open_commands_open_by_name() {
     let printed = rt.ok(&["plainOpen", img, "--print-table", "--key-file", key], b"");
     assert!(printed.contains("aes-cbc-essiv:sha256"), "{printed}");
 }
+
+/// Text of the tmux pane `s`.
+fn pane(s: &str) -> String {
+    sh_ok(&format!("tmux capture-pane -p -t {s}"))
+}
+
+/// Waits up to `secs` for `needle` in pane `s`.
+fn wait_pane(s: &str, needle: &str, secs: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let text = pane(s);
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the pane:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Kills a tmux session on drop.
+struct Tmux(String);
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = sh(&format!("tmux kill-session -t {}", self.0));
+    }
+}
+
+#[test]
+fn ctrl_c_at_a_passphrase_prompt_exits_promptly_with_the_terminal_restored() {
+    if !require("cryptsetup") || !require("tmux") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, _) = luks_image(&rt, "img", 20, "luks2", 512);
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    let session = Tmux(format!("ucrypt-prompt-{}", std::process::id()));
+    let s = session.0.as_str();
+    sh_ok(&format!(
+        "tmux new-session -d -s {s} -x 200 -y 50 'env -i PATH=/usr/bin:/bin TERM=xterm UCRYPT_RUNTIME_DIR={} bash --norc --noprofile'",
+        rt.dir().display()
+    ));
+    // A command without a server (luksOpen --test-passphrase), one whose signal thread
+    // already blocks SIGINT everywhere else (open serving over NBD in the foreground), and
+    // a named open (the background server forks after the prompt).
+    let cases = [
+        format!("{bin} luksOpen {} --test-passphrase", img.display()),
+        format!("{bin} open {}", img.display()),
+        format!("{bin} open {} named --device none", img.display()),
+    ];
+    for (i, cmd) in cases.iter().enumerate() {
+        sh_ok(&format!("tmux send-keys -t {s} 'clear' Enter"));
+        let mark = format!("done{i}");
+        let line =
+            format!("{cmd}; echo rc=$? {mark}; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?echo'");
+        let out = Command::new("tmux")
+            .args(["send-keys", "-t", s, &line, "Enter"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        wait_pane(s, "Enter passphrase", 20);
+        let pressed = Instant::now();
+        sh_ok(&format!("tmux send-keys -t {s} C-c"));
+        let text = wait_pane(s, &format!("{mark}\n"), 5);
+        let took = pressed.elapsed();
+        assert!(text.contains(&format!("rc=1 {mark}")), "{cmd}:\n{text}");
+        assert!(text.contains("interrupted"), "{cmd}: no message:\n{text}");
+        let after = text.split(&format!("{mark}\n")).nth(1).unwrap_or("");
+        let echo = wait_pane(s, "echo", 5);
+        assert!(
+            echo.lines().any(|l| l.trim() == "echo") && !after.contains("-echo"),
+            "{cmd}: terminal echo not restored:\n{echo}"
+        );
+        assert!(took < Duration::from_secs(3), "{cmd}: took {took:?}");
+        assert!(!rt.dir().join("named").join("pid").exists());
+    }
+}

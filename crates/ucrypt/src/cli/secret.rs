@@ -14,6 +14,7 @@
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use ucrypt_crypto::secret::SecretBytes;
 
 /// cryptsetup's maximum key file size (8192 kB).
@@ -125,6 +126,73 @@ fn stdin_is_tty() -> bool {
     unsafe { libc::isatty(libc::STDIN_FILENO) == 1 }
 }
 
+/// Set by [`on_prompt_signal`] while a [`PromptSignals`] guard is alive.
+static PROMPT_INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_prompt_signal(_sig: libc::c_int) {
+    // Async-signal-safe: one atomic store.
+    PROMPT_INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// The signals that end a prompt (Ctrl-C, `kill`, a closed terminal).
+const PROMPT_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// While alive, SIGINT/SIGTERM/SIGHUP interrupt this thread's read of the terminal instead
+/// of killing the process with echo still off, or going unseen to a server's signal
+/// thread (which blocks them in every other thread before the passphrase is asked for):
+/// they are unblocked on this thread and caught without `SA_RESTART`, so the read returns
+/// `EINTR`, the prompt fails with "interrupted" and the terminal is restored. Dropping the
+/// guard puts back the handlers and the mask.
+struct PromptSignals {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+    old_mask: libc::sigset_t,
+}
+
+impl PromptSignals {
+    fn new() -> PromptSignals {
+        PROMPT_INTERRUPTED.store(false, Ordering::SeqCst);
+        let mut old = Vec::with_capacity(PROMPT_SIGNALS.len());
+        // SAFETY: sigset_t and sigaction are plain C data; all-zero is a valid start for
+        // both, and sigemptyset/sigaddset/sigaction/pthread_sigmask only read and write
+        // the structures passed, which live across each call.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in PROMPT_SIGNALS {
+                libc::sigaddset(&mut set, sig);
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = on_prompt_signal as extern "C" fn(libc::c_int) as usize;
+                act.sa_flags = 0; // no SA_RESTART: the read must return EINTR
+                libc::sigemptyset(&mut act.sa_mask);
+                let mut prev: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &act, &mut prev) == 0 {
+                    old.push((sig, prev));
+                }
+            }
+            let mut old_mask: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, &mut old_mask);
+            PromptSignals { old, old_mask }
+        }
+    }
+}
+
+impl Drop for PromptSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask and the actions saved in `new`, from valid structures.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old_mask, std::ptr::null_mut());
+            for (sig, prev) in &self.old {
+                libc::sigaction(*sig, prev, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+/// The error of a prompt ended by a signal (exit code 1, as cryptsetup's).
+fn interrupted() -> CliError {
+    anyhow::anyhow!("interrupted at the prompt; nothing was changed").into()
+}
+
 /// Reads one line from standard input (a pipe), without the newline.
 fn read_line() -> Result<Secret, CliError> {
     let mut line = Secret::new();
@@ -132,7 +200,12 @@ fn read_line() -> Result<Secret, CliError> {
     loop {
         let avail = match stdin.fill_buf() {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                if PROMPT_INTERRUPTED.load(Ordering::SeqCst) {
+                    return Err(interrupted());
+                }
+                continue;
+            }
             Err(e) => {
                 return Err(
                     anyhow::anyhow!("reading the passphrase from standard input: {e}").into(),
@@ -193,10 +266,12 @@ fn prompt_tty(prompt: &str) -> Result<Secret, CliError> {
     let _ = write!(err, "{prompt}");
     let _ = err.flush();
     let line = {
+        let _signals = PromptSignals::new();
         let _guard = NoEcho::new(libc::STDIN_FILENO);
-        read_line()?
+        read_line()
     };
     let _ = writeln!(err);
+    let line = line?;
     if line.len() > MAX_PASSPHRASE {
         return Err(anyhow::anyhow!(
             "passphrase is longer than {MAX_PASSPHRASE} characters"
@@ -255,9 +330,21 @@ pub(crate) fn confirm(batch: bool, warning: &str) -> Result<(), CliError> {
     eprintln!("\nWARNING!\n========\n{warning}.\n");
     eprint!("Are you sure? (Type 'yes' in capital letters): ");
     let mut answer = String::new();
-    std::io::stdin()
-        .read_line(&mut answer)
-        .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?;
+    {
+        let _signals = PromptSignals::new();
+        loop {
+            match std::io::stdin().read_line(&mut answer) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                    if PROMPT_INTERRUPTED.load(Ordering::SeqCst) {
+                        eprintln!();
+                        return Err(interrupted());
+                    }
+                }
+                Err(e) => return Err(anyhow::anyhow!("reading the answer: {e}").into()),
+            }
+        }
+    }
     if answer.trim_end_matches('\n') != "YES" {
         return Err(anyhow::anyhow!("operation aborted")).code(EXIT_PARAMS);
     }
