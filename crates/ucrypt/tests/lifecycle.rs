@@ -910,3 +910,59 @@ fn ctrl_c_at_a_passphrase_prompt_exits_promptly_with_the_terminal_restored() {
         assert!(!rt.dir().join("named").join("pid").exists());
     }
 }
+
+#[test]
+fn a_wrong_passphrase_at_a_terminal_is_asked_again_tries_times() {
+    if !require("cryptsetup") || !require("tmux") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, _) = luks_image(&rt, "img", 20, "luks2", 512);
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    let session = Tmux(format!("ucrypt-tries-{}", std::process::id()));
+    let s = session.0.as_str();
+    sh_ok(&format!(
+        "tmux new-session -d -s {s} -x 200 -y 50 'env -i PATH=/usr/bin:/bin TERM=xterm bash --norc --noprofile'"
+    ));
+    let send = |keys: &[&str]| {
+        let out = Command::new("tmux")
+            .args(["send-keys", "-t", s])
+            .args(keys)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    let prompts = |text: &str| text.matches("Enter passphrase").count();
+    // Default 3 tries: wrong, wrong, right -> 0.
+    let cmd = format!(
+        "{bin} open {} --test-passphrase; echo rc=$? end",
+        img.display()
+    );
+    send(&[&cmd, "Enter"]);
+    for (n, pass) in ["bad1", "bad2", "pw"].iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while prompts(&pane(s)) < n + 1 {
+            assert!(Instant::now() < deadline, "prompt {}:\n{}", n + 1, pane(s));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        send(&[pass, "Enter"]);
+    }
+    let text = wait_pane(s, "rc=0 end", 20);
+    assert_eq!(
+        text.matches("No key available with this passphrase.")
+            .count(),
+        2,
+        "{text}"
+    );
+    // --tries 1: one wrong passphrase ends it with exit 2.
+    send(&["clear", "Enter"]);
+    let cmd = format!(
+        "{bin} open {} --test-passphrase --tries 1; echo rc=$? end",
+        img.display()
+    );
+    send(&[&cmd, "Enter"]);
+    wait_pane(s, "Enter passphrase", 20);
+    send(&["bad", "Enter"]);
+    let text = wait_pane(s, "rc=2 end", 20);
+    assert_eq!(prompts(&text), 1, "{text}");
+}

@@ -136,6 +136,13 @@ pub(crate) struct CliError {
     err: anyhow::Error,
 }
 
+impl CliError {
+    /// The exit code this error gives.
+    pub(crate) fn code(&self) -> u8 {
+        self.code
+    }
+}
+
 /// Exit code for wrong parameters (cryptsetup's 1).
 pub(crate) const EXIT_PARAMS: u8 = 1;
 /// Exit code for a wrong device (cryptsetup's 4).

@@ -38,9 +38,14 @@ pub(crate) struct HeaderArgs {
     /// Only try this keyslot.
     #[arg(short = 'S', long, requires = "device")]
     pub(crate) key_slot: Option<u32>,
-    /// Pass discards down (adds allow_discards to the header's persistent flags).
+    /// Pass discards down for this mapping (the header's own persistent flags apply too;
+    /// they are not changed).
     #[arg(long, requires = "device")]
     pub(crate) allow_discards: bool,
+    /// How often to ask for the passphrase on a terminal (cryptsetup's default 3; a key
+    /// file or a pipe is tried once).
+    #[arg(short = 'T', long, default_value_t = 3, value_name = "N")]
+    pub(crate) tries: u32,
     /// INSECURE: accept LUKS keyslots or data encrypted with cipher_null (refused by
     /// default: whoever can write the header then chooses the key or the data,
     /// CVE-2025-59054).
@@ -88,10 +93,35 @@ pub(crate) fn describe(unlocked: &ucrypt::Unlocked) -> String {
     )
 }
 
+/// Exit code of a wrong passphrase (cryptsetup's 2).
+const EXIT_BAD_PASSPHRASE: u8 = 2;
+
 /// Reads the secret and unlocks `h.device`: the volume key and table, and the header
 /// options that unlock it again (`luksResume`, `resize`, `refresh`). `None` with
-/// `--test-passphrase` once the passphrase checked out.
+/// `--test-passphrase` once the passphrase checked out. A wrong passphrase typed at a
+/// terminal is asked for again, `--tries` times in all (as cryptsetup does).
 pub(crate) fn unlock(
+    h: &HeaderArgs,
+) -> Result<Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>, CliError> {
+    let tries = if super::secret::prompts(&h.key) {
+        h.tries.max(1)
+    } else {
+        1
+    };
+    let mut attempt = 1;
+    loop {
+        match unlock_once(h) {
+            Err(e) if e.code() == EXIT_BAD_PASSPHRASE && attempt < tries => {
+                eprintln!("No key available with this passphrase.");
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// One attempt of [`unlock`].
+fn unlock_once(
     h: &HeaderArgs,
 ) -> Result<Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>, CliError> {
     let device = h.device.clone().expect("called only with a device");

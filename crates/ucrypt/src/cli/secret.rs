@@ -304,6 +304,12 @@ pub(crate) fn get(
     read_line()
 }
 
+/// Whether the existing passphrase will be asked for on a terminal (so a wrong one may be
+/// asked for again, `--tries`).
+pub(crate) fn prompts(k: &KeyFileArgs) -> bool {
+    k.key_file.is_none() && stdin_is_tty()
+}
+
 /// The existing passphrase for `device`, from `--key-file` or a prompt.
 pub(crate) fn existing(k: &KeyFileArgs, device: &Path) -> Result<Secret, CliError> {
     get(
