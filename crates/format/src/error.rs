@@ -27,7 +27,7 @@ pub enum FormatError {
     Key(String),
     /// A libcryptsetup call failed (`errno` is the positive error number it returned;
     /// `detail` is the library's own message, never key material).
-    #[error("{op} on {device}: {}", cryptsetup_detail(.detail, *.errno))]
+    #[error("{}", cryptsetup_message(.op, .device, .detail, *.errno))]
     Cryptsetup {
         /// What was being done ("loading the header").
         op: String,
@@ -63,7 +63,10 @@ pub enum FormatError {
     Crypto(#[from] CryptoError),
 }
 
-fn cryptsetup_detail(detail: &str, errno: i32) -> String {
+/// One line for a libcryptsetup failure: the library's own message when it has one (it
+/// already names the device; otherwise the operation and device go in front), else what
+/// the errno means. No errno numbers: the exit code carries the class.
+fn cryptsetup_message(op: &str, device: &str, detail: &str, errno: i32) -> String {
     let what = match errno {
         libc::EPERM => "no key available with this passphrase (or permission denied)",
         libc::ENOENT => "not found",
@@ -75,10 +78,13 @@ fn cryptsetup_detail(detail: &str, errno: i32) -> String {
         libc::ENOTSUP => "not supported",
         _ => "failed",
     };
+    let detail = detail.trim().trim_end_matches('.');
     if detail.is_empty() {
-        format!("{what} (errno {errno})")
+        format!("{op} on {device}: {what}")
+    } else if detail.contains(device) {
+        detail.to_string()
     } else {
-        format!("{detail} (errno {errno}: {what})")
+        format!("{op} on {device}: {detail}")
     }
 }
 

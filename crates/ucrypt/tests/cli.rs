@@ -469,3 +469,15 @@ fn readonly_and_r_are_read_only() {
         assert_eq!(v["read_only"], serde_json::Value::Bool(true), "{flag}: {v}");
     }
 }
+
+/// libcryptsetup failures read as one plain line: the library's message, no errno
+/// numbers, the device named once.
+#[test]
+fn header_errors_carry_no_errno_clutter() {
+    let out = ucrypt(&["luksDump", "/nonexistent/ucrypt-test"], b"");
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("errno"), "{err}");
+    assert_eq!(err.matches("/nonexistent/ucrypt-test").count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
