@@ -481,3 +481,16 @@ fn header_errors_carry_no_errno_clutter() {
     assert_eq!(err.matches("/nonexistent/ucrypt-test").count(), 1, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// `--version` names the build (commit), the libcryptsetup it links and the CPU paths.
+#[test]
+fn long_version_names_commit_libcryptsetup_and_crypto_paths() {
+    let out = ucrypt(&["--version"], b"");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("ucrypt "), "{text}");
+    for needle in ["(commit ", "libcryptsetup ", "crypto paths on this CPU: "] {
+        assert!(text.contains(needle), "no {needle:?} in {text}");
+    }
+    assert!(!text.contains("libcryptsetup unknown"), "{text}");
+}

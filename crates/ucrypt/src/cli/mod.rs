@@ -35,10 +35,66 @@ use std::process::ExitCode;
 
 /// dm-crypt rebuilt in userspace.
 #[derive(Parser)]
-#[command(name = "ucrypt", version, about, long_about = None)]
+#[command(name = "ucrypt", version, long_version = long_version(), about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+/// `ucrypt --version`: the version, the commit, the libcryptsetup it was built against and
+/// which code paths this CPU gets (as `cryptsetup --version` names its crypto backend).
+fn long_version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        format!(
+            "{} (commit {})\nlibcryptsetup {} (headers and keyslots), AWS-LC (AES-256-XTS), \
+             RustCrypto (other ciphers, hashes and KDFs)\ncrypto paths on this CPU: {}",
+            env!("CARGO_PKG_VERSION"),
+            env!("UCRYPT_GIT_COMMIT"),
+            env!("UCRYPT_LIBCRYPTSETUP_VERSION"),
+            crypto_paths()
+        )
+    })
+}
+
+/// The SIMD paths the ciphers pick on this CPU.
+fn crypto_paths() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = |name: &str, on: bool| {
+            if on {
+                name.to_string()
+            } else {
+                format!("no {name}")
+            }
+        };
+        let vaes = std::arch::is_x86_feature_detected!("vaes")
+            && std::arch::is_x86_feature_detected!("vpclmulqdq")
+            && std::arch::is_x86_feature_detected!("avx512f");
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        let avx2 = std::arch::is_x86_feature_detected!("avx2");
+        let wide = if avx512 {
+            "AVX-512"
+        } else if avx2 {
+            "AVX2"
+        } else {
+            "SSE2"
+        };
+        format!(
+            "{}, {} (AES-XTS-128/192), Serpent bit-sliced over {wide}, Adiantum NH over {}",
+            f("AES-NI", std::arch::is_x86_feature_detected!("aes")),
+            f("VAES+VPCLMULQDQ", vaes),
+            if avx512 || avx2 {
+                wide
+            } else {
+                "portable code"
+            }
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        "portable code (no x86-64 SIMD paths)".to_string()
+    }
 }
 
 #[derive(Subcommand)]
