@@ -494,3 +494,65 @@ fn long_version_names_commit_libcryptsetup_and_crypto_paths() {
     }
     assert!(!text.contains("libcryptsetup unknown"), "{text}");
 }
+
+/// Man pages and completions come from the command-line definition: one page per command
+/// plus ucrypt.1, each a page `man` renders; bash accepts the completion script.
+#[test]
+fn man_pages_and_completions_are_generated_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ucrypt(&["man", dir.path().to_str().unwrap()], b"");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let help = String::from_utf8_lossy(&ucrypt(&["--help"], b"").stdout).to_string();
+    let commands: Vec<&str> = help
+        .split("Commands:")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.strip_prefix("  ")?.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.len() > 20, "{commands:?}");
+    for c in &commands {
+        let page = dir.path().join(format!("ucrypt-{c}.1"));
+        let text = std::fs::read_to_string(&page).unwrap_or_else(|e| panic!("{c}: {e}"));
+        assert!(
+            text.starts_with(".ie") || text.contains(".TH"),
+            "{c}: {text:.200}"
+        );
+        assert!(text.contains(&format!("ucrypt\\-{c}")), "{c}: no NAME");
+    }
+    let main = std::fs::read_to_string(dir.path().join("ucrypt.1")).unwrap();
+    assert!(main.contains(".TH ucrypt 1"), "{main:.300}");
+    if std::path::Path::new("/usr/bin/man").exists() {
+        let rendered = std::process::Command::new("man")
+            .arg("-l")
+            .arg(dir.path().join("ucrypt-open.1"))
+            .env("MANPAGER", "cat")
+            .env("MANWIDTH", "100")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&rendered.stdout);
+        assert!(text.contains("--key-file"), "{text:.500}");
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let out = ucrypt(&["completions", shell], b"");
+        assert_eq!(out.status.code(), Some(0), "{shell}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("luksFormat"),
+            "{shell}"
+        );
+    }
+    let script = dir.path().join("ucrypt.bash");
+    std::fs::write(&script, ucrypt(&["completions", "bash"], b"").stdout).unwrap();
+    let check = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {} && complete -p ucrypt", script.display()))
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{check:?}");
+    assert!(String::from_utf8_lossy(&check.stdout).contains("ucrypt"));
+    // Not `unknown shell`: a clear usage error, exit 1.
+    assert_eq!(ucrypt(&["completions", "tcsh"], b"").status.code(), Some(1));
+}

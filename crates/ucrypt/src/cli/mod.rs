@@ -6,6 +6,7 @@
 mod bench;
 mod benchmark;
 mod daemon;
+mod docs;
 mod format_dump;
 mod instance;
 mod is_luks;
@@ -107,6 +108,10 @@ enum Command {
     Table(table::Args),
     /// Reproduce the seeds' I/O-engine experiments against a raw passthrough.
     Bench(bench::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(docs::CompletionsArgs),
+    /// Write man pages (ucrypt.1 and ucrypt-COMMAND.1) into a directory.
+    Man(docs::ManArgs),
     /// Measure cipher throughput per cipher spec and sector size, like cryptsetup benchmark.
     Benchmark(benchmark::Args),
     /// Create a LUKS2 (or --type luks1) header on a device, like cryptsetup luksFormat.
@@ -513,6 +518,8 @@ pub fn run() -> ExitCode {
         Command::Resize(a) => lifecycle::resize(a),
         Command::Refresh(a) => lifecycle::refresh(a),
         Command::Bench(a) => bench::run(a),
+        Command::Completions(a) => docs::completions(a),
+        Command::Man(a) => docs::man(a),
     };
     // Header commands on NBD URIs worked on a staged copy: the bytes they changed go back
     // to the server now (also after a failure, as they would be on a local device).
