@@ -38,19 +38,42 @@ pub(crate) fn run(kind: VolumeType, a: Args) -> Result<(), CliError> {
     let pass = secret::existing(&a.key, &a.dev.device)?;
     let (_, key) = cd.volume_key(None, &pass).cs()?;
     let info = cd.info();
-    let mut out = format!(
-        "{} header information for {}\nCipher name:   \t{}\nCipher mode:   \t{}\nVolume key bits:\t{}\nVolume key:    \t",
-        info.kind.map_or("Volume".into(), |k| k.to_string()),
-        a.dev.device.display(),
-        info.cipher,
-        info.cipher_mode,
-        key.len() * 8
-    );
-    for b in key.as_bytes() {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out.push('\n');
+    // cryptsetup's own formats (2.6): BITLK prints a summary and an "MK dump" of 16 bytes a
+    // line (cryptsetup.c); FVAULT2 prints its usual dump and one "Volume key" line.
+    let mut out = if kind == VolumeType::Bitlk {
+        format!(
+            "BITLK header information for {}\nCipher name:   \t{}\nCipher mode:   \t{}\nUUID:          \t{}\nMK bits:       \t{}\nMK dump:\t{}",
+            a.dev.device.display(),
+            info.cipher,
+            info.cipher_mode,
+            info.uuid.as_deref().unwrap_or(""),
+            key.len() * 8,
+            hex_dump(key.as_bytes(), Some(16))
+        )
+    } else {
+        format!(
+            "{}Volume key:       \t{}",
+            super::luks::shown(cd.dump().cs()?),
+            hex_dump(key.as_bytes(), None)
+        )
+    };
     print!("{out}");
     zeroize::Zeroize::zeroize(&mut out);
     Ok(())
+}
+
+/// Bytes as cryptsetup's `crypt_log_hex` prints keys: "xx " each, after every `per_line`
+/// bytes (when more follow) a new line indented by two tabs, and a final newline.
+pub(crate) fn hex_dump(bytes: &[u8], per_line: Option<usize>) -> String {
+    let mut out = String::with_capacity(bytes.len() * 3 + 8);
+    for (i, b) in bytes.iter().enumerate() {
+        if let Some(n) = per_line {
+            if i > 0 && i % n == 0 {
+                out.push_str("\n\t\t");
+            }
+        }
+        out.push_str(&format!("{b:02x} "));
+    }
+    out.push('\n');
+    out
 }

@@ -150,13 +150,7 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
     if a.dump_volume_key {
         let key = hdr.volume_key();
         out.push_str("MK dump:\t");
-        for (i, b) in key.as_bytes().iter().enumerate() {
-            out.push_str(&format!("{b:02x} "));
-            if i % 16 == 15 && i + 1 < key.len() {
-                out.push_str("\n\t\t");
-            }
-        }
-        out.push('\n');
+        out.push_str(&super::format_dump::hex_dump(key.as_bytes(), Some(16)));
     }
     print!("{out}");
     zeroize::Zeroize::zeroize(&mut out);
