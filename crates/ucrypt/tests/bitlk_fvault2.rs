@@ -336,7 +336,7 @@ fn dump_commands_print_cryptsetups_fields_and_the_pbkdf_benchmark_runs() {
     );
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     // `open` without --type recognises BitLocker and FileVault2 signatures (and keeps
-    // cryptsetup's "not a valid LUKS device" for anything else); a clear-key-only
+    // refuses anything else with exit 1, naming --type tcrypt/plain); a clear-key-only
     // BitLocker volume opens with an empty passphrase.
     let size_of = |img: &Path, pass: &[u8]| {
         let out = ucrypt_bin(
@@ -369,7 +369,13 @@ fn dump_commands_print_cryptsetups_fields_and_the_pbkdf_benchmark_runs() {
     std::fs::write(&plain, vec![0u8; 1 << 20]).unwrap();
     let out = ucrypt_bin(&["open", plain.to_str().unwrap(), "--key-file", "-"], b"x");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a valid LUKS device"));
+    // Refused before any passphrase is read, with the fix named.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not a LUKS, BitLocker or FileVault2 volume")
+            && err.contains("--type tcrypt"),
+        "{err}"
+    );
     // Not a TrueCrypt volume: no header decrypts (exit 2, as a wrong passphrase).
     let out = ucrypt_bin(
         &[

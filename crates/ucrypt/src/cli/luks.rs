@@ -11,9 +11,9 @@ use ucrypt_format::FormatError;
 /// The device and its header location.
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct DeviceArgs {
-    /// The LUKS device or image file.
+    /// The encrypted device: a block device, an image file or an NBD URI.
     pub(crate) device: PathBuf,
-    /// Use a detached LUKS header file instead of the device's own.
+    /// Use a detached header file instead of the device's own.
     #[arg(long, value_name = "FILE")]
     pub(crate) header: Option<PathBuf>,
 }

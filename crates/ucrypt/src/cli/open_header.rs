@@ -134,6 +134,22 @@ fn unlock_once(
         device: device.clone(),
         header: h.header.clone(),
     };
+    // No --type and no signature: say what to add before asking for a passphrase that
+    // could not help (cryptsetup only says "not a valid LUKS device").
+    if h.kind.is_none()
+        && h.header.is_none()
+        && kind == VolumeType::Luks
+        && !ucrypt::remote_header::is_remote(&device)
+        && std::fs::File::open(&device).is_ok()
+        && dev.load(VolumeType::Luks).is_err()
+    {
+        return Err(anyhow::anyhow!(
+            "{} is not a LUKS, BitLocker or FileVault2 volume (no signature found); a \
+             TrueCrypt/VeraCrypt volume needs --type tcrypt, plain dm-crypt --type plain",
+            device.display()
+        ))
+        .code(EXIT_PARAMS);
+    }
     let (mut hopts, secret) = if kind == VolumeType::Tcrypt {
         super::tcrypt::inputs(
             &device,
