@@ -24,6 +24,7 @@ pub mod block;
 mod error;
 pub mod iv;
 mod key;
+pub mod keyring;
 pub mod lane;
 pub mod legacy;
 pub mod mode;

@@ -1,8 +1,10 @@
 //! # ucrypt-format: what describes a volume
 //!
-//! Parses and prints dm-crypt table lines ([`table`]) and reads keys from the kernel
-//! keyring ([`keyring`]). On-disk headers go through libcryptsetup ([`cryptsetup`]: LUKS1,
-//! LUKS2, and the other types it reads); [`plain`] holds cryptsetup's plain-mode key rules.
+//! Parses and prints dm-crypt table lines ([`table`]; keyring keys are read through
+//! `ucrypt_crypto::keyring`). On-disk headers: LUKS2's binary header and JSON metadata as
+//! typed values ([`luks2::metadata`]); libcryptsetup (LUKS1, LUKS2, and the other types it
+//! reads) is bound in its own crate, `ucrypt-cryptsetup`, so that this one is pure Rust
+//! without `unsafe`; [`plain`] holds cryptsetup's plain-mode key rules.
 //! [`tcrypt`] decrypts TrueCrypt/VeraCrypt headers in pure Rust.
 //! [`luks1`] and [`luks2`] unlock keyslots in pure Rust ([`kdf`], [`af`], ucrypt's own
 //! ciphers) for ciphers libcryptsetup can only use through the kernel (Serpent, Twofish,
@@ -19,12 +21,12 @@
 //!  Box<dyn ucrypt_crypto::SectorCipher>
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod af;
 pub mod bitlk;
-pub mod cryptsetup;
 mod error;
 pub mod kdf;
-pub mod keyring;
 pub mod luks1;
 pub mod luks2;
 pub mod plain;

@@ -11,7 +11,7 @@
 //! `crypt_status` in drivers/md/dm-crypt.c (6.1) and Documentation/admin-guide/device-mapper/
 //! dm-crypt.rst.
 
-use crate::{keyring, FormatError};
+use crate::FormatError;
 use std::fmt;
 use std::str::FromStr;
 use ucrypt_crypto::{CipherSpec, SectorCipher, SectorParams, SectorSize, VolumeKey};
@@ -184,7 +184,8 @@ impl KeySource {
                 key_type,
                 description,
             } => match key_type.as_str() {
-                "user" => keyring::read_user_key(description, *size),
+                "user" => ucrypt_crypto::keyring::read_user_key(description, *size)
+                    .map_err(|e| FormatError::Key(e.to_string())),
                 "logon" => Err(FormatError::Key(format!(
                     "logon key \"{description}\" cannot be read from userspace (the kernel \
                      keeps logon keys for itself); store the key as a user key \

@@ -2,7 +2,7 @@
 //! rules, instead of from a table line.
 //!
 //! ```text
-//!  device + secret ──► format::cryptsetup (libcryptsetup: header, keyslot, volume key)
+//!  device + secret ──► ucrypt_cryptsetup (libcryptsetup: header, keyslot, volume key)
 //!                             │ HeaderInfo: cipher, data offset, sector size, IV offset,
 //!                             │ persistent flags, requirements
 //!                             ▼
@@ -22,7 +22,7 @@ use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use ucrypt_crypto::VolumeKey;
-use ucrypt_format::cryptsetup::{self as cs, CryptDevice, HeaderInfo, HeaderType};
+use ucrypt_cryptsetup::{self as cs, CryptDevice, HeaderInfo, HeaderType};
 use ucrypt_format::luks2::{self, Metadata};
 use ucrypt_format::plain::PlainOptions;
 use ucrypt_format::{FormatError, KeySource, OptParam, TableLine};
@@ -864,9 +864,9 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
             hash: None,
             ..p.clone()
         };
-        ucrypt_format::plain::volume_key(device, &raw, secret)?
+        ucrypt_cryptsetup::plain::volume_key(device, &raw, secret)?
     } else {
-        ucrypt_format::plain::volume_key(device, p, secret)?
+        ucrypt_cryptsetup::plain::volume_key(device, p, secret)?
     };
     let length = if p.size != 0 {
         p.size

@@ -18,8 +18,8 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use ucrypt_backend::Backend;
+use ucrypt_cryptsetup::{HeaderInfo, HeaderType};
 use ucrypt_engine::{Volume, VolumeConfig};
-use ucrypt_format::cryptsetup::{HeaderInfo, HeaderType};
 use ucrypt_format::tcrypt::{self, TcryptHeader};
 use ucrypt_format::{FormatError, KeySource, OptParam, TableLine, ValidateOptions};
 

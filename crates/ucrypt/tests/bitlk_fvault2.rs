@@ -45,9 +45,8 @@ fn key_of(u: &ucrypt::Unlocked) -> String {
 
 /// The FVEK from `ucrypt_format::bitlk::keys` alone (offsets from libcryptsetup's dump).
 fn own_bitlk_key(img: &Path, secret: &[u8]) -> Result<String, String> {
-    let mut cd = ucrypt_format::cryptsetup::CryptDevice::init(img).unwrap();
-    cd.load(Some(ucrypt_format::cryptsetup::HeaderType::Bitlk))
-        .unwrap();
+    let mut cd = ucrypt_cryptsetup::CryptDevice::init(img).unwrap();
+    cd.load(Some(ucrypt_cryptsetup::HeaderType::Bitlk)).unwrap();
     let layout = ucrypt_format::bitlk::Layout::from_dump(&cd.dump().unwrap(), img)
         .map_err(|e| e.to_string())?;
     let m = ucrypt_format::bitlk::keys::Metadata::read(img, &layout.fve_offsets)
@@ -86,9 +85,8 @@ fn check(e: &serde_json::Value, dir: &Path) -> Result<String, String> {
         }
         // The passphrase itself is right: the volume key dump works (cryptsetup's
         // `bitlkDump --dump-volume-key`).
-        let mut cd = ucrypt_format::cryptsetup::CryptDevice::init(&img).unwrap();
-        cd.load(Some(ucrypt_format::cryptsetup::HeaderType::Bitlk))
-            .unwrap();
+        let mut cd = ucrypt_cryptsetup::CryptDevice::init(&img).unwrap();
+        cd.load(Some(ucrypt_cryptsetup::HeaderType::Bitlk)).unwrap();
         let (_, vk) = cd
             .volume_key(None, &pass)
             .map_err(|e| format!("volume key dump: {e}"))?;

@@ -231,7 +231,7 @@ fn pure_rust_keyslot_unlock_matches_cryptsetup_volume_key() {
             if *kind == "luks1" {
                 ucrypt_format::luks1::unlock(&img, None, p)
             } else {
-                let mut cd = ucrypt_format::cryptsetup::CryptDevice::init(&img).unwrap();
+                let mut cd = ucrypt_cryptsetup::CryptDevice::init(&img).unwrap();
                 cd.load(None).unwrap();
                 let meta = cd.luks2_metadata().unwrap();
                 ucrypt_format::luks2::unlock(&img, &meta, None, p, false)
@@ -695,8 +695,7 @@ fn check_entry(e: &serde_json::Value, img: &Path, dir: &Path) -> Result<(), Stri
     let secret = secret_of(e, dir);
     match role {
         "parse" => {
-            let mut cd =
-                ucrypt_format::cryptsetup::CryptDevice::init(img).map_err(|e| e.to_string())?;
+            let mut cd = ucrypt_cryptsetup::CryptDevice::init(img).map_err(|e| e.to_string())?;
             cd.load(None).map_err(|e| format!("must load: {e}"))?;
         }
         "reject" => {
@@ -796,8 +795,7 @@ fn check_entry(e: &serde_json::Value, img: &Path, dir: &Path) -> Result<(), Stri
     for c in e["extra_cases"].as_array().into_iter().flatten() {
         if c["options"]["test_passphrase"].as_bool() == Some(true) {
             let s = secret_of(c, dir).ok_or("no secret")?;
-            let mut cd =
-                ucrypt_format::cryptsetup::CryptDevice::init(img).map_err(|e| e.to_string())?;
+            let mut cd = ucrypt_cryptsetup::CryptDevice::init(img).map_err(|e| e.to_string())?;
             cd.load(None).map_err(|e| e.to_string())?;
             cd.check_passphrase(c["keyslot"].as_u64().map(|s| s as u32), &s)
                 .map_err(|err| format!("{}: {err}", c["label"]))?;

@@ -5,7 +5,7 @@ use super::{CliError, WithCode, EXIT_DEVICE};
 use std::path::{Path, PathBuf};
 use ucrypt::header::{crypt_device, load_luks, VolumeType};
 use ucrypt::remote_header::RemoteHeader;
-use ucrypt_format::cryptsetup::CryptDevice;
+use ucrypt_cryptsetup::CryptDevice;
 use ucrypt_format::FormatError;
 
 /// The device and its header location.

@@ -6,7 +6,7 @@ use super::secret::{self, KeyFileArgs};
 use super::CliError;
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
-use ucrypt_format::cryptsetup::Pbkdf;
+use ucrypt_cryptsetup::Pbkdf;
 
 /// PBKDF choices for a new keyslot (shared by luksAddKey and luksChangeKey).
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -33,10 +33,7 @@ pub(crate) struct PbkdfArgs {
 
 impl PbkdfArgs {
     /// Applies the choices (if any) for the next keyslot.
-    pub(crate) fn apply(
-        &self,
-        cd: &mut ucrypt_format::cryptsetup::CryptDevice,
-    ) -> Result<(), CliError> {
+    pub(crate) fn apply(&self, cd: &mut ucrypt_cryptsetup::CryptDevice) -> Result<(), CliError> {
         let any = self.pbkdf.is_some()
             || self.pbkdf_force_iterations.is_some()
             || self.iter_time.is_some()
@@ -46,7 +43,7 @@ impl PbkdfArgs {
         if !any {
             return Ok(());
         }
-        let luks1 = cd.info().kind == Some(ucrypt_format::cryptsetup::HeaderType::Luks1);
+        let luks1 = cd.info().kind == Some(ucrypt_cryptsetup::HeaderType::Luks1);
         let kind = self
             .pbkdf
             .clone()

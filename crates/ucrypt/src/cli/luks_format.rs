@@ -6,7 +6,7 @@ use super::luks::{verbose, CsResult, DeviceArgs};
 use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
-use ucrypt_format::cryptsetup::{LuksFormat, Pbkdf};
+use ucrypt_cryptsetup::{LuksFormat, Pbkdf};
 
 /// Arguments of `ucrypt luksFormat`.
 #[derive(clap::Args)]

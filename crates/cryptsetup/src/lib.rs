@@ -1,4 +1,7 @@
-//! libcryptsetup, the reference LUKS implementation, behind a safe API.
+//! # ucrypt-cryptsetup: libcryptsetup, the reference LUKS implementation, behind a safe API
+//!
+//! The one crate of the header layer with `unsafe` (the format crate is
+//! `#![forbid(unsafe_code)]`) and the only one linked with `-lcryptsetup`.
 //!
 //! ```text
 //!  CryptDevice::init(path) ──► load / format_luks / format_plain
@@ -12,10 +15,13 @@
 //! `-lcryptsetup` with hand-written declarations ([`ffi`], no bindgen/clang). It works on
 //! image files without device-mapper: `crypt_activate_by_passphrase` with a NULL name only
 //! checks a passphrase. ucrypt does the data path itself from what [`HeaderInfo`] says.
-//! All `unsafe` of the format crate lives in this module.
+//! The declarations are checked against the installed `libcryptsetup.h` by a test that
+//! compiles a C program printing each struct's size, alignment and field offsets and each
+//! constant ([`ffi`]'s `layout` tests).
 
 mod device;
 mod ffi;
+pub mod plain;
 
 pub use device::{
     split_cipher, CryptDevice, HeaderInfo, HeaderType, KeyslotStatus, LuksFormat, Pbkdf,

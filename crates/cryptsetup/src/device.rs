@@ -5,14 +5,14 @@
 //! library's own error lines (cryptsetup's wording). Secrets cross the boundary only as
 //! borrowed slices; what comes back (volume keys) lands in [`VolumeKey`] or `Zeroizing`.
 
-use super::ffi;
-use crate::FormatError;
+use crate::ffi;
 use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::path::Path;
 use std::ptr::{self, NonNull};
 use std::sync::Once;
 use ucrypt_crypto::VolumeKey;
+use ucrypt_format::FormatError;
 use zeroize::Zeroizing;
 
 thread_local! {
@@ -651,7 +651,7 @@ impl CryptDevice {
 
     /// `crypt_activate_by_passphrase(cd, NULL, ...)`: checks `passphrase` without creating
     /// any mapping. Returns the slot it opened. When the library needs the kernel for the
-    /// keyslot cipher, the pure-Rust unlock ([`crate::luks1`], [`crate::luks2`]) checks it.
+    /// keyslot cipher, the pure-Rust unlock ([`ucrypt_format::luks1`], [`ucrypt_format::luks2`]) checks it.
     ///
     /// # Errors
     /// `EPERM` (or [`FormatError::BadPassphrase`] from the fallback) when no keyslot (or not
@@ -675,7 +675,7 @@ impl CryptDevice {
         matches!(e, FormatError::Cryptsetup { errno, .. } if *errno != libc::EPERM && *errno != libc::ENOMEM)
     }
 
-    /// The pure-Rust keyslot unlock ([`crate::luks1`], [`crate::luks2`]) for LUKS headers
+    /// The pure-Rust keyslot unlock ([`ucrypt_format::luks1`], [`ucrypt_format::luks2`]) for LUKS headers
     /// whose keyslot cipher libcryptsetup cannot use here. When ucrypt cannot either (an
     /// unknown cipher, hash or KDF), the library's error `lib_err` is returned.
     fn native_unlock(
@@ -686,10 +686,10 @@ impl CryptDevice {
         lib_err: FormatError,
     ) -> Result<(u32, VolumeKey), FormatError> {
         let r = match self.info().kind {
-            Some(HeaderType::Luks1) => crate::luks1::unlock(&self.header, slot, passphrase),
+            Some(HeaderType::Luks1) => ucrypt_format::luks1::unlock(&self.header, slot, passphrase),
             Some(HeaderType::Luks2) => {
                 let meta = self.luks2_metadata()?;
-                crate::luks2::unlock(&self.header, &meta, slot, passphrase, allow_unbound)
+                ucrypt_format::luks2::unlock(&self.header, &meta, slot, passphrase, allow_unbound)
             }
             _ => return Err(lib_err),
         };
@@ -723,7 +723,7 @@ impl CryptDevice {
     /// `crypt_volume_key_get`, then `crypt_volume_key_verify` (so a LUKS2 key that is not
     /// bound to the data segment is refused). Returns the slot and the key. When the library
     /// needs the kernel for the keyslot cipher (Serpent, Twofish, LRW...), the pure-Rust
-    /// unlock ([`crate::luks1`], [`crate::luks2`]) derives the key instead.
+    /// unlock ([`ucrypt_format::luks1`], [`ucrypt_format::luks2`]) derives the key instead.
     ///
     /// # Errors
     /// `EPERM` (or [`FormatError::BadPassphrase`] from the fallback) for a wrong passphrase; `EPERM` also when the unlocked key is not the data
@@ -879,9 +879,9 @@ impl CryptDevice {
     ///
     /// # Errors
     /// As [`Self::dump_json`]; [`FormatError::Header`] when the JSON does not parse.
-    pub fn luks2_metadata(&mut self) -> Result<crate::luks2::Metadata, FormatError> {
+    pub fn luks2_metadata(&mut self) -> Result<ucrypt_format::luks2::Metadata, FormatError> {
         let json = zeroize::Zeroizing::new(self.dump_json()?);
-        crate::luks2::Metadata::parse(&json)
+        ucrypt_format::luks2::Metadata::parse(&json)
     }
 
     /// `crypt_header_backup` to `file` (must not exist).
