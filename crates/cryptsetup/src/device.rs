@@ -329,8 +329,7 @@ impl CryptDevice {
         };
         let log = take_log();
         let Some(cd) = NonNull::new(cd).filter(|_| r >= 0) else {
-            return Err(FormatError::Cryptsetup {
-                op: "opening device".into(),
+            return Err(FormatError::DeviceUnavailable {
                 device: name,
                 errno: -r.min(-1),
                 detail: errors_of(&log),

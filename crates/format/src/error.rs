@@ -38,6 +38,17 @@ pub enum FormatError {
         /// The library's error lines.
         detail: String,
     },
+    /// The device (or detached header) cannot be opened at all: missing, not readable,
+    /// not a file or block device. cryptsetup's "wrong device" (exit 4; EPERM: 2).
+    #[error("{}", cryptsetup_message("opening device", .device, .detail, *.errno))]
+    DeviceUnavailable {
+        /// The device or file.
+        device: String,
+        /// Positive errno.
+        errno: i32,
+        /// The library's or the OS's message.
+        detail: String,
+    },
     /// The header is readable but must not be opened or changed (requirements, unbound
     /// keyslots, kernel driver cipher names).
     #[error("{0}")]
@@ -101,6 +112,8 @@ impl FormatError {
                 _ => 1,
             },
             FormatError::BadPassphrase { .. } => 2,
+            FormatError::DeviceUnavailable { errno, .. } if *errno == libc::EPERM => 2,
+            FormatError::DeviceUnavailable { .. } => 4,
             _ => 1,
         }
     }

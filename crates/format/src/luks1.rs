@@ -169,8 +169,7 @@ impl Header {
 }
 
 pub(crate) fn open(path: &Path) -> Result<std::fs::File, FormatError> {
-    std::fs::File::open(path).map_err(|e| FormatError::Cryptsetup {
-        op: "opening the header device".into(),
+    std::fs::File::open(path).map_err(|e| FormatError::DeviceUnavailable {
         device: path.display().to_string(),
         errno: e.raw_os_error().unwrap_or(libc::ENODEV),
         detail: e.to_string(),

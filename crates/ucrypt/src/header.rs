@@ -183,8 +183,7 @@ impl std::fmt::Debug for Unlocked {
 /// Size of a file or block device in bytes.
 fn device_bytes(path: &Path) -> Result<u64> {
     let mut f = std::fs::File::open(path)
-        .map_err(|e| FormatError::Cryptsetup {
-            op: "opening device".into(),
+        .map_err(|e| FormatError::DeviceUnavailable {
             device: path.display().to_string(),
             errno: e.raw_os_error().unwrap_or(libc::ENODEV),
             detail: e.to_string(),

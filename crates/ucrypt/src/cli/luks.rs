@@ -130,19 +130,13 @@ pub(crate) fn luks_type(s: &str) -> Result<VolumeType, String> {
     }
 }
 
-/// Maps an error to cryptsetup's exit code: libcryptsetup's errno where there is one
-/// (EPERM → 2, ENOMEM → 3, ENODEV/ENOTBLK → 4, EBUSY → 5), a missing or unreadable device
-/// → 4, anything else → 1.
+/// Maps an error to cryptsetup's exit code from its type: [`FormatError::exit_code`]
+/// (libcryptsetup's errno: EPERM → 2, ENOMEM → 3, ENODEV/ENOTBLK → 4, EBUSY → 5; a device
+/// that cannot be opened → 4), backend and engine errors → 4, anything else → 1.
 pub(crate) fn cs_error(e: anyhow::Error) -> CliError {
     let mut code = None;
     for c in e.chain() {
         if let Some(f) = c.downcast_ref::<FormatError>() {
-            if let FormatError::Cryptsetup { op, errno, .. } = f {
-                if op == "opening device" && *errno != libc::EPERM {
-                    code = Some(EXIT_DEVICE);
-                    break;
-                }
-            }
             code = Some(f.exit_code());
             break;
         }
