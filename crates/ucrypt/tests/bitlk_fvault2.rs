@@ -217,8 +217,13 @@ fn bitlocker_and_filevault2_images_open_with_the_suites_plaintext() {
 }
 
 fn ucrypt_bin(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    run_with_stdin(env!("CARGO_BIN_EXE_ucrypt"), args, stdin)
+}
+
+/// Runs `program` with `stdin` fed to it and its output collected.
+fn run_with_stdin(program: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
     use std::io::Write;
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+    let mut c = Command::new(program)
         .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -286,15 +291,7 @@ fn dump_commands_print_cryptsetups_fields_and_the_pbkdf_benchmark_runs() {
     // Byte for byte what cryptsetup prints (scripts parse it), for FileVault2 and BitLocker
     // (a 128-bit and a 512-bit key: one and four "MK dump" lines).
     let theirs = |args: &[&str], pass: &[u8]| {
-        use std::io::Write;
-        let mut c = Command::new("cryptsetup")
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        c.stdin.take().unwrap().write_all(pass).unwrap();
-        String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap()
+        String::from_utf8(run_with_stdin("cryptsetup", args, pass).stdout).unwrap()
     };
     let fv_args = [
         "fvault2Dump",
