@@ -780,6 +780,28 @@ impl CryptDevice {
         Ok((Self::slot_ret(r), VolumeKey::new(std::mem::take(&mut *buf))))
     }
 
+    /// `crypt_volume_key_verify`: whether `key` is the volume key of the loaded LUKS header
+    /// (its digest matches; for LUKS2, the digest of the data segment).
+    ///
+    /// # Errors
+    /// [`FormatError::Refused`] when it is not; other library errors as they come.
+    pub fn verify_volume_key(&mut self, key: &[u8]) -> Result<(), FormatError> {
+        let (p, len) = (key.as_ptr(), key.len());
+        // SAFETY: `p` holds `len` initialised bytes for the duration of the call.
+        self.call("verifying the volume key", |cd| unsafe {
+            ffi::crypt_volume_key_verify(cd, p.cast(), len)
+        })
+        .map(|_| ())
+        .map_err(|e| match e {
+            FormatError::Cryptsetup { device, errno, .. } if errno == libc::EPERM => {
+                FormatError::Refused(format!(
+                    "{device}: the given volume key does not match the header's digest"
+                ))
+            }
+            other => other,
+        })
+    }
+
     /// Header facts (`crypt_get_*`).
     pub fn info(&mut self) -> HeaderInfo {
         let cd = self.cd.as_ptr();

@@ -612,6 +612,37 @@ pub fn check_luks_ciphers(
 /// requirements that forbid activation, an unbound keyslot, an unusable cipher, or a
 /// device smaller than the data offset.
 pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
+    unlock_with(device, Unlock::Passphrase(secret), opts)
+}
+
+/// What opens a LUKS volume: a passphrase (through a keyslot) or the volume key itself.
+enum Unlock<'a> {
+    Passphrase(&'a [u8]),
+    VolumeKey(&'a [u8]),
+}
+
+/// Like [`unlock`], with the volume key itself instead of a passphrase (cryptsetup's
+/// `--volume-key-file`, for forensics and recovery): no keyslot is used; the key must
+/// match the header's digest (of the data segment for LUKS2). LUKS1 and LUKS2 only.
+///
+/// # Errors
+/// As [`unlock`]; a key of the wrong size or one that does not match the digest is refused.
+pub fn unlock_by_volume_key(device: &Path, key: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
+    if !matches!(
+        opts.kind,
+        VolumeType::Luks | VolumeType::Luks1 | VolumeType::Luks2
+    ) || crate::remote_header::is_remote(device)
+    {
+        bail!("--volume-key-file opens local LUKS1 and LUKS2 volumes only");
+    }
+    unlock_with(device, Unlock::VolumeKey(key), opts)
+}
+
+fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<Unlocked> {
+    let secret = match how {
+        Unlock::Passphrase(p) => p,
+        Unlock::VolumeKey(_) => &[][..],
+    };
     if crate::remote_header::is_remote(device) {
         return unlock_remote(device, secret, opts);
     }
@@ -645,9 +676,25 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
         opts.allow_null_cipher,
     )?;
     let cipher = cipher_spec(&info, &device_str)?;
-    let (slot, key) = cd
-        .volume_key(opts.key_slot, secret)
-        .with_context(|| format!("unlocking {device_str}"))?;
+    let (slot, key) = match how {
+        Unlock::Passphrase(secret) => {
+            let (slot, key) = cd
+                .volume_key(opts.key_slot, secret)
+                .with_context(|| format!("unlocking {device_str}"))?;
+            (Some(slot), key)
+        }
+        Unlock::VolumeKey(vk) => {
+            if vk.len() != info.key_bytes {
+                bail!(
+                    "the volume key file holds {} bytes; the header of {device_str} says {}",
+                    vk.len(),
+                    info.key_bytes
+                );
+            }
+            cd.verify_volume_key(vk)?;
+            (None, VolumeKey::new(vk.to_vec()))
+        }
+    };
     drop(cd);
     if key.len() != info.key_bytes {
         bail!(
@@ -656,7 +703,7 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
             info.key_bytes
         );
     }
-    if let Some(seg) = &luks2 {
+    if let (Some(seg), Some(slot)) = (&luks2, slot) {
         if !seg.digest_keyslots.contains(&slot) {
             return Err(FormatError::Refused(format!(
                 "LUKS2 header on {device_str}: keyslot {slot} is not bound to a digest of \
@@ -694,7 +741,7 @@ pub fn unlock(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlo
     Ok(Unlocked {
         table,
         info,
-        slot: Some(slot),
+        slot,
         targets: Vec::new(),
         layers: Vec::new(),
     })

@@ -966,3 +966,56 @@ fn a_wrong_passphrase_at_a_terminal_is_asked_again_tries_times() {
     let text = wait_pane(s, "rc=2 end", 20);
     assert_eq!(prompts(&text), 1, "{text}");
 }
+
+#[test]
+fn open_with_a_volume_key_file_serves_what_the_passphrase_serves() {
+    if !require("cryptsetup") || !require("nbdcopy") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 20, "luks2", 512);
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    // cryptsetup writes the volume key to a file.
+    let vk = rt.path("vk.bin");
+    let vk = vk.to_str().unwrap();
+    sh_ok(&format!(
+        "cryptsetup luksDump --dump-volume-key --volume-key-file {vk} -q --key-file {pass} {img}"
+    ));
+    let view = |args: &[&str], out: &str| {
+        let mut all = vec!["open", img, "--read-only"];
+        all.extend_from_slice(args);
+        let run = format!("nbdcopy \"$uri\" {out}");
+        all.extend_from_slice(&["--run", &run]);
+        rt.ok(&all, b"");
+        sh_ok(&format!("sha256sum < {out}"))
+    };
+    let by_pass = view(
+        &["--key-file", pass],
+        &rt.path("a.raw").display().to_string(),
+    );
+    let by_key = view(
+        &["--volume-key-file", vk],
+        &rt.path("b.raw").display().to_string(),
+    );
+    assert_eq!(by_pass, by_key, "the volume key opens a different view");
+    rt.ok(
+        &["open", img, "--volume-key-file", vk, "--test-passphrase"],
+        b"",
+    );
+    // A key that is not the volume's: refused, exit 1, nothing served.
+    let mut wrong = std::fs::read(vk).unwrap();
+    wrong[0] ^= 1;
+    let bad = rt.path("bad.bin");
+    std::fs::write(&bad, wrong).unwrap();
+    let out = rt.uc(
+        &[
+            "open",
+            img,
+            "--volume-key-file",
+            bad.to_str().unwrap(),
+            "--test-passphrase",
+        ],
+        b"",
+    );
+    assert_code(&out, 1, "does not match the header's digest");
+}

@@ -42,6 +42,16 @@ pub(crate) struct HeaderArgs {
     /// they are not changed).
     #[arg(long, requires = "device")]
     pub(crate) allow_discards: bool,
+    /// Open with the volume key in FILE (raw bytes, as `luksDump --dump-volume-key
+    /// --volume-key-file` writes it) instead of a passphrase: no keyslot is used, the key
+    /// must match the header's digest (LUKS1/LUKS2; forensics and recovery).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "device",
+        alias = "master-key-file"
+    )]
+    pub(crate) volume_key_file: Option<PathBuf>,
     /// How often to ask for the passphrase on a terminal (cryptsetup's default 3; a key
     /// file or a pipe is tried once).
     #[arg(short = 'T', long, default_value_t = 3, value_name = "N")]
@@ -149,6 +159,27 @@ fn unlock_once(
             device.display()
         ))
         .code(EXIT_PARAMS);
+    }
+    if let Some(vk_file) = &h.volume_key_file {
+        let hopts = ucrypt::HeaderOptions {
+            kind,
+            header: h.header.clone(),
+            key_slot: None,
+            plain: h.plain.options(),
+            plain_raw_key: false,
+            allow_discards: h.allow_discards,
+            tcrypt: Default::default(),
+            allow_null_cipher: h.insecure_allow_null_cipher,
+        };
+        // The whole file; its length must be the header's key size (checked on unlock).
+        let vk = super::secret::read_key_file(vk_file, 0, 0)?;
+        let unlocked =
+            ucrypt::header::unlock_by_volume_key(&device, &vk, &hopts).map_err(cs_error)?;
+        drop(vk);
+        if h.test_passphrase {
+            return Ok(None);
+        }
+        return Ok(Some((unlocked, hopts)));
     }
     let (mut hopts, secret) = if kind == VolumeType::Tcrypt {
         super::tcrypt::inputs(
