@@ -945,6 +945,47 @@ impl CryptDevice {
         Ok(())
     }
 
+    /// `crypt_convert`: rewrites the loaded header as `to` (LUKS1 <-> LUKS2), in place.
+    ///
+    /// # Errors
+    /// What the library refuses (keyslots or features the target format cannot hold).
+    pub fn convert(&mut self, to: HeaderType) -> Result<(), FormatError> {
+        let t = to.c_name().as_ptr();
+        // SAFETY: a static C string; NULL params is allowed for LUKS conversions.
+        self.call(&format!("converting the header to {to}"), |cd| unsafe {
+            ffi::crypt_convert(cd, t, ptr::null_mut())
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_repair`: lets libcryptsetup fix what it can of a damaged LUKS header (call on
+    /// a context whose `load` failed or succeeded).
+    ///
+    /// # Errors
+    /// What cannot be repaired.
+    pub fn repair(&mut self, kind: Option<HeaderType>) -> Result<(), FormatError> {
+        let t = kind.map_or(ptr::null(), |k| k.c_name().as_ptr());
+        // SAFETY: NULL or a static C string; NULL params.
+        self.call("repairing the header", |cd| unsafe {
+            ffi::crypt_repair(cd, t, ptr::null_mut())
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_keyslot_set_priority` (LUKS2): -1 invalid, 0 ignore, 1 normal, 2 prefer.
+    ///
+    /// # Errors
+    /// Not LUKS2, or no such keyslot.
+    pub fn set_keyslot_priority(&mut self, slot: u32, priority: i32) -> Result<(), FormatError> {
+        let s = Self::slot_arg(Some(slot));
+        let op = format!("setting the priority of keyslot {slot}");
+        self.call(&op, |cd| {
+            // SAFETY: plain integer arguments on a valid context.
+            unsafe { ffi::crypt_keyslot_set_priority(cd, s, priority) }
+        })?;
+        Ok(())
+    }
+
     /// `crypt_set_label` (LUKS2).
     ///
     /// # Errors

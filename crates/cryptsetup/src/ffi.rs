@@ -183,6 +183,14 @@ extern "C" {
         backup_file: *const c_char,
     ) -> c_int;
     pub fn crypt_set_uuid(cd: *mut crypt_device, uuid: *const c_char) -> c_int;
+    pub fn crypt_convert(cd: *mut crypt_device, type_: *const c_char, params: *mut c_void)
+        -> c_int;
+    pub fn crypt_repair(cd: *mut crypt_device, type_: *const c_char, params: *mut c_void) -> c_int;
+    pub fn crypt_keyslot_set_priority(
+        cd: *mut crypt_device,
+        keyslot: c_int,
+        priority: c_int,
+    ) -> c_int;
     pub fn crypt_set_label(
         cd: *mut crypt_device,
         label: *const c_char,

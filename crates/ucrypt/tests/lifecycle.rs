@@ -1019,3 +1019,74 @@ fn open_with_a_volume_key_file_serves_what_the_passphrase_serves() {
     );
     assert_code(&out, 1, "does not match the header's digest");
 }
+
+/// The metadata-only actions against cryptsetup itself: each is run by ucrypt on one copy
+/// of an image and by cryptsetup on another, and `cryptsetup luksDump` of both must agree
+/// (and the exit codes).
+#[test]
+fn config_convert_erase_and_repair_do_what_cryptsetups_do() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 20, "luks2", 512);
+    let pass = pass.to_str().unwrap().to_string();
+    let copy = |name: &str| {
+        let p = rt.path(name);
+        std::fs::copy(&img, &p).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let dump = |p: &str| sh_ok(&format!("cryptsetup luksDump {p}"));
+    let cs = |args: &str| sh(&format!("cryptsetup -q {args}"));
+    let steps: &[(&[&str], &str)] = &[
+        (
+            &["config", "--label", "data", "--subsystem", "backup"],
+            "config --label data --subsystem backup",
+        ),
+        (
+            &["config", "--subsystem", "other"],
+            "config --subsystem other",
+        ),
+        (
+            &["config", "--priority", "prefer", "--key-slot", "0"],
+            "config --priority prefer --key-slot 0",
+        ),
+        (
+            &["luksConvert", "--type", "luks1", "-q"],
+            "convert --type luks1",
+        ),
+        (
+            &["convert", "--type", "luks2", "-q"],
+            "convert --type luks2",
+        ),
+        (&["repair", "-q"], "repair"),
+        (&["erase", "-q"], "erase"),
+    ];
+    let (ours, theirs) = (copy("ours"), copy("theirs"));
+    for (args, cs_args) in steps {
+        let mut all = args.to_vec();
+        all.push(&ours);
+        let out = rt.uc(&all, b"");
+        let them = cs(&format!("{cs_args} {theirs}"));
+        assert_eq!(
+            out.status.code(),
+            them.status.code(),
+            "{args:?}: {out:?} vs {them:?}"
+        );
+        assert_eq!(
+            dump(&ours).replace(&ours, "IMG"),
+            dump(&theirs).replace(&theirs, "IMG"),
+            "{args:?}: the headers differ"
+        );
+    }
+    // After erase nothing opens it, for either tool.
+    let tp = format!("open --test-passphrase --key-file {pass}");
+    assert!(!cs(&format!("{tp} {theirs}")).status.success());
+    assert!(!rt
+        .uc(
+            &["open", &ours, "--test-passphrase", "--key-file", &pass],
+            b""
+        )
+        .status
+        .success());
+}

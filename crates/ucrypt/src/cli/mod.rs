@@ -22,6 +22,7 @@ mod luks_kill_slot;
 mod luks_open;
 mod luks_remove_key;
 mod luks_uuid;
+mod metadata;
 mod open;
 mod open_header;
 mod read;
@@ -108,6 +109,16 @@ enum Command {
     Table(table::Args),
     /// Reproduce the seeds' I/O-engine experiments against a raw passthrough.
     Bench(bench::Args),
+    /// Set a LUKS2 header's label, subsystem or keyslot priority.
+    Config(metadata::ConfigArgs),
+    /// Convert a LUKS header between LUKS1 and LUKS2 in place.
+    #[command(name = "luksConvert", visible_alias = "convert")]
+    LuksConvert(metadata::ConvertArgs),
+    /// Destroy every keyslot of a LUKS header (the volume can no longer be opened).
+    #[command(visible_alias = "luksErase")]
+    Erase(metadata::ConfirmArgs),
+    /// Repair what libcryptsetup can of a damaged LUKS header.
+    Repair(metadata::ConfirmArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(docs::CompletionsArgs),
     /// Write man pages (ucrypt.1 and ucrypt-COMMAND.1) into a directory.
@@ -518,6 +529,10 @@ pub fn run() -> ExitCode {
         Command::Resize(a) => lifecycle::resize(a),
         Command::Refresh(a) => lifecycle::refresh(a),
         Command::Bench(a) => bench::run(a),
+        Command::Config(a) => metadata::config(a),
+        Command::LuksConvert(a) => metadata::convert(a),
+        Command::Erase(a) => metadata::erase(a),
+        Command::Repair(a) => metadata::repair(a),
         Command::Completions(a) => docs::completions(a),
         Command::Man(a) => docs::man(a),
     };
