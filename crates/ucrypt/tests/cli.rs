@@ -556,3 +556,65 @@ fn man_pages_and_completions_are_generated_for_every_command() {
     // Not `unknown shell`: a clear usage error, exit 1.
     assert_eq!(ucrypt(&["completions", "tcsh"], b"").status.code(), Some(1));
 }
+
+/// SIGTERM to `open --run` reaches everything the command started (its process group),
+/// and ucrypt waits for it and exits with its status, promptly.
+#[test]
+fn sigterm_to_open_run_stops_the_command_and_what_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "img", 1 << 20);
+    let table = dir.path().join("t");
+    std::fs::write(&table, self::table(&img, "")).unwrap();
+    let pidfile = dir.path().join("grandchild");
+    let run = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args([
+            "open",
+            "--table-file",
+            table.to_str().unwrap(),
+            "--run",
+            &run,
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let grandchild: i32 = loop {
+        if let Some(p) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break p;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let t = std::time::Instant::now();
+    let status = child.wait().unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(status.code(), Some(143), "{status:?}");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // Gone, or a zombie waiting for init to reap it (killed, not running on).
+    let state = std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+    let running = state
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().next())
+        .is_some_and(|s| s != "Z" && s != "X");
+    assert!(
+        !running,
+        "the command's own child {grandchild} outlived ucrypt: {state}"
+    );
+}

@@ -293,31 +293,66 @@ pub(crate) fn run(mut a: Args) -> Result<(), CliError> {
         return served.map_err(anyhow::Error::from).code(EXIT_DEVICE);
     };
 
-    let mut child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .envs(env)
+    // Without a terminal (scripts, service managers) CMD gets a process group of its own,
+    // so that a signal to ucrypt reaches everything CMD started (`sh -c 'a; b'` would
+    // otherwise leave `a` running); on a terminal it stays in the foreground group, where
+    // Ctrl-C reaches it directly and it may read the terminal.
+    // SAFETY: isatty only inspects the descriptor.
+    let own_group = unsafe { libc::isatty(libc::STDIN_FILENO) } != 1;
+    let mut command = std::process::Command::new("sh");
+    command.arg("-c").arg(cmd).envs(env);
+    if own_group {
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    }
+    // This thread blocks SIGINT/SIGTERM (only the signal thread takes them) and a child
+    // inherits the mask: unblock everything in the child, or CMD (and all it starts) could
+    // never be stopped by a signal.
+    // SAFETY: the closure runs between fork and exec and calls only sigemptyset and
+    // pthread_sigmask, which are async-signal-safe, on a local sigset_t.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| anyhow::anyhow!("starting --run command: {e}"))?;
     let pid = child.id();
+    let child_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let waiter = {
         let shutdown = shutdown.clone();
+        let done = Arc::clone(&child_done);
         std::thread::spawn(move || {
             let status = child.wait();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
             shutdown.trigger();
             status
         })
     };
+    // SIGTERM/SIGINT to ucrypt (the signal thread triggers `shutdown`) go on to CMD at
+    // once, and ucrypt waits for it below: CMD's clients finish before the server stops.
+    {
+        let shutdown = shutdown.clone();
+        let done = Arc::clone(&child_done);
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                if shutdown.is_triggered() {
+                    signal_child(pid, own_group);
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        });
+    }
     let served = server
         .join()
         .map_err(|_| anyhow::anyhow!("the server thread panicked"))?;
-    if !waiter.is_finished() {
+    if !child_done.load(std::sync::atomic::Ordering::SeqCst) {
         // The server stopped first (a signal): stop the command too.
-        if let Ok(pid) = libc::pid_t::try_from(pid) {
-            // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child,
-            // not yet reaped (the waiter has not returned), so it cannot have been reused.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
+        signal_child(pid, own_group);
     }
     let status = waiter
         .join()
@@ -327,6 +362,16 @@ pub(crate) fn run(mut a: Args) -> Result<(), CliError> {
     served.map_err(anyhow::Error::from).code(EXIT_DEVICE)?;
     // The server is down and flushed, files are cleaned up: hand back CMD's status.
     std::process::exit(exit_code(status));
+}
+
+/// SIGTERM to the `--run` command: to its whole process group when it has its own.
+fn signal_child(pid: u32, own_group: bool) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        let target = if own_group { -pid } else { pid };
+        // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child (and
+        // the leader of its group), not yet reaped while the waiter runs, so not reused.
+        unsafe { libc::kill(target, libc::SIGTERM) };
+    }
 }
 
 /// The decrypted volume, or with `--raw` the table's device as it is.
