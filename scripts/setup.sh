@@ -41,7 +41,19 @@ if [ "${#missing[@]}" -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    # A newer qemu-utils (a backport, as some images ship) Breaks the archive's
+    # qemu-system-common, and apt will not downgrade on its own: take both from the release
+    # that has qemu-system-x86 (the lab needs the system emulator; qemu-img/qemu-io/qemu-nbd
+    # of that release serve every test).
+    release=$(apt-cache policy qemu-system-x86 | awk '/^ +[0-9]+ http/ {print $3; exit}' | cut -d/ -f1)
+    echo "setup: retrying with qemu-utils/${release:-stable} (downgrade allowed)"
+    pkgs=()
+    for p in "${missing[@]}"; do
+      if [ "$p" = qemu-utils ] && [ -n "$release" ]; then pkgs+=("qemu-utils/$release"); else pkgs+=("$p"); fi
+    done
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends --allow-downgrades "${pkgs[@]}" >/dev/null
+  fi
 else
   echo "setup: system packages present"
 fi
