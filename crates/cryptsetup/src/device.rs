@@ -219,6 +219,30 @@ pub enum KeyslotStatus {
     Unbound,
 }
 
+/// LUKS2 token state (`crypt_token_info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenStatus {
+    /// No such token id (out of range, or not LUKS2).
+    Invalid,
+    /// Free.
+    Inactive,
+    /// In use, of a type libcryptsetup handles itself (`luks2-keyring`).
+    Internal,
+    /// In use, of a reserved (`luks2-` prefixed) type libcryptsetup has no handler for.
+    InternalUnknown,
+    /// In use, of a user type with a loaded plugin.
+    External,
+    /// In use, of a user type with no plugin (`systemd-tpm2` without the plugin...).
+    ExternalUnknown,
+}
+
+impl TokenStatus {
+    /// Whether the token id holds a token.
+    pub fn in_use(self) -> bool {
+        !matches!(self, TokenStatus::Invalid | TokenStatus::Inactive)
+    }
+}
+
 /// Header facts libcryptsetup reports after `crypt_load` / `crypt_format`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderInfo {
@@ -640,7 +664,7 @@ impl CryptDevice {
         let s = Self::slot_arg(Some(slot));
         // SAFETY: plain integer arguments on a valid context.
         match unsafe { ffi::crypt_keyslot_status(self.cd.as_ptr(), s) } {
-            1 => KeyslotStatus::Inactive,
+            ffi::CRYPT_SLOT_INACTIVE => KeyslotStatus::Inactive,
             2 => KeyslotStatus::Active,
             3 => KeyslotStatus::ActiveLast,
             4 => KeyslotStatus::Unbound,
@@ -1004,5 +1028,139 @@ impl CryptDevice {
             ffi::crypt_set_label(cd, lp, sp)
         })?;
         Ok(())
+    }
+
+    fn token_arg(token: Option<u32>) -> libc::c_int {
+        token
+            .and_then(|t| libc::c_int::try_from(t).ok())
+            .unwrap_or(ffi::CRYPT_ANY_TOKEN)
+    }
+
+    /// `crypt_token_status`: the state of token `token` and its type.
+    pub fn token_status(&mut self, token: u32) -> (TokenStatus, Option<String>) {
+        let Ok(t) = libc::c_int::try_from(token) else {
+            return (TokenStatus::Invalid, None);
+        };
+        let mut kind: *const libc::c_char = ptr::null();
+        // SAFETY: valid context and out-pointer; the type string is owned by the context
+        // and copied before the next call.
+        let status = unsafe { ffi::crypt_token_status(self.cd.as_ptr(), t, &mut kind) };
+        take_log();
+        let status = match status {
+            ffi::CRYPT_TOKEN_INACTIVE => TokenStatus::Inactive,
+            ffi::CRYPT_TOKEN_INTERNAL => TokenStatus::Internal,
+            ffi::CRYPT_TOKEN_INTERNAL_UNKNOWN => TokenStatus::InternalUnknown,
+            ffi::CRYPT_TOKEN_EXTERNAL => TokenStatus::External,
+            ffi::CRYPT_TOKEN_EXTERNAL_UNKNOWN => TokenStatus::ExternalUnknown,
+            ffi::CRYPT_TOKEN_INVALID => TokenStatus::Invalid,
+            _ => TokenStatus::Invalid,
+        };
+        // SAFETY: NULL or a NUL-terminated string owned by the context.
+        (status, unsafe { opt_string(kind) })
+    }
+
+    /// `crypt_token_json_get`: token `token`'s JSON object, as stored.
+    ///
+    /// # Errors
+    /// `EINVAL`/`ENOENT` for a free or invalid token id.
+    pub fn token_json(&mut self, token: u32) -> Result<String, FormatError> {
+        let t = Self::token_arg(Some(token));
+        let mut p: *const libc::c_char = ptr::null();
+        // SAFETY: valid out-pointer; the string stays owned by the context.
+        self.call(&format!("reading token {token}"), |cd| unsafe {
+            ffi::crypt_token_json_get(cd, t, &mut p)
+        })?;
+        // SAFETY: set by the successful call, valid until the next call on this context.
+        Ok(unsafe { opt_string(p) }.unwrap_or_default())
+    }
+
+    /// `crypt_token_json_set`: stores `json` as token `token` (None: the first free id),
+    /// or removes the token when `json` is None. Returns the token id.
+    ///
+    /// # Errors
+    /// JSON that is not a valid token object (no "type" string or "keyslots" array),
+    /// a reserved `luks2-` type libcryptsetup does not know, no room in the metadata.
+    pub fn set_token_json(
+        &mut self,
+        token: Option<u32>,
+        json: Option<&str>,
+    ) -> Result<u32, FormatError> {
+        let t = Self::token_arg(token);
+        let j = json.map(|j| cstring("token JSON", j)).transpose()?;
+        let jp = j.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        let op = match (json, token) {
+            (None, Some(id)) => format!("removing token {id}"),
+            _ => "storing a token".to_string(),
+        };
+        // SAFETY: NULL or a valid C string that outlives the call.
+        let r = self.call(&op, |cd| unsafe { ffi::crypt_token_json_set(cd, t, jp) })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_token_luks2_keyring_set`: a `luks2-keyring` token (the passphrase is read from
+    /// the kernel keyring entry `key_description` when opening) as token `token` (None: the
+    /// first free id). Returns the token id.
+    ///
+    /// # Errors
+    /// Not LUKS2, no room, an id out of range.
+    pub fn add_keyring_token(
+        &mut self,
+        token: Option<u32>,
+        key_description: &str,
+    ) -> Result<u32, FormatError> {
+        let t = Self::token_arg(token);
+        let desc = cstring("key description", key_description)?;
+        let params = ffi::crypt_token_params_luks2_keyring {
+            key_description: desc.as_ptr(),
+        };
+        // SAFETY: `params` and its string outlive the call; the library copies them.
+        let r = self.call("adding a luks2-keyring token", |cd| unsafe {
+            ffi::crypt_token_luks2_keyring_set(cd, t, &params)
+        })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_token_assign_keyslot`: token `token` may unlock `slot` (None: every active
+    /// keyslot).
+    ///
+    /// # Errors
+    /// A free token or keyslot.
+    pub fn assign_token(&mut self, token: u32, slot: Option<u32>) -> Result<(), FormatError> {
+        let (t, s) = (Self::token_arg(Some(token)), Self::slot_arg(slot));
+        // SAFETY: plain integer arguments on a valid context.
+        self.call(&format!("assigning token {token}"), |cd| unsafe {
+            ffi::crypt_token_assign_keyslot(cd, t, s)
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_token_unassign_keyslot`: token `token` no longer names `slot` (None: any).
+    ///
+    /// # Errors
+    /// A free token or keyslot.
+    pub fn unassign_token(&mut self, token: u32, slot: Option<u32>) -> Result<(), FormatError> {
+        let (t, s) = (Self::token_arg(Some(token)), Self::slot_arg(slot));
+        // SAFETY: plain integer arguments on a valid context.
+        self.call(&format!("unassigning token {token}"), |cd| unsafe {
+            ffi::crypt_token_unassign_keyslot(cd, t, s)
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_token_is_assigned`: Ok(true) when token `token` names keyslot `slot`,
+    /// Ok(false) when it does not (or either is free).
+    ///
+    /// # Errors
+    /// Other library errors (an id out of range, not LUKS2).
+    pub fn token_is_assigned(&mut self, token: u32, slot: u32) -> Result<bool, FormatError> {
+        let (t, s) = (Self::token_arg(Some(token)), Self::slot_arg(Some(slot)));
+        // SAFETY: plain integer arguments on a valid context.
+        match self.call("checking a token's keyslots", |cd| unsafe {
+            ffi::crypt_token_is_assigned(cd, t, s)
+        }) {
+            Ok(_) => Ok(true),
+            Err(FormatError::Cryptsetup { errno, .. }) if errno == libc::ENOENT => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }

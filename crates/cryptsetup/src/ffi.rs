@@ -57,8 +57,30 @@ pub struct crypt_params_plain {
     pub sector_size: u32,
 }
 
+/// `struct crypt_token_params_luks2_keyring`.
+#[repr(C)]
+pub struct crypt_token_params_luks2_keyring {
+    pub key_description: *const c_char,
+}
+
 /// `CRYPT_ANY_SLOT`.
 pub const CRYPT_ANY_SLOT: c_int = -1;
+/// `CRYPT_ANY_TOKEN`.
+pub const CRYPT_ANY_TOKEN: c_int = -1;
+/// `crypt_keyslot_info::CRYPT_SLOT_INACTIVE`.
+pub const CRYPT_SLOT_INACTIVE: c_int = 1;
+/// `crypt_token_info::CRYPT_TOKEN_INVALID` (the enum, as `crypt_token_status` returns it).
+pub const CRYPT_TOKEN_INVALID: c_int = 0;
+/// `crypt_token_info::CRYPT_TOKEN_INACTIVE`.
+pub const CRYPT_TOKEN_INACTIVE: c_int = 1;
+/// `crypt_token_info::CRYPT_TOKEN_INTERNAL`.
+pub const CRYPT_TOKEN_INTERNAL: c_int = 2;
+/// `crypt_token_info::CRYPT_TOKEN_INTERNAL_UNKNOWN`.
+pub const CRYPT_TOKEN_INTERNAL_UNKNOWN: c_int = 3;
+/// `crypt_token_info::CRYPT_TOKEN_EXTERNAL`.
+pub const CRYPT_TOKEN_EXTERNAL: c_int = 4;
+/// `crypt_token_info::CRYPT_TOKEN_EXTERNAL_UNKNOWN`.
+pub const CRYPT_TOKEN_EXTERNAL_UNKNOWN: c_int = 5;
 /// `CRYPT_PBKDF_NO_BENCHMARK`.
 pub const CRYPT_PBKDF_NO_BENCHMARK: u32 = 1 << 1;
 /// `CRYPT_LOG_ERROR`.
@@ -196,6 +218,31 @@ extern "C" {
         label: *const c_char,
         subsystem: *const c_char,
     ) -> c_int;
+    pub fn crypt_token_json_get(
+        cd: *mut crypt_device,
+        token: c_int,
+        json: *mut *const c_char,
+    ) -> c_int;
+    pub fn crypt_token_json_set(cd: *mut crypt_device, token: c_int, json: *const c_char) -> c_int;
+    /// Returns a `crypt_token_info` enum value (an `int` in the C ABI).
+    pub fn crypt_token_status(
+        cd: *mut crypt_device,
+        token: c_int,
+        type_: *mut *const c_char,
+    ) -> c_int;
+    pub fn crypt_token_luks2_keyring_set(
+        cd: *mut crypt_device,
+        token: c_int,
+        params: *const crypt_token_params_luks2_keyring,
+    ) -> c_int;
+    pub fn crypt_token_assign_keyslot(cd: *mut crypt_device, token: c_int, keyslot: c_int)
+        -> c_int;
+    pub fn crypt_token_unassign_keyslot(
+        cd: *mut crypt_device,
+        token: c_int,
+        keyslot: c_int,
+    ) -> c_int;
+    pub fn crypt_token_is_assigned(cd: *mut crypt_device, token: c_int, keyslot: c_int) -> c_int;
 }
 
 /// The declarations above against the installed `libcryptsetup.h`: a C program compiled at
@@ -247,8 +294,28 @@ mod layout {
             size,
             sector_size
         });
+        st!(crypt_token_params_luks2_keyring { key_description });
+        // An enum returned by value must be an `int` for the declarations above.
+        v.push((
+            "sizeoftype crypt_token_info".into(),
+            size_of::<c_int>() as i64,
+        ));
         for (name, value) in [
             ("CRYPT_ANY_SLOT", i64::from(CRYPT_ANY_SLOT)),
+            ("CRYPT_ANY_TOKEN", i64::from(CRYPT_ANY_TOKEN)),
+            ("CRYPT_SLOT_INACTIVE", i64::from(CRYPT_SLOT_INACTIVE)),
+            ("CRYPT_TOKEN_INVALID", i64::from(CRYPT_TOKEN_INVALID)),
+            ("CRYPT_TOKEN_INACTIVE", i64::from(CRYPT_TOKEN_INACTIVE)),
+            ("CRYPT_TOKEN_INTERNAL", i64::from(CRYPT_TOKEN_INTERNAL)),
+            (
+                "CRYPT_TOKEN_INTERNAL_UNKNOWN",
+                i64::from(CRYPT_TOKEN_INTERNAL_UNKNOWN),
+            ),
+            ("CRYPT_TOKEN_EXTERNAL", i64::from(CRYPT_TOKEN_EXTERNAL)),
+            (
+                "CRYPT_TOKEN_EXTERNAL_UNKNOWN",
+                i64::from(CRYPT_TOKEN_EXTERNAL_UNKNOWN),
+            ),
             (
                 "CRYPT_PBKDF_NO_BENCHMARK",
                 i64::from(CRYPT_PBKDF_NO_BENCHMARK),
@@ -309,6 +376,7 @@ mod layout {
             let (kind, what) = name.split_once(' ').unwrap();
             let expr = match kind {
                 "sizeof" => format!("(long long)sizeof(struct {what})"),
+                "sizeoftype" => format!("(long long)sizeof({what})"),
                 "alignof" => format!("(long long)alignof(struct {what})"),
                 "offsetof" => {
                     let (t, f) = what.split_once('.').unwrap();

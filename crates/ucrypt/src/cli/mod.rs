@@ -29,6 +29,7 @@ mod read;
 mod secret;
 mod table;
 mod tcrypt;
+mod token;
 mod write;
 
 use anyhow::Context;
@@ -119,6 +120,8 @@ enum Command {
     Erase(metadata::ConfirmArgs),
     /// Repair what libcryptsetup can of a damaged LUKS header.
     Repair(metadata::ConfirmArgs),
+    /// Manage LUKS2 tokens: add (luks2-keyring), remove, import, export, unassign.
+    Token(token::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(docs::CompletionsArgs),
     /// Write man pages (ucrypt.1 and ucrypt-COMMAND.1) into a directory.
@@ -533,6 +536,7 @@ pub fn run() -> ExitCode {
         Command::LuksConvert(a) => metadata::convert(a),
         Command::Erase(a) => metadata::erase(a),
         Command::Repair(a) => metadata::repair(a),
+        Command::Token(a) => token::run(a),
         Command::Completions(a) => docs::completions(a),
         Command::Man(a) => docs::man(a),
     };
