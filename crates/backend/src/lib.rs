@@ -1,8 +1,9 @@
 //! # ucrypt-backend: where ciphertext is stored
 //!
 //! One small trait, [`Backend`], for every kind of storage: regular files and block devices
-//! ([`mod@file`]), a sparse ramdisk like brd ([`memory`]), a sink like dm-zero ([`zero`]) and an
-//! error-injecting wrapper for tests like dm-flakey ([`faulty`]). The decrypted view
+//! ([`mod@file`]), Ceph RBD images through librbd ([`rbd`], loaded at run time), a sparse
+//! ramdisk like brd ([`memory`]), a sink like dm-zero ([`zero`]) and an error-injecting
+//! wrapper for tests like dm-flakey ([`faulty`]). The decrypted view
 //! (`ucrypt_engine::Volume`) implements the same trait, so layers stack and a raw
 //! passthrough needs no special path. Knows nothing of encryption.
 //!
@@ -10,7 +11,7 @@
 //! aligned buffers `O_DIRECT` needs.
 //!
 //! ```text
-//!   engine::Volume ──► Arc<dyn Backend> ──► FileBackend | MemoryBackend | ZeroBackend
+//!   engine::Volume ──► Arc<dyn Backend> ──► FileBackend | RbdBackend | MemoryBackend | ZeroBackend
 //!                                                 ▲
 //!                                     FaultyBackend (wraps any)
 //! ```
@@ -20,6 +21,7 @@ mod error;
 pub mod faulty;
 pub mod file;
 pub mod memory;
+pub mod rbd;
 pub mod testing;
 pub mod uring;
 pub mod zero;
@@ -29,6 +31,7 @@ pub use error::BackendError;
 pub use faulty::FaultyBackend;
 pub use file::{install_sigbus_handler, sigbus_handler_installed, FileBackend, FileOptions};
 pub use memory::MemoryBackend;
+pub use rbd::{RbdBackend, RbdOptions};
 pub use zero::ZeroBackend;
 
 /// How a backend supports an optional operation (nbdkit's `can_*`).

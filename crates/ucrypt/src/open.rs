@@ -86,23 +86,45 @@ pub fn open_parsed_with(
     })
 }
 
-/// Opens a table's device: a file or block device, or a remote NBD export
-/// (`nbd+unix:///EXPORT?socket=PATH`, `nbd://HOST[:PORT]/EXPORT`), so ciphertext can live
-/// on another NBD server while the key stays here.
+/// Opens a device that is not a local path: an NBD URI or an RBD image (`rbd:POOL/IMAGE`),
+/// as its backend ([`is_remote`] tells which devices these are). A read-write RBD open
+/// takes the image's exclusive lock (`ucrypt_backend::rbd`).
+///
+/// # Errors
+/// Connection or open failures, with the device named; an RBD image another client holds
+/// fails with `EBUSY` in its [`ucrypt_backend::BackendError::Open`].
+pub fn open_remote(device: &str, read_only: bool) -> Result<Box<dyn Backend>> {
+    if ucrypt_backend::rbd::is_rbd(device) {
+        let rbd =
+            ucrypt_backend::RbdBackend::open(device, ucrypt_backend::RbdOptions { read_only })
+                .with_context(|| format!("opening RBD device {device}"))?;
+        return Ok(Box::new(rbd));
+    }
+    let remote = ucrypt_nbd::NbdBackend::connect(
+        device,
+        ucrypt_nbd::RemoteOptions {
+            read_only,
+            ..ucrypt_nbd::RemoteOptions::default()
+        },
+    )
+    .with_context(|| format!("connecting to NBD device {device}"))?;
+    Ok(Box::new(remote))
+}
+
+/// Whether `device` names a remote device ([`open_remote`]) rather than a local path.
+pub fn is_remote(device: &str) -> bool {
+    ucrypt_nbd::remote::is_nbd_uri(device) || ucrypt_backend::rbd::is_rbd(device)
+}
+
+/// Opens a table's device: a file or block device, a remote NBD export
+/// (`nbd+unix:///EXPORT?socket=PATH`, `nbd://HOST[:PORT]/EXPORT`) or a Ceph RBD image
+/// (`rbd:POOL/IMAGE`), so ciphertext can live on another server while the key stays here.
 ///
 /// # Errors
 /// Open or connection failures, with the device named.
 pub fn open_device(device: &str, read_only: bool, direct: bool) -> Result<Arc<dyn Backend>> {
-    if ucrypt_nbd::remote::is_nbd_uri(device) {
-        let remote = ucrypt_nbd::NbdBackend::connect(
-            device,
-            ucrypt_nbd::RemoteOptions {
-                read_only,
-                ..ucrypt_nbd::RemoteOptions::default()
-            },
-        )
-        .with_context(|| format!("connecting to NBD device {device}"))?;
-        return Ok(Arc::new(remote));
+    if is_remote(device) {
+        return Ok(Arc::from(open_remote(device, read_only)?));
     }
     // A malformed line can shift the key into the device field: the error then describes
     // the field instead of echoing it (the backend's error would name it as its path).

@@ -1,5 +1,7 @@
-//! Headers on a remote NBD device: libcryptsetup reads headers from a path, so for a
-//! device that is an NBD URI (`nbd://HOST/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`) ucrypt
+//! Headers on a remote device: libcryptsetup reads headers from a path, so for a
+//! device that is an NBD URI (`nbd://HOST/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`) or a
+//! Ceph RBD image (`rbd:POOL/IMAGE`, read-only while staged; the write-back opens it
+//! read-write, under its exclusive lock) ucrypt
 //! copies the header area into a memfd and hands libcryptsetup `/proc/self/fd/N`, as Ceph's
 //! librbd does for its LUKS images. The memfd has the remote device's size (sparse: only the
 //! copied header occupies memory), so size checks and data offsets come out as on the real
@@ -75,9 +77,10 @@ impl std::fmt::Debug for StagedHeader {
     }
 }
 
-/// Whether `device` names a remote NBD export rather than a local path.
+/// Whether `device` names a remote device (an NBD export or an RBD image) rather than a
+/// local path.
 pub fn is_remote(device: &std::path::Path) -> bool {
-    device.to_str().is_some_and(ucrypt_nbd::remote::is_nbd_uri)
+    device.to_str().is_some_and(crate::open::is_remote)
 }
 
 /// How many leading bytes of a device hold its LUKS header area, judged from its first
@@ -138,14 +141,7 @@ pub fn header_bytes(
 /// # Errors
 /// Connection or read failures, or an implausible header.
 pub fn stage(uri: &str, copy: bool) -> Result<StagedHeader> {
-    let remote = ucrypt_nbd::NbdBackend::connect(
-        uri,
-        ucrypt_nbd::RemoteOptions {
-            read_only: true,
-            ..ucrypt_nbd::RemoteOptions::default()
-        },
-    )
-    .with_context(|| format!("connecting to NBD device {uri}"))?;
+    let remote = crate::open::open_remote(uri, true)?;
     let size = remote.info().size_bytes;
     let mut read = |at: u64, len: usize| -> Result<Vec<u8>> {
         let len = len.min(size.saturating_sub(at) as usize);
@@ -296,7 +292,9 @@ fn merge(mut ranges: Vec<(u64, u64)>, size: u64) -> Vec<(u64, u64)> {
 pub struct RemoteHeader {
     uri: String,
     staged: StagedHeader,
-    remote: ucrypt_nbd::NbdBackend,
+    /// Read-write for NBD; read-only (no lock) for RBD, whose write-back opens the image
+    /// read-write, taking its exclusive lock, only when there is something to write.
+    remote: Box<dyn Backend>,
     /// What the copied ranges held when they were read.
     snapshot: Vec<(u64, Vec<u8>)>,
 }
@@ -335,14 +333,20 @@ impl RemoteHeader {
     /// # Errors
     /// Connection or read failures, an implausible header.
     pub fn stage(uri: &str, copy: bool) -> Result<RemoteHeader> {
-        let remote = ucrypt_nbd::NbdBackend::connect(
-            uri,
-            ucrypt_nbd::RemoteOptions {
-                connections: 1,
-                read_only: false,
-            },
-        )
-        .with_context(|| format!("connecting to NBD device {uri}"))?;
+        let remote: Box<dyn Backend> = if ucrypt_backend::rbd::is_rbd(uri) {
+            crate::open::open_remote(uri, true)?
+        } else {
+            Box::new(
+                ucrypt_nbd::NbdBackend::connect(
+                    uri,
+                    ucrypt_nbd::RemoteOptions {
+                        connections: 1,
+                        read_only: false,
+                    },
+                )
+                .with_context(|| format!("connecting to NBD device {uri}"))?,
+            )
+        };
         let size = remote.info().size_bytes;
         let mut read = |at: u64, len: usize| -> Result<Vec<u8>> {
             let len = len.min(size.saturating_sub(at) as usize);
@@ -482,13 +486,32 @@ impl RemoteHeader {
             }
         }
         let mut done = WriteBack::default();
+        if runs.is_empty() {
+            return Ok(done);
+        }
+        // RBD: the staging handle is read-only; writing takes the image's exclusive lock
+        // (refused while a mapping holds the image, EBUSY), and the copied ranges are
+        // compared again under it.
+        let rw;
+        let remote: &dyn Backend = if ucrypt_backend::rbd::is_rbd(&self.uri) {
+            rw = crate::open::open_remote(&self.uri, false)?;
+            for (o, snap) in &self.snapshot {
+                let mut server = vec![0u8; snap.len()];
+                rw.read_at(&mut server, *o)
+                    .with_context(|| format!("reading {} at byte {o}", self.uri))?;
+                self.check_unchanged(*o, &server)?;
+            }
+            &*rw
+        } else {
+            &*self.remote
+        };
         for &(o, l) in runs.iter().rev() {
             let mut buf = vec![0u8; l as usize];
             self.staged
                 .file
                 .read_exact_at(&mut buf, o)
                 .context("reading the staged copy")?;
-            self.remote.write_at(&buf, o, false).with_context(|| {
+            remote.write_at(&buf, o, false).with_context(|| {
                 format!(
                     "writing the changed header bytes to {} at byte {o}",
                     self.uri
@@ -497,11 +520,9 @@ impl RemoteHeader {
             done.runs += 1;
             done.bytes += l;
         }
-        if done.runs > 0 {
-            self.remote
-                .flush()
-                .with_context(|| format!("flushing {}", self.uri))?;
-        }
+        remote
+            .flush()
+            .with_context(|| format!("flushing {}", self.uri))?;
         Ok(done)
     }
 

@@ -301,7 +301,7 @@ fn serve(
                 .code(EXIT_PARAMS);
             };
             let file = ucrypt::open::open_device(&table.device, a.read_only, a.direct)
-                .code(EXIT_DEVICE)?;
+                .map_err(open_error)?;
             let d = format!("ucrypt raw export of {}", table.device);
             (file, d, Source::Raw)
         }

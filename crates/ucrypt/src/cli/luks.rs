@@ -101,6 +101,7 @@ pub(crate) fn write_back_remote() -> Result<(), CliError> {
         }
     }
     match first {
+        Some(e) if super::in_use(&e) => Err(e).code(super::instance::EXIT_BUSY),
         Some(e) => Err(e).code(EXIT_DEVICE),
         None => Ok(()),
     }
@@ -134,6 +135,12 @@ pub(crate) fn luks_type(s: &str) -> Result<VolumeType, String> {
 /// (libcryptsetup's errno: EPERM → 2, ENOMEM → 3, ENODEV/ENOTBLK → 4, EBUSY → 5; a device
 /// that cannot be opened → 4), backend and engine errors → 4, anything else → 1.
 pub(crate) fn cs_error(e: anyhow::Error) -> CliError {
+    if super::in_use(&e) {
+        return CliError {
+            code: super::instance::EXIT_BUSY,
+            err: e,
+        };
+    }
     let mut code = None;
     for c in e.chain() {
         if let Some(f) = c.downcast_ref::<FormatError>() {

@@ -42,6 +42,16 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Ceph configuration for rbd:POOL/IMAGE devices (default: $CEPH_CONF, then
+    /// /etc/ceph/ceph.conf), like rbd's -c.
+    #[arg(long, global = true, value_name = "PATH")]
+    ceph_conf: Option<std::path::PathBuf>,
+    /// Ceph client id for rbd: devices, without "client." (default admin), like rbd's --id.
+    #[arg(long, global = true, value_name = "NAME")]
+    ceph_id: Option<String>,
+    /// Ceph keyring for rbd: devices (default: from the configuration), like rbd's --keyring.
+    #[arg(long, global = true, value_name = "PATH")]
+    keyring: Option<std::path::PathBuf>,
 }
 
 /// `ucrypt --version`: the version, the commit, the libcryptsetup it was built against and
@@ -426,9 +436,27 @@ pub(crate) fn open_error(e: anyhow::Error) -> CliError {
             || c.downcast_ref::<ucrypt_engine::EngineError>().is_some()
     });
     CliError {
-        code: if device { EXIT_DEVICE } else { EXIT_PARAMS },
+        code: if in_use(&e) {
+            instance::EXIT_BUSY
+        } else if device {
+            EXIT_DEVICE
+        } else {
+            EXIT_PARAMS
+        },
         err: e,
     }
+}
+
+/// Whether `e` says the device is held by someone else: a remote device that refused the
+/// open as busy (an RBD image whose exclusive lock another client holds).
+pub(crate) fn in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<ucrypt_backend::BackendError>(),
+            Some(ucrypt_backend::BackendError::Open { source, .. })
+                if source.kind() == std::io::ErrorKind::ResourceBusy
+        )
+    })
 }
 
 /// An error and its context chain on one line, outermost first.
@@ -503,6 +531,13 @@ pub fn run() -> ExitCode {
     // this handler; without it files are read with pread (ucrypt_backend::file docs).
     if let Err(e) = ucrypt_backend::install_sigbus_handler() {
         eprintln!("ucrypt: warning: cannot install the SIGBUS handler, not mapping files: {e}");
+    }
+    if cli.ceph_conf.is_some() || cli.ceph_id.is_some() || cli.keyring.is_some() {
+        ucrypt_backend::rbd::set_defaults(ucrypt_backend::rbd::RbdDefaults {
+            conf: cli.ceph_conf,
+            id: cli.ceph_id,
+            keyring: cli.keyring,
+        });
     }
     let result = match cli.command {
         Command::Write(a) => write::run(a),

@@ -391,8 +391,8 @@ fn open_export(a: &Args) -> Result<(Arc<dyn Backend>, String), CliError> {
             ))
             .code(EXIT_PARAMS);
         };
-        let file =
-            ucrypt::open::open_device(&table.device, a.read_only, a.direct).code(EXIT_DEVICE)?;
+        let file = ucrypt::open::open_device(&table.device, a.read_only, a.direct)
+            .map_err(super::open_error)?;
         return Ok((file, format!("ucrypt raw export of {}", table.device)));
     }
     super::read::open_input(&table_arg(a), opts)
