@@ -18,6 +18,12 @@
 #   - the kernel lab (../shared/kernel-lab: ublk, kernel NBD and dm-crypt tests, bench/lab):
 #     qemu-system-x86 (installed in the same apt-get call as qemu-utils, or it replaces a
 #     newer qemu-utils), busybox-static, cpio, kmod; nbd-client and dmsetup inside the guest
+#   - Ceph RBD (crates/ucrypt/tests/rbd.rs, bench/rbd.sh, tests/ceph/cluster.sh): a
+#     single-node cluster from ceph-mon, ceph-osd, ceph-common (rbd, monmaptool,
+#     ceph-authtool) and uuid-runtime; python3-rados/python3-rbd drive the bootstrap and
+#     librbd's own encryption; librbd1 is what ucrypt dlopens (no -dev package: the few
+#     declarations are hand-written); qemu-block-extra gives qemu-nbd its rbd driver
+#     (the NBD-export baseline of bench/rbd.sh)
 set -euo pipefail
 
 packages=(
@@ -26,6 +32,7 @@ packages=(
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs util-linux
   tcplay xz-utils
   libclang-dev qemu-system-x86 busybox-static cpio kmod nbd-client dmsetup
+  ceph-mon ceph-osd ceph-common librbd1 python3-rados python3-rbd uuid-runtime qemu-block-extra
 )
 
 missing=()
