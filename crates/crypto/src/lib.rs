@@ -39,3 +39,4 @@ pub use error::CryptoError;
 pub use key::VolumeKey;
 pub use sector::{Sector512, SectorCipher, SectorParams, SectorSize};
 pub use spec::CipherSpec;
+pub use twofish::code_path as twofish_code_path;

@@ -94,9 +94,10 @@ fn crypto_paths() -> String {
             "SSE2"
         };
         format!(
-            "{}, {} (AES-XTS-128/192), Serpent bit-sliced over {wide}, Adiantum NH over {}",
+            "{}, {} (AES-XTS-128/192), Serpent bit-sliced over {wide}, Twofish {}, Adiantum NH over {}",
             f("AES-NI", std::arch::is_x86_feature_detected!("aes")),
             f("VAES+VPCLMULQDQ", vaes),
+            ucrypt_crypto::twofish_code_path(),
             if avx512 || avx2 {
                 wide
             } else {
