@@ -11,6 +11,8 @@
 #     and util-linux (losetup, mount); the nbdkit baselines in bench/ use its luks filter
 #   - libssl-dev: NBD TLS goes through the system's OpenSSL (the openssl crate);
 #     openssl (the tool) makes the TLS tests' certificates
+#   - strace: the reencryption interop test kills ucrypt and cryptsetup at a chosen write
+#     (SIGKILL injected on syscall entry) to leave a real crashed hotzone
 #   - tcplay: made the TrueCrypt cascade images in testdata/wrongdata (make-images.sh, in the
 #     kernel lab); xz-utils unpacks the committed images
 #   - libclang-dev: libublk-rs-sys (the ublk front end) generates its kernel bindings with
@@ -30,7 +32,7 @@ packages=(
   build-essential pkg-config libssl-dev openssl
   keyutils libcryptsetup-dev python3-cryptography tmux
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs util-linux
-  tcplay xz-utils
+  tcplay xz-utils strace
   libclang-dev qemu-system-x86 busybox-static cpio kmod nbd-client dmsetup
   ceph-mon ceph-osd ceph-common librbd1 python3-rados python3-rbd uuid-runtime qemu-block-extra
 )

@@ -293,6 +293,21 @@ pub fn split_cipher(spec: &str) -> Result<(String, String), FormatError> {
     })
 }
 
+/// What [`CryptDevice::reencrypt_init`] sets up (cryptsetup reencrypt's options).
+#[derive(Debug, Clone)]
+pub struct ReencryptInit {
+    /// The new cipher spec (`aes-xts-plain64`).
+    pub cipher: String,
+    /// The new encryption sector size.
+    pub sector_size: u32,
+    /// `checksum`, `journal` or `none`.
+    pub resilience: String,
+    /// The checksum hash (`sha256` when None).
+    pub hash: Option<String>,
+    /// Largest hotzone in 512-byte sectors (0: the library's default).
+    pub max_hotzone_sectors: u64,
+}
+
 /// One libcryptsetup device context (header device, optionally a separate data device).
 ///
 /// Not `Send`: libcryptsetup contexts are used from the thread that made them.
@@ -589,6 +604,95 @@ impl CryptDevice {
                 vk_len,
                 passphrase.as_ptr().cast(),
                 passphrase.len(),
+            )
+        })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_keyslot_add_by_key` with `CRYPT_VOLUME_KEY_NO_SEGMENT` and no key: a new,
+    /// random volume key of `key_bytes` in a keyslot for `passphrase`, bound to no segment
+    /// (the new key of a reencryption). Returns the slot.
+    ///
+    /// # Errors
+    /// No free slot, the slot in use, a bad key size.
+    pub fn add_keyslot_new_unbound_key(
+        &mut self,
+        slot: Option<u32>,
+        key_bytes: usize,
+        passphrase: &[u8],
+    ) -> Result<u32, FormatError> {
+        // SAFETY: the passphrase buffer is valid for its length during the call; a NULL
+        // volume key asks the library to generate one.
+        let r = self.call("adding a keyslot for the new volume key", |cd| unsafe {
+            ffi::crypt_keyslot_add_by_key(
+                cd,
+                Self::slot_arg(slot),
+                ptr::null(),
+                key_bytes,
+                passphrase.as_ptr().cast(),
+                passphrase.len(),
+                ffi::CRYPT_VOLUME_KEY_NO_SEGMENT,
+            )
+        })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_reencrypt_init_by_passphrase` with `CRYPT_REENCRYPT_INITIALIZE_ONLY`, offline,
+    /// mode `reencrypt`, direction `forward`: writes the initial LUKS2 reencryption metadata
+    /// (reencrypt keyslot, backup segments, digests, requirement) exactly as cryptsetup
+    /// does, without touching data. `old_slot` None: any keyslot `passphrase` opens.
+    /// Returns the reencrypt keyslot.
+    ///
+    /// # Errors
+    /// `EPERM` for a passphrase that opens neither keyslot; `EBUSY` when a reencryption is
+    /// already initialised; the library's refusals (sector size, cipher, resilience).
+    pub fn reencrypt_init(
+        &mut self,
+        old_slot: Option<u32>,
+        new_slot: u32,
+        passphrase: &[u8],
+        p: &ReencryptInit,
+    ) -> Result<u32, FormatError> {
+        let (cipher, mode) = split_cipher(&p.cipher)?;
+        let cipher = cstring("cipher", &cipher)?;
+        let mode = cstring("cipher mode", &mode)?;
+        let resilience = cstring("resilience", &p.resilience)?;
+        let hash = cstring("hash", p.hash.as_deref().unwrap_or("sha256"))?;
+        let luks2 = ffi::crypt_params_luks2 {
+            pbkdf: ptr::null(),
+            integrity: ptr::null(),
+            integrity_params: ptr::null(),
+            data_alignment: 0,
+            data_device: ptr::null(),
+            sector_size: p.sector_size,
+            label: ptr::null(),
+            subsystem: ptr::null(),
+        };
+        let params = ffi::crypt_params_reencrypt {
+            mode: ffi::CRYPT_REENCRYPT_REENCRYPT,
+            direction: ffi::CRYPT_REENCRYPT_FORWARD,
+            resilience: resilience.as_ptr(),
+            hash: hash.as_ptr(),
+            data_shift: 0,
+            max_hotzone_size: p.max_hotzone_sectors,
+            device_size: 0,
+            luks2: &luks2,
+            flags: ffi::CRYPT_REENCRYPT_INITIALIZE_ONLY,
+        };
+        // SAFETY: every pointer (strings, params and the luks2 params they point to, the
+        // passphrase) is valid for the duration of the call; the library copies what it
+        // keeps. A NULL name is offline reencryption.
+        let r = self.call("initialising the reencryption", |cd| unsafe {
+            ffi::crypt_reencrypt_init_by_passphrase(
+                cd,
+                ptr::null(),
+                passphrase.as_ptr().cast(),
+                passphrase.len(),
+                Self::slot_arg(old_slot),
+                Self::slot_arg(Some(new_slot)),
+                cipher.as_ptr(),
+                mode.as_ptr(),
+                &params,
             )
         })?;
         Ok(Self::slot_ret(r))

@@ -63,6 +63,29 @@ pub struct crypt_token_params_luks2_keyring {
     pub key_description: *const c_char,
 }
 
+/// `struct crypt_params_reencrypt` (`mode` and `direction` are C enums: `int`).
+#[repr(C)]
+pub struct crypt_params_reencrypt {
+    pub mode: c_int,
+    pub direction: c_int,
+    pub resilience: *const c_char,
+    pub hash: *const c_char,
+    pub data_shift: u64,
+    pub max_hotzone_size: u64,
+    pub device_size: u64,
+    pub luks2: *const crypt_params_luks2,
+    pub flags: u32,
+}
+
+/// `CRYPT_REENCRYPT_INITIALIZE_ONLY`.
+pub const CRYPT_REENCRYPT_INITIALIZE_ONLY: u32 = 1;
+/// `CRYPT_REENCRYPT_REENCRYPT` (`crypt_reencrypt_mode_info`).
+pub const CRYPT_REENCRYPT_REENCRYPT: c_int = 0;
+/// `CRYPT_REENCRYPT_FORWARD` (`crypt_reencrypt_direction_info`).
+pub const CRYPT_REENCRYPT_FORWARD: c_int = 0;
+/// `CRYPT_VOLUME_KEY_NO_SEGMENT`.
+pub const CRYPT_VOLUME_KEY_NO_SEGMENT: u32 = 1;
+
 /// `CRYPT_ANY_SLOT`.
 pub const CRYPT_ANY_SLOT: c_int = -1;
 /// `CRYPT_ANY_TOKEN`.
@@ -150,6 +173,26 @@ extern "C" {
         new_passphrase_size: size_t,
     ) -> c_int;
     pub fn crypt_keyslot_destroy(cd: *mut crypt_device, keyslot: c_int) -> c_int;
+    pub fn crypt_keyslot_add_by_key(
+        cd: *mut crypt_device,
+        keyslot: c_int,
+        volume_key: *const c_char,
+        volume_key_size: size_t,
+        passphrase: *const c_char,
+        passphrase_size: size_t,
+        flags: u32,
+    ) -> c_int;
+    pub fn crypt_reencrypt_init_by_passphrase(
+        cd: *mut crypt_device,
+        name: *const c_char,
+        passphrase: *const c_char,
+        passphrase_size: size_t,
+        keyslot_old: c_int,
+        keyslot_new: c_int,
+        cipher: *const c_char,
+        cipher_mode: *const c_char,
+        params: *const crypt_params_reencrypt,
+    ) -> c_int;
     pub fn crypt_keyslot_status(cd: *mut crypt_device, keyslot: c_int) -> c_int;
     pub fn crypt_keyslot_max(type_: *const c_char) -> c_int;
     pub fn crypt_activate_by_passphrase(
@@ -287,6 +330,17 @@ mod layout {
             label,
             subsystem
         });
+        st!(crypt_params_reencrypt {
+            mode,
+            direction,
+            resilience,
+            hash,
+            data_shift,
+            max_hotzone_size,
+            device_size,
+            luks2,
+            flags
+        });
         st!(crypt_params_plain {
             hash,
             offset,
@@ -321,6 +375,22 @@ mod layout {
                 i64::from(CRYPT_PBKDF_NO_BENCHMARK),
             ),
             ("CRYPT_LOG_ERROR", i64::from(CRYPT_LOG_ERROR)),
+            (
+                "CRYPT_REENCRYPT_INITIALIZE_ONLY",
+                i64::from(CRYPT_REENCRYPT_INITIALIZE_ONLY),
+            ),
+            (
+                "CRYPT_REENCRYPT_REENCRYPT",
+                i64::from(CRYPT_REENCRYPT_REENCRYPT),
+            ),
+            (
+                "CRYPT_REENCRYPT_FORWARD",
+                i64::from(CRYPT_REENCRYPT_FORWARD),
+            ),
+            (
+                "CRYPT_VOLUME_KEY_NO_SEGMENT",
+                i64::from(CRYPT_VOLUME_KEY_NO_SEGMENT),
+            ),
             ("CRYPT_LOG_NORMAL", i64::from(CRYPT_LOG_NORMAL)),
             ("CRYPT_LOG_VERBOSE", i64::from(CRYPT_LOG_VERBOSE)),
             ("CRYPT_FLAGS_ACTIVATION", i64::from(CRYPT_FLAGS_ACTIVATION)),

@@ -25,7 +25,7 @@ pub mod plain;
 
 pub use device::{
     split_cipher, CryptDevice, HeaderInfo, HeaderType, KeyslotStatus, LuksFormat, Pbkdf,
-    TokenStatus,
+    ReencryptInit, TokenStatus,
 };
 
 /// Persistent activation flag `CRYPT_ACTIVATE_ALLOW_DISCARDS`.

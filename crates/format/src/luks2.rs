@@ -18,7 +18,10 @@ use std::path::Path;
 use ucrypt_crypto::{CipherSpec, VolumeKey};
 use zeroize::Zeroizing;
 
+pub mod disk;
+pub mod json;
 pub mod metadata;
+pub mod reencrypt;
 
 pub use metadata::{BinaryHeader, Metadata, Number};
 
@@ -117,7 +120,11 @@ fn derive(
 }
 
 /// Checks `key` against digest object `d`.
-fn digest_matches(d: &metadata::Digest, key: &[u8], what: &str) -> Result<bool, FormatError> {
+pub(crate) fn digest_matches(
+    d: &metadata::Digest,
+    key: &[u8],
+    what: &str,
+) -> Result<bool, FormatError> {
     if d.kind != "pbkdf2" {
         return Err(FormatError::NotSupported(format!(
             "{what}: digest type \"{}\" (supported: pbkdf2)",

@@ -16,6 +16,7 @@ pub mod header;
 pub mod instance;
 pub mod mapping;
 pub mod open;
+pub mod reencrypt;
 pub mod remote_header;
 pub mod secure;
 pub mod tcrypt;

@@ -25,16 +25,18 @@ use std::collections::BTreeMap;
 
 /// The LUKS magic of an active header (shared with LUKS1: [`crate::luks1::MAGIC`]).
 pub const MAGIC: &[u8; 6] = crate::luks1::MAGIC;
-/// The magic cryptsetup writes while an offline reencryption runs (`SKUL\xba\xbe`), so that
-/// older tools do not open the device.
-pub const MAGIC_REENCRYPT: &[u8; 6] = b"SKUL\xba\xbe";
+/// The magic of the secondary header copy (`SKUL\xba\xbe`, at `hdr_offset` = `hdr_size`).
+pub const MAGIC_SECONDARY: &[u8; 6] = b"SKUL\xba\xbe";
+/// Former name of [`MAGIC_SECONDARY`]: this magic marks the secondary copy, not a
+/// reencryption (cryptsetup writes it at the secondary header's start in every header).
+pub const MAGIC_REENCRYPT: &[u8; 6] = MAGIC_SECONDARY;
 /// Size of the binary header in bytes (the JSON area follows it).
 pub const BINARY_HEADER_BYTES: usize = 4096;
 
 /// The LUKS2 binary header (`struct luks2_hdr_disk`), big-endian.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BinaryHeader {
-    /// `magic`: [`MAGIC`] (or [`MAGIC_REENCRYPT`]).
+    /// `magic`: [`MAGIC`] (or [`MAGIC_SECONDARY`]).
     pub magic: [u8; 6],
     /// `version`: 2.
     pub version: u16,

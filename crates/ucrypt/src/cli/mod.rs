@@ -26,6 +26,7 @@ mod metadata;
 mod open;
 mod open_header;
 mod read;
+mod reencrypt;
 mod secret;
 mod table;
 mod tcrypt;
@@ -178,6 +179,9 @@ enum Command {
     /// Write a saved LUKS header area back to the device.
     #[command(name = "luksHeaderRestore")]
     LuksHeaderRestore(luks_header_restore::Args),
+    /// Re-encrypt a LUKS2 volume with a new key (cipher, key size, sector size), resumable
+    /// and interchangeable with cryptsetup reencrypt.
+    Reencrypt(reencrypt::Args),
     /// Check a passphrase (--test-passphrase) or print the volume's table line (--print-table).
     #[command(name = "luksOpen")]
     LuksOpen(luks_open::Args),
@@ -554,6 +558,7 @@ pub fn run() -> ExitCode {
         Command::LuksRemoveKey(a) => luks_remove_key::run(a),
         Command::LuksChangeKey(a) => luks_change_key::run(a),
         Command::LuksKillSlot(a) => luks_kill_slot::run(a),
+        Command::Reencrypt(a) => reencrypt::run(a),
         Command::IsLuks(a) => is_luks::run(a),
         Command::LuksUuid(a) => luks_uuid::run(a),
         Command::LuksHeaderBackup(a) => luks_header_backup::run(a),

@@ -1,0 +1,714 @@
+//! LUKS2 reencryption metadata as cryptsetup 2.6 (`online-reencrypt-v2`) writes it, read and
+//! advanced in pure Rust: what ucrypt's own data pass needs to move the hotzone exactly as
+//! `cryptsetup reencrypt` would, so that either tool can resume what the other started.
+//!
+//! ```text
+//!  keyslots.R  {"type":"reencrypt","mode":"reencrypt","direction":"forward",
+//!               "area":{"type":"checksum"|"journal"|"none", offset, size[, hash, sector_size]}}
+//!  segments    (clean, P bytes done)      (hotzone [P, P+L) being rewritten)
+//!              0: new  [0, P)             0: new [0, P)            (only if P > 0)
+//!              1: old  [P, end) dynamic   1: hot [P, P+L) flags ["in-reencryption"]
+//!              2: backup-previous         2: old [P+L, end)        (only if not at the end)
+//!              3: backup-final            3, 4: backup-previous, backup-final
+//!  digests     old key: old + hot + backup-previous; new key: new + hot + backup-final;
+//!              a third digest (keyslots [R], no segments) authenticates the reencryption
+//!              parameters: pbkdf2 over "v2" | old key | new key | keyslot R's mode, direction,
+//!              area | both backup segments (binary, big-endian; see `verification_data`).
+//! ```
+//!
+//! Per hotzone cryptsetup writes: the resilience data into keyslot R's area (SHA-256 per
+//! `sector_size` block of the old ciphertext, or the old ciphertext itself for `journal`),
+//! the header with the hot segments, the new data (then `fdatasync`), the header with the
+//! post segments. With `none` nothing is written until the run ends or is interrupted.
+//! A header with an `in-reencryption` segment is a crash: the hotzone is recovered (checksum:
+//! blocks whose ciphertext still hashes to the stored sum are re-encrypted; journal: the
+//! stored old ciphertext is decrypted and re-encrypted whole) and the post segments written.
+//! At the end the old key's keyslots are destroyed (area wiped with random bytes, one header
+//! write each), then the backup segments, the requirement, keyslot R and the digests left
+//! without keyslots and segments go in one last header write.
+
+use super::json::Json;
+use crate::kdf::Hash;
+use crate::FormatError;
+use zeroize::Zeroizing;
+
+/// The mandatory requirement cryptsetup 2.4+ sets while a reencryption is unfinished.
+pub const REQUIREMENT: &str = "online-reencrypt-v2";
+/// Segment flags.
+const FLAG_HOT: &str = "in-reencryption";
+const FLAG_PREVIOUS: &str = "backup-previous";
+const FLAG_FINAL: &str = "backup-final";
+
+/// How a hotzone survives a crash (`keyslots.R.area.type`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resilience {
+    /// No protection: metadata only at the end (or a clean interruption).
+    None,
+    /// The hotzone's old ciphertext is copied into the area first.
+    Journal,
+    /// A digest of every `sector_size` block of the old ciphertext is stored in the area.
+    Checksum {
+        /// Hash name (`sha256`).
+        hash: String,
+        /// Block size the sums cover.
+        sector_size: u32,
+    },
+}
+
+impl Resilience {
+    /// The name cryptsetup uses (`--resilience`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Resilience::None => "none",
+            Resilience::Journal => "journal",
+            Resilience::Checksum { .. } => "checksum",
+        }
+    }
+}
+
+/// What one side (old or new) of the reencryption encrypts with: a backup segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Side {
+    /// Byte offset of the data area.
+    pub offset: u64,
+    /// `iv_tweak` of the data area's first sector.
+    pub iv_tweak: u64,
+    /// Cipher spec.
+    pub encryption: String,
+    /// Encryption sector size.
+    pub sector_size: u32,
+    /// The digest whose key this side uses.
+    pub digest: u32,
+}
+
+/// Where the reencryption stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Bytes `[0, done)` of the data area are under the new key, the rest under the old.
+    Clean {
+        /// Bytes done.
+        done: u64,
+    },
+    /// A hotzone was being rewritten when the run stopped: recovery first.
+    Crashed {
+        /// Hotzone start (bytes into the data area).
+        offset: u64,
+        /// Hotzone length.
+        length: u64,
+    },
+}
+
+/// A LUKS2 header's reencryption state (mode `reencrypt`, direction `forward`).
+#[derive(Debug, Clone)]
+pub struct Reencrypt {
+    /// The `reencrypt` keyslot's id.
+    pub keyslot: u32,
+    /// `mode`.
+    pub mode: String,
+    /// `direction`.
+    pub direction: String,
+    /// The keyslot's area: byte offset and size.
+    pub area: (u64, u64),
+    /// Resilience.
+    pub resilience: Resilience,
+    /// Old side (`backup-previous`).
+    pub old: Side,
+    /// New side (`backup-final`).
+    pub new: Side,
+    /// The backup segment objects as stored (re-added after every segment change).
+    backup_old: Json,
+    backup_new: Json,
+    /// Where it stands.
+    pub progress: Progress,
+}
+
+fn bad(reason: String) -> FormatError {
+    FormatError::Header {
+        what: "LUKS2 reencryption metadata".into(),
+        reason,
+    }
+}
+
+fn unsupported(what: String) -> FormatError {
+    FormatError::NotSupported(format!("LUKS2 reencryption with {what}"))
+}
+
+fn field<'a>(o: &'a Json, key: &str, path: &str) -> Result<&'a Json, FormatError> {
+    o.get(key)
+        .ok_or_else(|| bad(format!("field \"{path}.{key}\" is missing")))
+}
+
+fn u64_of(o: &Json, key: &str, path: &str) -> Result<u64, FormatError> {
+    field(o, key, path)?.as_u64().ok_or_else(|| {
+        bad(format!(
+            "field \"{path}.{key}\" is not a non-negative integer"
+        ))
+    })
+}
+
+fn str_of<'a>(o: &'a Json, key: &str, path: &str) -> Result<&'a str, FormatError> {
+    field(o, key, path)?
+        .as_str()
+        .ok_or_else(|| bad(format!("field \"{path}.{key}\" is not a string")))
+}
+
+fn has_flag(seg: &Json, flag: &str) -> bool {
+    match seg.get("flags") {
+        Some(Json::Arr(a)) => a.iter().any(|f| f.as_str() == Some(flag)),
+        _ => false,
+    }
+}
+
+fn ids(a: Option<&Json>) -> Vec<u32> {
+    match a {
+        Some(Json::Arr(v)) => v
+            .iter()
+            .filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The digest ids whose `segments` list `seg`.
+fn digests_of_segment(json: &Json, seg: u32) -> Vec<u32> {
+    json.get("digests")
+        .map(|d| {
+            d.members()
+                .iter()
+                .filter(|(_, v)| ids(v.get("segments")).contains(&seg))
+                .filter_map(|(k, _)| k.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the header carries the reencryption requirement.
+pub fn in_reencryption(json: &Json) -> bool {
+    requirements(json).iter().any(|r| r == REQUIREMENT)
+}
+
+fn requirements(json: &Json) -> Vec<String> {
+    match json
+        .get("config")
+        .and_then(|c| c.get("requirements"))
+        .and_then(|r| r.get("mandatory"))
+    {
+        Some(Json::Arr(a)) => a
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A segment object the way `json_segment_create_crypt` builds it.
+fn crypt_segment(side: &Side, at: u64, length: Option<u64>, hot: bool) -> Json {
+    let mut m = vec![
+        ("type".to_string(), Json::str("crypt")),
+        ("offset".to_string(), Json::u64_text(side.offset + at)),
+        (
+            "size".to_string(),
+            length.map_or_else(|| Json::str("dynamic"), Json::u64_text),
+        ),
+        (
+            "iv_tweak".to_string(),
+            Json::u64_text(side.iv_tweak + (at >> 9)),
+        ),
+        ("encryption".to_string(), Json::str(&side.encryption)),
+        (
+            "sector_size".to_string(),
+            Json::int(u64::from(side.sector_size)),
+        ),
+    ];
+    if hot {
+        m.push(("flags".into(), Json::Arr(vec![Json::str(FLAG_HOT)])));
+    }
+    Json::Obj(m)
+}
+
+fn side_of(json: &Json, id: u32, seg: &Json) -> Result<Side, FormatError> {
+    let path = format!("segments.{id}");
+    if str_of(seg, "type", &path)? != "crypt" {
+        return Err(unsupported(format!(
+            "a {} backup segment (only re-keying crypt to crypt is)",
+            str_of(seg, "type", &path)?
+        )));
+    }
+    let digests = digests_of_segment(json, id);
+    let digest = match digests.as_slice() {
+        [d] => *d,
+        _ => {
+            return Err(bad(format!(
+                "{path} should be bound to one digest, is bound to {digests:?}"
+            )))
+        }
+    };
+    let sector_size = u64_of(seg, "sector_size", &path)?;
+    Ok(Side {
+        offset: u64_of(seg, "offset", &path)?,
+        iv_tweak: u64_of(seg, "iv_tweak", &path)?,
+        encryption: str_of(seg, "encryption", &path)?.to_string(),
+        sector_size: u32::try_from(sector_size)
+            .ok()
+            .filter(|s| s.is_power_of_two() && (512..=4096).contains(s))
+            .ok_or_else(|| bad(format!("{path}.sector_size {sector_size} is not 512..4096")))?,
+        digest,
+    })
+}
+
+impl Reencrypt {
+    /// Reads the reencryption state of a header whose data area holds `device_size` bytes
+    /// (the device size less the data offset).
+    ///
+    /// # Errors
+    /// [`FormatError::Header`] for metadata that does not have cryptsetup's shape;
+    /// [`FormatError::NotSupported`] for encryption, decryption, data shift or backward
+    /// runs (not implemented yet).
+    pub fn load(json: &Json, device_size: u64) -> Result<Reencrypt, FormatError> {
+        let reqs = requirements(json);
+        if !reqs.iter().any(|r| r == REQUIREMENT) {
+            if reqs.iter().any(|r| r == "online-reencrypt") {
+                return Err(unsupported(
+                    "the requirement \"online-reencrypt\" of cryptsetup < 2.4 (resume it with that cryptsetup)".into(),
+                ));
+            }
+            return Err(bad(format!(
+                "config.requirements.mandatory does not contain \"{REQUIREMENT}\": no reencryption in progress"
+            )));
+        }
+        let keyslots = field(json, "keyslots", "")?;
+        let mut found = keyslots
+            .members()
+            .iter()
+            .filter(|(_, k)| k.get("type").and_then(Json::as_str) == Some("reencrypt"));
+        let (kid, ks) = found
+            .next()
+            .ok_or_else(|| bad("no keyslot of type \"reencrypt\"".into()))?;
+        if found.next().is_some() {
+            return Err(bad("more than one keyslot of type \"reencrypt\"".into()));
+        }
+        let keyslot: u32 = kid
+            .parse()
+            .map_err(|_| bad(format!("keyslot id {kid:?} is not a number")))?;
+        let path = format!("keyslots.{kid}");
+        let mode = str_of(ks, "mode", &path)?.to_string();
+        let direction = str_of(ks, "direction", &path)?.to_string();
+        if mode != "reencrypt" {
+            return Err(unsupported(format!(
+                "mode \"{mode}\" (only \"reencrypt\", re-keying, is)"
+            )));
+        }
+        if direction != "forward" {
+            return Err(unsupported(format!(
+                "direction \"{direction}\" (only \"forward\" is)"
+            )));
+        }
+        let area = field(ks, "area", &path)?;
+        let apath = format!("{path}.area");
+        let area_pos = (
+            u64_of(area, "offset", &apath)?,
+            u64_of(area, "size", &apath)?,
+        );
+        let resilience = match str_of(area, "type", &apath)? {
+            "none" => Resilience::None,
+            "journal" => Resilience::Journal,
+            "checksum" => {
+                let hash = str_of(area, "hash", &apath)?.to_string();
+                Hash::from_name(&hash)?;
+                let ss = u64_of(area, "sector_size", &apath)?;
+                Resilience::Checksum {
+                    hash,
+                    sector_size: u32::try_from(ss)
+                        .ok()
+                        .filter(|s| s.is_power_of_two() && *s >= 512)
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "{apath}.sector_size {ss} is not a power of two >= 512"
+                            ))
+                        })?,
+                }
+            }
+            other => return Err(unsupported(format!("resilience \"{other}\""))),
+        };
+        let segments = field(json, "segments", "")?;
+        let mut backup_old = None;
+        let mut backup_new = None;
+        let mut live: Vec<(u32, &Json)> = Vec::new();
+        for (k, seg) in segments.members() {
+            let id: u32 = k
+                .parse()
+                .map_err(|_| bad(format!("segment id {k:?} is not a number")))?;
+            if has_flag(seg, FLAG_PREVIOUS) {
+                backup_old = Some((id, seg));
+            } else if has_flag(seg, FLAG_FINAL) {
+                backup_new = Some((id, seg));
+            } else if has_flag(seg, "backup-moved-segment") {
+                return Err(unsupported("a moved segment (data shift)".into()));
+            } else {
+                live.push((id, seg));
+            }
+        }
+        let (oid, oseg) = backup_old.ok_or_else(|| bad("no backup-previous segment".into()))?;
+        let (nid, nseg) = backup_new.ok_or_else(|| bad("no backup-final segment".into()))?;
+        let old = side_of(json, oid, oseg)?;
+        let new = side_of(json, nid, nseg)?;
+        if old.offset != new.offset || old.iv_tweak != new.iv_tweak {
+            return Err(unsupported(
+                "old and new data at different offsets (data shift)".into(),
+            ));
+        }
+        if old.digest == new.digest {
+            return Err(bad("old and new segments share one digest".into()));
+        }
+        live.sort_by_key(|(id, _)| *id);
+        let progress = Self::progress_of(json, &live, &old, &new, device_size)?;
+        Ok(Reencrypt {
+            keyslot,
+            mode,
+            direction,
+            area: area_pos,
+            resilience,
+            old,
+            new,
+            backup_old: oseg.clone(),
+            backup_new: nseg.clone(),
+            progress,
+        })
+    }
+
+    fn progress_of(
+        json: &Json,
+        live: &[(u32, &Json)],
+        old: &Side,
+        new: &Side,
+        device_size: u64,
+    ) -> Result<Progress, FormatError> {
+        let at = |seg: &Json, id: u32| -> Result<u64, FormatError> {
+            let off = u64_of(seg, "offset", &format!("segments.{id}"))?;
+            off.checked_sub(new.offset)
+                .ok_or_else(|| bad(format!("segments.{id} starts before the data area")))
+        };
+        let size = |seg: &Json, id: u32| -> Result<Option<u64>, FormatError> {
+            let s = field(seg, "size", &format!("segments.{id}"))?;
+            if s.as_str() == Some("dynamic") {
+                Ok(None)
+            } else {
+                s.as_u64().map(Some).ok_or_else(|| {
+                    bad(format!("segments.{id}.size is not a number or \"dynamic\""))
+                })
+            }
+        };
+        if let Some((id, hot)) = live.iter().find(|(_, s)| has_flag(s, FLAG_HOT)) {
+            let offset = at(hot, *id)?;
+            let length = size(hot, *id)?
+                .ok_or_else(|| bad(format!("hotzone segments.{id} has no fixed size")))?;
+            if length == 0 || offset + length > device_size {
+                return Err(bad(format!(
+                    "hotzone [{offset}, +{length}) does not lie in the {device_size}-byte data area"
+                )));
+            }
+            return Ok(Progress::Crashed { offset, length });
+        }
+        let is = |id: u32, d: u32| digests_of_segment(json, id) == vec![d];
+        match live {
+            [(id, s)] if is(*id, old.digest) && at(s, *id)? == 0 => Ok(Progress::Clean { done: 0 }),
+            [(id, s)] if is(*id, new.digest) && at(s, *id)? == 0 => {
+                Ok(Progress::Clean { done: device_size })
+            }
+            [(a, sa), (b, sb)] if is(*a, new.digest) && is(*b, old.digest) => {
+                let done = size(sa, *a)?
+                    .ok_or_else(|| bad(format!("segments.{a} (done part) has no fixed size")))?;
+                if at(sa, *a)? != 0 || at(sb, *b)? != done || done > device_size {
+                    return Err(bad(format!(
+                        "segments.{a} and segments.{b} do not meet at byte {done}"
+                    )));
+                }
+                Ok(Progress::Clean { done })
+            }
+            _ => Err(bad(format!(
+                "segments {:?} are not one of cryptsetup's forward reencryption layouts",
+                live.iter().map(|(id, _)| *id).collect::<Vec<_>>()
+            ))),
+        }
+    }
+
+    /// The hotzone length cryptsetup's resilience allows at `offset`, at most `max` bytes,
+    /// aligned to the larger sector size (and the checksum block).
+    pub fn hotzone_length(&self, offset: u64, device_size: u64, max: u64) -> u64 {
+        let mut align = u64::from(self.old.sector_size.max(self.new.sector_size));
+        let mut cap = max;
+        match &self.resilience {
+            Resilience::Checksum { hash, sector_size } => {
+                let hlen = Hash::from_name(hash).map(|h| h.size()).unwrap_or(32) as u64;
+                cap = cap.min(self.area.1 / hlen * u64::from(*sector_size));
+                align = align.max(u64::from(*sector_size));
+            }
+            Resilience::Journal => cap = cap.min(self.area.1),
+            Resilience::None => {}
+        }
+        let cap = (cap / align * align).max(align);
+        cap.min(device_size.saturating_sub(offset))
+    }
+
+    /// Replaces the segments (and their digest bindings) with `list`, then the backup
+    /// segments, binding in cryptsetup's order: the hotzone to both keys first, then
+    /// every other segment in id order.
+    fn set_segments(&self, json: &mut Json, list: Vec<(Json, u32)>, hot: Option<usize>) {
+        let mut segs: Vec<(String, Json)> = Vec::new();
+        let mut bind: Vec<(u32, u32)> = Vec::new();
+        if let Some(h) = hot {
+            bind.push((h as u32, self.new.digest));
+            bind.push((h as u32, self.old.digest));
+        }
+        for (i, (seg, d)) in list.into_iter().enumerate() {
+            if Some(i) != hot {
+                bind.push((i as u32, d));
+            }
+            segs.push((i.to_string(), seg));
+        }
+        let n = segs.len() as u32;
+        segs.push((n.to_string(), self.backup_old.clone()));
+        segs.push(((n + 1).to_string(), self.backup_new.clone()));
+        bind.push((n, self.old.digest));
+        bind.push((n + 1, self.new.digest));
+        json.set("segments", Json::Obj(segs));
+        if let Some(Json::Obj(digests)) = json.get_mut("digests") {
+            for (k, d) in digests.iter_mut() {
+                let id: u32 = k.parse().unwrap_or(u32::MAX);
+                let mine: Vec<Json> = bind
+                    .iter()
+                    .filter(|(_, dd)| *dd == id)
+                    .map(|(s, _)| Json::str(&s.to_string()))
+                    .collect();
+                d.set("segments", Json::Arr(mine));
+            }
+        }
+    }
+
+    /// The segments while `[offset, offset + length)` is rewritten.
+    pub fn set_hot(&self, json: &mut Json, offset: u64, length: u64, device_size: u64) {
+        let mut list = Vec::new();
+        if offset > 0 {
+            list.push((
+                crypt_segment(&self.new, 0, Some(offset), false),
+                self.new.digest,
+            ));
+        }
+        let hot = list.len();
+        list.push((
+            crypt_segment(&self.new, offset, Some(length), true),
+            self.new.digest,
+        ));
+        if offset + length < device_size {
+            list.push((
+                crypt_segment(&self.old, offset + length, None, false),
+                self.old.digest,
+            ));
+        }
+        self.set_segments(json, list, Some(hot));
+    }
+
+    /// The segments once `[0, done)` is under the new key.
+    pub fn set_done(&self, json: &mut Json, done: u64, device_size: u64) {
+        let mut list = Vec::new();
+        if done >= device_size {
+            list.push((crypt_segment(&self.new, 0, None, false), self.new.digest));
+        } else if done == 0 {
+            list.push((crypt_segment(&self.old, 0, None, false), self.old.digest));
+        } else {
+            list.push((
+                crypt_segment(&self.new, 0, Some(done), false),
+                self.new.digest,
+            ));
+            list.push((crypt_segment(&self.old, done, None, false), self.old.digest));
+        }
+        self.set_segments(json, list, None);
+    }
+
+    /// The keyslots of the old key (destroyed at the end), with their areas.
+    pub fn old_keyslots(&self, json: &Json) -> Vec<(u32, u64, u64)> {
+        let mut out = Vec::new();
+        let Some(digests) = json.get("digests") else {
+            return out;
+        };
+        let Some(d) = digests.get(&self.old.digest.to_string()) else {
+            return out;
+        };
+        for ks in ids(d.get("keyslots")) {
+            if ks == self.keyslot {
+                continue;
+            }
+            if let Some(area) = json
+                .get("keyslots")
+                .and_then(|k| k.get(&ks.to_string()))
+                .and_then(|k| k.get("area"))
+            {
+                if let (Some(o), Some(s)) = (
+                    area.get("offset").and_then(Json::as_u64),
+                    area.get("size").and_then(Json::as_u64),
+                ) {
+                    out.push((ks, o, s));
+                }
+            }
+        }
+        out
+    }
+
+    /// Removes keyslot `id` as `crypt_keyslot_destroy` does (after its area was wiped):
+    /// the object, its place in digests and tokens, and digests left with neither keyslots
+    /// nor segments.
+    pub fn destroy_keyslot(json: &mut Json, id: u32) {
+        if let Some(k) = json.get_mut("keyslots") {
+            k.remove(&id.to_string());
+        }
+        let drop_id = |a: &mut Json| {
+            if let Json::Arr(v) = a {
+                v.retain(|x| x.as_u64() != Some(u64::from(id)));
+            }
+        };
+        for section in ["digests", "tokens"] {
+            if let Some(Json::Obj(m)) = json.get_mut(section) {
+                for (_, o) in m.iter_mut() {
+                    if let Some(a) = o.get_mut("keyslots") {
+                        drop_id(a);
+                    }
+                }
+            }
+        }
+        if let Some(Json::Obj(m)) = json.get_mut("digests") {
+            m.retain(|(_, d)| {
+                !(ids(d.get("keyslots")).is_empty() && ids(d.get("segments")).is_empty())
+            });
+        }
+    }
+
+    /// The last metadata change: backup segments, the requirement and the reencrypt
+    /// keyslot go (its area must have been wiped), segment 0 alone stays, bound to the new
+    /// key.
+    pub fn finish(&self, json: &mut Json) {
+        let seg0 = crypt_segment(&self.new, 0, None, false);
+        json.set("segments", Json::Obj(vec![("0".into(), seg0)]));
+        if let Some(Json::Obj(digests)) = json.get_mut("digests") {
+            for (k, d) in digests.iter_mut() {
+                let mine = if k.parse() == Ok(self.new.digest) {
+                    vec![Json::str("0")]
+                } else {
+                    Vec::new()
+                };
+                d.set("segments", Json::Arr(mine));
+            }
+        }
+        if let Some(config) = json.get_mut("config") {
+            let left: Vec<Json> = requirements_json(config)
+                .into_iter()
+                .filter(|r| r.as_str() != Some(REQUIREMENT))
+                .collect();
+            if left.is_empty() {
+                config.remove("requirements");
+            } else if let Some(r) = config.get_mut("requirements") {
+                r.set("mandatory", Json::Arr(left));
+            }
+        }
+        Self::destroy_keyslot(json, self.keyslot);
+    }
+
+    /// The data the reencryption digest covers (cryptsetup's
+    /// `reencrypt_assembly_verification_data`, version 2).
+    ///
+    /// # Errors
+    /// [`FormatError::Header`] when a covered field has the wrong JSON type.
+    pub fn verification_data(
+        &self,
+        json: &Json,
+        old_key: &[u8],
+        new_key: &[u8],
+    ) -> Result<Zeroizing<Vec<u8>>, FormatError> {
+        let mut out = Zeroizing::new(vec![b'v', b'2']);
+        out.extend_from_slice(old_key);
+        out.extend_from_slice(new_key);
+        let ks = json
+            .get("keyslots")
+            .and_then(|k| k.get(&self.keyslot.to_string()))
+            .ok_or_else(|| bad("reencrypt keyslot vanished".into()))?;
+        let area = field(ks, "area", "keyslot")?;
+        let s = |o: &Json, k: &str, out: &mut Vec<u8>| -> Result<(), FormatError> {
+            out.extend_from_slice(str_of(o, k, "reencryption digest data")?.as_bytes());
+            Ok(())
+        };
+        let n64 = |o: &Json, k: &str, out: &mut Vec<u8>| -> Result<(), FormatError> {
+            match field(o, k, "reencryption digest data")? {
+                Json::Str(t) if t == "dynamic" && k == "size" => out.extend_from_slice(b"dynamic"),
+                Json::Str(t) => out.extend_from_slice(
+                    &t.parse::<u64>()
+                        .map_err(|_| bad(format!("field \"{k}\" = {t:?} is not a number")))?
+                        .to_be_bytes(),
+                ),
+                _ => return Err(bad(format!("field \"{k}\" is not a decimal string"))),
+            }
+            Ok(())
+        };
+        let n32 = |o: &Json, k: &str, out: &mut Vec<u8>| -> Result<(), FormatError> {
+            match field(o, k, "reencryption digest data")? {
+                Json::Num(n) => {
+                    let v = n
+                        .as_u64()
+                        .and_then(|v| u32::try_from(v).ok())
+                        .ok_or_else(|| bad(format!("field \"{k}\" is not a 32-bit number")))?;
+                    out.extend_from_slice(&v.to_be_bytes());
+                    Ok(())
+                }
+                _ => Err(bad(format!("field \"{k}\" is not a JSON number"))),
+            }
+        };
+        s(ks, "mode", &mut out)?;
+        s(ks, "direction", &mut out)?;
+        s(area, "type", &mut out)?;
+        n64(area, "offset", &mut out)?;
+        n64(area, "size", &mut out)?;
+        if let Resilience::Checksum { .. } = self.resilience {
+            s(area, "hash", &mut out)?;
+            n32(area, "sector_size", &mut out)?;
+        }
+        for seg in [&self.backup_old, &self.backup_new] {
+            s(seg, "type", &mut out)?;
+            n64(seg, "offset", &mut out)?;
+            n64(seg, "size", &mut out)?;
+            n64(seg, "iv_tweak", &mut out)?;
+            s(seg, "encryption", &mut out)?;
+            n32(seg, "sector_size", &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Checks the reencryption digest with both volume keys: the parameters were written
+    /// by someone who held the keys (cryptsetup's answer to CVE-2021-4122).
+    ///
+    /// # Errors
+    /// [`FormatError::Header`] when the digest is missing or does not match.
+    pub fn verify(&self, json: &Json, old_key: &[u8], new_key: &[u8]) -> Result<(), FormatError> {
+        let data = self.verification_data(json, old_key, new_key)?;
+        let meta = super::Metadata::parse(&json.to_compact())?;
+        let what = format!("LUKS2 reencrypt keyslot {}", self.keyslot);
+        let mut any = false;
+        for (_, d) in meta.digests_of_keyslot(self.keyslot) {
+            any = true;
+            if super::digest_matches(d, &data, &what)? {
+                return Ok(());
+            }
+        }
+        Err(bad(if any {
+            "the reencryption digest does not match its parameters (metadata altered or not \
+             written with these keys); refusing to continue"
+                .into()
+        } else {
+            "the reencryption digest is missing".into()
+        }))
+    }
+}
+
+fn requirements_json(config: &Json) -> Vec<Json> {
+    match config.get("requirements").and_then(|r| r.get("mandatory")) {
+        Some(Json::Arr(a)) => a.clone(),
+        _ => Vec::new(),
+    }
+}

@@ -1,0 +1,415 @@
+//! LUKS2 reencryption (re-keying) in userspace, interchangeable with `cryptsetup reencrypt`.
+//!
+//! ```text
+//!  init:   libcryptsetup: new keyslot with a random unbound key, then
+//!          crypt_reencrypt_init_by_passphrase(INITIALIZE_ONLY): the reencrypt keyslot,
+//!          backup segments, digests and requirement, byte for byte cryptsetup's
+//!  run:    format::luks2::reencrypt (state, segment layouts, digest check)
+//!          + format::luks2::disk (both header copies, cryptsetup's write order)
+//!          per hotzone: read old ciphertext ─► resilience data into the reencrypt
+//!          keyslot area + header "hot" ─► decrypt old key, encrypt new key (all cores)
+//!          ─► write, fdatasync ─► header "post"
+//!  finish: old keyslots wiped and destroyed, then the reencrypt keyslot, backup segments,
+//!          requirement and unused digests, as cryptsetup leaves the header
+//! ```
+//!
+//! Offline only: the caller holds the image (ucrypt's image locks); nothing else may
+//! write the data area meanwhile.
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use ucrypt_crypto::{CipherSpec, Sector512, SectorCipher, SectorParams, SectorSize, VolumeKey};
+use ucrypt_format::kdf::Hash;
+use ucrypt_format::luks2::disk::Header;
+use ucrypt_format::luks2::json::Json;
+use ucrypt_format::luks2::reencrypt::{self, Progress, Reencrypt, Resilience};
+use ucrypt_format::luks2::{self, Metadata};
+use ucrypt_format::FormatError;
+use zeroize::Zeroizing;
+
+/// Largest hotzone ucrypt uses by default (cryptsetup's offline default is up to 1 GiB;
+/// 64 MiB keeps the buffer small and the header writes rare).
+pub const DEFAULT_MAX_HOTZONE: u64 = 64 << 20;
+
+/// What the data pass is asked to do.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Largest hotzone in bytes.
+    pub max_hotzone: u64,
+    /// Stop (cleanly, metadata consistent) after this many bytes of progress; for tests.
+    pub stop_after: Option<u64>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            max_hotzone: DEFAULT_MAX_HOTZONE,
+            stop_after: None,
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The volume is under the new key only; the reencryption metadata is gone.
+    Finished,
+    /// Stopped (signal or `stop_after`) with consistent metadata; resume later.
+    Interrupted,
+}
+
+/// Progress report: (bytes done, bytes in the data area).
+pub type ProgressFn<'a> = dyn FnMut(u64, u64) + 'a;
+
+/// An open reencryption: the device, its header, the state and both keys.
+pub struct Run {
+    file: File,
+    device: String,
+    header: Header,
+    state: Reencrypt,
+    device_size: u64,
+    old: Box<dyn SectorCipher>,
+    new: Box<dyn SectorCipher>,
+}
+
+fn fe(e: FormatError) -> anyhow::Error {
+    anyhow::Error::new(e)
+}
+
+/// The data area's size: the device less the data offset, checked against both sector
+/// sizes.
+fn data_size(file: &File, device: &str, st: &Reencrypt) -> Result<u64> {
+    let len = file
+        .metadata()
+        .with_context(|| format!("reading the size of {device}"))?
+        .len();
+    let len = if len == 0 {
+        // A block device: its size from the end.
+        use std::io::{Seek, SeekFrom};
+        (&*file).seek(SeekFrom::End(0))?
+    } else {
+        len
+    };
+    let size = len.checked_sub(st.new.offset).ok_or_else(|| {
+        anyhow!(
+            "{device} ({len} bytes) is smaller than the data offset {}",
+            st.new.offset
+        )
+    })?;
+    let align = u64::from(st.old.sector_size.max(st.new.sector_size));
+    if size % align != 0 {
+        bail!("the data area of {device} ({size} bytes) is not a multiple of the {align}-byte sector size");
+    }
+    Ok(size)
+}
+
+/// The key of digest `digest`: tries the keyslots bound to it with `passphrase`.
+fn key_of(
+    path: &Path,
+    meta: &Metadata,
+    digest: u32,
+    which: &str,
+    passphrase: &[u8],
+) -> Result<VolumeKey> {
+    let slots = meta
+        .digests
+        .get(&digest)
+        .map(|d| d.keyslots.clone())
+        .unwrap_or_default();
+    let mut last = None;
+    for slot in slots {
+        match luks2::unlock(path, meta, Some(slot), passphrase, true) {
+            Ok((_, key)) => return Ok(key),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(match last {
+        Some(e) => fe(e),
+        None => anyhow!("no keyslot holds the key of digest {digest}"),
+    })
+    .with_context(|| format!("unlocking the {which} volume key (digest {digest})"))
+}
+
+fn cipher(side: &reencrypt::Side, key: &VolumeKey) -> Result<Box<dyn SectorCipher>> {
+    let spec: CipherSpec = side
+        .encryption
+        .parse()
+        .with_context(|| format!("cipher {}", side.encryption))?;
+    Ok(spec.build(
+        key,
+        SectorParams {
+            sector_size: SectorSize::new(side.sector_size)?,
+            iv_offset: 0,
+            iv_large_sectors: false,
+        },
+    )?)
+}
+
+impl Run {
+    /// Opens `path` (header and data on one device), unlocks the old and new keys with
+    /// `passphrase`, checks the reencryption digest.
+    ///
+    /// # Errors
+    /// Not in reencryption, unsupported kind (encrypt, decrypt, data shift, backward), a
+    /// passphrase that opens neither key, a digest that does not match.
+    pub fn open(path: &Path, passphrase: &[u8]) -> Result<Run> {
+        let device = path.display().to_string();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .with_context(|| format!("opening {device}"))?;
+        let header = Header::read(&file, &device).map_err(fe)?;
+        if !reencrypt::in_reencryption(&header.json) {
+            bail!(
+                "{device} is not in LUKS2 reencryption (no \"{}\" requirement)",
+                reencrypt::REQUIREMENT
+            );
+        }
+        // Size first needs the data offset: read the state with a provisional size, then
+        // again with the real one.
+        let probe = Reencrypt::load(&header.json, u64::MAX).map_err(fe)?;
+        let device_size = data_size(&file, &device, &probe)?;
+        let state = Reencrypt::load(&header.json, device_size).map_err(fe)?;
+        let meta = Metadata::parse(&header.json.to_compact()).map_err(fe)?;
+        let old_key = key_of(path, &meta, state.old.digest, "old", passphrase)?;
+        let new_key = key_of(path, &meta, state.new.digest, "new", passphrase)?;
+        state
+            .verify(&header.json, old_key.as_bytes(), new_key.as_bytes())
+            .map_err(fe)?;
+        let old = cipher(&state.old, &old_key)?;
+        let new = cipher(&state.new, &new_key)?;
+        Ok(Run {
+            file,
+            device,
+            header,
+            state,
+            device_size,
+            old,
+            new,
+        })
+    }
+
+    /// Bytes of the data area.
+    pub fn device_size(&self) -> u64 {
+        self.device_size
+    }
+
+    /// Bytes already under the new key (the start of a crashed hotzone while it is not
+    /// recovered).
+    pub fn done(&self) -> u64 {
+        match self.state.progress {
+            Progress::Clean { done } => done,
+            Progress::Crashed { offset, .. } => offset,
+        }
+    }
+
+    /// The resilience mode recorded in the header.
+    pub fn resilience(&self) -> &Resilience {
+        &self.state.resilience
+    }
+
+    fn write_header(&mut self) -> Result<()> {
+        self.header.write(&self.file, &self.device).map_err(fe)
+    }
+
+    fn pread(&self, buf: &mut [u8], at: u64) -> Result<()> {
+        self.file
+            .read_exact_at(buf, at)
+            .with_context(|| format!("reading {} bytes at {at} of {}", buf.len(), self.device))
+    }
+
+    fn pwrite(&self, buf: &[u8], at: u64) -> Result<()> {
+        self.file
+            .write_all_at(buf, at)
+            .with_context(|| format!("writing {} bytes at {at} of {}", buf.len(), self.device))
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .with_context(|| format!("syncing {}", self.device))
+    }
+
+    /// The IV sector of data-area byte `at`.
+    fn iv(&self, at: u64) -> Sector512 {
+        Sector512(self.state.new.iv_tweak + at / 512)
+    }
+
+    /// Decrypts with the old key and encrypts with the new, in place, on every core.
+    fn rekey(&self, buf: &mut [u8], at: u64) {
+        let align = self.state.old.sector_size.max(self.state.new.sector_size) as usize;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per = buf.len().div_ceil(threads).div_ceil(align).max(1) * align;
+        std::thread::scope(|s| {
+            for (i, chunk) in buf.chunks_mut(per).enumerate() {
+                let pos = at + (i * per) as u64;
+                let first = self.iv(pos);
+                let (old, new) = (&self.old, &self.new);
+                s.spawn(move || {
+                    old.decrypt(first, chunk);
+                    new.encrypt(first, chunk);
+                });
+            }
+        });
+    }
+
+    /// Recovers a crashed hotzone as cryptsetup does, then records it as done.
+    fn recover(&mut self, offset: u64, length: u64) -> Result<()> {
+        let data_at = self.state.new.offset + offset;
+        let (area_at, area_size) = self.state.area;
+        let len = usize::try_from(length)?;
+        let mut buf = Zeroizing::new(vec![0u8; len]);
+        match self.state.resilience.clone() {
+            Resilience::Checksum { hash, sector_size } => {
+                let h = Hash::from_name(&hash).map_err(fe)?;
+                let bs = sector_size as usize;
+                let count = len / bs;
+                let sums_len = count * h.size();
+                if sums_len as u64 > area_size {
+                    bail!("hotzone of {length} bytes needs {sums_len} bytes of checksums; the area has {area_size}");
+                }
+                let mut sums = vec![0u8; sums_len];
+                self.pread(&mut sums, area_at)?;
+                self.pread(&mut buf, data_at)?;
+                for s in 0..count {
+                    let block = &mut buf[s * bs..(s + 1) * bs];
+                    if h.digest(&[block])[..] == sums[s * h.size()..(s + 1) * h.size()] {
+                        // Still the old ciphertext.
+                        let pos = offset + (s * bs) as u64;
+                        self.rekey(block, pos);
+                        self.pwrite(block, data_at + (s * bs) as u64)?;
+                    }
+                }
+            }
+            Resilience::Journal => {
+                if length > area_size {
+                    bail!("hotzone of {length} bytes is larger than the {area_size}-byte journal");
+                }
+                self.pread(&mut buf, area_at)?;
+                self.rekey(&mut buf, offset);
+                self.pwrite(&buf, data_at)?;
+            }
+            Resilience::None => bail!(
+                "{}: a hotzone was interrupted with resilience \"none\"; its data cannot be recovered",
+                self.device
+            ),
+        }
+        self.sync()?;
+        self.state
+            .set_done(&mut self.header.json, offset + length, self.device_size);
+        self.write_header()?;
+        self.state.progress = Progress::Clean {
+            done: offset + length,
+        };
+        Ok(())
+    }
+
+    /// Runs (or resumes) the data pass and, when it completes, the final metadata change.
+    /// `stop` is polled between hotzones (a signal handler's flag).
+    ///
+    /// # Errors
+    /// I/O errors; a crash state that cannot be recovered (resilience `none`).
+    pub fn run(
+        &mut self,
+        opts: &RunOptions,
+        stop: &AtomicBool,
+        progress: &mut ProgressFn<'_>,
+    ) -> Result<Outcome> {
+        if let Progress::Crashed { offset, length } = self.state.progress {
+            self.recover(offset, length)?;
+        }
+        let mut done = self.done();
+        let start = done;
+        let size = self.device_size;
+        let none = self.state.resilience == Resilience::None;
+        let mut buf: Zeroizing<Vec<u8>> = Zeroizing::new(Vec::new());
+        let mut dirty = false;
+        progress(done, size);
+        while done < size {
+            if stop.load(Ordering::Relaxed) || opts.stop_after.is_some_and(|n| done - start >= n) {
+                if dirty {
+                    self.write_header()?;
+                }
+                return Ok(Outcome::Interrupted);
+            }
+            let len = self.state.hotzone_length(done, size, opts.max_hotzone);
+            let n = usize::try_from(len)?;
+            buf.resize(n, 0);
+            let data_at = self.state.new.offset + done;
+            self.pread(&mut buf[..n], data_at)?;
+            // Resilience data and the "hot" header: the commit point.
+            match self.state.resilience.clone() {
+                Resilience::Checksum { hash, sector_size } => {
+                    let h = Hash::from_name(&hash).map_err(fe)?;
+                    let mut sums = Vec::with_capacity(n / sector_size as usize * h.size());
+                    for block in buf[..n].chunks(sector_size as usize) {
+                        sums.extend_from_slice(&h.digest(&[block]));
+                    }
+                    self.pwrite(&sums, self.state.area.0)?;
+                }
+                Resilience::Journal => self.pwrite(&buf[..n], self.state.area.0)?,
+                Resilience::None => {}
+            }
+            if !none {
+                self.state.set_hot(&mut self.header.json, done, len, size);
+                self.write_header()?;
+            }
+            self.rekey(&mut buf[..n], done);
+            self.pwrite(&buf[..n], data_at)?;
+            done += len;
+            self.state.set_done(&mut self.header.json, done, size);
+            if none {
+                dirty = true;
+            } else {
+                self.sync()?;
+                self.write_header()?;
+            }
+            self.state.progress = Progress::Clean { done };
+            progress(done, size);
+        }
+        if dirty {
+            self.sync()?;
+            self.write_header()?;
+        }
+        self.finish()?;
+        Ok(Outcome::Finished)
+    }
+
+    /// Wipes `size` bytes at `at` with random bytes (as `crypt_keyslot_destroy` does on a
+    /// non-rotational device), then syncs.
+    fn wipe_random(&self, at: u64, size: u64) -> Result<()> {
+        use std::io::Read;
+        let mut rng = File::open("/dev/urandom").context("opening /dev/urandom")?;
+        let mut chunk = vec![0u8; 1 << 20];
+        let mut pos = 0;
+        while pos < size {
+            let n = (size - pos).min(chunk.len() as u64) as usize;
+            rng.read_exact(&mut chunk[..n])?;
+            self.pwrite(&chunk[..n], at + pos)?;
+            pos += n as u64;
+        }
+        self.sync()
+    }
+
+    /// The end: the old keyslots go one by one, then everything of the reencryption.
+    fn finish(&mut self) -> Result<()> {
+        for (slot, at, size) in self.state.old_keyslots(&self.header.json) {
+            self.wipe_random(at, size)?;
+            Reencrypt::destroy_keyslot(&mut self.header.json, slot);
+            self.write_header()?;
+        }
+        let (at, size) = self.state.area;
+        self.wipe_random(at, size)?;
+        self.state.finish(&mut self.header.json);
+        self.write_header()
+    }
+
+    /// The JSON metadata as it is now (tests compare it with cryptsetup's).
+    pub fn json(&self) -> &Json {
+        &self.header.json
+    }
+}

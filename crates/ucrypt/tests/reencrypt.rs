@@ -1,0 +1,576 @@
+//! `ucrypt reencrypt` against the real cryptsetup (2.6, which re-encrypts image files
+//! offline in userspace with `--force-offline-reencrypt`):
+//!
+//! - from the same initialised image, ucrypt's result equals cryptsetup's: the JSON
+//!   metadata byte for byte, the binary headers but for `seqid`/checksum, the data area and
+//!   the new keyslot's area;
+//! - a run ucrypt stopped is finished by cryptsetup, and the reverse;
+//! - a run killed mid-hotzone (strace injects SIGKILL at the hotzone's data write) by
+//!   either tool is recovered by either tool, also with the hotzone half rewritten;
+//! - altered reencryption parameters are refused (the reencryption digest).
+//!
+//! Images are 40 MiB (24 MiB of data), PBKDF costs minimal, hotzones 4 MiB.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{require, Rng};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const PASS: &[u8] = b"reencrypt test passphrase";
+const DATA_OFFSET: u64 = 16 << 20;
+const DATA: usize = 24 << 20;
+
+fn ucrypt_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ucrypt")
+}
+
+fn run(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
+}
+
+fn ok(cmd: &str, args: &[&str]) -> Output {
+    let out = run(cmd, args);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn tools() -> bool {
+    require("cryptsetup") && require("strace")
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    key: PathBuf,
+    plain: Vec<u8>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("pass");
+        std::fs::write(&key, PASS).unwrap();
+        let mut plain = vec![0u8; DATA];
+        Rng::new(0x5eed_0016).fill(&mut plain);
+        Fixture { dir, key, plain }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn s(p: &Path) -> &str {
+        p.to_str().unwrap()
+    }
+
+    /// A cryptsetup-formatted image holding the fixture's plaintext, then the reencryption
+    /// metadata written by `ucrypt reencrypt --init-only` with `extra` options.
+    fn initialised(&self, name: &str, resilience: &str, extra: &[&str]) -> PathBuf {
+        let img = self.path(name);
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(DATA_OFFSET + DATA as u64)
+            .unwrap();
+        ok(
+            "cryptsetup",
+            &[
+                "luksFormat",
+                "-q",
+                "--type",
+                "luks2",
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-file",
+                Self::s(&self.key),
+                Self::s(&img),
+            ],
+        );
+        self.write_plain(&img);
+        let mut args = vec![
+            "reencrypt",
+            "--init-only",
+            "-q",
+            "-d",
+            Self::s(&self.key),
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--resilience",
+            resilience,
+            "--disable-locks",
+            Self::s(&img),
+        ];
+        args.extend_from_slice(extra);
+        ok(ucrypt_bin(), &args);
+        assert!(self.json(&img).contains("online-reencrypt-v2"));
+        img
+    }
+
+    fn table(&self, img: &Path) -> PathBuf {
+        let out = ok(
+            ucrypt_bin(),
+            &[
+                "luksOpen",
+                "--print-table",
+                "--showkeys",
+                "-d",
+                Self::s(&self.key),
+                Self::s(img),
+            ],
+        );
+        let t = self.path(&format!(
+            "{}.table",
+            img.file_name().unwrap().to_str().unwrap()
+        ));
+        std::fs::write(&t, &out.stdout).unwrap();
+        t
+    }
+
+    fn write_plain(&self, img: &Path) {
+        let input = self.path("plain.bin");
+        std::fs::write(&input, &self.plain).unwrap();
+        let t = self.table(img);
+        ok(
+            ucrypt_bin(),
+            &[
+                "write",
+                "--table-file",
+                Self::s(&t),
+                "--input",
+                Self::s(&input),
+            ],
+        );
+    }
+
+    /// The plaintext the volume (reencrypted to the end) serves equals what was written.
+    fn assert_plain(&self, img: &Path) {
+        let t = self.table(img);
+        let out = ok(
+            ucrypt_bin(),
+            &[
+                "read",
+                "--table-file",
+                Self::s(&t),
+                "--length",
+                &DATA.to_string(),
+            ],
+        );
+        assert!(
+            out.stdout == self.plain,
+            "{} reads back different plaintext",
+            img.display()
+        );
+    }
+
+    fn json(&self, img: &Path) -> String {
+        let b = std::fs::read(img).unwrap();
+        let area = &b[4096..16384];
+        let end = area.iter().position(|&c| c == 0).unwrap();
+        String::from_utf8(area[..end].to_vec()).unwrap()
+    }
+
+    fn copy(&self, img: &Path, name: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::copy(img, &p).unwrap();
+        p
+    }
+
+    fn ucrypt_resume(&self, img: &Path, extra: &[&str]) -> Output {
+        let mut args = vec![
+            "reencrypt",
+            "--resume-only",
+            "-q",
+            "-d",
+            Self::s(&self.key),
+            "--hotzone-size",
+            "4M",
+            "--disable-locks",
+            Self::s(img),
+        ];
+        args.extend_from_slice(extra);
+        ok(ucrypt_bin(), &args)
+    }
+
+    fn cryptsetup_resume(&self, img: &Path) {
+        if self.in_crash_state(img) {
+            // cryptsetup's CLI recovers a crashed hotzone in `repair`, not in `reencrypt`.
+            ok(
+                "cryptsetup",
+                &[
+                    "repair",
+                    "-q",
+                    "--key-file",
+                    Self::s(&self.key),
+                    Self::s(img),
+                ],
+            );
+            assert!(!self.in_crash_state(img));
+        }
+        ok(
+            "cryptsetup",
+            &[
+                "reencrypt",
+                "--resume-only",
+                "--force-offline-reencrypt",
+                "-q",
+                "--key-file",
+                Self::s(&self.key),
+                "--hotzone-size",
+                "4M",
+                Self::s(img),
+            ],
+        );
+    }
+
+    /// Runs `cmd` under strace, killed (SIGKILL on entry) at its `nth` `syscall`.
+    fn killed_at(&self, syscall: &str, nth: u32, cmd: &str, args: &[&str]) {
+        let inject = format!("inject={syscall}:signal=SIGKILL:when={nth}");
+        let trace = format!("trace={syscall}");
+        let mut all = vec!["-f", "-o", "/dev/null", "-e", &trace, "-e", &inject, cmd];
+        all.extend_from_slice(args);
+        let out = run("strace", &all);
+        assert!(
+            !out.status.success(),
+            "{cmd} was not killed at {syscall} #{nth}"
+        );
+    }
+
+    fn in_crash_state(&self, img: &Path) -> bool {
+        self.json(img).contains("in-reencryption")
+    }
+}
+
+/// Field by field: both JSON areas equal, binary headers equal but for seqid and checksum,
+/// data areas equal, and the new keyslot's area equal.
+fn assert_same(a: &Path, b: &Path) {
+    let x = std::fs::read(a).unwrap();
+    let y = std::fs::read(b).unwrap();
+    assert_eq!(x.len(), y.len());
+    for copy in [0usize, 16384] {
+        let (hx, hy) = (&x[copy..copy + 4096], &y[copy..copy + 4096]);
+        assert_eq!(hx[..16], hy[..16], "magic/version/hdr_size");
+        assert_eq!(
+            hx[24..448],
+            hy[24..448],
+            "label, csum_alg, salt, uuid, subsystem, hdr_offset"
+        );
+        let (jx, jy) = (&x[copy + 4096..copy + 16384], &y[copy + 4096..copy + 16384]);
+        assert!(
+            jx == jy,
+            "JSON differs:\n{}\n{}",
+            String::from_utf8_lossy(jx.split(|&c| c == 0).next().unwrap()),
+            String::from_utf8_lossy(jy.split(|&c| c == 0).next().unwrap())
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(x[4096..16384].split(|&c| c == 0).next().unwrap()).unwrap();
+    for (_, ks) in json["keyslots"].as_object().unwrap() {
+        let off: usize = ks["area"]["offset"].as_str().unwrap().parse().unwrap();
+        let len: usize = ks["area"]["size"].as_str().unwrap().parse().unwrap();
+        assert!(
+            x[off..off + len] == y[off..off + len],
+            "keyslot area at {off} differs"
+        );
+    }
+    assert!(
+        x[DATA_OFFSET as usize..] == y[DATA_OFFSET as usize..],
+        "data areas of {} and {} differ",
+        a.display(),
+        b.display()
+    );
+}
+
+#[test]
+fn result_equals_cryptsetups_for_each_resilience_and_a_new_cipher_shape() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    let cases: [(&str, &[&str]); 4] = [
+        ("checksum", &[]),
+        ("journal", &[]),
+        ("none", &[]),
+        (
+            "checksum",
+            &[
+                "-s",
+                "256",
+                "--sector-size",
+                "512",
+                "--resilience-hash",
+                "sha512",
+            ],
+        ),
+    ];
+    for (i, (resilience, extra)) in cases.iter().enumerate() {
+        let init = f.initialised(&format!("init{i}.img"), resilience, extra);
+        let cs = f.copy(&init, &format!("cs{i}.img"));
+        let uc = f.copy(&init, &format!("uc{i}.img"));
+        f.cryptsetup_resume(&cs);
+        let out = f.ucrypt_resume(&uc, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("Finished, time") && err.contains("MiB/s"),
+            "{err}"
+        );
+        assert!(!f.json(&uc).contains("reencrypt"), "{}", f.json(&uc));
+        assert_same(&cs, &uc);
+        f.assert_plain(&uc);
+    }
+}
+
+#[test]
+fn a_run_stopped_by_either_tool_is_finished_by_the_other() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    for resilience in ["checksum", "journal", "none"] {
+        let init = f.initialised(&format!("init-{resilience}.img"), resilience, &[]);
+        let reference = f.copy(&init, "reference.img");
+        f.cryptsetup_resume(&reference);
+
+        // ucrypt stops cleanly after 8 MiB; cryptsetup finishes.
+        let a = f.copy(&init, "a.img");
+        f.ucrypt_resume(&a, &["--debug-stop-after", "8M"]);
+        let j = f.json(&a);
+        assert!(
+            j.contains("\"size\":\"8388608\"") && j.contains("online-reencrypt-v2"),
+            "{j}"
+        );
+        f.cryptsetup_resume(&a);
+        assert_same(&reference, &a);
+
+        // ucrypt stops, ucrypt resumes, with --progress-json.
+        let b = f.copy(&init, "b.img");
+        f.ucrypt_resume(&b, &["--debug-stop-after", "12M"]);
+        let out = f.ucrypt_resume(&b, &["--progress-json"]);
+        let last: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
+                .unwrap();
+        assert_eq!(last["device_bytes"], last["device_size"]);
+        assert_eq!(last["device_size"], DATA.to_string());
+        assert_same(&reference, &b);
+    }
+}
+
+#[test]
+fn a_run_killed_mid_hotzone_is_recovered_by_either_tool() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    for resilience in ["checksum", "journal"] {
+        let init = f.initialised(&format!("init-{resilience}.img"), resilience, &[]);
+        let reference = f.copy(&init, "reference.img");
+        f.cryptsetup_resume(&reference);
+
+        // ucrypt killed as it writes hotzone 2's data (its 22nd pwrite: per hotzone one
+        // resilience write, 6 for the "hot" header, the data, 6 for the "post" header).
+        let crashed = f.copy(&init, "crashed.img");
+        f.killed_at(
+            "pwrite64",
+            22,
+            ucrypt_bin(),
+            &[
+                "reencrypt",
+                "--resume-only",
+                "-q",
+                "-d",
+                Fixture::s(&f.key),
+                "--hotzone-size",
+                "4M",
+                "--disable-locks",
+                Fixture::s(&crashed),
+            ],
+        );
+        assert!(f.in_crash_state(&crashed), "{}", f.json(&crashed));
+        let by_cs = f.copy(&crashed, "by-cs.img");
+        f.cryptsetup_resume(&by_cs);
+        assert_same(&reference, &by_cs);
+        let by_uc = f.copy(&crashed, "by-uc.img");
+        f.ucrypt_resume(&by_uc, &[]);
+        assert_same(&reference, &by_uc);
+
+        // The hotzone [4M, 8M) torn: its first half already new, the rest old.
+        let torn = f.copy(&crashed, "torn.img");
+        {
+            use std::os::unix::fs::FileExt;
+            let r = std::fs::File::open(&reference).unwrap();
+            let t = std::fs::OpenOptions::new().write(true).open(&torn).unwrap();
+            let mut half = vec![0u8; 2 << 20];
+            r.read_exact_at(&mut half, DATA_OFFSET + (4 << 20)).unwrap();
+            t.write_all_at(&half, DATA_OFFSET + (4 << 20)).unwrap();
+        }
+        let torn_cs = f.copy(&torn, "torn-cs.img");
+        f.cryptsetup_resume(&torn_cs);
+        assert_same(&reference, &torn_cs);
+        f.ucrypt_resume(&torn, &[]);
+        assert_same(&reference, &torn);
+
+        // cryptsetup killed as it writes hotzone 2's data; ucrypt recovers and finishes.
+        // Which write that is comes from a traced run on a scratch copy: the second 4 MiB
+        // data write (the fourth 4 MiB write with the journal, which copies each hotzone).
+        let scratch = f.copy(&init, "scratch.img");
+        let log = f.path("writes.log");
+        ok(
+            "strace",
+            &[
+                "-f",
+                "-s",
+                "0",
+                "-e",
+                "trace=write",
+                "-o",
+                Fixture::s(&log),
+                "cryptsetup",
+                "reencrypt",
+                "--resume-only",
+                "--force-offline-reencrypt",
+                "-q",
+                "--key-file",
+                Fixture::s(&f.key),
+                "--hotzone-size",
+                "4M",
+                Fixture::s(&scratch),
+            ],
+        );
+        let writes: Vec<String> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("write("))
+            .map(str::to_string)
+            .collect();
+        let big: Vec<usize> = writes
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.trim_end().ends_with("= 4194304"))
+            .map(|(i, _)| i + 1)
+            .collect();
+        let nth = if resilience == "journal" {
+            big[3]
+        } else {
+            big[1]
+        };
+        let cs_crashed = f.copy(&init, "cs-crashed.img");
+        f.killed_at(
+            "write",
+            u32::try_from(nth).unwrap(),
+            "cryptsetup",
+            &[
+                "reencrypt",
+                "--resume-only",
+                "--force-offline-reencrypt",
+                "-q",
+                "--key-file",
+                Fixture::s(&f.key),
+                "--hotzone-size",
+                "4M",
+                Fixture::s(&cs_crashed),
+            ],
+        );
+        assert!(f.in_crash_state(&cs_crashed), "{}", f.json(&cs_crashed));
+        f.ucrypt_resume(&cs_crashed, &[]);
+        // cryptsetup re-created the reencryption digest when it started (its id differs),
+        // and the old keyslot's wipe is random: compare the data and the plaintext.
+        let x = std::fs::read(&reference).unwrap();
+        let y = std::fs::read(&cs_crashed).unwrap();
+        assert!(x[DATA_OFFSET as usize..] == y[DATA_OFFSET as usize..]);
+        assert!(!f.json(&cs_crashed).contains("reencrypt"));
+        f.assert_plain(&cs_crashed);
+    }
+}
+
+#[test]
+fn altered_reencryption_parameters_are_refused() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    let init = f.initialised("init.img", "checksum", &[]);
+    // Change the checksum block size in both header copies (checksums recomputed): the
+    // reencryption digest no longer matches.
+    {
+        use ucrypt_format::luks2::disk::Header;
+        use ucrypt_format::luks2::json::Json;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&init)
+            .unwrap();
+        let mut h = Header::read(&file, "init.img").unwrap();
+        let ks = h.json.get_mut("keyslots").unwrap().get_mut("2").unwrap();
+        ks.get_mut("area")
+            .unwrap()
+            .set("sector_size", Json::int(512));
+        h.write(&file, "init.img").unwrap();
+    }
+    let out = run(
+        ucrypt_bin(),
+        &[
+            "reencrypt",
+            "--resume-only",
+            "-q",
+            "-d",
+            Fixture::s(&f.key),
+            "--disable-locks",
+            Fixture::s(&init),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("reencryption digest does not match"),
+        "{err}"
+    );
+    // cryptsetup refuses it too.
+    let out = run(
+        "cryptsetup",
+        &[
+            "reencrypt",
+            "--resume-only",
+            "--force-offline-reencrypt",
+            "-q",
+            "--key-file",
+            Fixture::s(&f.key),
+            Fixture::s(&init),
+        ],
+    );
+    assert!(!out.status.success());
+    // Wrong passphrase: exit 2, nothing changed.
+    let bad = f.path("bad");
+    std::fs::write(&bad, b"wrong").unwrap();
+    let before = std::fs::read(&init).unwrap();
+    let out = run(
+        ucrypt_bin(),
+        &[
+            "reencrypt",
+            "--resume-only",
+            "-q",
+            "-d",
+            Fixture::s(&bad),
+            "--disable-locks",
+            Fixture::s(&init),
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(&init).unwrap() == before);
+}
