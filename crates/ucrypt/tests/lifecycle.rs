@@ -885,6 +885,16 @@ fn ctrl_c_at_a_passphrase_prompt_exits_promptly_with_the_terminal_restored() {
     ];
     for (i, cmd) in cases.iter().enumerate() {
         sh_ok(&format!("tmux send-keys -t {s} 'clear' Enter"));
+        // The previous case's prompt must be gone before this one's is waited for.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pane(s).contains("Enter passphrase") {
+            assert!(
+                Instant::now() < deadline,
+                "clear did not clear:\n{}",
+                pane(s)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let mark = format!("done{i}");
         let line =
             format!("{cmd}; echo rc=$? {mark}; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?echo'");

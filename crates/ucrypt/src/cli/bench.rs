@@ -1,7 +1,6 @@
 //! `ucrypt bench`: the seeds' experiments with progress, table, JSON and chart output.
 
 use super::CliError;
-use indicatif::{ProgressBar, ProgressStyle};
 use ucrypt::bench::{self, report, Settings, EXPERIMENTS};
 
 /// Arguments of `ucrypt bench`.
@@ -72,23 +71,21 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .iter()
         .map(|c| ((c.variants.len() + 1) * s.repeats) as u64)
         .sum();
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    // Measuring writes nothing that outlives the process: Ctrl-C ends it at once.
+    let _exit = super::progress::ExitOnSignal::new();
+    let bar = super::progress::Steps::new("bench", total);
     let mut rows = Vec::new();
     for cell in &cells {
-        bar.set_message(format!(
+        bar.message(format!(
             "{} {} bs={} depth={}",
             cell.experiment,
             cell.op.name(),
             cell.block,
             cell.depth
         ));
-        rows.extend(bench::measure(cell, &s, &mut || bar.inc(1)).map_err(anyhow::Error::msg)?);
+        rows.extend(bench::measure(cell, &s, &mut || bar.inc()).map_err(anyhow::Error::msg)?);
     }
-    bar.finish_and_clear();
+    bar.finish();
     if a.json {
         print!("{}", report::json(&rows));
     } else {

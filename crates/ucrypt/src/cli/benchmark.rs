@@ -138,8 +138,13 @@ fn kdf_rows(a: &Args, seconds: f64) -> Result<Vec<KdfRow>, CliError> {
     let salt = [0x5cu8; 32];
     let mut out = [0u8; 32];
     let mut rows = Vec::new();
+    let steps = super::progress::Steps::new(
+        "PBKDF",
+        (if do_pbkdf2 { hashes.len() } else { 0 } + argons.len()) as u64,
+    );
     if do_pbkdf2 {
         for name in hashes {
+            steps.message(format!("pbkdf2-{name}"));
             let hash = Hash::from_name(&name).map_err(anyhow::Error::from)?;
             // Grow the iteration count until one run takes a measurable time.
             let mut iters = 1000u32;
@@ -156,9 +161,11 @@ fn kdf_rows(a: &Args, seconds: f64) -> Result<Vec<KdfRow>, CliError> {
                 hash: name,
                 per_second,
             });
+            steps.inc();
         }
     }
     for kind in argons {
+        steps.message(kind);
         let cost = Argon2Cost {
             time: a.pbkdf_force_iterations.max(1),
             memory_kib: a.pbkdf_memory.max(8),
@@ -177,7 +184,9 @@ fn kdf_rows(a: &Args, seconds: f64) -> Result<Vec<KdfRow>, CliError> {
             memory_kib: cost.memory_kib,
             ms: start.elapsed().as_secs_f64() * 1000.0,
         });
+        steps.inc();
     }
+    steps.finish();
     Ok(rows)
 }
 
@@ -413,6 +422,8 @@ fn alternative(
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    // Measuring writes nothing: Ctrl-C ends it at once.
+    let _exit = super::progress::ExitOnSignal::new();
     // cryptsetup: PBKDF rows unless a cipher is asked for; only them with --pbkdf.
     if a.cipher.is_none() {
         let rows = kdf_rows(&a, (a.seconds / 4.0).clamp(0.02, 1.0))?;
@@ -446,6 +457,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             "Algorithm", "Key", "Encryption", "Decryption"
         );
     }
+    let steps = super::progress::Steps::new("Ciphers", specs.len() as u64 + 1);
     let print_row = |r: &Row, alt: Option<&Row>| {
         if a.json {
             let alt = alt.map_or_else(String::new, |x| {
@@ -462,15 +474,18 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             let alt = alt.map_or_else(String::new, |x| {
                 format!("   {}: {:.1} / {:.1} MiB/s", x.name, x.enc, x.dec)
             });
-            println!(
-                "{:>35} {:>5}b {:>9.1} MiB/s {:>9.1} MiB/s{alt}",
-                r.name, r.key_bits, r.enc, r.dec
-            );
+            steps.suspend(|| {
+                println!(
+                    "{:>35} {:>5}b {:>9.1} MiB/s {:>9.1} MiB/s{alt}",
+                    r.name, r.key_bits, r.enc, r.dec
+                )
+            });
         }
         // Rows appear as they finish, not all at the end.
         let _ = std::io::Write::flush(&mut std::io::stdout());
     };
     for (spec, bits) in &specs {
+        steps.message(format!("{spec} {bits}b"));
         let parsed = spec.parse::<CipherSpec>()?;
         let key = &key_bytes[..bits / 8];
         let cipher: Box<dyn SectorCipher> = parsed.build(
@@ -494,9 +509,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         };
         let alt = alternative(&parsed, key, &mut data, ss.len(), per_round);
         print_row(&row, alt.as_ref());
+        steps.inc();
         charted.push((row.clone(), alt));
         rows.push(row);
     }
+    steps.message("raw AWS-LC baseline");
     // The raw library baseline for the hot path, in the same run.
     let raw = RawLibraryXts::new(&key_bytes[..64]).map(|mut raw| {
         let enc = measure(buffer, per_round, || raw.run(&mut data, ss.len(), true));
@@ -512,6 +529,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         print_row(r, None);
         charted.push((r.clone(), None));
     }
+    steps.finish();
     if let Some(path) = &a.chart {
         std::fs::write(path, chart(&a, ss, buffer, &charted))
             .map_err(|e| anyhow::anyhow!("writing chart {}: {e}", path.display()))?;

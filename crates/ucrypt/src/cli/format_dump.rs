@@ -36,7 +36,9 @@ pub(crate) fn run(kind: VolumeType, a: Args) -> Result<(), CliError> {
          encrypted in a safe place",
     )?;
     let pass = secret::existing(&a.key, &a.dev.device)?;
-    let (_, key) = cd.volume_key(None, &pass).cs()?;
+    let (_, key) =
+        super::progress::searching("Unlocking the volume key", || cd.volume_key(None, &pass))
+            .cs()?;
     let info = cd.info();
     // cryptsetup's own formats (2.6): BITLK prints a summary and an "MK dump" of 16 bytes a
     // line (cryptsetup.c); FVAULT2 prints its usual dump and one "Volume key" line.

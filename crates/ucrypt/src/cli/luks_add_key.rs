@@ -93,7 +93,9 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         true,
     )?;
     a.pbkdf.apply(&mut cd)?;
-    let slot = cd.add_keyslot_by_passphrase(a.key_slot, &old, &new).cs()?;
+    let slot = super::progress::writing("Adding the keyslot (PBKDF benchmark)", || {
+        cd.add_keyslot_by_passphrase(a.key_slot, &old, &new).cs()
+    })?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     Ok(())
 }

@@ -41,7 +41,9 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         true,
     )?;
     a.pbkdf.apply(&mut cd)?;
-    let slot = cd.change_keyslot(a.key_slot, a.key_slot, &old, &new).cs()?;
+    let slot = super::progress::writing("Changing the keyslot (PBKDF benchmark)", || {
+        cd.change_keyslot(a.key_slot, a.key_slot, &old, &new).cs()
+    })?;
     verbose(a.verbose, format_args!("Key slot {slot} changed."));
     Ok(())
 }

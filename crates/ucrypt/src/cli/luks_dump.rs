@@ -48,7 +48,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
          encrypted in a safe place",
     )?;
     let pass = secret::existing(&a.key, &a.dev.device)?;
-    let (_, key) = cd.volume_key(a.key_slot, &pass).cs()?;
+    let (_, key) = super::progress::searching("Unlocking the volume key", || {
+        cd.volume_key(a.key_slot, &pass)
+    })
+    .cs()?;
     let info = cd.info();
     if key.is_empty() {
         return Err(anyhow::anyhow!("empty volume key")).code(EXIT_PARAMS);

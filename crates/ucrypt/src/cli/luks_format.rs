@@ -3,6 +3,7 @@
 //! argon2id for LUKS2 and pbkdf2 for LUKS1, sector size chosen by the library).
 
 use super::luks::{verbose, CsResult, DeviceArgs};
+use super::progress::{self, ProgressArgs};
 use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
@@ -72,6 +73,8 @@ pub(crate) struct Args {
     /// ucrypt's data path (a progress bar on stderr), so no old plaintext stays readable.
     #[arg(long)]
     wipe: bool,
+    #[command(flatten)]
+    progress: ProgressArgs,
 }
 
 /// Writes encrypted zeros over the whole data area of the freshly formatted volume.
@@ -84,31 +87,50 @@ fn wipe(a: &Args, pass: &[u8]) -> Result<(), CliError> {
         allow_null_cipher: true,
         ..ucrypt::HeaderOptions::default()
     };
-    let unlocked = ucrypt::unlock(&a.dev.device, pass, &hopts).cs()?;
+    let unlocked = {
+        // The header is written; nothing of the data area yet.
+        let _exit = progress::ExitOnSignal::with_message(
+            "ucrypt: interrupted before the wipe: the header is formatted, the data area was \
+             not wiped\n",
+        );
+        let _spin = progress::Spinner::new("Unlocking the new keyslot for the wipe");
+        ucrypt::unlock(&a.dev.device, pass, &hopts).cs()?
+    };
     let volume = ucrypt::open_unlocked(unlocked, ucrypt::OpenOptions::default()).cs()?;
     let size = volume.info().size_bytes;
-    let bar = indicatif::ProgressBar::new(size);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "Wiping {bytes}/{total_bytes} [{bar:40}] {percent}% {bytes_per_sec}, ETA {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let device = a.dev.device.display().to_string();
+    let stop = progress::StopOnSignal::new();
+    let mut bar = progress::Bytes::new(&a.progress, "Wiping", &device, size);
     let zeros = vec![0u8; 4 << 20];
     let mut at = 0;
     while at < size {
+        if stop.stopped() {
+            break;
+        }
         let n = (size - at).min(zeros.len() as u64) as usize;
-        volume
-            .write_at(&zeros[..n], at, false)
-            .map_err(|e| anyhow::anyhow!("wiping {} at byte {at}: {e}", a.dev.device.display()))
-            .cs()?;
+        if let Err(e) = volume.write_at(&zeros[..n], at, false) {
+            bar.abandon();
+            return Err(anyhow::anyhow!(
+                "wiping {device} at byte {at} of {size} (bytes before it are wiped): {e}"
+            ))
+            .cs();
+        }
         at += n as u64;
-        bar.set_position(at);
+        bar.set(at);
     }
     volume
         .flush()
-        .map_err(|e| anyhow::anyhow!("flushing {}: {e}", a.dev.device.display()))
+        .map_err(|e| anyhow::anyhow!("flushing {device}: {e}"))
         .cs()?;
+    if at < size {
+        bar.abandon();
+        return Err(anyhow::anyhow!(
+            "wipe interrupted after {at} of {size} bytes ({:.1}%) of the data area: the volume \
+             is formatted and opens, the bytes from {at} on still hold what was there before",
+            at as f64 * 100.0 / size as f64
+        ))
+        .code(EXIT_PARAMS);
+    }
     bar.finish();
     Ok(())
 }
@@ -173,6 +195,22 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
                 .map_err(|e| anyhow::anyhow!("sizing header file {}: {e}", h.display()))?;
         }
     }
+    let slot = progress::writing("Formatting (PBKDF benchmark, keyslot)", || {
+        format_header(&a, luks2, key_bits, &pass)
+    })?;
+    verbose(a.verbose, format_args!("Key slot {slot} created."));
+    // A remote header reaches its server before the wipe reads it back from there.
+    super::luks::write_back_remote()?;
+    if a.wipe {
+        wipe(&a, &pass)?;
+        verbose(a.verbose, "Data area wiped with encrypted zeros.");
+    }
+    verbose(a.verbose, "Command successful.");
+    Ok(())
+}
+
+/// Writes the header and its first keyslot; returns the slot.
+fn format_header(a: &Args, luks2: bool, key_bits: u32, pass: &[u8]) -> Result<u32, CliError> {
     let mut cd = a.dev.header_context()?;
     let kind = a
         .pbkdf
@@ -206,15 +244,5 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         None,
     )
     .cs()?;
-    let slot = cd.add_keyslot_by_volume_key(a.key_slot, None, &pass).cs()?;
-    verbose(a.verbose, format_args!("Key slot {slot} created."));
-    drop(cd);
-    // A remote header reaches its server before the wipe reads it back from there.
-    super::luks::write_back_remote()?;
-    if a.wipe {
-        wipe(&a, &pass)?;
-        verbose(a.verbose, "Data area wiped with encrypted zeros.");
-    }
-    verbose(a.verbose, "Command successful.");
-    Ok(())
+    cd.add_keyslot_by_volume_key(a.key_slot, None, pass).cs()
 }

@@ -18,5 +18,7 @@ pub(crate) struct Args {
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let mut cd = a.dev.load(VolumeType::Luks)?;
-    cd.header_backup(&a.header_backup_file).cs()
+    super::progress::writing("Backing up the header", || {
+        cd.header_backup(&a.header_backup_file).cs()
+    })
 }

@@ -30,5 +30,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ),
     )?;
     let mut cd = a.dev.context()?;
-    cd.header_restore(&a.header_backup_file).cs()
+    super::progress::writing("Restoring the header", || {
+        cd.header_restore(&a.header_backup_file).cs()
+    })
 }

@@ -53,7 +53,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
                     "Enter any remaining passphrase: ",
                     false,
                 )?;
-                let opened = cd.check_passphrase(None, &pass).cs()?;
+                let opened = super::progress::searching("Checking the passphrase", || {
+                    cd.check_passphrase(None, &pass)
+                })
+                .cs()?;
                 if opened == a.slot {
                     return Err(anyhow::anyhow!(
                         "the passphrase given opens keyslot {} itself; give one of another keyslot",

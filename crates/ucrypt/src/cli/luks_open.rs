@@ -170,10 +170,16 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         let mut cd = a.dev.load(kind)?;
         let info = cd.info();
         ucrypt::header::check_luks_ciphers(&mut cd, &info, hopts.allow_null_cipher).cs()?;
-        cd.check_passphrase(a.key_slot, &secret).cs()?;
+        super::progress::searching("Checking the passphrase", || {
+            cd.check_passphrase(a.key_slot, &secret)
+        })
+        .cs()?;
         return Ok(());
     }
-    let unlocked = ucrypt::unlock(&a.dev.device, &secret, &hopts).cs()?;
+    let unlocked = super::progress::searching(&super::open_header::unlocking(kind), || {
+        ucrypt::unlock(&a.dev.device, &secret, &hopts)
+    })
+    .cs()?;
     if a.print_table {
         let name = a.name.as_deref().unwrap_or("ucrypt");
         for mut line in unlocked.table_lines(a.showkeys, name) {

@@ -37,7 +37,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         k.key_file = Some(p);
     }
     let pass = secret::existing(&k, &a.dev.device)?;
-    let slot = cd.check_passphrase(None, &pass).cs()?;
+    let slot = super::progress::searching("Checking the passphrase", || {
+        cd.check_passphrase(None, &pass)
+    })
+    .cs()?;
     if cd.keyslot_status(slot) == KeyslotStatus::ActiveLast {
         secret::confirm(
             a.batch_mode,

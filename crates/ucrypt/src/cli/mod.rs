@@ -25,6 +25,7 @@ mod luks_uuid;
 mod metadata;
 mod open;
 mod open_header;
+mod progress;
 mod read;
 mod reencrypt;
 mod secret;

@@ -173,8 +173,10 @@ fn unlock_once(
         };
         // The whole file; its length must be the header's key size (checked on unlock).
         let vk = super::secret::read_key_file(vk_file, 0, 0)?;
-        let unlocked =
-            ucrypt::header::unlock_by_volume_key(&device, &vk, &hopts).map_err(cs_error)?;
+        let unlocked = super::progress::searching("Checking the volume key", || {
+            ucrypt::header::unlock_by_volume_key(&device, &vk, &hopts)
+        })
+        .map_err(cs_error)?;
         drop(vk);
         if h.test_passphrase {
             return Ok(None);
@@ -201,13 +203,29 @@ fn unlock_once(
         let mut cd = dev.load(kind)?;
         let info = cd.info();
         ucrypt::header::check_luks_ciphers(&mut cd, &info, hopts.allow_null_cipher).cs()?;
-        cd.check_passphrase(h.key_slot, &secret).cs()?;
+        super::progress::searching("Checking the passphrase", || {
+            cd.check_passphrase(h.key_slot, &secret)
+        })
+        .cs()?;
         return Ok(None);
     }
-    let unlocked = ucrypt::unlock(&device, &secret, &hopts).map_err(cs_error)?;
+    let unlocked = super::progress::searching(&unlocking(kind), || {
+        ucrypt::unlock(&device, &secret, &hopts)
+    })
+    .map_err(cs_error)?;
     drop(secret);
     if h.test_passphrase {
         return Ok(None);
     }
     Ok(Some((unlocked, hopts)))
+}
+
+/// What the spinner says while a volume of `kind` is unlocked (a TCRYPT search tries every
+/// KDF and cipher chain; the others try keyslots).
+pub(crate) fn unlocking(kind: VolumeType) -> String {
+    if kind == VolumeType::Tcrypt {
+        "Searching TCRYPT/VeraCrypt KDFs and ciphers".to_string()
+    } else {
+        "Unlocking (key derivation)".to_string()
+    }
 }

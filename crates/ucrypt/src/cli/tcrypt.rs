@@ -137,7 +137,11 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
     };
     let device = super::luks::local_path(&a.device, header.is_none())?;
     let (hopts, secret) = inputs(&a.device, header, &a.key, &a.tcrypt, &plain, false)?;
-    let (hdr, meta) = ucrypt::tcrypt::load_header(&device, &secret, &hopts).map_err(cs_error)?;
+    let (hdr, meta) =
+        super::progress::searching("Searching TCRYPT/VeraCrypt KDFs and ciphers", || {
+            ucrypt::tcrypt::load_header(&device, &secret, &hopts)
+        })
+        .map_err(cs_error)?;
     drop(secret);
     let shown = if Some(&meta) == hopts.header.as_ref() {
         a.header.clone().unwrap_or(meta)

@@ -1,0 +1,477 @@
+//! Progress and interruption for every command that can take more than a second: the one
+//! place that decides how progress is shown and what Ctrl-C does meanwhile.
+//!
+//! **Showing progress.**
+//! - [`Bytes`]: work measured in bytes over a device (wipes, reencryption). On a terminal
+//!   an indicatif bar on stderr; with `--progress-json` cryptsetup 2.6's JSON lines on
+//!   stdout (`{"device":"..","device_bytes":"N","device_size":"N","speed":"N",
+//!   "eta_ms":"N","time_ms":"N"}`, every value a decimal string, a line every 0.5 s or
+//!   `--progress-frequency` seconds and one when done, as `tools_time_progress_json`);
+//!   with `--progress-frequency` alone cryptsetup's `Progress: ..` / `Finished, ..` lines
+//!   on stdout. Nothing when stderr is not a terminal and neither option is given.
+//! - [`Steps`]: a known number of steps (benchmark cells, bench repeats, TCRYPT KDFs): a
+//!   bar on stderr when it is a terminal, nothing otherwise.
+//! - [`Spinner`]: work of unknown length (PBKDF benchmarks, header backup/restore): a
+//!   spinner with elapsed time on stderr when it is a terminal, nothing otherwise.
+//!
+//! **Interruption.** While an [`ExitOnSignal`] guard lives (phases that write nothing: KDF
+//! and TCRYPT searches, benchmarks), SIGINT/SIGTERM/SIGHUP end the process at once with
+//! "interrupted; nothing was changed" and exit code 1. While a [`StopOnSignal`] guard
+//! lives (phases that write: wipes), they only set a flag ([`StopOnSignal::stopped`]); the
+//! loop stops at its next boundary and reports how far it got.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// `--progress-json` and `--progress-frequency`, cryptsetup's spellings.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct ProgressArgs {
+    /// Print progress as JSON lines on standard output (cryptsetup's format, for scripts).
+    #[arg(long)]
+    pub(crate) progress_json: bool,
+    /// Seconds between progress updates; progress is then printed as lines on standard
+    /// output instead of a bar.
+    #[arg(long, value_name = "SECS")]
+    pub(crate) progress_frequency: Option<u32>,
+}
+
+/// How a [`Bytes`] progress is reported.
+enum Mode {
+    /// An indicatif bar (hidden by indicatif itself when stderr is not a terminal).
+    Bar(indicatif::ProgressBar),
+    /// cryptsetup's JSON lines on stdout.
+    Json,
+    /// cryptsetup's text lines on stdout every `--progress-frequency` seconds.
+    Lines,
+}
+
+/// Progress over `size` bytes of `device` (see the module docs).
+pub(crate) struct Bytes {
+    mode: Mode,
+    device: String,
+    size: u64,
+    start: Instant,
+    /// When the last line was printed (JSON and text lines).
+    last: Instant,
+    frequency: Duration,
+    done: u64,
+    /// The final line was printed.
+    ended: bool,
+}
+
+impl Bytes {
+    /// Starts reporting `what` ("Wiping") over `size` bytes of `device`.
+    pub(crate) fn new(args: &ProgressArgs, what: &str, device: &str, size: u64) -> Bytes {
+        let mode = if args.progress_json {
+            Mode::Json
+        } else if args.progress_frequency.is_some() {
+            Mode::Lines
+        } else {
+            let bar = indicatif::ProgressBar::new(size);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(&format!(
+                    "{what} {{bytes}}/{{total_bytes}} [{{bar:30}}] {{percent}}% \
+                     {{bytes_per_sec}}, ETA {{eta}}"
+                ))
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            Mode::Bar(bar)
+        };
+        let now = Instant::now();
+        Bytes {
+            mode,
+            device: device.to_string(),
+            size,
+            start: now,
+            last: now,
+            frequency: args
+                .progress_frequency
+                .map_or(Duration::from_millis(500), |s| {
+                    Duration::from_secs(u64::from(s.max(1)))
+                }),
+            done: 0,
+            ended: false,
+        }
+    }
+
+    /// `done` of the size are done.
+    pub(crate) fn set(&mut self, done: u64) {
+        self.done = done.min(self.size);
+        let fin = self.done == self.size;
+        match &self.mode {
+            Mode::Bar(b) => b.set_position(self.done),
+            Mode::Json | Mode::Lines => {
+                let now = Instant::now();
+                if self.ended || (!fin && now.duration_since(self.last) < self.frequency) {
+                    return;
+                }
+                self.ended = fin;
+                self.last = now;
+                self.print_line(now, fin);
+            }
+        }
+    }
+
+    fn print_line(&self, now: Instant, fin: bool) {
+        let secs = now.duration_since(self.start).as_secs_f64();
+        if secs <= 0.0 {
+            return;
+        }
+        let speed = self.done as f64 / secs;
+        // cryptsetup's estimate: the whole size at the average speed, minus the time spent.
+        let eta = if fin || speed <= 0.0 {
+            0.0
+        } else {
+            (self.size as f64 / speed - secs).max(0.0)
+        };
+        let line = match self.mode {
+            Mode::Json => json_line(
+                &self.device,
+                self.done,
+                self.size,
+                speed as u64,
+                (eta * 1e3) as u64,
+                (secs * 1e3) as u64,
+            ),
+            _ if fin => format!(
+                "Finished, time {}, {}, {}\n",
+                human_time(secs),
+                written(self.done),
+                speed_text(speed)
+            ),
+            _ => format!(
+                "Progress: {:5.1}%, ETA {}, {}, {}\n",
+                self.done as f64 / self.size.max(1) as f64 * 100.0,
+                human_time(eta),
+                written(self.done),
+                speed_text(speed)
+            ),
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(line.as_bytes());
+        let _ = out.flush();
+    }
+
+    /// The work is complete: the bar is cleared, the last line printed.
+    pub(crate) fn finish(mut self) {
+        self.set(self.size);
+        if let Mode::Bar(b) = &self.mode {
+            b.finish_and_clear();
+        }
+    }
+
+    /// The work stopped early: the bar is cleared (the caller reports how far it got).
+    pub(crate) fn abandon(self) {
+        if let Mode::Bar(b) = &self.mode {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// One `--progress-json` line, as cryptsetup 2.6 prints it (every value a string).
+pub(crate) fn json_line(
+    device: &str,
+    bytes: u64,
+    size: u64,
+    speed: u64,
+    eta_ms: u64,
+    time_ms: u64,
+) -> String {
+    // The device name is the only free text: escaped as a JSON string by serde_json.
+    let device = serde_json::Value::String(device.to_string()).to_string();
+    format!(
+        "{{\"device\":{device},\"device_bytes\":\"{bytes}\",\"device_size\":\"{size}\",\
+         \"speed\":\"{speed}\",\"eta_ms\":\"{eta_ms}\",\"time_ms\":\"{time_ms}\"}}\n"
+    )
+}
+
+/// cryptsetup's time format: `12m44s`, `26h12m44s` past 90 minutes, `3 days` past 36 hours.
+fn human_time(secs: f64) -> String {
+    let s = secs as u64;
+    if s < 90 * 60 {
+        format!("{:02}m{:02}s", s / 60, s % 60)
+    } else if s < 36 * 3600 {
+        format!("{:02}h{:02}m{:02}s", s / 3600, s / 60 % 60, s % 60)
+    } else {
+        format!("{:02} days", s / 86400)
+    }
+}
+
+/// cryptsetup's `%4 MiB written` (MiB below 4 GiB, GiB below 4 TiB, ...).
+fn written(bytes: u64) -> String {
+    let (n, unit) = if bytes < 1 << 32 {
+        (bytes >> 20, "MiB")
+    } else if bytes < 1 << 42 {
+        (bytes >> 30, "GiB")
+    } else if bytes < 1 << 52 {
+        (bytes >> 40, "TiB")
+    } else {
+        (bytes >> 50, "PiB")
+    };
+    format!("{n:4} {unit} written")
+}
+
+/// cryptsetup's `speed %5.1f MiB/s`.
+fn speed_text(per_sec: f64) -> String {
+    let (v, unit) = if per_sec > 1_073_741_824.0 {
+        (per_sec / 1_073_741_824.0, "GiB")
+    } else if per_sec > 1_048_576.0 {
+        (per_sec / 1_048_576.0, "MiB")
+    } else if per_sec > 1024.0 {
+        (per_sec / 1024.0, "KiB")
+    } else {
+        (per_sec, "B")
+    };
+    format!("speed {v:5.1} {unit}/s")
+}
+
+/// A bar over a known number of steps on stderr (hidden when stderr is not a terminal).
+pub(crate) struct Steps(indicatif::ProgressBar);
+
+impl Steps {
+    /// `total` steps of `what`.
+    pub(crate) fn new(what: &str, total: u64) -> Steps {
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(&format!(
+                "{{spinner}} {what} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} {{msg}}"
+            ))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        if std::io::stderr().is_terminal() {
+            bar.enable_steady_tick(Duration::from_millis(200));
+        }
+        Steps(bar)
+    }
+
+    /// What the current step is.
+    pub(crate) fn message(&self, msg: impl Into<String>) {
+        self.0.set_message(msg.into());
+    }
+
+    /// One more step done.
+    pub(crate) fn inc(&self) {
+        self.0.inc(1);
+    }
+
+    /// Clears the bar.
+    pub(crate) fn finish(self) {
+        self.0.finish_and_clear();
+    }
+
+    /// Runs `f` (printing to stdout) with the bar taken off the terminal meanwhile, so the
+    /// lines do not mix with it.
+    pub(crate) fn suspend<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.0.suspend(f)
+    }
+}
+
+/// A spinner with elapsed time on stderr for work of unknown length (hidden when stderr
+/// is not a terminal); cleared on drop.
+pub(crate) struct Spinner(indicatif::ProgressBar);
+
+impl Spinner {
+    /// Spins with `what` ("Benchmarking PBKDF") until dropped.
+    pub(crate) fn new(what: &str) -> Spinner {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(&format!("{{spinner}} {what} {{elapsed}}"))
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        if std::io::stderr().is_terminal() {
+            bar.enable_steady_tick(Duration::from_millis(120));
+        }
+        Spinner(bar)
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
+/// The signals that interrupt a long operation (Ctrl-C, `kill`, a closed terminal).
+const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Set by [`on_stop_signal`] while a [`StopOnSignal`] lives.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_sig: libc::c_int) {
+    // Async-signal-safe: one atomic store.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// What [`on_exit_signal`] prints: a `&'static str` set by [`ExitOnSignal::with_message`]
+/// (pointer and length, each stored atomically before the handler is installed).
+static EXIT_MSG: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+static EXIT_MSG_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// The default message of [`ExitOnSignal`].
+const NOTHING_CHANGED: &str = "ucrypt: interrupted; nothing was changed\n";
+
+extern "C" fn on_exit_signal(_sig: libc::c_int) {
+    // Async-signal-safe only: atomic loads, write(2) and _exit(2). The bar's line is
+    // cleared first on a terminal so the message starts at the left.
+    const CLEAR: &[u8] = b"\r\x1b[2K";
+    let (p, n) = (
+        EXIT_MSG.load(Ordering::SeqCst),
+        EXIT_MSG_LEN.load(Ordering::SeqCst),
+    );
+    // SAFETY: write(2) of static buffers (EXIT_MSG points to a `&'static str` of
+    // EXIT_MSG_LEN bytes, or is null) and _exit(2) are async-signal-safe.
+    unsafe {
+        if libc::isatty(libc::STDERR_FILENO) == 1 {
+            libc::write(libc::STDERR_FILENO, CLEAR.as_ptr().cast(), CLEAR.len());
+        }
+        if p.is_null() {
+            libc::write(
+                libc::STDERR_FILENO,
+                NOTHING_CHANGED.as_ptr().cast(),
+                NOTHING_CHANGED.len(),
+            );
+        } else {
+            libc::write(libc::STDERR_FILENO, p.cast_const().cast(), n);
+        }
+        libc::_exit(1);
+    }
+}
+
+/// The previous handlers and mask, put back on drop.
+struct Installed {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+    old_mask: libc::sigset_t,
+}
+
+impl Installed {
+    /// Installs `handler` for [`SIGNALS`] and unblocks them on this thread (a server's
+    /// signal thread may have blocked them; threads this thread starts inherit the mask).
+    fn new(handler: extern "C" fn(libc::c_int)) -> Installed {
+        let mut old = Vec::with_capacity(SIGNALS.len());
+        // SAFETY: sigset_t and sigaction are plain C data (all-zero is a valid start);
+        // the calls only read and write the structures passed, which outlive each call.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in SIGNALS {
+                libc::sigaddset(&mut set, sig);
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = handler as usize;
+                act.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut act.sa_mask);
+                let mut prev: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &act, &mut prev) == 0 {
+                    old.push((sig, prev));
+                }
+            }
+            let mut old_mask: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, &mut old_mask);
+            Installed { old, old_mask }
+        }
+    }
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask and actions saved in `new`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old_mask, std::ptr::null_mut());
+            for (sig, prev) in &self.old {
+                libc::sigaction(*sig, prev, std::ptr::null_mut());
+            }
+        }
+    }
+}
+
+/// While alive, SIGINT/SIGTERM/SIGHUP exit at once (code 1, "interrupted; nothing was
+/// changed"): for phases that write nothing (KDF and TCRYPT searches, benchmarks).
+pub(crate) struct ExitOnSignal(#[allow(dead_code)] Installed);
+
+impl ExitOnSignal {
+    /// Exits with "ucrypt: interrupted; nothing was changed".
+    pub(crate) fn new() -> ExitOnSignal {
+        Self::with_message(NOTHING_CHANGED)
+    }
+
+    /// Exits printing `msg` (a whole line, "ucrypt: " and newline included).
+    pub(crate) fn with_message(msg: &'static str) -> ExitOnSignal {
+        EXIT_MSG_LEN.store(msg.len(), Ordering::SeqCst);
+        EXIT_MSG.store(msg.as_ptr().cast_mut(), Ordering::SeqCst);
+        ExitOnSignal(Installed::new(on_exit_signal))
+    }
+}
+
+/// Runs `f` (a phase that writes nothing: a KDF or TCRYPT search) under a spinner saying
+/// `what`, with Ctrl-C exiting at once ([`ExitOnSignal`]).
+pub(crate) fn searching<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    let _exit = ExitOnSignal::new();
+    let _spin = Spinner::new(what);
+    f()
+}
+
+/// Runs `f` (a library call that writes a header: keyslot creation with its PBKDF
+/// benchmark, header backup or restore) under a spinner saying `what`. A signal meanwhile
+/// cannot cut the write short: it is held until `f` returns, then the command ends with
+/// "interrupted" (exit 1, as cryptsetup's), naming what was completed first.
+pub(crate) fn writing<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, super::CliError>,
+) -> Result<T, super::CliError> {
+    let stop = StopOnSignal::new();
+    let spin = Spinner::new(what);
+    let r = f();
+    drop(spin);
+    if stop.stopped() && r.is_ok() {
+        return Err(anyhow::anyhow!(
+            "interrupted while {}; it had already started and was completed first",
+            what.to_lowercase()
+        )
+        .into());
+    }
+    r
+}
+
+/// While alive, SIGINT/SIGTERM/SIGHUP only set a flag that the writing loop polls
+/// ([`StopOnSignal::stopped`]): it stops at a boundary and reports how far it got.
+pub(crate) struct StopOnSignal(#[allow(dead_code)] Installed);
+
+impl StopOnSignal {
+    pub(crate) fn new() -> StopOnSignal {
+        STOP.store(false, Ordering::SeqCst);
+        StopOnSignal(Installed::new(on_stop_signal))
+    }
+
+    /// Whether a signal asked to stop.
+    pub(crate) fn stopped(&self) -> bool {
+        STOP.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_lines_are_cryptsetups() {
+        assert_eq!(
+            json_line("/dev/loop0", 1048576, 4194304, 52428800, 60, 20),
+            "{\"device\":\"/dev/loop0\",\"device_bytes\":\"1048576\",\"device_size\":\"4194304\",\
+             \"speed\":\"52428800\",\"eta_ms\":\"60\",\"time_ms\":\"20\"}\n"
+        );
+        // A quote in a file name stays valid JSON.
+        let l = json_line("a\"b", 0, 1, 0, 0, 0);
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap_or_default();
+        assert_eq!(v["device"], "a\"b");
+    }
+
+    #[test]
+    fn text_lines_are_cryptsetups() {
+        assert_eq!(human_time(764.0), "12m44s");
+        assert_eq!(human_time(26.0 * 3600.0 + 12.0 * 60.0 + 44.0), "26h12m44s");
+        assert_eq!(human_time(3.5 * 86400.0), "03 days");
+        assert_eq!(written(300 << 20), " 300 MiB written");
+        assert_eq!(written(5 << 30), "   5 GiB written");
+        assert_eq!(speed_text(52_428_800.0), "speed  50.0 MiB/s");
+    }
+}

@@ -1,0 +1,245 @@
+//! Progress and interruption of long operations: `--progress-json` lines shaped as
+//! cryptsetup's, no bar when stderr is not a terminal, and in a real terminal (tmux) a bar
+//! while wiping, Ctrl-C ending a TCRYPT search at once and a wipe with how far it got.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::require;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn sh(cmd: &str) -> Output {
+    Command::new("sh").arg("-c").arg(cmd).output().unwrap()
+}
+
+fn sh_ok(cmd: &str) -> String {
+    let out = sh(cmd);
+    assert!(out.status.success(), "{cmd}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The keys of a JSON object line, in order, with every value required to be a string
+/// of decimal digits (but "device").
+fn json_keys(line: &str) -> Vec<String> {
+    let v: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON object: {line:?}: {e}"));
+    for (k, val) in &v {
+        let s = val
+            .as_str()
+            .unwrap_or_else(|| panic!("{k} is not a string: {line}"));
+        if k != "device" {
+            assert!(
+                !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()),
+                "{k}: {s:?} in {line}"
+            );
+        }
+    }
+    v.keys().cloned().collect()
+}
+
+#[test]
+fn progress_json_lines_have_cryptsetups_shape() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("pass"), "pw").unwrap();
+    let (img, pass) = (d.join("img"), d.join("pass"));
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    let fast = "--pbkdf pbkdf2 --pbkdf-force-iterations 1000";
+    // cryptsetup's own line, from an offline reencryption of an image (no kernel needed).
+    sh_ok(&format!(
+        "cryptsetup luksFormat -q --type luks2 {fast} -d {pass} {img}"
+    ));
+    let theirs = sh_ok(&format!(
+        "cd {} && cryptsetup reencrypt -q --force-offline-reencrypt --progress-json {fast} -d {pass} img",
+        d.display()
+    ));
+    let their_line = theirs.lines().last().unwrap();
+    // ucrypt's, from luksFormat --wipe.
+    let out = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .current_dir(d)
+        .args(["luksFormat", "-q", "--pbkdf", "pbkdf2"])
+        .args(["--pbkdf-force-iterations", "1000", "-d", pass, "img"])
+        .args(["--wipe", "--progress-json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let ours = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = ours.lines().collect();
+    assert!(!lines.is_empty(), "no progress lines");
+    for l in &lines {
+        assert_eq!(json_keys(l), json_keys(their_line), "{l} vs {their_line}");
+    }
+    // The last line: all of the data area (the image less the 16 MiB header), no ETA.
+    let last: serde_json::Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    assert_eq!(last["device"], "img");
+    assert_eq!(last["device_size"], ((64u64 - 16) << 20).to_string());
+    assert_eq!(last["device_bytes"], last["device_size"]);
+    assert_eq!(last["eta_ms"], "0");
+    // Progress goes to a terminal only: none of it on a piped stderr.
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("Wiping"),
+        "{out:?}"
+    );
+    // --progress-frequency alone: cryptsetup's text lines, ending with "Finished".
+    let out = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .current_dir(d)
+        .args(["luksFormat", "-q", "--pbkdf", "pbkdf2"])
+        .args(["--pbkdf-force-iterations", "1000", "-d", pass, "img"])
+        .args(["--wipe", "--progress-frequency", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("Finished, time ") && last.contains("  48 MiB written, speed "),
+        "{text}"
+    );
+}
+
+/// Text of the tmux pane `s`.
+fn pane(s: &str) -> String {
+    sh_ok(&format!("tmux capture-pane -p -t {s}"))
+}
+
+/// Waits up to `secs` for `needle` in pane `s`.
+fn wait_pane(s: &str, needle: &str, secs: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let text = pane(s);
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in the pane:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A tmux session with a plain shell, killed on drop.
+struct Tmux(String);
+
+impl Tmux {
+    fn new(tag: &str) -> Tmux {
+        let s = format!("ucrypt-{tag}-{}", std::process::id());
+        sh_ok(&format!(
+            "tmux new-session -d -s {s} -x 200 -y 50 'env -i PATH=/usr/bin:/bin TERM=xterm bash --norc --noprofile'"
+        ));
+        Tmux(s)
+    }
+
+    fn send(&self, keys: &[&str]) {
+        let out = Command::new("tmux")
+            .args(["send-keys", "-t", &self.0])
+            .args(keys)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = sh(&format!("tmux kill-session -t {}", self.0));
+    }
+}
+
+/// Sends `cmd; echo rc=$? end<mark>` and waits for `needle`, then presses Ctrl-C and
+/// returns the pane once the command ended, and how long that took.
+fn interrupt_when(
+    t: &Tmux,
+    cmd: &str,
+    typed: Option<&str>,
+    needle: &str,
+    mark: &str,
+) -> (String, Duration) {
+    // The command line shows `e""nd`; only the output shows `end`.
+    t.send(&[&format!("{cmd}; echo rc=$? e\"\"nd{mark}"), "Enter"]);
+    if let Some(p) = typed {
+        wait_pane(&t.0, "Enter passphrase", 20);
+        t.send(&[p, "Enter"]);
+    }
+    wait_pane(&t.0, needle, 20);
+    let pressed = Instant::now();
+    t.send(&["C-c"]);
+    let text = wait_pane(&t.0, &format!("end{mark}\n"), 20);
+    (text, pressed.elapsed())
+}
+
+#[test]
+fn ctrl_c_ends_a_tcrypt_search_at_once_and_a_wipe_saying_how_far_it_got() {
+    if !require("tmux") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    // Random bytes: no passphrase decrypts them, so the search tries every KDF (a minute).
+    let junk = common::image_with(d, "junk", &common::random_bytes(1 << 20));
+    let before = std::fs::read(&junk).unwrap();
+    let t = Tmux::new("search");
+    let (text, took) = interrupt_when(
+        &t,
+        &format!("{bin} tcryptDump {}", junk.display()),
+        Some("wrong"),
+        "Searching TCRYPT",
+        "1",
+    );
+    assert!(
+        text.contains("ucrypt: interrupted; nothing was changed"),
+        "{text}"
+    );
+    assert!(text.contains("rc=1 end1"), "{text}");
+    assert!(took < Duration::from_secs(3), "took {took:?}:\n{text}");
+    assert_eq!(std::fs::read(&junk).unwrap(), before, "the image changed");
+
+    // A wipe: the bar is drawn, Ctrl-C stops it at a block boundary with how far it got.
+    let img = d.join("big");
+    // Sparse; only what is wiped before Ctrl-C takes disk space.
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(16 << 30)
+        .unwrap();
+    std::fs::write(d.join("pass"), "pw").unwrap();
+    let (text, took) = interrupt_when(
+        &t,
+        &format!(
+            "{bin} luksFormat -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -d {} {} --wipe",
+            d.join("pass").display(),
+            img.display()
+        ),
+        None,
+        "Wiping",
+        "2",
+    );
+    assert!(text.contains("rc=1 end2"), "{text}");
+    assert!(took < Duration::from_secs(5), "took {took:?}:\n{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("wipe interrupted after"))
+        .unwrap_or_else(|| panic!("no report:\n{text}"));
+    let done: u64 = line
+        .split("after ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(done > 0 && done % (4 << 20) == 0, "{line}");
+    // The header is intact: the volume opens.
+    let out = Command::new(bin)
+        .args(["luksOpen", img.to_str().unwrap(), "--test-passphrase", "-d"])
+        .arg(d.join("pass"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
