@@ -13,8 +13,8 @@ use cipher::{array::Array, BlockCipherDecrypt, BlockCipherEncrypt, BlockSizeUser
 
 /// The block ciphers ucrypt knows, by kernel name.
 pub const CIPHER_NAMES: &str =
-    "aes, serpent, twofish, camellia, kuznyechik, blowfish, des, des3_ede, cast5, cast6, cipher_null \
-     (TrueCrypt cbc-tcw only: blowfish_le, cascades like serpent+twofish+aes)";
+    "aes, serpent, twofish, camellia, kuznyechik, blowfish, des, des3_ede, cast5, cast6, cipher_null, \
+     fcrypt (TrueCrypt cbc-tcw only: blowfish_le, cascades like serpent+twofish+aes)";
 
 /// A keyed block cipher working on whole blocks in place.
 pub trait BlockCipher: Send + Sync {
@@ -92,7 +92,7 @@ pub fn key_lengths(name: &str) -> &'static str {
         "aes" | "twofish" | "camellia" => "16, 24 or 32",
         "serpent" => "16 to 32",
         "blowfish" | "blowfish_le" => "4 to 56",
-        "des" => "8",
+        "des" | "fcrypt" => "8",
         "des3_ede" => "24",
         "cast6" => "16, 20, 24, 28 or 32",
         "kuznyechik" => "32",
@@ -119,6 +119,7 @@ pub fn is_known(name: &str) -> bool {
             | "cast6"
             | "cipher_null"
             | "blowfish_le"
+            | "fcrypt"
     ) || crate::legacy::tcrypt_cbc::cascade_parts(name).is_some()
 }
 
@@ -126,7 +127,7 @@ pub fn is_known(name: &str) -> bool {
 pub fn block_size_of(name: &str) -> Option<usize> {
     match name {
         "aes" | "serpent" | "twofish" | "camellia" | "kuznyechik" | "cast6" => Some(16),
-        "blowfish" | "blowfish_le" | "des" | "des3_ede" | "cast5" => Some(8),
+        "blowfish" | "blowfish_le" | "des" | "des3_ede" | "cast5" | "fcrypt" => Some(8),
         "cipher_null" => Some(1),
         n => crate::legacy::tcrypt_cbc::cascade_parts(n).map(|(_, bs)| bs),
     }
@@ -174,6 +175,9 @@ pub fn new_block_cipher(name: &str, key: &[u8]) -> Result<Box<dyn BlockCipher>, 
         "cast6" => None,
         "kuznyechik" => rc::<kuznyechik::Kuznyechik>(key),
         "cast5" => rc::<cast5::Cast5>(key),
+        // AFS's cipher: compatibility with tables the kernel accepts, never for new data.
+        "fcrypt" => crate::legacy::fcrypt::Fcrypt::new(key)
+            .map(|c| Box::new(crate::secret::LockedBox::new(c)) as Box<dyn BlockCipher>),
         "cipher_null" => key
             .is_empty()
             .then(|| Box::new(NullCipher) as Box<dyn BlockCipher>),
