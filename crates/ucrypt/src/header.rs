@@ -656,6 +656,14 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
     }
     let mut cd = crypt_device(device, opts.header.as_deref())?;
     load_luks(&mut cd, opts.kind)?;
+    if let (Unlock::Passphrase(pass), None, Some(HeaderType::Luks2)) =
+        (&how, &opts.header, cd.info().kind)
+    {
+        let (_, req) = cd.persistent_flags()?;
+        if req == cs::REQUIREMENT_ONLINE_REENCRYPT {
+            return unlock_reencrypting(cd, device, pass, opts);
+        }
+    }
     let (act, _) = check_requirements(&mut cd)?;
     let info = cd.info();
     // The metadata first: an integrity or reencryption header is named as such, not as
@@ -743,6 +751,111 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
         info,
         slot,
         targets: Vec::new(),
+        layers: Vec::new(),
+    })
+}
+
+/// A LUKS2 volume in the middle of a reencryption (cryptsetup's or ucrypt's): mapped as
+/// cryptsetup maps it, the part already done under the new key and the rest under the old
+/// one, one crypt target each. The reencryption metadata is read and checked by
+/// [`ucrypt_format::luks2::reencrypt`] (both keys unlocked with the passphrase, the
+/// reencryption digest verified); a hotzone left by a crash is refused until
+/// `ucrypt reencrypt --resume-only` (or `cryptsetup repair`) has recovered it.
+fn unlock_reencrypting(
+    mut cd: CryptDevice,
+    device: &Path,
+    passphrase: &[u8],
+    opts: &HeaderOptions,
+) -> Result<Unlocked> {
+    use ucrypt_format::luks2::reencrypt::{Progress, Reencrypt};
+    let device_str = device.display().to_string();
+    let (act, _) = cd.persistent_flags()?;
+    let info = cd.info();
+    drop(cd);
+    let file = std::fs::File::open(device).with_context(|| format!("opening {device_str}"))?;
+    let header = luks2::disk::Header::read(&file, &device_str)?;
+    let probe = Reencrypt::load(&header.json, u64::MAX)?;
+    let total = device_bytes(device)?;
+    let size = total.checked_sub(probe.new.offset).ok_or_else(|| {
+        anyhow::anyhow!(
+            "device {device_str} ends before its data offset {}",
+            probe.new.offset
+        )
+    })?;
+    let st = Reencrypt::load(&header.json, size)?;
+    let done = match st.progress {
+        Progress::Clean { done } => done,
+        Progress::Crashed { offset, length } => {
+            return Err(FormatError::Refused(format!(
+                "LUKS2 header on {device_str}: a reencryption hotzone [{offset}, +{length})                  was interrupted by a crash; recover it with `ucrypt reencrypt --resume-only`                  (or cryptsetup repair) before opening"
+            ))
+            .into())
+        }
+    };
+    let meta = Metadata::parse(&header.json.to_compact())?;
+    let key_of = |digest: u32| -> Result<(u32, VolumeKey)> {
+        let slots = meta
+            .digests
+            .get(&digest)
+            .map(|d| d.keyslots.clone())
+            .unwrap_or_default();
+        let mut last = None;
+        for slot in slots
+            .into_iter()
+            .filter(|s| opts.key_slot.is_none_or(|k| k == *s))
+        {
+            match luks2::unlock(device, &meta, Some(slot), passphrase, true) {
+                Ok(found) => return Ok(found),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .unwrap_or(FormatError::BadPassphrase {
+                device: device_str.clone(),
+                tried: "no keyslot holds the key".into(),
+            })
+            .into())
+    };
+    let (slot, old_key) = key_of(st.old.digest)?;
+    let (_, new_key) = key_of(st.new.digest)?;
+    st.verify(&header.json, old_key.as_bytes(), new_key.as_bytes())?;
+    let line =
+        |side: &luks2::reencrypt::Side, key: &VolumeKey, from: u64, to: u64| -> Result<TableLine> {
+            Ok(TableLine {
+                start: from / 512,
+                length: (to - from) / 512,
+                cipher: ucrypt_crypto::CipherSpec::from_str(&side.encryption)?,
+                key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
+                iv_offset: side.iv_tweak + from / 512,
+                device: device_str.clone(),
+                offset: (side.offset + from) / 512,
+                opts: opts_from(act, side.sector_size, opts.allow_discards, false),
+            })
+        };
+    let mut parts = Vec::new();
+    if done > 0 {
+        parts.push((&st.new, &new_key, 0, done));
+    }
+    if done < size {
+        parts.push((&st.old, &old_key, done, size));
+    }
+    // A header-only device (no data area) still unlocks, as in the one-segment case; the
+    // engine refuses to serve the empty volume.
+    let (side, key, from, to) = parts.first().copied().unwrap_or((&st.old, &old_key, 0, 0));
+    let table = line(side, key, from, to)?;
+    let targets = if parts.len() > 1 {
+        parts
+            .iter()
+            .map(|&(side, key, from, to)| line(side, key, from, to).map(Target::Crypt))
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        Vec::new()
+    };
+    Ok(Unlocked {
+        table,
+        info,
+        slot: Some(slot),
+        targets,
         layers: Vec::new(),
     })
 }

@@ -574,3 +574,113 @@ fn altered_reencryption_parameters_are_refused() {
     );
     assert!(std::fs::read(&init).unwrap() == before);
 }
+
+#[test]
+fn a_volume_mid_reencryption_is_served_as_two_segments_and_written_through() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    let img = f.initialised("mid.img", "checksum", &[]);
+    f.ucrypt_resume(&img, &["--debug-stop-after", "8M"]);
+    // Two crypt targets: [0, 8 MiB) under the new key, the rest under the old one.
+    let out = ok(
+        ucrypt_bin(),
+        &[
+            "luksOpen",
+            "--print-table",
+            "-d",
+            Fixture::s(&f.key),
+            Fixture::s(&img),
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with("0 16384 crypt aes-xts-plain64 "),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("16384 32768 crypt aes-xts-plain64 "),
+        "{text}"
+    );
+    assert!(
+        lines[1].contains(" 16384 ") && lines[1].ends_with(" 49152 1 sector_size:4096"),
+        "{text}"
+    );
+    f.assert_plain(&img);
+    // A write across the boundary goes to both keys; the finished volume has it.
+    let patch: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let at = (8usize << 20) - (512 << 10);
+    let input = f.path("patch.bin");
+    std::fs::write(&input, &patch).unwrap();
+    let t = f.table(&img);
+    ok(
+        ucrypt_bin(),
+        &[
+            "write",
+            "--table-file",
+            Fixture::s(&t),
+            "--offset",
+            &at.to_string(),
+            "--input",
+            Fixture::s(&input),
+        ],
+    );
+    f.cryptsetup_resume(&img);
+    let t = f.table(&img);
+    let out = ok(
+        ucrypt_bin(),
+        &[
+            "read",
+            "--table-file",
+            Fixture::s(&t),
+            "--length",
+            &DATA.to_string(),
+        ],
+    );
+    let mut want = f.plain.clone();
+    want[at..at + patch.len()].copy_from_slice(&patch);
+    assert!(
+        out.stdout == want,
+        "the write across the reencryption boundary was lost"
+    );
+
+    // A crashed hotzone is not served until it is recovered.
+    let crashed = f.initialised("crashed.img", "journal", &[]);
+    f.killed_at(
+        "pwrite64",
+        8,
+        ucrypt_bin(),
+        &[
+            "reencrypt",
+            "--resume-only",
+            "-q",
+            "-d",
+            Fixture::s(&f.key),
+            "--hotzone-size",
+            "4M",
+            "--disable-locks",
+            Fixture::s(&crashed),
+        ],
+    );
+    assert!(f.in_crash_state(&crashed));
+    let out = run(
+        ucrypt_bin(),
+        &[
+            "luksOpen",
+            "--print-table",
+            "-d",
+            Fixture::s(&f.key),
+            Fixture::s(&crashed),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--resume-only"),
+        "{err}"
+    );
+    f.ucrypt_resume(&crashed, &["--debug-stop-after", "4M"]);
+    f.assert_plain(&crashed);
+}
