@@ -169,6 +169,18 @@ impl Bytes {
     }
 }
 
+/// cryptsetup's closing line, `Finished, time 00m01s,   24 MiB written, speed  92.8 MiB/s`
+/// (`word` replaces "Finished" for a run that stopped early), for commands that always
+/// report their throughput.
+pub(crate) fn summary_line(word: &str, bytes: u64, secs: f64) -> String {
+    format!(
+        "{word}, time {}, {}, {}",
+        human_time(secs),
+        written(bytes),
+        speed_text(bytes as f64 / secs.max(1e-9))
+    )
+}
+
 /// One `--progress-json` line, as cryptsetup 2.6 prints it (every value a string).
 pub(crate) fn json_line(
     device: &str,

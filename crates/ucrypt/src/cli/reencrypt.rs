@@ -6,11 +6,11 @@
 
 use super::luks::{CsResult, DeviceArgs};
 use super::luks_add_key::PbkdfArgs;
+use super::progress;
 use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use anyhow::anyhow;
-use std::io::{IsTerminal, Write};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use ucrypt::reencrypt::{Outcome, Run, RunOptions, DEFAULT_MAX_HOTZONE};
 use ucrypt_cryptsetup::{HeaderType, KeyslotStatus, ReencryptInit};
@@ -53,9 +53,8 @@ pub(crate) struct Args {
     /// Do not take ucrypt's image locks (a private image nobody else opens).
     #[arg(long)]
     disable_locks: bool,
-    /// Print progress as JSON lines on stdout, as cryptsetup --progress-json.
-    #[arg(long)]
-    progress_json: bool,
+    #[command(flatten)]
+    progress: progress::ProgressArgs,
     /// Accepted for cryptsetup compatibility (ucrypt's reencryption is offline).
     #[arg(long, hide = true)]
     force_offline_reencrypt: bool,
@@ -99,17 +98,6 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("\"{s}\" is not a size (bytes, or K/M/G)"))?;
     n.checked_mul(mul)
         .ok_or_else(|| format!("\"{s}\" is too large"))
-}
-
-fn human(bytes: f64) -> (f64, &'static str) {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    (v, units[i])
 }
 
 /// Writes the initial metadata through libcryptsetup.
@@ -222,9 +210,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             return Ok(());
         }
     }
-    // Signals stop the pass between hotzones with consistent metadata (a second one exits).
-    let shutdown = ucrypt_nbd::server::Shutdown::default();
-    ucrypt_nbd::server::shutdown_on_signals(&shutdown).code(EXIT_PARAMS)?;
+    // Signals stop the pass between hotzones with consistent metadata.
+    let stop_signal = progress::StopOnSignal::new();
     let stop = AtomicBool::new(false);
     let mut r = Run::open(&path, &passphrase).cs()?;
     drop(passphrase);
@@ -234,77 +221,44 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     };
     let start = Instant::now();
     let first = r.done();
-    let bar = std::io::stderr().is_terminal() && !a.progress_json && !a.batch;
     let device = path.display().to_string();
-    let mut last_json = None::<Instant>;
-    let mut last_done = first;
-    let mut report = |done: u64, size: u64| {
-        last_done = done;
-        if shutdown.is_triggered() {
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        let secs = start.elapsed().as_secs_f64().max(1e-6);
-        let speed = (done - first) as f64 / secs;
-        let eta = if speed > 0.0 {
-            (size - done) as f64 / speed
-        } else {
-            0.0
-        };
-        if a.progress_json {
-            let due = last_json.is_none_or(|t| t.elapsed().as_secs() >= 1) || done == size;
-            if due {
-                last_json = Some(Instant::now());
-                println!(
-                    "{{\"device\":{},\"device_bytes\":\"{}\",\"device_size\":\"{}\",\"speed\":\"{}\",\"eta_ms\":\"{}\",\"time_ms\":\"{}\"}}",
-                    serde_json::to_string(&device).unwrap_or_default(),
-                    done,
-                    size,
-                    speed as u64,
-                    (eta * 1000.0) as u64,
-                    start.elapsed().as_millis()
-                );
-            }
-        } else if bar {
-            let (w, wu) = human((done - first) as f64);
-            let (s, su) = human(speed);
-            let pct = if size > 0 {
-                done as f64 * 100.0 / size as f64
-            } else {
-                100.0
-            };
-            eprint!(
-                "\rProgress: {pct:5.1}%, ETA {:02}:{:02}, {w:4.0} {wu} written, speed {s:5.1} {su}/s",
-                (eta as u64) / 60,
-                (eta as u64) % 60
-            );
-            let _ = std::io::stderr().flush();
-        }
-    };
-    let outcome = r.run(&opts, &stop, &mut report).cs()?;
-    let t = start.elapsed();
-    let written = last_done - first;
-    let (w, wu) = human(written as f64);
-    let (s, su) = human(written as f64 / t.as_secs_f64().max(1e-6));
-    if bar {
-        eprintln!();
-    }
-    let ms = t.as_millis();
-    eprintln!(
-        "{}, time {:02}:{:02}.{:03}, {w:4.0} {wu} written, speed {s:5.1} {su}/s",
-        if outcome == Outcome::Finished {
-            "Finished"
-        } else {
-            "Interrupted"
-        },
-        ms / 60_000,
-        (ms / 1000) % 60,
-        ms % 1000
+    let mut bar = progress::Bytes::new(
+        &a.progress,
+        "Reencrypting",
+        &device,
+        r.device_size() - first,
     );
-    if outcome == Outcome::Interrupted {
-        eprintln!(
-            "Reencryption of {device} stopped at {last_done} of {} bytes; resume with `ucrypt reencrypt --resume-only` (or cryptsetup's).",
-            r.device_size()
-        );
+    let mut last_done = first;
+    let mut report = |done: u64, _size: u64| {
+        last_done = done;
+        if stop_signal.stopped() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        bar.set(done - first);
+    };
+    let outcome = r.run(&opts, &stop, &mut report);
+    let done = last_done - first;
+    match &outcome {
+        Ok(Outcome::Finished) => bar.finish(),
+        _ => bar.abandon(),
+    }
+    let outcome = outcome.cs()?;
+    let quiet_lines = a.progress.progress_json || a.progress.progress_frequency.is_some();
+    let secs = start.elapsed().as_secs_f64();
+    if outcome == Outcome::Finished {
+        if !quiet_lines {
+            eprintln!("{}", progress::summary_line("Finished", done, secs));
+        }
+        return Ok(());
+    }
+    eprintln!("{}", progress::summary_line("Interrupted", done, secs));
+    eprintln!(
+        "Reencryption of {device} stopped at {last_done} of {} bytes; resume with `ucrypt \
+         reencrypt --resume-only` (or cryptsetup's).",
+        r.device_size()
+    );
+    if stop_signal.stopped() {
+        return Err(anyhow!("interrupted")).code(EXIT_PARAMS);
     }
     Ok(())
 }
