@@ -392,3 +392,851 @@ fn token_actions_do_what_cryptsetups_do() {
     );
     assert!(!u.status.success());
 }
+
+/// `luksDump` text with what differs between two runs of the same operation removed:
+/// salts, digests and their continuation lines, the header's own path; with `costs`, also
+/// benchmarked PBKDF costs.
+fn normalized_dump(path: &str, costs: bool) -> String {
+    let out = cryptsetup(&["luksDump", path], b"");
+    let text = String::from_utf8_lossy(&out.stdout).replace(path, "IMG");
+    let mut keep = Vec::new();
+    let mut in_hex = false;
+    for line in text.lines() {
+        let t = line.trim();
+        let hex_only = !t.is_empty()
+            && t.split(' ')
+                .all(|w| w.len() == 2 && w.bytes().all(|b| b.is_ascii_hexdigit()));
+        if in_hex && hex_only {
+            continue;
+        }
+        in_hex = false;
+        let key = t.split(':').next().unwrap_or("");
+        if matches!(key, "Salt" | "Digest" | "MK digest" | "MK salt") {
+            in_hex = true;
+            continue;
+        }
+        if costs
+            && matches!(
+                key,
+                "Iterations" | "MK iterations" | "Memory" | "Threads" | "Time cost"
+            )
+        {
+            continue;
+        }
+        keep.push(line.to_string());
+    }
+    format!("exit {:?}\n{}", out.status.code(), keep.join("\n"))
+}
+
+/// Which keyslot each known secret opens now (cryptsetup's own check), one line each.
+fn unlock_matrix(dir: &Path, dev: &str, hdr: Option<&str>) -> String {
+    let mut lines = Vec::new();
+    for secret in ["pass", "pass2", "newpass", "new3"] {
+        let f = dir.join(secret);
+        let mut args = vec!["open", "--test-passphrase", "-v", "--key-file"];
+        let f = f.to_str().unwrap();
+        args.push(f);
+        if let Some(h) = hdr {
+            args.extend(["--header", h]);
+        }
+        args.push(dev);
+        let out = cryptsetup(&args, b"");
+        lines.push(format!(
+            "{secret}: {:?} {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        ));
+    }
+    lines.join("\n")
+}
+
+/// Every key-file, keyslot, PBKDF, --header and --test-passphrase option cryptsetup has on
+/// a command that needs no kernel, run by ucrypt on one copy and cryptsetup on another:
+/// same exit code, same standard output (paths and `OUT` files compared too), the same
+/// header (luksDump without salts and digests) and the same secrets opening the same
+/// keyslots afterwards.
+#[test]
+fn keyfile_keyslot_pbkdf_and_header_options_do_what_cryptsetups_do() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let base2 = luks_image(dir, "base2", "luks2");
+    let base1 = luks_image(dir, "base1", "luks1");
+    // A detached-header volume: header file and data image, "pw" in keyslot 0.
+    let (hdr_base, data_base) = (dir.join("hdr_base"), dir.join("data_base"));
+    std::fs::File::create(&data_base)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let out = cryptsetup(
+        &[
+            "luksFormat",
+            "-q",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            dir.join("pass").to_str().unwrap(),
+            "--header",
+            hdr_base.to_str().unwrap(),
+            data_base.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    // Secrets: "pw2" inside a key file at offset 4, "NEW" at offset 3, a whole new one.
+    std::fs::write(dir.join("kf"), "XXXXpw2YYYY").unwrap();
+    std::fs::write(dir.join("kfnew"), "abcNEWxyz").unwrap();
+    std::fs::write(dir.join("new3"), "NEW").unwrap();
+    std::fs::write(dir.join("newpass"), "NEWPASS").unwrap();
+    // The volume key of base2 (and one that is not).
+    let vk = dir.join("vk");
+    let out = cryptsetup(
+        &[
+            "luksDump",
+            "-q",
+            "--dump-volume-key",
+            "--volume-key-file",
+            vk.to_str().unwrap(),
+            "--key-file",
+            dir.join("pass").to_str().unwrap(),
+            base2.to_str().unwrap(),
+        ],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let mut bad = std::fs::read(&vk).unwrap();
+    bad[0] ^= 1;
+    std::fs::write(dir.join("badvk"), bad).unwrap();
+    let f = |n: &str| dir.join(n).display().to_string();
+    let (pass, pass2, kf, kfnew, newpass) =
+        (f("pass"), f("pass2"), f("kf"), f("kfnew"), f("newpass"));
+    let (vk, badvk) = (f("vk"), f("badvk"));
+    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let argon = [
+        "--pbkdf",
+        "argon2id",
+        "--pbkdf-memory",
+        "32768",
+        "--pbkdf-parallel",
+        "1",
+        "--pbkdf-force-iterations",
+        "4",
+    ];
+    // (image: 2 = LUKS2, 1 = LUKS1, 0 = detached header; costs benchmarked; arguments).
+    let kf_pw2 = [
+        "--key-file",
+        kf.as_str(),
+        "--keyfile-offset",
+        "4",
+        "--keyfile-size",
+        "3",
+    ];
+    let rows: Vec<(u8, bool, Vec<&str>)> = vec![
+        // luksAddKey
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "--key-file",
+                    pass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            1,
+            false,
+            [
+                &["luksAddKey", "-q", "DEV", "--new-keyfile", newpass.as_str()][..],
+                &kf_pw2,
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    "--new-keyfile",
+                    kfnew.as_str(),
+                    "--new-keyfile-offset",
+                    "3",
+                    "--new-keyfile-size",
+                    "3",
+                    "--key-file",
+                    pass.as_str(),
+                    "-S",
+                    "5",
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "DEV",
+                    "--new-keyfile",
+                    newpass.as_str(),
+                    "--key-file",
+                    pass.as_str(),
+                    "-S",
+                    "4",
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    "--key-slot",
+                    "1",
+                    "--new-key-slot",
+                    "6",
+                    "--key-file",
+                    pass2.as_str(),
+                    "--new-keyfile",
+                    newpass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    "--key-slot",
+                    "0",
+                    "--new-key-slot",
+                    "6",
+                    "--key-file",
+                    pass2.as_str(),
+                    "--new-keyfile",
+                    newpass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    "--volume-key-file",
+                    vk.as_str(),
+                    "--new-keyfile",
+                    newpass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    "--volume-key-file",
+                    badvk.as_str(),
+                    "--new-keyfile",
+                    newpass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "-v",
+                    "DEV",
+                    newpass.as_str(),
+                    "--key-file",
+                    pass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "--key-file",
+                    pass.as_str(),
+                ][..],
+                &argon,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            true,
+            vec![
+                "luksAddKey",
+                "-q",
+                "DEV",
+                newpass.as_str(),
+                "--key-file",
+                pass.as_str(),
+                "--pbkdf",
+                "pbkdf2",
+                "--iter-time",
+                "50",
+            ],
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "--key-file",
+                    pass.as_str(),
+                    "--keyfile-size",
+                    "1",
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            0,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    "--header",
+                    "HDR",
+                    newpass.as_str(),
+                    "--key-file",
+                    pass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        // luksChangeKey
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksChangeKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "--key-file",
+                    pass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            1,
+            false,
+            [
+                &[
+                    "luksChangeKey",
+                    "-q",
+                    "-v",
+                    "DEV",
+                    kfnew.as_str(),
+                    "--new-keyfile-offset",
+                    "3",
+                    "--new-keyfile-size",
+                    "3",
+                ][..],
+                &kf_pw2,
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksChangeKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "-S",
+                    "0",
+                    "--key-file",
+                    pass2.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksChangeKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "--key-file",
+                    pass.as_str(),
+                ][..],
+                &argon,
+            ]
+            .concat(),
+        ),
+        (
+            0,
+            false,
+            [
+                &[
+                    "luksChangeKey",
+                    "-q",
+                    "DEV",
+                    "--header",
+                    "HDR",
+                    newpass.as_str(),
+                    "--key-file",
+                    pass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        // luksConvertKey
+        (
+            2,
+            false,
+            [
+                &["luksConvertKey", "-q", "DEV", "--key-file", pass.as_str()][..],
+                &argon,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &["luksConvertKey", "-q", "DEV", "-S", "1"][..],
+                &kf_pw2,
+                &argon,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksConvertKey",
+                    "-q",
+                    "DEV",
+                    "-S",
+                    "1",
+                    "--key-file",
+                    pass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksConvertKey",
+                    "-q",
+                    "DEV",
+                    "-S",
+                    "5",
+                    "--key-file",
+                    pass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            1,
+            false,
+            [
+                &["luksConvertKey", "-q", "DEV", "--key-file", pass.as_str()][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        // luksRemoveKey, luksKillSlot
+        (
+            2,
+            false,
+            [&["luksRemoveKey", "-q", "DEV"][..], &kf_pw2].concat(),
+        ),
+        (1, false, vec!["luksRemoveKey", "-q", "DEV", pass.as_str()]),
+        (
+            2,
+            false,
+            vec![
+                "luksRemoveKey",
+                "-q",
+                "DEV",
+                "--key-file",
+                pass.as_str(),
+                "--keyfile-offset",
+                "1",
+            ],
+        ),
+        (
+            0,
+            false,
+            vec![
+                "luksRemoveKey",
+                "-q",
+                "DEV",
+                "--header",
+                "HDR",
+                "--key-file",
+                pass.as_str(),
+            ],
+        ),
+        (
+            2,
+            false,
+            [&["luksKillSlot", "DEV", "0"][..], &kf_pw2].concat(),
+        ),
+        (1, false, vec!["luksKillSlot", "-q", "DEV", "1"]),
+        (
+            2,
+            false,
+            vec!["luksKillSlot", "DEV", "1", "--key-file", pass2.as_str()],
+        ),
+        // luksDump --dump-volume-key
+        (
+            2,
+            false,
+            [&["luksDump", "-q", "DEV", "--dump-volume-key"][..], &kf_pw2].concat(),
+        ),
+        (
+            1,
+            false,
+            vec![
+                "luksDump",
+                "-q",
+                "DEV",
+                "--dump-volume-key",
+                "--key-file",
+                pass.as_str(),
+                "-S",
+                "1",
+            ],
+        ),
+        (
+            2,
+            false,
+            vec![
+                "luksDump",
+                "-q",
+                "DEV",
+                "--dump-volume-key",
+                "--key-file",
+                pass.as_str(),
+                "--volume-key-file",
+                "OUT",
+            ],
+        ),
+        (
+            0,
+            false,
+            vec![
+                "luksDump",
+                "-q",
+                "DEV",
+                "--header",
+                "HDR",
+                "--dump-volume-key",
+                "--key-file",
+                pass.as_str(),
+            ],
+        ),
+        // open --test-passphrase
+        (
+            2,
+            false,
+            [&["open", "--test-passphrase", "DEV"][..], &kf_pw2].concat(),
+        ),
+        (
+            1,
+            false,
+            vec![
+                "open",
+                "--test-passphrase",
+                "DEV",
+                "--key-file",
+                pass.as_str(),
+                "--key-slot",
+                "1",
+            ],
+        ),
+        (
+            2,
+            false,
+            vec![
+                "open",
+                "--test-passphrase",
+                "DEV",
+                "--key-file",
+                pass.as_str(),
+                "-S",
+                "0",
+            ],
+        ),
+        (
+            0,
+            false,
+            vec![
+                "open",
+                "--test-passphrase",
+                "DEV",
+                "--header",
+                "HDR",
+                "--key-file",
+                pass.as_str(),
+            ],
+        ),
+        (
+            0,
+            false,
+            vec![
+                "open",
+                "--test-passphrase",
+                "DEV",
+                "--header",
+                "HDR",
+                "--key-file",
+                pass2.as_str(),
+            ],
+        ),
+        // luksFormat with key-file options and keyslot choices.
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksFormat",
+                    "-q",
+                    "DEV",
+                    "--uuid",
+                    "6e1b8dbf-0000-4000-8000-000000000001",
+                    "-S",
+                    "3",
+                ][..],
+                &kf_pw2,
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            1,
+            false,
+            [
+                &[
+                    "luksFormat",
+                    "-q",
+                    "--type",
+                    "luks1",
+                    "DEV",
+                    kfnew.as_str(),
+                    "--keyfile-offset",
+                    "3",
+                    "--keyfile-size",
+                    "3",
+                    "--uuid",
+                    "6e1b8dbf-0000-4000-8000-000000000002",
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksFormat",
+                    "-q",
+                    "DEV",
+                    "--key-file",
+                    pass.as_str(),
+                    "--uuid",
+                    "6e1b8dbf-0000-4000-8000-000000000003",
+                ][..],
+                &argon,
+            ]
+            .concat(),
+        ),
+        (
+            0,
+            false,
+            [
+                &[
+                    "luksFormat",
+                    "-q",
+                    "DEV",
+                    "--header",
+                    "HDR",
+                    "--key-file",
+                    pass.as_str(),
+                    "--uuid",
+                    "6e1b8dbf-0000-4000-8000-000000000004",
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        // --header on the other header commands.
+        (0, false, vec!["luksUUID", "DEV", "--header", "HDR"]),
+        (0, false, vec!["isLuks", "DEV", "--header", "HDR"]),
+        (0, false, vec!["luksDump", "DEV", "--header", "HDR"]),
+        (
+            0,
+            false,
+            vec![
+                "luksHeaderBackup",
+                "DEV",
+                "--header",
+                "HDR",
+                "--header-backup-file",
+                "OUT",
+            ],
+        ),
+        (
+            0,
+            false,
+            vec!["config", "DEV", "--header", "HDR", "--label", "detached"],
+        ),
+    ];
+    let mut failed = 0;
+    for (kind, costs, args) in &rows {
+        let (src, hdr_src) = match kind {
+            2 => (&base2, None),
+            1 => (&base1, None),
+            _ => (&data_base, Some(&hdr_base)),
+        };
+        let mk = |name: &str, from: &Path| {
+            let p = dir.join(name);
+            std::fs::copy(from, &p).unwrap();
+            p.display().to_string()
+        };
+        let (ours, theirs) = (mk("ours", src), mk("theirs", src));
+        let hdrs = hdr_src.map(|h| (mk("ours.hdr", h), mk("theirs.hdr", h)));
+        let (out_u, out_c) = (f("out.ucrypt"), f("out.cryptsetup"));
+        let _ = std::fs::remove_file(&out_u);
+        let _ = std::fs::remove_file(&out_c);
+        let argv = |dev: &str, hdr: Option<&String>, out: &str| -> Vec<String> {
+            args.iter()
+                .map(|a| match *a {
+                    "DEV" => dev.to_string(),
+                    "HDR" => hdr.cloned().unwrap_or_default(),
+                    "OUT" => out.to_string(),
+                    a => a.to_string(),
+                })
+                .collect()
+        };
+        let a_u = argv(&ours, hdrs.as_ref().map(|h| &h.0), &out_u);
+        let a_c = argv(&theirs, hdrs.as_ref().map(|h| &h.1), &out_c);
+        let u = ucrypt(&a_u.iter().map(String::as_str).collect::<Vec<_>>(), b"");
+        let c = cryptsetup(&a_c.iter().map(String::as_str).collect::<Vec<_>>(), b"");
+        let ctx = format!("{args:?}\nucrypt: {u:?}\ncryptsetup: {c:?}");
+        assert_eq!(u.status.code(), c.status.code(), "exit codes differ: {ctx}");
+        failed += usize::from(!u.status.success());
+        let shown = |o: &Output, dev: &str, hdr: Option<&String>, out: &str| {
+            let mut s = String::from_utf8_lossy(&o.stdout).replace(out, "OUT");
+            if let Some(h) = hdr {
+                s = s.replace(h.as_str(), "HDR");
+            }
+            s.replace(dev, "DEV")
+        };
+        assert_eq!(
+            shown(&u, &ours, hdrs.as_ref().map(|h| &h.0), &out_u),
+            shown(&c, &theirs, hdrs.as_ref().map(|h| &h.1), &out_c),
+            "standard output differs: {ctx}"
+        );
+        assert_eq!(
+            std::fs::read(&out_u).ok(),
+            std::fs::read(&out_c).ok(),
+            "OUT files differ: {ctx}"
+        );
+        let (hu, hc) = match &hdrs {
+            Some((hu, hc)) => (hu.as_str(), hc.as_str()),
+            None => (ours.as_str(), theirs.as_str()),
+        };
+        assert_eq!(
+            normalized_dump(hu, *costs),
+            normalized_dump(hc, *costs).replace(hc, hu),
+            "headers differ: {ctx}"
+        );
+        assert_eq!(
+            unlock_matrix(dir, &ours, hdrs.as_ref().map(|h| h.0.as_str())),
+            unlock_matrix(dir, &theirs, hdrs.as_ref().map(|h| h.1.as_str())),
+            "secrets open different keyslots: {ctx}"
+        );
+    }
+    // Both outcomes were exercised: refusals (wrong keyslot, wrong key, inactive slot)
+    // and successes.
+    assert!(
+        (8..rows.len() - 30).contains(&failed),
+        "{failed} of {} rows failed",
+        rows.len()
+    );
+}

@@ -2,8 +2,8 @@
 //! passphrase (`--key-file` or the first prompt/line), holding the new one.
 
 use super::luks::{luks_type, verbose, CsResult, DeviceArgs};
-use super::secret::{self, KeyFileArgs};
-use super::CliError;
+use super::secret::{self, KeyFileArgs, NewKeyFileArgs};
+use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
 use ucrypt_cryptsetup::Pbkdf;
@@ -43,6 +43,15 @@ impl PbkdfArgs {
         if !any {
             return Ok(());
         }
+        self.apply_always(cd)
+    }
+
+    /// Sets the PBKDF for the next keyslot: the choices, cryptsetup's defaults for the
+    /// rest (argon2id for LUKS2, pbkdf2 for LUKS1), as `set_pbkdf_params` does.
+    pub(crate) fn apply_always(
+        &self,
+        cd: &mut ucrypt_cryptsetup::CryptDevice,
+    ) -> Result<(), CliError> {
         let luks1 = cd.info().kind == Some(ucrypt_cryptsetup::HeaderType::Luks1);
         let kind = self
             .pbkdf
@@ -67,11 +76,30 @@ pub(crate) struct Args {
     dev: DeviceArgs,
     /// File with the new passphrase (default: prompt, or the second line of stdin).
     new_key_file: Option<PathBuf>,
+    /// File with the new passphrase (as the positional argument).
+    #[arg(
+        long = "new-keyfile",
+        value_name = "FILE",
+        conflicts_with = "new_key_file"
+    )]
+    new_keyfile_opt: Option<PathBuf>,
     #[command(flatten)]
     key: KeyFileArgs,
-    /// Keyslot for the new passphrase (default: the first free).
+    #[command(flatten)]
+    new_key: NewKeyFileArgs,
+    /// Keyslot for the new passphrase (default: the first free); with --new-key-slot, the
+    /// keyslot the existing passphrase must open.
     #[arg(short = 'S', long)]
     key_slot: Option<u32>,
+    /// Keyslot for the new passphrase (default: the first free).
+    #[arg(long, value_name = "INT")]
+    new_key_slot: Option<u32>,
+    /// Unlock with the volume key in this file instead of an existing passphrase.
+    #[arg(long, value_name = "FILE")]
+    volume_key_file: Option<PathBuf>,
+    /// Do not print the --key-slot warning.
+    #[arg(short = 'q', long)]
+    batch_mode: bool,
     /// Expected LUKS type.
     #[arg(long = "type", short = 'M', default_value = "luks", value_parser = luks_type)]
     kind: VolumeType,
@@ -86,16 +114,72 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let _claimed = super::instance::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.load(a.kind)?;
     ucrypt::header::check_requirements(&mut cd).cs()?;
-    let old = secret::existing(&a.key, &a.dev.device)?;
-    let new = secret::get(
-        a.new_key_file.as_deref().map(|p| (p, 0, 0)),
-        "Enter new passphrase for key slot: ",
-        true,
-    )?;
+    // cryptsetup 2.6: without --new-key-slot, --key-slot names the new keyslot.
+    let (old_slot, new_slot) = match (a.key_slot, a.new_key_slot) {
+        (Some(s), None) => {
+            if !a.batch_mode {
+                println!("WARNING: The --key-slot parameter is used for new keyslot number.");
+            }
+            (None, Some(s))
+        }
+        other => other,
+    };
+    if let Some(s) = new_slot {
+        if cd.keyslot_status(s) == ucrypt_cryptsetup::KeyslotStatus::Invalid {
+            return Err(anyhow::anyhow!(
+                "keyslot {s} is out of range for this header"
+            ))
+            .code(EXIT_PARAMS);
+        }
+    }
+    // The volume key: from --volume-key-file, or unlocked by the existing passphrase, which
+    // is checked before the new one is asked for (as cryptsetup does).
+    let key = match &a.volume_key_file {
+        Some(f) => {
+            let key = ucrypt_crypto::VolumeKey::new(secret::read_key_file(f, 0, 0)?.to_vec());
+            if key.len() != cd.info().key_bytes {
+                return Err(anyhow::anyhow!(
+                    "{} holds {} bytes; the volume key of {} has {}",
+                    f.display(),
+                    key.len(),
+                    a.dev.device.display(),
+                    cd.info().key_bytes
+                ))
+                .code(EXIT_PARAMS);
+            }
+            // A key that is not the volume's: exit 2, as cryptsetup's EPERM.
+            cd.verify_volume_key(key.as_bytes()).code(2)?;
+            key
+        }
+        None => {
+            let old = secret::existing(&a.key, &a.dev.device)?;
+            let (slot, key) = super::progress::searching("Checking the passphrase", || {
+                cd.volume_key(old_slot, &old)
+            })
+            .cs()?;
+            // cryptsetup says so only for a typed (or piped) passphrase, not a key file.
+            let from_file = a
+                .key
+                .key_file
+                .as_ref()
+                .is_some_and(|f| f.as_os_str() != "-");
+            verbose(
+                a.verbose && !from_file,
+                format_args!("Key slot {slot} unlocked."),
+            );
+            key
+        }
+    };
+    let new_file = a.new_key_file.as_deref().or(a.new_keyfile_opt.as_deref());
+    let new = a
+        .new_key
+        .get(new_file, "Enter new passphrase for key slot: ")?;
     a.pbkdf.apply(&mut cd)?;
     let slot = super::progress::writing("Adding the keyslot (PBKDF benchmark)", || {
-        cd.add_keyslot_by_passphrase(a.key_slot, &old, &new).cs()
+        cd.add_keyslot_by_volume_key(new_slot, Some(&key), &new)
+            .cs()
     })?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
+    verbose(a.verbose, "Command successful.");
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use super::luks::{luks_type, verbose, CsResult, DeviceArgs};
 use super::luks_add_key::PbkdfArgs;
-use super::secret::{self, KeyFileArgs};
+use super::secret::{self, KeyFileArgs, NewKeyFileArgs};
 use super::CliError;
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
@@ -17,6 +17,8 @@ pub(crate) struct Args {
     new_key_file: Option<PathBuf>,
     #[command(flatten)]
     key: KeyFileArgs,
+    #[command(flatten)]
+    new_key: NewKeyFileArgs,
     /// Only the passphrase of this keyslot is changed.
     #[arg(short = 'S', long)]
     key_slot: Option<u32>,
@@ -28,6 +30,10 @@ pub(crate) struct Args {
     /// Print the slot used.
     #[arg(short, long)]
     verbose: bool,
+    /// Accepted as cryptsetup's: this command asks no question.
+    #[arg(short = 'q', long)]
+    #[allow(dead_code)]
+    batch_mode: bool,
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
@@ -35,15 +41,20 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let mut cd = a.dev.load(a.kind)?;
     ucrypt::header::check_requirements(&mut cd).cs()?;
     let old = secret::existing(&a.key, &a.dev.device)?;
-    let new = secret::get(
-        a.new_key_file.as_deref().map(|p| (p, 0, 0)),
-        "Enter new passphrase: ",
-        true,
-    )?;
+    // As cryptsetup: the old passphrase is checked before the new one is asked for.
+    let unlocked = super::progress::searching("Checking the passphrase", || {
+        cd.check_passphrase(a.key_slot, &old)
+    })
+    .cs()?;
+    verbose(a.verbose, format_args!("Key slot {unlocked} unlocked."));
+    let new = a
+        .new_key
+        .get(a.new_key_file.as_deref(), "Enter new passphrase: ")?;
     a.pbkdf.apply(&mut cd)?;
     let slot = super::progress::writing("Changing the keyslot (PBKDF benchmark)", || {
         cd.change_keyslot(a.key_slot, a.key_slot, &old, &new).cs()
     })?;
-    verbose(a.verbose, format_args!("Key slot {slot} changed."));
+    verbose(a.verbose, format_args!("Key slot {slot} created."));
+    verbose(a.verbose, "Command successful.");
     Ok(())
 }

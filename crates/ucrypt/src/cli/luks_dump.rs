@@ -23,11 +23,22 @@ pub(crate) struct Args {
     /// Confirms --dump-volume-key without a question.
     #[arg(short = 'q', long)]
     batch_mode: bool,
-    /// Only this keyslot's passphrase (with --dump-volume-key).
+    /// Accepted as cryptsetup's; like cryptsetup 2.6, --dump-volume-key takes the volume
+    /// key from whichever keyslot the passphrase opens.
     #[arg(short = 'S', long)]
+    #[allow(dead_code)]
     key_slot: Option<u32>,
     #[command(flatten)]
     key: KeyFileArgs,
+    /// With --dump-volume-key: write the volume key to this new file (owner read-only)
+    /// instead of printing it.
+    #[arg(
+        long,
+        value_name = "FILE",
+        alias = "master-key-file",
+        requires = "dump_volume_key"
+    )]
+    volume_key_file: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
@@ -49,7 +60,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     )?;
     let pass = secret::existing(&a.key, &a.dev.device)?;
     let (_, key) = super::progress::searching("Unlocking the volume key", || {
-        cd.volume_key(a.key_slot, &pass)
+        // Any keyslot, as cryptsetup 2.6 (it reads --key-slot only for --unbound).
+        cd.volume_key(None, &pass)
     })
     .cs()?;
     let info = cd.info();
@@ -59,7 +71,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let mut out = String::new();
     out.push_str(&format!(
         "LUKS header information for {}\n",
-        a.dev.device.display()
+        // The header's location, as cryptsetup's crypt_get_device_name.
+        a.dev.header_path().display()
     ));
     out.push_str(&format!("Cipher name:   \t{}\n", info.cipher));
     out.push_str(&format!("Cipher mode:   \t{}\n", info.cipher_mode));
@@ -69,6 +82,21 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         info.uuid.as_deref().unwrap_or("")
     ));
     out.push_str(&format!("MK bits:       \t{}\n", key.len() * 8));
+    if let Some(f) = &a.volume_key_file {
+        // As cryptsetup: a new file (never overwritten), readable by its owner only.
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .open(f)
+            .and_then(|mut file| file.write_all(key.as_bytes()))
+            .map_err(|e| anyhow::anyhow!("cannot write the volume key to {}: {e}", f.display()))?;
+        out.push_str(&format!("Key stored to file {}.\n", f.display()));
+        print!("{out}");
+        return Ok(());
+    }
     out.push_str("MK dump:\t");
     for (i, b) in key.as_bytes().iter().enumerate() {
         if i > 0 && i % 16 == 0 {

@@ -14,6 +14,7 @@ mod lifecycle;
 mod luks;
 mod luks_add_key;
 mod luks_change_key;
+mod luks_convert_key;
 mod luks_dump;
 mod luks_format;
 mod luks_header_backup;
@@ -165,6 +166,9 @@ enum Command {
     /// Change the passphrase of a keyslot.
     #[command(name = "luksChangeKey")]
     LuksChangeKey(luks_change_key::Args),
+    /// Rewrite a LUKS2 keyslot with new PBKDF parameters (same passphrase).
+    #[command(name = "luksConvertKey")]
+    LuksConvertKey(luks_convert_key::Args),
     /// Destroy a keyslot by number.
     #[command(name = "luksKillSlot")]
     LuksKillSlot(luks_kill_slot::Args),
@@ -559,6 +563,7 @@ pub fn run() -> ExitCode {
         Command::LuksRemoveKey(a) => luks_remove_key::run(a),
         Command::LuksChangeKey(a) => luks_change_key::run(a),
         Command::LuksKillSlot(a) => luks_kill_slot::run(a),
+        Command::LuksConvertKey(a) => luks_convert_key::run(a),
         Command::Reencrypt(a) => reencrypt::run(a),
         Command::IsLuks(a) => is_luks::run(a),
         Command::LuksUuid(a) => luks_uuid::run(a),

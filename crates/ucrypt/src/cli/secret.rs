@@ -86,6 +86,30 @@ pub(crate) struct KeyFileArgs {
     pub(crate) keyfile_size: u64,
 }
 
+/// `--new-keyfile-offset` and `--new-keyfile-size`: where the new passphrase is in the new
+/// key file (luksAddKey, luksChangeKey).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct NewKeyFileArgs {
+    /// Skip this many bytes at the start of the new key file.
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    pub(crate) new_keyfile_offset: u64,
+    /// Read at most this many bytes from the new key file (0: all).
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    pub(crate) new_keyfile_size: u64,
+}
+
+impl NewKeyFileArgs {
+    /// The new passphrase: from `file` (with these offsets), else a prompt asked twice on
+    /// a terminal, else the next line of standard input.
+    pub(crate) fn get(&self, file: Option<&Path>, prompt: &str) -> Result<Secret, CliError> {
+        get(
+            file.map(|p| (p, self.new_keyfile_offset, self.new_keyfile_size)),
+            prompt,
+            true,
+        )
+    }
+}
+
 /// Reads `size` bytes (0: up to the cryptsetup limit) from `r` after skipping `offset`.
 fn read_limited(mut r: impl Read, what: &str, offset: u64, size: u64) -> Result<Secret, CliError> {
     std::io::copy(&mut (&mut r).take(offset), &mut std::io::sink())
