@@ -30,13 +30,11 @@ pub mod legacy;
 pub mod mode;
 pub mod secret;
 mod sector;
-mod serpent;
 mod spec;
 pub mod testing;
-mod twofish;
 
+pub use block::twofish_code_path;
 pub use error::CryptoError;
 pub use key::VolumeKey;
 pub use sector::{Sector512, SectorCipher, SectorParams, SectorSize};
 pub use spec::CipherSpec;
-pub use twofish::code_path as twofish_code_path;

@@ -1009,7 +1009,7 @@ impl TcryptHeader {
                 return Ok(vec![Layer {
                     cipher: format!(
                         "{}-cbc-tcw",
-                        name.join(&ucrypt_crypto::legacy::tcrypt_cbc::CASCADE_SEP.to_string())
+                        name.join(&ucrypt_crypto::block::cascade::CASCADE_SEP.to_string())
                     ),
                     key: tcw_key(&k, block),
                 }]);

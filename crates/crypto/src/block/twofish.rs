@@ -9,7 +9,7 @@
 //! round function is four lookups per `g`. The crate stays as the reference of a
 //! differential test below; the kernel golden vectors cover the modes on top.
 
-use crate::block::BlockCipher;
+use super::BlockCipher;
 use zeroize::Zeroize;
 
 #[cfg(target_arch = "x86_64")]

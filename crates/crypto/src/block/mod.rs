@@ -1,12 +1,20 @@
 //! Block ciphers by their kernel names, behind one object-safe trait.
 //!
-//! Every cipher here comes from a maintained crate (RustCrypto), except two written here
-//! for speed and checked against those crates: Twofish with key-dependent tables
-//! (`crate::twofish`) and Serpent bit-sliced over SIMD lanes (`crate::serpent`). The kernel
+//! Every cipher here comes from a maintained crate (RustCrypto), except those written here
+//! and checked against outside references: Twofish with key-dependent tables and AVX-512
+//! (`twofish`), Serpent bit-sliced over SIMD lanes (`serpent`), both for speed, and AFS's
+//! `fcrypt`, which no crate has. TrueCrypt's cascades compose these (`cascade`). The kernel
 //! names are the ones dm-crypt accepts in a cipher spec: `aes`, `serpent`, `twofish`,
 //! `camellia`, `kuznyechik`, `blowfish`, `des`, `des3_ede`, `cast5`, `cast6`, `cipher_null`;
 //! plus two TrueCrypt-only names the kernel lacks, `blowfish_le` and cascades `a+b[+c]`
-//! ([`crate::legacy::tcrypt_cbc`]).
+//! ([`cascade`], used by [`crate::legacy::tcrypt_cbc`]); and `fcrypt`.
+
+pub mod cascade;
+mod fcrypt;
+pub(crate) mod serpent;
+mod twofish;
+
+pub use twofish::code_path as twofish_code_path;
 
 use crate::CryptoError;
 use cipher::{array::Array, BlockCipherDecrypt, BlockCipherEncrypt, BlockSizeUser, KeyInit};
@@ -98,7 +106,7 @@ pub fn key_lengths(name: &str) -> &'static str {
         "kuznyechik" => "32",
         "cast5" => "5 to 16",
         "cipher_null" => "0",
-        n if n.contains(crate::legacy::tcrypt_cbc::CASCADE_SEP) => "an equal share per cipher",
+        n if n.contains(cascade::CASCADE_SEP) => "an equal share per cipher",
         _ => "?",
     }
 }
@@ -120,7 +128,7 @@ pub fn is_known(name: &str) -> bool {
             | "cipher_null"
             | "blowfish_le"
             | "fcrypt"
-    ) || crate::legacy::tcrypt_cbc::cascade_parts(name).is_some()
+    ) || cascade::cascade_parts(name).is_some()
 }
 
 /// Block size of a known cipher, without a key.
@@ -129,7 +137,7 @@ pub fn block_size_of(name: &str) -> Option<usize> {
         "aes" | "serpent" | "twofish" | "camellia" | "kuznyechik" | "cast6" => Some(16),
         "blowfish" | "blowfish_le" | "des" | "des3_ede" | "cast5" | "fcrypt" => Some(8),
         "cipher_null" => Some(1),
-        n => crate::legacy::tcrypt_cbc::cascade_parts(n).map(|(_, bs)| bs),
+        n => cascade::cascade_parts(n).map(|(_, bs)| bs),
     }
 }
 
@@ -138,7 +146,7 @@ pub fn block_size_of(name: &str) -> Option<usize> {
 /// `None` for other names or a key the crate refuses.
 pub fn reference_block_cipher(name: &str, key: &[u8]) -> Option<Box<dyn BlockCipher>> {
     match name {
-        "serpent" => rc::<serpent::Serpent>(key),
+        "serpent" => rc::<::serpent::Serpent>(key),
         _ => None,
     }
 }
@@ -156,9 +164,9 @@ pub fn new_block_cipher(name: &str, key: &[u8]) -> Result<Box<dyn BlockCipher>, 
             32 => rc::<aes::Aes256>(key),
             _ => None,
         },
-        "serpent" => crate::serpent::Serpent::new(key)
+        "serpent" => serpent::Serpent::new(key)
             .map(|c| Box::new(crate::secret::LockedBox::new(c)) as Box<dyn BlockCipher>),
-        "twofish" => crate::twofish::Twofish::new(key).map(|c| Box::new(c) as Box<dyn BlockCipher>),
+        "twofish" => twofish::Twofish::new(key).map(|c| Box::new(c) as Box<dyn BlockCipher>),
         "camellia" => match key.len() {
             16 => rc::<camellia::Camellia128>(key),
             24 => rc::<camellia::Camellia192>(key),
@@ -176,14 +184,14 @@ pub fn new_block_cipher(name: &str, key: &[u8]) -> Result<Box<dyn BlockCipher>, 
         "kuznyechik" => rc::<kuznyechik::Kuznyechik>(key),
         "cast5" => rc::<cast5::Cast5>(key),
         // AFS's cipher: compatibility with tables the kernel accepts, never for new data.
-        "fcrypt" => crate::legacy::fcrypt::Fcrypt::new(key)
+        "fcrypt" => fcrypt::Fcrypt::new(key)
             .map(|c| Box::new(crate::secret::LockedBox::new(c)) as Box<dyn BlockCipher>),
         "cipher_null" => key
             .is_empty()
             .then(|| Box::new(NullCipher) as Box<dyn BlockCipher>),
-        n if n.contains(crate::legacy::tcrypt_cbc::CASCADE_SEP) => {
+        n if n.contains(cascade::CASCADE_SEP) => {
             // The cascade's ciphers keep their schedules in LockedBoxes of their own.
-            let c = crate::legacy::tcrypt_cbc::Cascade::new(n, key)?;
+            let c = cascade::Cascade::new(n, key)?;
             return Ok(Box::new(c));
         }
         other => {

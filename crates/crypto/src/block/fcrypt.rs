@@ -8,7 +8,7 @@
 //!
 //! Compatibility only: the key is 56 bits and the cipher is weak; never use it for data.
 
-use crate::block::BlockCipher;
+use super::BlockCipher;
 use zeroize::Zeroize;
 
 /// rxkad's S-boxes, as bytes; each is placed in the 32-bit word by [`sbox_word`].

@@ -20,7 +20,7 @@
 // The one unsafe use: calling the `#[target_feature]` builds after run-time detection.
 #![allow(unsafe_code)]
 
-use crate::block::BlockCipher;
+use super::BlockCipher;
 use core::ops::{BitAnd, BitAndAssign, BitOr, BitOrAssign, BitXor, BitXorAssign, Not};
 use zeroize::Zeroize;
 
