@@ -21,6 +21,7 @@ pub mod options;
 pub mod pool;
 mod rangelock;
 mod request;
+mod sector_io;
 pub mod split;
 pub mod stats;
 mod submit;

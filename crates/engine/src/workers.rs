@@ -322,7 +322,7 @@ fn run_job(s: &Shared, job: Job) {
         // Read and decrypt in one step (out of the backend's mapping when it has one).
         let pos = job.first.0 << 9;
         let r = catch_unwind(AssertUnwindSafe(|| {
-            crate::volume::read_decrypt(&*s.backend, &*s.cipher, pos, offset, data, true)
+            crate::sector_io::read_decrypt(&*s.backend, &*s.cipher, pos, offset, data, true)
         }))
         .unwrap_or_else(|_| Err(BackendError::Other("BUG: crypto worker panicked".into())));
         // SAFETY: the completion lives until its count reaches zero (module docs).
