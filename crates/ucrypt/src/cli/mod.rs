@@ -475,11 +475,80 @@ pub(crate) fn error_line(err: &anyhow::Error) -> String {
     msg.join(": ")
 }
 
+/// cryptsetup's old action names that are another action here: every `*Close` and
+/// `remove` are `close`, `luksConfig` is `config` (cryptsetup 2.6-2.8's alias list).
+const RENAMED: &[(&str, &str)] = &[
+    ("remove", "close"),
+    ("plainClose", "close"),
+    ("luksClose", "close"),
+    ("loopaesClose", "close"),
+    ("tcryptClose", "close"),
+    ("bitlkClose", "close"),
+    ("fvault2Close", "close"),
+    ("luksConfig", "config"),
+];
+
+/// cryptsetup actions and options that cannot make sense for ucrypt, each with its one-line
+/// reason: (action or option as typed, reason).
+pub(crate) const REFUSED: &[(&str, &str)] = &[
+    (
+        "loopaesOpen",
+        "loop-AES volumes are not supported: ucrypt opens LUKS1/LUKS2, plain, \
+         TrueCrypt/VeraCrypt, BitLocker and FileVault2 (open loop-AES with cryptsetup)",
+    ),
+    (
+        "--type=loopaes",
+        "loop-AES volumes are not supported: ucrypt opens LUKS1/LUKS2, plain, \
+         TrueCrypt/VeraCrypt, BitLocker and FileVault2 (open loop-AES with cryptsetup)",
+    ),
+    (
+        "--hw-opal",
+        "OPAL self-encrypting drives are locked and unlocked by the drive through the \
+         kernel's sed-opal ioctls; ucrypt encrypts in userspace and cannot set them up \
+         (use cryptsetup luksFormat --hw-opal)",
+    ),
+    (
+        "--hw-opal-only",
+        "OPAL self-encrypting drives are locked and unlocked by the drive through the \
+         kernel's sed-opal ioctls; ucrypt encrypts in userspace and cannot set them up \
+         (use cryptsetup luksFormat --hw-opal-only)",
+    ),
+    (
+        "--integrity",
+        "dm-integrity (authenticated encryption, --integrity) is not served by ucrypt: it \
+         needs per-sector tags that ucrypt's data path does not store",
+    ),
+];
+
+/// The reason this command line asks for something ucrypt refuses ([`REFUSED`]).
+fn refused(args: &[std::ffi::OsString]) -> Option<&'static str> {
+    let mut prev = "";
+    for a in args.iter().skip(1) {
+        let a = a.to_str().unwrap_or("");
+        let typed = if prev == "--type" || prev == "-M" {
+            format!("--type={a}")
+        } else {
+            a.split('=').next().unwrap_or(a).to_string()
+        };
+        let typed = if a.starts_with("--type=") {
+            a.to_string()
+        } else {
+            typed
+        };
+        if let Some((_, why)) = REFUSED.iter().find(|(what, _)| *what == typed) {
+            return Some(why);
+        }
+        prev = a;
+    }
+    None
+}
+
 /// Parses the command line, runs the command, prints any error as one line on stderr.
 /// cryptsetup's per-type open commands: `luksOpen`, `tcryptOpen`, `bitlkOpen`,
 /// `plainOpen` and `fvault2Open DEV NAME` are `open --type T DEV NAME`. With
 /// `--test-passphrase` or `--print-table` they stay (or become) `luksOpen --type T`, which
-/// checks or prints without serving.
+/// checks or prints without serving. `create NAME DEV` is `plainOpen DEV NAME`; the
+/// [`RENAMED`] actions are renamed.
 fn expand_open_aliases(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let Some(pos) = args
         .iter()
@@ -489,6 +558,21 @@ fn expand_open_aliases(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStr
         return args;
     };
     let pos = pos + 1;
+    if let Some((_, to)) = RENAMED.iter().find(|(from, _)| args[pos] == **from) {
+        args[pos] = (*to).into();
+        return args;
+    }
+    // cryptsetup's historical `create NAME DEV`: the two arguments swapped.
+    if args[pos] == "create" {
+        args[pos] = "plainOpen".into();
+        let plain = |i: usize| {
+            args.get(i)
+                .is_some_and(|a| !a.to_string_lossy().starts_with('-'))
+        };
+        if plain(pos + 1) && plain(pos + 2) {
+            args.swap(pos + 1, pos + 2);
+        }
+    }
     let kind = match args[pos].to_str() {
         Some("luksOpen") => "luks",
         Some("tcryptOpen") => "tcrypt",
@@ -519,7 +603,12 @@ fn expand_open_aliases(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStr
 }
 
 pub fn run() -> ExitCode {
-    let cli = match Cli::try_parse_from(expand_open_aliases(std::env::args_os().collect())) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(why) = refused(&args) {
+        eprintln!("ucrypt: {why}");
+        return ExitCode::from(EXIT_PARAMS);
+    }
+    let cli = match Cli::try_parse_from(expand_open_aliases(args)) {
         Ok(cli) => cli,
         // --help and --version print and succeed; usage errors exit 1 as cryptsetup's do
         // (clap's own 2 means "wrong passphrase" to cryptsetup's users).

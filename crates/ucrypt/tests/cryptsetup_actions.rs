@@ -1,0 +1,212 @@
+//! Every cryptsetup 2.6-2.8 action, alias and refused feature, and what ucrypt does with
+//! it: the table below is the contract (README "cryptsetup actions" renders it). Each
+//! action that exists must be accepted under cryptsetup's name; each refused one must fail
+//! with exit 1 and its one-line reason; the installed cryptsetup's own action and alias
+//! lists must all be in the table; the README must list every row.
+//!
+//! What each action *does* is compared with cryptsetup elsewhere: `cryptsetup_compat.rs`
+//! (token, keyslot and key-file options, luksDump, open --test-passphrase, luksFormat,
+//! luksUUID, isLuks, luksHeaderBackup, config), `lifecycle.rs` (config, luksConvert, erase,
+//! repair, named open/close/status/resize/refresh/luksSuspend/luksResume), `reencrypt.rs`,
+//! `bitlk_fvault2.rs`, `tcrypt.rs`, `cli.rs` (benchmark).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::Output;
+
+/// What ucrypt does with a cryptsetup action.
+enum Does {
+    /// Runs it as this ucrypt command (its `--help` says `Usage: ucrypt <command>`).
+    Runs(&'static str),
+    /// Refuses it: exit 1, one line containing this reason.
+    Refused(&'static str),
+}
+
+use Does::{Refused, Runs};
+
+/// (cryptsetup action, alias or option as typed, what ucrypt does).
+const ACTIONS: &[(&str, Does)] = &[
+    ("open", Runs("open")),
+    ("close", Runs("close")),
+    ("resize", Runs("resize")),
+    ("status", Runs("status")),
+    ("benchmark", Runs("benchmark")),
+    ("repair", Runs("repair")),
+    ("reencrypt", Runs("reencrypt")),
+    ("erase", Runs("erase")),
+    ("convert", Runs("luksConvert")),
+    ("config", Runs("config")),
+    ("luksFormat", Runs("luksFormat")),
+    ("luksAddKey", Runs("luksAddKey")),
+    ("luksRemoveKey", Runs("luksRemoveKey")),
+    ("luksChangeKey", Runs("luksChangeKey")),
+    ("luksConvertKey", Runs("luksConvertKey")),
+    ("luksKillSlot", Runs("luksKillSlot")),
+    ("luksUUID", Runs("luksUUID")),
+    ("isLuks", Runs("isLuks")),
+    ("luksDump", Runs("luksDump")),
+    ("tcryptDump", Runs("tcryptDump")),
+    ("bitlkDump", Runs("bitlkDump")),
+    ("fvault2Dump", Runs("fvault2Dump")),
+    ("luksSuspend", Runs("luksSuspend")),
+    ("luksResume", Runs("luksResume")),
+    ("luksHeaderBackup", Runs("luksHeaderBackup")),
+    ("luksHeaderRestore", Runs("luksHeaderRestore")),
+    ("token", Runs("token")),
+    // Aliases.
+    ("create", Runs("open")),
+    ("plainOpen", Runs("open")),
+    ("luksOpen", Runs("open")),
+    ("tcryptOpen", Runs("open")),
+    ("bitlkOpen", Runs("open")),
+    ("fvault2Open", Runs("open")),
+    ("loopaesOpen", Refused("loop-AES volumes are not supported")),
+    ("remove", Runs("close")),
+    ("plainClose", Runs("close")),
+    ("luksClose", Runs("close")),
+    ("loopaesClose", Runs("close")),
+    ("tcryptClose", Runs("close")),
+    ("bitlkClose", Runs("close")),
+    ("fvault2Close", Runs("close")),
+    ("luksErase", Runs("erase")),
+    ("luksConfig", Runs("config")),
+    ("refresh", Runs("refresh")),
+    // Features that cannot make sense for ucrypt.
+    (
+        "open --type loopaes",
+        Refused("loop-AES volumes are not supported"),
+    ),
+    (
+        "luksFormat --hw-opal",
+        Refused("OPAL self-encrypting drives"),
+    ),
+    (
+        "luksFormat --hw-opal-only",
+        Refused("OPAL self-encrypting drives"),
+    ),
+    (
+        "luksFormat --integrity hmac-sha256",
+        Refused("dm-integrity"),
+    ),
+];
+
+fn run(args: &[&str]) -> Output {
+    common::ucrypt(args, b"")
+}
+
+#[test]
+fn every_action_runs_under_its_name_or_is_refused_with_its_reason() {
+    for (typed, does) in ACTIONS {
+        let mut args: Vec<&str> = typed.split(' ').collect();
+        match does {
+            Runs(cmd) => {
+                args.push("--help");
+                let out = run(&args);
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(out.status.success(), "{typed}: {out:?}");
+                assert!(
+                    text.contains(&format!("Usage: ucrypt {cmd} ")),
+                    "{typed} is not ucrypt {cmd}:\n{text}"
+                );
+            }
+            Refused(why) => {
+                args.push("/nonexistent/device");
+                let out = run(&args);
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert_eq!(out.status.code(), Some(1), "{typed}: {out:?}");
+                assert_eq!(err.lines().count(), 1, "{typed}: not one line: {err}");
+                assert!(
+                    err.starts_with("ucrypt: ") && err.contains(why),
+                    "{typed}: {err}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn renamed_aliases_behave_as_their_action() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "img", 4 << 20);
+    let key = tmp.path().join("key");
+    std::fs::write(&key, [7u8; 64]).unwrap();
+    let (img, key) = (img.to_str().unwrap(), key.to_str().unwrap());
+    // `create NAME DEV` is `plainOpen DEV NAME`: the same table line.
+    let a = run(&["create", "vol", img, "--print-table", "--key-file", key]);
+    let b = run(&["plainOpen", img, "vol", "--print-table", "--key-file", key]);
+    assert!(a.status.success(), "{a:?}");
+    assert_eq!(a.stdout, b.stdout);
+    assert!(!a.stdout.is_empty());
+    // `luksClose NAME` is `close NAME`: the same answer for an unknown name.
+    let dir = tmp.path().join("run");
+    let env = [("UCRYPT_RUNTIME_DIR", dir.as_os_str())];
+    let a = common::ucrypt_env(&["luksClose", "nothing"], b"", &env);
+    let b = common::ucrypt_env(&["close", "nothing"], b"", &env);
+    assert_eq!(a.status.code(), b.status.code());
+    assert_eq!(a.stderr, b.stderr);
+    assert!(!a.status.success());
+}
+
+/// The installed cryptsetup's own lists (`cryptsetup --help`): every action and alias it
+/// names must be a row of [`ACTIONS`].
+#[test]
+fn the_table_covers_every_action_cryptsetup_lists() {
+    if !common::require("cryptsetup") {
+        return;
+    }
+    let out = std::process::Command::new("cryptsetup")
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let mut names = Vec::new();
+    let mut in_actions = false;
+    for line in help.lines() {
+        if line.starts_with("<action> is one of") {
+            in_actions = true;
+            continue;
+        }
+        if in_actions && line.starts_with('\t') {
+            names.push(line.trim().split(' ').next().unwrap().to_string());
+        } else if in_actions && !line.trim().is_empty() {
+            in_actions = false;
+        }
+        // "\topen: create (plainOpen), luksOpen, ..." alias lines.
+        if let Some(rest) = line
+            .trim()
+            .strip_prefix("open:")
+            .or(line.trim().strip_prefix("close:"))
+        {
+            for a in rest.split([',', ' ', '(', ')']).filter(|a| !a.is_empty()) {
+                names.push(a.to_string());
+            }
+        }
+    }
+    assert!(
+        names.len() >= 27 + 12,
+        "cryptsetup --help parsed to {names:?}"
+    );
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !ACTIONS.iter().any(|(typed, _)| typed == n))
+        .collect();
+    assert!(missing.is_empty(), "not in the table: {missing:?}");
+}
+
+#[test]
+fn the_readme_lists_every_row() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let section = readme
+        .split("## cryptsetup actions")
+        .nth(1)
+        .expect("README has a '## cryptsetup actions' section");
+    for (typed, _) in ACTIONS {
+        assert!(
+            section.contains(&format!("| `{typed}`")),
+            "README's cryptsetup actions table has no row for `{typed}`"
+        );
+    }
+}
