@@ -18,12 +18,11 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use ucrypt_crypto::{CipherSpec, Sector512, SectorCipher, SectorParams, SectorSize, VolumeKey};
 use ucrypt_format::kdf::Hash;
-use ucrypt_format::luks2::disk::Header;
+use ucrypt_format::luks2::disk::{Header, Io};
 use ucrypt_format::luks2::json::Json;
 use ucrypt_format::luks2::reencrypt::{self, Progress, Reencrypt, Resilience};
 use ucrypt_format::luks2::{self, Metadata};
@@ -66,7 +65,7 @@ pub type ProgressFn<'a> = dyn FnMut(u64, u64) + 'a;
 
 /// An open reencryption: the device, its header, the state and both keys.
 pub struct Run {
-    file: File,
+    file: Box<dyn Io>,
     device: String,
     header: Header,
     state: Reencrypt,
@@ -81,18 +80,12 @@ fn fe(e: FormatError) -> anyhow::Error {
 
 /// The data area's size: the device less the data offset, checked against both sector
 /// sizes.
-fn data_size(file: &File, device: &str, st: &Reencrypt) -> Result<u64> {
-    let len = file
-        .metadata()
-        .with_context(|| format!("reading the size of {device}"))?
-        .len();
-    let len = if len == 0 {
-        // A block device: its size from the end.
-        use std::io::{Seek, SeekFrom};
-        (&*file).seek(SeekFrom::End(0))?
-    } else {
-        len
-    };
+fn data_size(path: &Path, device: &str, st: &Reencrypt) -> Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    // Seeking to the end gives the size of block devices as well as files.
+    let len = File::open(path)
+        .and_then(|mut f| f.seek(SeekFrom::End(0)))
+        .with_context(|| format!("reading the size of {device}"))?;
     let size = len.checked_sub(st.new.offset).ok_or_else(|| {
         anyhow!(
             "{device} ({len} bytes) is smaller than the data offset {}",
@@ -156,34 +149,60 @@ impl Run {
     /// Not in reencryption, unsupported kind (encrypt, decrypt, data shift, backward), a
     /// passphrase that opens neither key, a digest that does not match.
     pub fn open(path: &Path, passphrase: &[u8]) -> Result<Run> {
-        let device = path.display().to_string();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(path)
-            .with_context(|| format!("opening {device}"))?;
-        let header = Header::read(&file, &device).map_err(fe)?;
+            .with_context(|| format!("opening {}", path.display()))?;
+        Self::open_with(Box::new(file), path, passphrase)
+    }
+
+    /// As [`Run::open`], with the device's I/O through `io` (a test's model of a volatile
+    /// write cache); `path` names the same device (its size, and the keyslots read by the
+    /// pure-Rust unlock, which the data pass never changes).
+    ///
+    /// # Errors
+    /// As [`Run::open`].
+    pub fn open_with(io: Box<dyn Io>, path: &Path, passphrase: &[u8]) -> Result<Run> {
+        let device = path.display().to_string();
+        let header = Header::read(io.as_ref(), &device).map_err(fe)?;
         if !reencrypt::in_reencryption(&header.json) {
             bail!(
                 "{device} is not in LUKS2 reencryption (no \"{}\" requirement)",
                 reencrypt::REQUIREMENT
             );
         }
-        // Size first needs the data offset: read the state with a provisional size, then
-        // again with the real one.
+        // The size needs the data offset: read the state with a provisional size first.
         let probe = Reencrypt::load(&header.json, u64::MAX).map_err(fe)?;
-        let device_size = data_size(&file, &device, &probe)?;
+        let device_size = data_size(path, &device, &probe)?;
         let state = Reencrypt::load(&header.json, device_size).map_err(fe)?;
         let meta = Metadata::parse(&header.json.to_compact()).map_err(fe)?;
-        let old_key = key_of(path, &meta, state.old.digest, "old", passphrase)?;
         let new_key = key_of(path, &meta, state.new.digest, "new", passphrase)?;
+        let new = cipher(&state.new, &new_key)?;
+        let old_key = match key_of(path, &meta, state.old.digest, "old", passphrase) {
+            Ok(k) => k,
+            // All data is under the new key and only the clean-up is left: the old key's
+            // keyslot may already be wiped (a crash inside the clean-up). Finishing
+            // deletes metadata only, so it proceeds with the new key alone.
+            Err(_) if state.progress == (Progress::Clean { done: device_size }) => {
+                return Ok(Run {
+                    file: io,
+                    device,
+                    header,
+                    old: cipher(&state.new, &new_key)?,
+                    state,
+                    device_size,
+                    new,
+                })
+            }
+            Err(e) => return Err(e),
+        };
         state
             .verify(&header.json, old_key.as_bytes(), new_key.as_bytes())
             .map_err(fe)?;
         let old = cipher(&state.old, &old_key)?;
-        let new = cipher(&state.new, &new_key)?;
         Ok(Run {
-            file,
+            file: io,
             device,
             header,
             state,
@@ -213,24 +232,26 @@ impl Run {
     }
 
     fn write_header(&mut self) -> Result<()> {
-        self.header.write(&self.file, &self.device).map_err(fe)
+        self.header
+            .write(self.file.as_ref(), &self.device)
+            .map_err(fe)
     }
 
     fn pread(&self, buf: &mut [u8], at: u64) -> Result<()> {
         self.file
-            .read_exact_at(buf, at)
+            .read_at(buf, at)
             .with_context(|| format!("reading {} bytes at {at} of {}", buf.len(), self.device))
     }
 
     fn pwrite(&self, buf: &[u8], at: u64) -> Result<()> {
         self.file
-            .write_all_at(buf, at)
+            .write_at(buf, at)
             .with_context(|| format!("writing {} bytes at {at} of {}", buf.len(), self.device))
     }
 
     fn sync(&self) -> Result<()> {
         self.file
-            .sync_data()
+            .sync()
             .with_context(|| format!("syncing {}", self.device))
     }
 
@@ -355,6 +376,10 @@ impl Run {
                 Resilience::None => {}
             }
             if !none {
+                // Durable before the header names the hotzone: cryptsetup relies on the
+                // header's own fsync, which leaves a window where a power cut keeps the
+                // header and loses part of the checksums or journal.
+                self.sync()?;
                 self.state.set_hot(&mut self.header.json, done, len, size);
                 self.write_header()?;
             }

@@ -14,6 +14,38 @@ use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+/// Positioned I/O on the device holding a LUKS2 header (and, for the reencryption data
+/// pass, its data): a [`File`], or a test double that models a volatile write cache.
+pub trait Io: Send + Sync {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    ///
+    /// # Errors
+    /// The device's error, or a short read.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+    /// Writes all of `buf` at `offset`.
+    ///
+    /// # Errors
+    /// The device's error.
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+    /// Makes every completed write durable (`fsync`).
+    ///
+    /// # Errors
+    /// The device's error.
+    fn sync(&self) -> std::io::Result<()>;
+}
+
+impl Io for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.read_exact_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.write_all_at(buf, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.sync_all()
+    }
+}
+
 const BIN: usize = super::metadata::BINARY_HEADER_BYTES;
 const CSUM_AT: usize = 448;
 const CSUM_LEN: usize = 64;
@@ -56,9 +88,9 @@ fn checksum(bin: &[u8], json_area: &[u8]) -> [u8; 32] {
 
 /// One copy at `offset`: (binary header, hdr_size, seqid, JSON text) if its magic, version,
 /// checksum algorithm and checksum hold.
-fn read_copy(f: &File, offset: u64) -> Option<(Vec<u8>, u64, u64, String)> {
+fn read_copy(f: &dyn Io, offset: u64) -> Option<(Vec<u8>, u64, u64, String)> {
     let mut bin = vec![0u8; BIN];
-    f.read_exact_at(&mut bin, offset).ok()?;
+    f.read_at(&mut bin, offset).ok()?;
     let magic_ok = if offset == 0 {
         &bin[..6] == super::metadata::MAGIC
     } else {
@@ -76,7 +108,7 @@ fn read_copy(f: &File, offset: u64) -> Option<(Vec<u8>, u64, u64, String)> {
         return None;
     }
     let mut area = vec![0u8; hdr_size as usize - BIN];
-    f.read_exact_at(&mut area, offset + BIN as u64).ok()?;
+    f.read_at(&mut area, offset + BIN as u64).ok()?;
     if checksum(&bin, &area)[..] != bin[CSUM_AT..CSUM_AT + 32] {
         return None;
     }
@@ -91,7 +123,7 @@ impl Header {
     /// # Errors
     /// [`FormatError::Header`] when neither copy is a valid LUKS2 header with a SHA-256
     /// checksum, or the JSON does not parse.
-    pub fn read(f: &File, device: &str) -> Result<Header, FormatError> {
+    pub fn read(f: &dyn Io, device: &str) -> Result<Header, FormatError> {
         let what = format!("LUKS2 header on {device}");
         let primary = read_copy(f, 0);
         let second_at = primary.as_ref().map(|p| p.1).unwrap_or(16384);
@@ -159,7 +191,7 @@ impl Header {
     /// # Errors
     /// [`FormatError::Rule`] when the JSON no longer fits the JSON area; I/O errors as
     /// [`FormatError::Header`].
-    pub fn write(&mut self, f: &File, device: &str) -> Result<(), FormatError> {
+    pub fn write(&mut self, f: &dyn Io, device: &str) -> Result<(), FormatError> {
         let what = format!("LUKS2 header on {device}");
         let text = self.json.to_compact();
         let area_len = self.hdr_size as usize - BIN;
@@ -177,12 +209,12 @@ impl Header {
             let at = if i == 0 { 0 } else { self.hdr_size };
             bin[16..24].copy_from_slice(&seqid.to_be_bytes());
             bin[CSUM_AT..CSUM_AT + CSUM_LEN].fill(0);
-            f.write_all_at(bin, at).map_err(io)?;
-            f.write_all_at(&area, at + BIN as u64).map_err(io)?;
+            f.write_at(bin, at).map_err(io)?;
+            f.write_at(&area, at + BIN as u64).map_err(io)?;
             let sum = checksum(bin, &area);
             bin[CSUM_AT..CSUM_AT + 32].copy_from_slice(&sum);
-            f.write_all_at(bin, at).map_err(io)?;
-            f.sync_all().map_err(io)?;
+            f.write_at(bin, at).map_err(io)?;
+            f.sync().map_err(io)?;
         }
         self.seqid = seqid;
         Ok(())
