@@ -1,10 +1,10 @@
 //! Multi-target mappings: a device-mapper table of several lines (dm-crypt and dm-zero
 //! targets side by side), as cryptsetup builds for BitLocker. Each crypt target becomes its
-//! own [`ucrypt_engine::Volume`]; [`Linear`] puts them end to end like dm's table.
+//! own [`ucrypt_engine::Volume`]; [`LinearBackend`] (in the backend crate) puts them end to end like dm's table.
 //!
 //! ```text
 //!  Target::Crypt(0 16 crypt ... 70592) ─► Volume ┐
-//!  Target::Crypt(16 68760 crypt ... 16) ─► Volume ├─► Linear (one Backend, served over NBD)
+//!  Target::Crypt(16 68760 crypt ... 16) ─► Volume ├─► LinearBackend (one Backend, served over NBD)
 //!  Target::Zero(68776 128)              ─► zeros  ┘
 //! ```
 //!
@@ -23,7 +23,7 @@ use crate::open::{open_device, open_parsed, open_parsed_with, OpenOptions};
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 use std::sync::Arc;
-use ucrypt_backend::{check_range, Backend, BackendError, BackendInfo, Caps, Support, ZeroBackend};
+use ucrypt_backend::{Backend, LinearBackend, ZeroBackend};
 use ucrypt_format::TableLine;
 
 /// One line of a multi-target table (positions in 512-byte sectors).
@@ -409,115 +409,7 @@ fn open_device_targets(
     if single {
         return pieces.pop().context("no target");
     }
-    Ok(Arc::new(Linear::new(pieces)?))
-}
-
-/// Backends placed end to end (dm's linear concatenation of a table's targets).
-pub struct Linear {
-    /// (start byte, backend), sorted and contiguous.
-    pieces: Vec<(u64, Arc<dyn Backend>)>,
-    info: BackendInfo,
-}
-
-impl std::fmt::Debug for Linear {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Linear")
-            .field("pieces", &self.pieces.len())
-            .field("size_bytes", &self.info.size_bytes)
-            .finish()
-    }
-}
-
-impl Linear {
-    /// Concatenates `pieces` in order.
-    ///
-    /// # Errors
-    /// No pieces.
-    pub fn new(pieces: Vec<Arc<dyn Backend>>) -> Result<Self> {
-        if pieces.is_empty() {
-            bail!("a mapping needs at least one target");
-        }
-        let mut at = 0;
-        let mut placed = Vec::with_capacity(pieces.len());
-        let mut logical = 512;
-        let mut read_only = false;
-        for p in pieces {
-            let i = p.info();
-            logical = logical.max(i.logical_block);
-            read_only |= i.caps.read_only;
-            let size = i.size_bytes;
-            placed.push((at, p));
-            at += size;
-        }
-        Ok(Linear {
-            pieces: placed,
-            info: BackendInfo {
-                size_bytes: at,
-                logical_block: logical,
-                physical_block: logical,
-                optimal_block: logical.max(4096),
-                caps: Caps {
-                    flush: Support::Native,
-                    discard: Support::None,
-                    write_zeroes: Support::None,
-                    read_only,
-                },
-            },
-        })
-    }
-
-    /// Calls `f(piece, offset within piece, range of the buffer)` for each piece the byte
-    /// range `[offset, offset + len)` touches.
-    fn each(
-        &self,
-        offset: u64,
-        len: usize,
-        mut f: impl FnMut(&dyn Backend, u64, std::ops::Range<usize>) -> Result<(), BackendError>,
-    ) -> Result<(), BackendError> {
-        check_range(offset, len as u64, self.info.size_bytes)?;
-        let end = offset + len as u64;
-        for (start, p) in &self.pieces {
-            let pend = start + p.info().size_bytes;
-            if pend <= offset || *start >= end {
-                continue;
-            }
-            let a = offset.max(*start);
-            let b = end.min(pend);
-            f(
-                p.as_ref(),
-                a - start,
-                (a - offset) as usize..(b - offset) as usize,
-            )?;
-        }
-        Ok(())
-    }
-}
-
-impl Backend for Linear {
-    fn info(&self) -> &BackendInfo {
-        &self.info
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-        let len = buf.len();
-        self.each(offset, len, |p, at, r| p.read_at(&mut buf[r], at))
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-        if self.info.caps.read_only {
-            return Err(BackendError::ReadOnly);
-        }
-        self.each(offset, buf.len(), |p, at, r| p.write_at(&buf[r], at, fua))
-    }
-
-    fn flush(&self) -> Result<(), BackendError> {
-        for (_, p) in &self.pieces {
-            if p.info().caps.flush != Support::None {
-                p.flush()?;
-            }
-        }
-        Ok(())
-    }
+    Ok(Arc::new(LinearBackend::new(pieces)?))
 }
 
 /// Opens every target of `targets` (sorted, contiguous from 0) and joins them.
@@ -545,27 +437,13 @@ pub fn open_targets(targets: Vec<Target>, opts: OpenOptions) -> Result<Arc<dyn B
             Target::Zero { length, .. } => Arc::new(ZeroBackend::new(length * 512)),
         });
     }
-    Ok(Arc::new(Linear::new(pieces)?))
+    Ok(Arc::new(LinearBackend::new(pieces)?))
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use ucrypt_backend::MemoryBackend;
-
-    #[test]
-    fn linear_reads_across_piece_boundaries() {
-        let a = Arc::new(MemoryBackend::new(1024).unwrap());
-        a.write_at(&[1u8; 1024], 0, false).unwrap();
-        let z: Arc<dyn Backend> = Arc::new(ZeroBackend::new(512));
-        let l = Linear::new(vec![a, z]).unwrap();
-        assert_eq!(l.info().size_bytes, 1536);
-        let mut buf = vec![9u8; 1024];
-        l.read_at(&mut buf, 512).unwrap();
-        assert!(buf[..512].iter().all(|&b| b == 1) && buf[512..].iter().all(|&b| b == 0));
-        assert!(l.read_at(&mut buf, 1024).is_err());
-    }
 
     const K: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
