@@ -235,6 +235,13 @@ fn ctrl_c_ends_a_tcrypt_search_at_once_and_a_wipe_saying_how_far_it_got() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
     assert!(done > 0 && done % (4 << 20) == 0, "{line}");
+    assert!(
+        text.replace('\n', "").contains(&format!(
+            "finish with: ucrypt wipe {} --offset {done}",
+            img.display()
+        )),
+        "{text}"
+    );
     // The header is intact: the volume opens.
     let out = Command::new(bin)
         .args(["luksOpen", img.to_str().unwrap(), "--test-passphrase", "-d"])
@@ -242,4 +249,73 @@ fn ctrl_c_ends_a_tcrypt_search_at_once_and_a_wipe_saying_how_far_it_got() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn an_interrupted_wipe_is_finished_by_wipe_offset() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // Old data that is not zeros, then a LUKS2 header over it (16 MiB header area).
+    let img = common::image_with(d, "img", &common::random_bytes(48 << 20));
+    std::fs::write(d.join("pass"), "pw").unwrap();
+    let (img, pass) = (img.to_str().unwrap(), d.join("pass"));
+    let pass = pass.to_str().unwrap();
+    sh_ok(&format!(
+        "cryptsetup luksFormat -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -d {pass} {img}"
+    ));
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    let uc = |args: &[&str]| Command::new(bin).args(args).output().unwrap();
+    // Offsets that are not what a wipe reports are refused before anything is written.
+    for bad in ["1000", "999999999999"] {
+        let out = uc(&["wipe", "-q", "-d", pass, img, "--offset", bad]);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+    }
+    let offset = 16u64 << 20;
+    let out = uc(&[
+        "wipe",
+        "-q",
+        "-d",
+        pass,
+        img,
+        "--offset",
+        &offset.to_string(),
+        "--progress-json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let first: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    let done: u64 = first["device_bytes"].as_str().unwrap().parse().unwrap();
+    assert!(done > offset, "{first}");
+    // The plaintext: before the offset what the old bytes decrypt to, from it on zeros.
+    let table = uc(&["luksOpen", img, "--print-table", "--showkeys", "-d", pass]);
+    assert!(table.status.success(), "{table:?}");
+    let tf = d.join("table");
+    std::fs::write(&tf, &table.stdout).unwrap();
+    let read = |off: u64, len: u64| {
+        let out = uc(&[
+            "read",
+            "--table-file",
+            tf.to_str().unwrap(),
+            "--offset",
+            &off.to_string(),
+            "--length",
+            &len.to_string(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    };
+    let before = read(0, offset);
+    assert!(
+        before.iter().any(|&b| b != 0),
+        "bytes before the offset were wiped"
+    );
+    let after = read(offset, (32 << 20) - offset);
+    assert_eq!(after.len() as u64, (32 << 20) - offset);
+    assert!(
+        after.iter().all(|&b| b == 0),
+        "bytes after the offset are not zeros"
+    );
 }

@@ -79,7 +79,6 @@ pub(crate) struct Args {
 
 /// Writes encrypted zeros over the whole data area of the freshly formatted volume.
 fn wipe(a: &Args, pass: &[u8]) -> Result<(), CliError> {
-    use ucrypt_backend::Backend;
     let hopts = ucrypt::HeaderOptions {
         header: a.dev.header.clone(),
         // The header was just written here with the cipher the user named: wiping a
@@ -97,42 +96,7 @@ fn wipe(a: &Args, pass: &[u8]) -> Result<(), CliError> {
         ucrypt::unlock(&a.dev.device, pass, &hopts).cs()?
     };
     let volume = ucrypt::open_unlocked(unlocked, ucrypt::OpenOptions::default()).cs()?;
-    let size = volume.info().size_bytes;
-    let device = a.dev.device.display().to_string();
-    let stop = progress::StopOnSignal::new();
-    let mut bar = progress::Bytes::new(&a.progress, "Wiping", &device, size);
-    let zeros = vec![0u8; 4 << 20];
-    let mut at = 0;
-    while at < size {
-        if stop.stopped() {
-            break;
-        }
-        let n = (size - at).min(zeros.len() as u64) as usize;
-        if let Err(e) = volume.write_at(&zeros[..n], at, false) {
-            bar.abandon();
-            return Err(anyhow::anyhow!(
-                "wiping {device} at byte {at} of {size} (bytes before it are wiped): {e}"
-            ))
-            .cs();
-        }
-        at += n as u64;
-        bar.set(at);
-    }
-    volume
-        .flush()
-        .map_err(|e| anyhow::anyhow!("flushing {device}: {e}"))
-        .cs()?;
-    if at < size {
-        bar.abandon();
-        return Err(anyhow::anyhow!(
-            "wipe interrupted after {at} of {size} bytes ({:.1}%) of the data area: the volume \
-             is formatted and opens, the bytes from {at} on still hold what was there before",
-            at as f64 * 100.0 / size as f64
-        ))
-        .code(EXIT_PARAMS);
-    }
-    bar.finish();
-    Ok(())
+    super::wipe::fill(&*volume, &a.dev, 0, &a.progress)
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {

@@ -33,6 +33,7 @@ mod secret;
 mod table;
 mod tcrypt;
 mod token;
+mod wipe;
 mod write;
 
 use anyhow::Context;
@@ -134,6 +135,9 @@ enum Command {
     Erase(metadata::ConfirmArgs),
     /// Repair what libcryptsetup can of a damaged LUKS header.
     Repair(metadata::ConfirmArgs),
+    /// Overwrite a volume's data area with encrypted zeros (from --offset: finishes an
+    /// interrupted luksFormat --wipe).
+    Wipe(wipe::Args),
     /// Manage LUKS2 tokens: add (luks2-keyring), remove, import, export, unassign.
     Token(token::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -673,6 +677,7 @@ pub fn run() -> ExitCode {
         Command::Erase(a) => metadata::erase(a),
         Command::Repair(a) => metadata::repair(a),
         Command::Token(a) => token::run(a),
+        Command::Wipe(a) => wipe::run(a),
         Command::Completions(a) => docs::completions(a),
         Command::Man(a) => docs::man(a),
     };

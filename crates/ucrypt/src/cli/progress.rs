@@ -56,6 +56,8 @@ pub(crate) struct Bytes {
     last: Instant,
     frequency: Duration,
     done: u64,
+    /// Where this run started (a resumed operation): speed counts from here.
+    start_offset: u64,
     /// The final line was printed.
     ended: bool,
 }
@@ -91,7 +93,19 @@ impl Bytes {
                     Duration::from_secs(u64::from(s.max(1)))
                 }),
             done: 0,
+            start_offset: 0,
             ended: false,
+        }
+    }
+
+    /// The work resumes at `done` (done by an earlier run): the bar starts there and the
+    /// speed counts only what this run does, as cryptsetup's `start_offset`.
+    pub(crate) fn resume_at(&mut self, done: u64) {
+        self.done = done.min(self.size);
+        self.start_offset = self.done;
+        if let Mode::Bar(b) = &self.mode {
+            b.set_position(self.done);
+            b.reset_eta();
         }
     }
 
@@ -118,12 +132,12 @@ impl Bytes {
         if secs <= 0.0 {
             return;
         }
-        let speed = self.done as f64 / secs;
+        let speed = self.done.saturating_sub(self.start_offset) as f64 / secs;
         // cryptsetup's estimate: the whole size at the average speed, minus the time spent.
         let eta = if fin || speed <= 0.0 {
             0.0
         } else {
-            (self.size as f64 / speed - secs).max(0.0)
+            ((self.size - self.start_offset) as f64 / speed - secs).max(0.0)
         };
         let line = match self.mode {
             Mode::Json => json_line(
