@@ -151,9 +151,9 @@ mon allow pool delete = true
 mon warn on pool no redundancy = false
 mon data avail warn = 2
 mon data avail crit = 1
-# a killed client's watch (and so its exclusive lock) expires after 5 s, not 30; global:
-# clients ping their watches at a fraction of the same value
-osd client watch timeout = 5
+# a killed client's watch (and so its exclusive lock) expires after 15 s, not 30 (clients
+# ping their watches every 5 s, objecter tick interval: at 5 s live watches lapsed too)
+osd client watch timeout = 15
 [client]
 admin socket =
 log file = $d/log/client.log

@@ -559,7 +559,7 @@ fn kill_9_of_the_server_during_writes_loses_nothing_flushed() {
     );
     let (f, a) = (flushed.load(Ordering::SeqCst), acked.load(Ordering::SeqCst));
     assert!(f >= 800, "only {f} writes flushed in a minute");
-    // Reopen: the dead client's lock goes once its watch expires (5 s in this cluster).
+    // Reopen: the dead client's lock goes once its watch expires (15 s in this cluster).
     let t = Instant::now();
     let table = loop {
         let out = serve(c, &dev, "kill2", &pass, &[]);

@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Ceph RBD, side by side in one run on one single-node cluster (tests/ceph/cluster.sh,
+# bluestore on a sparse file) and one image: every number is only comparable with the others
+# of the same run (see BENCHMARKING.md).
+#
+#   bench/rbd.sh            REPS=3 RUNTIME=5 SIZE=1G UCRYPT=target/release/ucrypt
+#                           ONLY='4k' (grep -E on workload names)  CONFIGS_ONLY='ucrypt-rbd librbd-luks2'
+#
+# The image is formatted once as LUKS2 (aes-xts-plain64, 512-bit key, 4096-byte sectors,
+# 16 MiB data offset: the layout `rbd encryption format luks2` writes; by ucrypt, with a
+# cheap PBKDF) and its data area filled with 1 MiB writes first, so reads are of written
+# objects (librbd answers holes with zeros without reading or decrypting anything).
+# Configurations:
+#   librbd-raw    fio's rbd engine on the image: librbd unencrypted, no NBD hop (the ceiling)
+#   qemu-nbd-raw  qemu-nbd's rbd driver, unencrypted, fio over NBD (the NBD hop's ceiling)
+#   librbd-luks2  qemu-nbd's rbd driver with encrypt.format=luks2: librbd's own encryption
+#                 (rbd_encryption_load; `rbd bench` in 16.2 has no encryption), fio over NBD
+#   ucrypt-rbd    ucrypt open rbd:rbd/IMAGE (its RBD backend), fio over ucrypt's NBD socket
+#   ucrypt-nbd    ucrypt open nbd+unix://... of a qemu-nbd raw export of the image (ucrypt
+#                 over an NBD export of RBD, as with rbd-nbd), fio over ucrypt's NBD socket
+# Workloads: 4k randread and randwrite at depth 32, 1M sequential read and write at depth 32.
+# Each repetition runs every configuration in turn (round robin against drift); printed are
+# medians of REPS runs, ratios against librbd-raw and librbd-luks2, and the spread.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+REPS=${REPS:-3}
+RUNTIME=${RUNTIME:-5}
+SIZE=${SIZE:-1G}
+UCRYPT=${UCRYPT:-target/release/ucrypt}
+for t in fio qemu-nbd nbdinfo rbd ceph-mon ceph-osd /usr/bin/python3; do
+  command -v "$t" >/dev/null || { echo "rbd.sh: $t is missing (run scripts/setup.sh)" >&2; exit 1; }
+done
+[ -x "$UCRYPT" ] || { echo "rbd.sh: build first: cargo build --release -p ucrypt" >&2; exit 1; }
+UCRYPT=$(realpath "$UCRYPT")
+
+W=$(mktemp -d /tmp/ucrypt-rbd-bench.XXXXXX)
+SERVER_PIDS=()
+CEPH_TEST_DIR=
+cleanup() {
+  for p in "${SERVER_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  [ -n "$CEPH_TEST_DIR" ] && tests/ceph/cluster.sh stop "$CEPH_TEST_DIR" 2>/dev/null
+  rm -rf "$W"
+}
+trap cleanup EXIT
+eval "$(CEPH_WATCH_PID=$$ tests/ceph/cluster.sh start)"
+export CEPH_CONF
+IMG=bench
+PASSF=$W/pass
+printf 'benchmark-passphrase' > "$PASSF"
+rbd create --size "$SIZE" "rbd/$IMG"
+"$UCRYPT" luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+  "rbd:rbd/$IMG" "$PASSF"
+BYTES=$(( $(rbd info "rbd/$IMG" --format json | /usr/bin/python3 -c 'import json,sys;print(json.load(sys.stdin)["size"])') ))
+DATA=$(( BYTES - (16 << 20) ))
+echo "rbd.sh: filling the ${SIZE} image's data area (runtime ${RUNTIME}s per cell, $REPS reps)" >&2
+fio --name=fill --ioengine=rbd --pool=rbd --rbdname="$IMG" --clientname=admin --rw=write \
+  --bs=1M --iodepth=16 --offset=16M --size="$DATA" --output=/dev/null
+
+SOCK=$W/s.sock
+SOCK2=$W/raw.sock
+wait_sock() {  # socket pid (qemu-nbd binds its socket before the image is open: connect)
+  for _ in $(seq 600); do
+    [ -S "$1" ] && nbdinfo --size "nbd+unix:///?socket=$1" >/dev/null 2>&1 && return 0
+    kill -0 "$2" 2>/dev/null || { echo "rbd.sh: server died:" >&2; tail -5 "$W/server.err" >&2; exit 1; }
+    sleep 0.05
+  done
+  echo "rbd.sh: $1 did not appear" >&2; exit 1
+}
+qemu_nbd() {  # socket extra-image-opts
+  rm -f "$1"
+  qemu-nbd -t -e 4 -k "$1" --object secret,id=s0,file="$PASSF" \
+    --image-opts "driver=rbd,pool=rbd,image=$IMG,conf=$CEPH_CONF$2" >/dev/null 2>"$W/server.err" &
+  SERVER_PIDS+=($!)
+  wait_sock "$1" $!
+}
+ucrypt_open() {  # device
+  rm -f "$SOCK"
+  "$UCRYPT" open "$1" --key-file "$PASSF" --socket "$SOCK" >/dev/null 2>"$W/server.err" &
+  SERVER_PIDS+=($!)
+  wait_sock "$SOCK" $!
+}
+start() {
+  case $1 in
+    librbd-raw) ;;
+    qemu-nbd-raw) qemu_nbd "$SOCK" "" ;;
+    librbd-luks2) qemu_nbd "$SOCK" ",encrypt.format=luks2,encrypt.key-secret=s0" ;;
+    ucrypt-rbd) ucrypt_open "rbd:rbd/$IMG" ;;
+    ucrypt-nbd) qemu_nbd "$SOCK2" ""; ucrypt_open "nbd+unix:///?socket=$SOCK2" ;;
+  esac
+}
+stop() {  # newest first (ucrypt before the qemu-nbd under it); qemu-nbd needs ~2 s (librbd close)
+  local i p
+  for (( i=${#SERVER_PIDS[@]}-1; i>=0; i-- )); do
+    p=${SERVER_PIDS[$i]}
+    kill "$p" 2>/dev/null || true
+    for _ in $(seq 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+  done
+  wait 2>/dev/null || true
+  SERVER_PIDS=()
+}
+
+# name rw bs depth
+WORKLOADS=(
+  "4k-randread-qd32 randread 4k 32"
+  "4k-randwrite-qd32 randwrite 4k 32"
+  "1M-read-qd32 read 1M 32"
+  "1M-write-qd32 write 1M 32"
+)
+CONFIGS=(librbd-raw qemu-nbd-raw librbd-luks2 ucrypt-rbd ucrypt-nbd)
+[ -n "${CONFIGS_ONLY:-}" ] && read -r -a CONFIGS <<< "$CONFIGS_ONLY"
+if [ -n "${ONLY:-}" ]; then
+  kept=(); for w in "${WORKLOADS[@]}"; do grep -qE "${ONLY}" <<< "${w%% *}" && kept+=("$w"); done
+  WORKLOADS=("${kept[@]}")
+fi
+: > "$W/results"
+for rep in $(seq "$REPS"); do
+  for c in "${CONFIGS[@]}"; do
+    start "$c"
+    for w in "${WORKLOADS[@]}"; do
+      set -- $w
+      if [ "$c" = librbd-raw ]; then
+        eng=(--ioengine=rbd --pool=rbd --rbdname="$IMG" --clientname=admin --offset=16M --size="$DATA")
+      elif [ "$c" = qemu-nbd-raw ]; then
+        # the raw export holds the LUKS header in its first 16 MiB: keep writes off it
+        eng=(--ioengine=nbd --uri="nbd+unix:///?socket=$SOCK" --offset=16M --size="$DATA")
+      else
+        eng=(--ioengine=nbd --uri="nbd+unix:///?socket=$SOCK")
+      fi
+      fio --name="$1" "${eng[@]}" --rw="$2" --bs="$3" --iodepth="$4" --time_based \
+        --runtime="$RUNTIME" --output-format=json > "$W/fio.json"
+      /usr/bin/python3 - "$c" "$1" "$W/fio.json" >> "$W/results" <<'PY'
+import json, sys
+text = open(sys.argv[3]).read()  # the nbd engine prints "fio: connected to NBD server" first
+j = json.loads(text[text.index("{"):])["jobs"][0]
+iops = j["read"]["iops"] + j["write"]["iops"]
+bw = j["read"]["bw_bytes"] + j["write"]["bw_bytes"]
+print(f"{sys.argv[1]} {sys.argv[2]} {iops:.0f} {bw / 2**20:.1f}")
+PY
+      echo "  rep $rep $c $1: $(tail -1 "$W/results" | cut -d' ' -f3-) (IOPS MiB/s)" >&2
+    done
+    stop
+  done
+done
+
+/usr/bin/python3 - "$W/results" "$RUNTIME" "$SIZE" "$REPS" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+runs = {}
+for c, w, i, m in rows:
+    runs.setdefault((c, w), []).append((float(i), float(m)))
+configs = list(dict.fromkeys(r[0] for r in rows))
+loads = list(dict.fromkeys(r[1] for r in rows))
+def med(c, w):
+    v = runs.get((c, w))
+    if not v:
+        return None
+    return statistics.median(x[0] for x in v), statistics.median(x[1] for x in v), \
+        min(x[1] for x in v), max(x[1] for x in v)
+print(f"RBD, one single-node bluestore cluster, image {sys.argv[3]}, fio {sys.argv[2]} s per cell, "
+      f"median of {sys.argv[4]} (min-max MiB/s)")
+print()
+print("| workload | " + " | ".join(configs) + " |")
+print("|---" * (len(configs) + 1) + "|")
+for w in loads:
+    cells = []
+    for c in configs:
+        m = med(c, w)
+        if m is None:
+            cells.append("-")
+        elif w.startswith("4k"):
+            cells.append(f"{m[0]:.0f} IOPS ({m[2]:.0f}-{m[3]:.0f} MiB/s)")
+        else:
+            cells.append(f"{m[1]:.0f} MiB/s ({m[2]:.0f}-{m[3]:.0f})")
+    print(f"| {w} | " + " | ".join(cells) + " |")
+print()
+for base in ("librbd-raw", "librbd-luks2"):
+    if base not in configs:
+        continue
+    others = [c for c in configs if c != base]
+    print(f"Ratios of medians against {base}:")
+    print()
+    print("| workload | " + " | ".join(others) + " |")
+    print("|---" * (len(others) + 1) + "|")
+    for w in loads:
+        b = med(base, w)
+        cells = [f"{med(c, w)[1] / b[1]:.2f}x" if med(c, w) and b and b[1] else "-" for c in others]
+        print(f"| {w} | " + " | ".join(cells) + " |")
+    print()
+PY
