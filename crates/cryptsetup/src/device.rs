@@ -1267,4 +1267,61 @@ impl CryptDevice {
             Err(e) => Err(e),
         }
     }
+
+    /// The volume key through a LUKS2 token (cryptsetup's token unlock: `luks2-keyring`
+    /// reads the passphrase from the kernel keyring; plugin types through their plugins):
+    /// `token` None tries every token, `kind` restricts the token type. The key must be
+    /// the data segment's. Returns the keyslot and the key.
+    ///
+    /// # Errors
+    /// `ENOENT` when no token (or none of `kind`) is usable, `EPERM` when a token's
+    /// passphrase opens none of its keyslots, `ENOANO` when it needs a PIN.
+    pub fn volume_key_by_token(
+        &mut self,
+        token: Option<u32>,
+        kind: Option<&str>,
+    ) -> Result<(u32, VolumeKey), FormatError> {
+        let t = Self::token_arg(token);
+        let kind_c = kind.map(|k| cstring("token type", k)).transpose()?;
+        let kp = kind_c.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        let mut kc: *mut ffi::crypt_keyslot_context = ptr::null_mut();
+        // SAFETY: valid context, NULL or valid C string, no PIN; `kc` is an out-pointer.
+        self.call("reading a token", |cd| unsafe {
+            ffi::crypt_keyslot_context_init_by_token(
+                cd,
+                t,
+                kp,
+                ptr::null(),
+                0,
+                ptr::null_mut(),
+                &mut kc,
+            )
+        })?;
+        /// Frees the keyslot context however the unlock ends.
+        struct Kc(*mut ffi::crypt_keyslot_context);
+        impl Drop for Kc {
+            fn drop(&mut self) {
+                // SAFETY: allocated by crypt_keyslot_context_init_by_token, freed once.
+                unsafe { ffi::crypt_keyslot_context_free(self.0) };
+            }
+        }
+        let kc = Kc(kc);
+        let size = self.info().key_bytes.max(1);
+        let mut buf = Zeroizing::new(vec![0u8; size]);
+        let mut len: libc::size_t = size;
+        // SAFETY: `buf` has `len` writable bytes; `kc.0` is a live keyslot context.
+        let r = self.call("unlocking the volume key by token", |cd| unsafe {
+            ffi::crypt_volume_key_get_by_keyslot_context(
+                cd,
+                ffi::CRYPT_ANY_SLOT,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+                kc.0,
+            )
+        })?;
+        drop(kc);
+        buf.truncate(len.min(size));
+        self.verify_volume_key(&buf)?;
+        Ok((Self::slot_ret(r), VolumeKey::new(std::mem::take(&mut *buf))))
+    }
 }

@@ -14,6 +14,12 @@ pub struct crypt_device {
     _private: [u8; 0],
 }
 
+/// Opaque `struct crypt_keyslot_context` (libcryptsetup 2.6).
+#[repr(C)]
+pub struct crypt_keyslot_context {
+    _private: [u8; 0],
+}
+
 /// `struct crypt_pbkdf_type`.
 #[repr(C)]
 pub struct crypt_pbkdf_type {
@@ -284,6 +290,23 @@ extern "C" {
         cd: *mut crypt_device,
         token: c_int,
         keyslot: c_int,
+    ) -> c_int;
+    pub fn crypt_keyslot_context_init_by_token(
+        cd: *mut crypt_device,
+        token: c_int,
+        type_: *const c_char,
+        pin: *const c_char,
+        pin_size: size_t,
+        usrptr: *mut c_void,
+        kc: *mut *mut crypt_keyslot_context,
+    ) -> c_int;
+    pub fn crypt_keyslot_context_free(kc: *mut crypt_keyslot_context);
+    pub fn crypt_volume_key_get_by_keyslot_context(
+        cd: *mut crypt_device,
+        keyslot: c_int,
+        volume_key: *mut c_char,
+        volume_key_size: *mut size_t,
+        kc: *mut crypt_keyslot_context,
     ) -> c_int;
     pub fn crypt_token_is_assigned(cd: *mut crypt_device, token: c_int, keyslot: c_int) -> c_int;
 }

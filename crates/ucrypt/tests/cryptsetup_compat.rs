@@ -1240,3 +1240,97 @@ fn keyfile_keyslot_pbkdf_and_header_options_do_what_cryptsetups_do() {
         rows.len()
     );
 }
+
+/// Runs `keyctl ARGS`, returning its trimmed stdout.
+fn keyctl(args: &[&str]) -> String {
+    let out = std::process::Command::new("keyctl")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "keyctl {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Opening through LUKS2 tokens (`--token-only`, `--token-id`, `--token-type`, and the
+/// token tried before the passphrase): a `luks2-keyring` token added by ucrypt, its
+/// passphrase put in the kernel keyring with keyctl; ucrypt and cryptsetup must agree on
+/// every exit code, and ucrypt's table line through the token must equal the one through
+/// the passphrase.
+#[test]
+fn tokens_open_what_cryptsetup_opens_with_them() {
+    if !require("cryptsetup") || !require("keyctl") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let img = luks_image(dir, "img", "luks2");
+    let img = img.to_str().unwrap();
+    let pass = dir.join("pass");
+    let pass = pass.to_str().unwrap();
+    let desc = format!("ucrypt-test:{}", std::process::id());
+    let out = ucrypt(
+        &["token", "add", img, "--key-description", &desc, "-S", "0"],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let both = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.push(img);
+        let u = ucrypt(&a, b"");
+        let c = cryptsetup(&a, b"");
+        assert_eq!(
+            u.status.code(),
+            c.status.code(),
+            "{args:?}\nucrypt: {u:?}\ncryptsetup: {c:?}"
+        );
+        u.status.code()
+    };
+    let tp = ["open", "--test-passphrase"];
+    // No key in the keyring: --token-only fails; without it the key file still opens.
+    assert_ne!(both(&[&tp[..], &["--token-only"]].concat()), Some(0));
+    assert_eq!(both(&[&tp[..], &["--key-file", pass]].concat()), Some(0));
+    // The right passphrase in the keyring.
+    let id = keyctl(&["add", "user", &desc, "pw", "@u"]);
+    let cases: &[&[&str]] = &[
+        &["--token-only"],
+        &["--token-only", "--token-id", "0"],
+        &["--token-only", "--token-id", "1"],
+        &["--token-only", "--token-type", "luks2-keyring"],
+        &["--token-only", "--token-type", "systemd-tpm2"],
+        &["--token-only", "--key-slot", "1"],
+    ];
+    let mut opened = 0;
+    for extra in cases {
+        opened += usize::from(both(&[&tp[..], extra].concat()) == Some(0));
+    }
+    assert_eq!(opened, 4, "the token opens through the keyring");
+    // Through the token, the same table line as through the passphrase.
+    let by_token = ucrypt(
+        &[
+            "luksOpen",
+            img,
+            "--print-table",
+            "--showkeys",
+            "--token-only",
+        ],
+        b"",
+    );
+    let by_pass = ucrypt(
+        &[
+            "luksOpen",
+            img,
+            "--print-table",
+            "--showkeys",
+            "--key-file",
+            pass,
+        ],
+        b"",
+    );
+    assert!(by_token.status.success(), "{by_token:?}");
+    assert_eq!(by_token.stdout, by_pass.stdout);
+    // A wrong passphrase in the keyring: the token opens nothing.
+    keyctl(&["update", &id, "wrong"]);
+    assert_ne!(both(&[&tp[..], &["--token-only"]].concat()), Some(0));
+    assert_eq!(both(&[&tp[..], &["--key-file", pass]].concat()), Some(0));
+    keyctl(&["unlink", &id, "@u"]);
+}

@@ -94,6 +94,8 @@ pub(crate) struct Args {
     #[command(flatten)]
     key: KeyFileArgs,
     #[command(flatten)]
+    token: super::token::UnlockArgs,
+    #[command(flatten)]
     plain: PlainArgs,
     #[command(flatten)]
     tcrypt: super::tcrypt::TcryptArgs,
@@ -148,6 +150,21 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
+    if kind != VolumeType::Tcrypt && kind != VolumeType::Plain {
+        if let Some(vk) = a.token.try_tokens(&a.dev, kind)? {
+            let hopts = HeaderOptions {
+                kind,
+                header: a.dev.header.clone(),
+                allow_discards: a.allow_discards,
+                allow_null_cipher: a.insecure_allow_null_cipher,
+                ..HeaderOptions::default()
+            };
+            let unlocked =
+                ucrypt::header::unlock_by_volume_key(&a.dev.device, vk.as_bytes(), &hopts).cs()?;
+            print_table(&a, &unlocked);
+            return Ok(());
+        }
+    }
     let (mut hopts, secret) = if kind == VolumeType::Tcrypt {
         super::tcrypt::inputs(
             &a.dev.device,
@@ -180,6 +197,12 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ucrypt::unlock(&a.dev.device, &secret, &hopts)
     })
     .cs()?;
+    print_table(&a, &unlocked);
+    Ok(())
+}
+
+/// With --print-table: the table lines (keys hidden unless --showkeys).
+fn print_table(a: &Args, unlocked: &ucrypt::Unlocked) {
     if a.print_table {
         let name = a.name.as_deref().unwrap_or("ucrypt");
         for mut line in unlocked.table_lines(a.showkeys, name) {
@@ -187,5 +210,4 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             zeroize::Zeroize::zeroize(&mut line);
         }
     }
-    Ok(())
 }

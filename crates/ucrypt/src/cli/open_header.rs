@@ -64,6 +64,8 @@ pub(crate) struct HeaderArgs {
     #[command(flatten)]
     pub(crate) key: KeyFileArgs,
     #[command(flatten)]
+    pub(crate) token: super::token::UnlockArgs,
+    #[command(flatten)]
     pub(crate) plain: PlainArgs,
     #[command(flatten)]
     pub(crate) tcrypt: super::tcrypt::TcryptArgs,
@@ -182,6 +184,25 @@ fn unlock_once(
             return Ok(None);
         }
         return Ok(Some((unlocked, hopts)));
+    }
+    // LUKS2 tokens first, as cryptsetup (a luks2-keyring token's passphrase comes from the
+    // kernel keyring; nothing is asked).
+    if kind != VolumeType::Tcrypt && kind != VolumeType::Plain {
+        if let Some(vk) = h.token.try_tokens(&dev, kind)? {
+            let hopts = ucrypt::HeaderOptions {
+                kind,
+                header: h.header.clone(),
+                allow_discards: h.allow_discards,
+                allow_null_cipher: h.insecure_allow_null_cipher,
+                ..ucrypt::HeaderOptions::default()
+            };
+            let unlocked = ucrypt::header::unlock_by_volume_key(&device, vk.as_bytes(), &hopts)
+                .map_err(cs_error)?;
+            if h.test_passphrase {
+                return Ok(None);
+            }
+            return Ok(Some((unlocked, hopts)));
+        }
     }
     let (mut hopts, secret) = if kind == VolumeType::Tcrypt {
         super::tcrypt::inputs(

@@ -287,3 +287,64 @@ fn unassign(a: &Args, cd: &mut CryptDevice) -> Result<(), CliError> {
         .map_err(|e| anyhow::Error::new(e).context(failed()))
         .cs()
 }
+
+/// cryptsetup's token options for opening: LUKS2 tokens are tried before any passphrase
+/// (every token, or `--token-id`, of any type or `--token-type`); with `--token-only` no
+/// passphrase is asked for when none unlocks.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct UnlockArgs {
+    /// Try only this LUKS2 token before asking for a passphrase.
+    #[arg(long, value_name = "INT")]
+    pub(crate) token_id: Option<u32>,
+    /// Do not ask for a passphrase if no token unlocks the volume.
+    #[arg(long)]
+    pub(crate) token_only: bool,
+    /// Try only tokens of this type (luks2-keyring, or a plugin's type).
+    #[arg(long, value_name = "STRING")]
+    pub(crate) token_type: Option<String>,
+}
+
+impl UnlockArgs {
+    /// The volume key through a token of `dev` (local LUKS2 only), or None to go on with a
+    /// passphrase. Errors only with `--token-only` (exit 1 when no token is usable, 2 when
+    /// a token's passphrase opens none of its keyslots).
+    pub(crate) fn try_tokens(
+        &self,
+        dev: &DeviceArgs,
+        kind: VolumeType,
+    ) -> Result<Option<ucrypt_crypto::VolumeKey>, CliError> {
+        let local_luks = matches!(kind, VolumeType::Luks | VolumeType::Luks2)
+            && !ucrypt::remote_header::is_remote(&dev.device);
+        if !local_luks {
+            if self.token_only {
+                return Err(usage(
+                    "--token-only needs a local LUKS2 volume (tokens are a LUKS2 feature)",
+                ));
+            }
+            return Ok(None);
+        }
+        let mut cd = match dev.load(kind) {
+            Ok(cd) => cd,
+            Err(_) if !self.token_only => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if cd.info().kind != Some(ucrypt_cryptsetup::HeaderType::Luks2) {
+            if self.token_only {
+                return Err(usage("--token-only needs LUKS2 (LUKS1 has no tokens)"));
+            }
+            return Ok(None);
+        }
+        let r = super::progress::searching("Unlocking by token", || {
+            cd.volume_key_by_token(self.token_id, self.token_type.as_deref())
+        });
+        match r {
+            Ok((_, key)) => Ok(Some(key)),
+            Err(_) if !self.token_only => Ok(None),
+            Err(e) => Err(anyhow::Error::new(e).context(format!(
+                "no token unlocks {} (--token-only)",
+                dev.device.display()
+            )))
+            .cs(),
+        }
+    }
+}
