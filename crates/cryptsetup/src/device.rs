@@ -451,6 +451,55 @@ impl CryptDevice {
         Ok(())
     }
 
+    /// Runs the Argon2 benchmark for the next keyslot now, on the context's own PBKDF
+    /// parameters, exactly as libcryptsetup runs it inside keyslot creation
+    /// (`crypt_benchmark_pbkdf_internal`: same password, salt and key size), so that the
+    /// keyslot call reuses the result ("Reusing PBKDF values") and only derives and
+    /// writes. Splitting it off lets a caller interrupt the benchmark, which writes
+    /// nothing. PBKDF2 is left alone (the library re-runs its one-second benchmark
+    /// whatever was done before), as are forced iteration counts.
+    ///
+    /// # Errors
+    /// Parameters the library refuses.
+    pub fn prebenchmark_pbkdf(&mut self, volume_key_bytes: usize) -> Result<(), FormatError> {
+        // SAFETY: valid context; the result is NULL or points into the context.
+        let p = unsafe { ffi::crypt_get_pbkdf_type(self.cd.as_ptr()) };
+        if p.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `p` points to the context's live PBKDF parameters.
+        let (kind, flags, iterations) = unsafe {
+            (
+                opt_string((*p).type_).unwrap_or_default(),
+                (*p).flags,
+                (*p).iterations,
+            )
+        };
+        if !kind.starts_with("argon2")
+            || flags & ffi::CRYPT_PBKDF_NO_BENCHMARK != 0
+            || iterations != 0
+        {
+            return Ok(());
+        }
+        let p = p.cast_mut();
+        // SAFETY: `p` is the context's own PBKDF struct, which the library itself updates
+        // in place the same way; password and salt are static buffers of the sizes given.
+        self.call("benchmarking the PBKDF", |cd| unsafe {
+            ffi::crypt_benchmark_pbkdf(
+                cd,
+                p,
+                c"foobarfo".as_ptr(),
+                8,
+                c"0123456789abcdef0123456789abcdef".as_ptr(),
+                32,
+                volume_key_bytes,
+                None,
+                ptr::null_mut(),
+            )
+        })?;
+        Ok(())
+    }
+
     /// `crypt_format` with LUKS1 or LUKS2 parameters. `volume_key` None: a random key.
     ///
     /// # Errors

@@ -153,6 +153,18 @@ extern "C" {
         params: *mut c_void,
     ) -> c_int;
     pub fn crypt_set_pbkdf_type(cd: *mut crypt_device, pbkdf: *const crypt_pbkdf_type) -> c_int;
+    pub fn crypt_get_pbkdf_type(cd: *mut crypt_device) -> *const crypt_pbkdf_type;
+    pub fn crypt_benchmark_pbkdf(
+        cd: *mut crypt_device,
+        pbkdf: *mut crypt_pbkdf_type,
+        password: *const c_char,
+        password_size: size_t,
+        salt: *const c_char,
+        salt_size: size_t,
+        volume_key_size: size_t,
+        progress: Option<unsafe extern "C" fn(time_ms: u32, usrptr: *mut c_void) -> c_int>,
+        usrptr: *mut c_void,
+    ) -> c_int;
     pub fn crypt_keyslot_add_by_volume_key(
         cd: *mut crypt_device,
         keyslot: c_int,

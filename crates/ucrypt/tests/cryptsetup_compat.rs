@@ -731,6 +731,24 @@ fn keyfile_keyslot_pbkdf_and_header_options_do_what_cryptsetups_do() {
         ),
         (
             2,
+            true,
+            vec![
+                "luksAddKey",
+                "-q",
+                "DEV",
+                newpass.as_str(),
+                "--key-file",
+                pass.as_str(),
+                "--pbkdf",
+                "argon2id",
+                "--iter-time",
+                "200",
+                "--pbkdf-memory",
+                "32768",
+            ],
+        ),
+        (
+            2,
             false,
             [
                 &[

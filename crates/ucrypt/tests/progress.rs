@@ -203,6 +203,42 @@ fn ctrl_c_ends_a_tcrypt_search_at_once_and_a_wipe_saying_how_far_it_got() {
     assert!(took < Duration::from_secs(3), "took {took:?}:\n{text}");
     assert_eq!(std::fs::read(&junk).unwrap(), before, "the image changed");
 
+    // The Argon2 benchmark of a new keyslot writes nothing: Ctrl-C ends it at once and the
+    // header keeps its one keyslot.
+    if require("cryptsetup") {
+        let luks = d.join("luks");
+        std::fs::File::create(&luks)
+            .unwrap()
+            .set_len(20 << 20)
+            .unwrap();
+        std::fs::write(d.join("pw"), "pw").unwrap();
+        let (luks, pw) = (
+            luks.display().to_string(),
+            d.join("pw").display().to_string(),
+        );
+        sh_ok(&format!(
+            "cryptsetup luksFormat -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -d {pw} {luks}"
+        ));
+        let before = std::fs::read(&luks).unwrap();
+        let (text, took) = interrupt_when(
+            &t,
+            &format!("{bin} luksAddKey {luks} {pw} -d {pw}"),
+            None,
+            "Benchmarking the PBKDF",
+            "0",
+        );
+        assert!(
+            text.contains("ucrypt: interrupted; nothing was changed"),
+            "{text}"
+        );
+        assert!(text.contains("rc=1 end0"), "{text}");
+        assert!(took < Duration::from_secs(3), "took {took:?}:\n{text}");
+        assert!(
+            std::fs::read(&luks).unwrap() == before,
+            "the header changed"
+        );
+    }
+
     // A wipe: the bar is drawn, Ctrl-C stops it at a block boundary with how far it got.
     let img = d.join("big");
     // Sparse; only what is wiped before Ctrl-C takes disk space.

@@ -175,7 +175,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .new_key
         .get(new_file, "Enter new passphrase for key slot: ")?;
     a.pbkdf.apply(&mut cd)?;
-    let slot = super::progress::writing("Adding the keyslot (PBKDF benchmark)", || {
+    // The Argon2 benchmark writes nothing: Ctrl-C ends it at once.
+    let key_bytes = cd.info().key_bytes;
+    super::progress::searching("Benchmarking the PBKDF", || {
+        cd.prebenchmark_pbkdf(key_bytes)
+    })
+    .cs()?;
+    let slot = super::progress::writing("Adding the keyslot", || {
         cd.add_keyslot_by_volume_key(new_slot, Some(&key), &new)
             .cs()
     })?;

@@ -51,7 +51,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .new_key
         .get(a.new_key_file.as_deref(), "Enter new passphrase: ")?;
     a.pbkdf.apply(&mut cd)?;
-    let slot = super::progress::writing("Changing the keyslot (PBKDF benchmark)", || {
+    // The Argon2 benchmark writes nothing: Ctrl-C ends it at once.
+    let key_bytes = cd.info().key_bytes;
+    super::progress::searching("Benchmarking the PBKDF", || {
+        cd.prebenchmark_pbkdf(key_bytes)
+    })
+    .cs()?;
+    let slot = super::progress::writing("Changing the keyslot", || {
         cd.change_keyslot(a.key_slot, a.key_slot, &old, &new).cs()
     })?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));

@@ -55,7 +55,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         "Enter passphrase for keyslot to be converted: ",
         false,
     )?;
-    let slot = super::progress::writing("Converting the keyslot (PBKDF benchmark)", || {
+    // The Argon2 benchmark writes nothing: Ctrl-C ends it at once.
+    let key_bytes = cd.info().key_bytes;
+    super::progress::searching("Benchmarking the PBKDF", || {
+        cd.prebenchmark_pbkdf(key_bytes)
+    })
+    .cs()?;
+    let slot = super::progress::writing("Converting the keyslot", || {
         cd.change_keyslot(a.key_slot, a.key_slot, &pass, &pass).cs()
     })?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));

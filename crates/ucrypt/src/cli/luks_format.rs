@@ -159,22 +159,6 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
                 .map_err(|e| anyhow::anyhow!("sizing header file {}: {e}", h.display()))?;
         }
     }
-    let slot = progress::writing("Formatting (PBKDF benchmark, keyslot)", || {
-        format_header(&a, luks2, key_bits, &pass)
-    })?;
-    verbose(a.verbose, format_args!("Key slot {slot} created."));
-    // A remote header reaches its server before the wipe reads it back from there.
-    super::luks::write_back_remote()?;
-    if a.wipe {
-        wipe(&a, &pass)?;
-        verbose(a.verbose, "Data area wiped with encrypted zeros.");
-    }
-    verbose(a.verbose, "Command successful.");
-    Ok(())
-}
-
-/// Writes the header and its first keyslot; returns the slot.
-fn format_header(a: &Args, luks2: bool, key_bits: u32, pass: &[u8]) -> Result<u32, CliError> {
     let mut cd = a.dev.header_context()?;
     let kind = a
         .pbkdf
@@ -189,6 +173,33 @@ fn format_header(a: &Args, luks2: bool, key_bits: u32, pass: &[u8]) -> Result<u3
         parallel: a.pbkdf_parallel,
     })
     .cs()?;
+    // The Argon2 benchmark writes nothing: Ctrl-C ends it at once.
+    progress::searching("Benchmarking the PBKDF", || {
+        cd.prebenchmark_pbkdf(key_bits as usize / 8)
+    })
+    .cs()?;
+    let slot = progress::writing("Formatting the header and keyslot", || {
+        format_header(&a, cd, luks2, key_bits, &pass)
+    })?;
+    verbose(a.verbose, format_args!("Key slot {slot} created."));
+    // A remote header reaches its server before the wipe reads it back from there.
+    super::luks::write_back_remote()?;
+    if a.wipe {
+        wipe(&a, &pass)?;
+        verbose(a.verbose, "Data area wiped with encrypted zeros.");
+    }
+    verbose(a.verbose, "Command successful.");
+    Ok(())
+}
+
+/// Writes the header and its first keyslot on `cd` (PBKDF set); returns the slot.
+fn format_header(
+    a: &Args,
+    mut cd: ucrypt_cryptsetup::CryptDevice,
+    luks2: bool,
+    key_bits: u32,
+    pass: &[u8],
+) -> Result<u32, CliError> {
     cd.format_luks(
         &LuksFormat {
             luks2,
