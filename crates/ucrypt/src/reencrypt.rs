@@ -141,6 +141,73 @@ fn cipher(side: &reencrypt::Side, key: &VolumeKey) -> Result<Box<dyn SectorCiphe
     )?)
 }
 
+/// Both ciphers and the IV of the data area's first sector.
+#[derive(Clone, Copy)]
+struct Cipher<'a> {
+    old: &'a dyn SectorCipher,
+    new: &'a dyn SectorCipher,
+    iv_base: u64,
+}
+
+/// Reads the old ciphertext of data-area bytes from `at` (device offset `from.1`) into
+/// `src` and re-encrypts it into `out`, on every core, each thread reading and converting
+/// its own aligned slice (reads from the page cache are copies: they scale with cores);
+/// with `sums`, also the digest of every `bs`-byte block of `src` (the checksum resilience
+/// data), in the same pass.
+///
+/// # Errors
+/// The first read error.
+fn transform(
+    c: Cipher<'_>,
+    from: (&dyn Io, u64),
+    at: u64,
+    src: &mut [u8],
+    out: &mut [u8],
+    sums: Option<(Hash, usize, &mut [u8])>,
+    align: usize,
+) -> std::io::Result<()> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let unit = sums.as_ref().map_or(align, |(_, bs, _)| align.max(*bs));
+    let per = src.len().div_ceil(threads).div_ceil(unit).max(1) * unit;
+    let (hash, bs, mut sums) = match sums {
+        Some((h, bs, s)) => (Some(h), bs, Some(s)),
+        None => (None, 1, None),
+    };
+    let hl = hash.map_or(0, |h| h.size());
+    let (io, base) = from;
+    std::thread::scope(|s| {
+        let mut sums_left = sums.as_deref_mut();
+        let mut workers = Vec::new();
+        for (i, (src, out)) in src.chunks_mut(per).zip(out.chunks_mut(per)).enumerate() {
+            let mine = match sums_left.take() {
+                Some(rest) => {
+                    let (a, b) = rest.split_at_mut((src.len() / bs * hl).min(rest.len()));
+                    sums_left = Some(b);
+                    Some(a)
+                }
+                None => None,
+            };
+            let off = (i * per) as u64;
+            let first = Sector512(c.iv_base + (at + off) / 512);
+            workers.push(s.spawn(move || -> std::io::Result<()> {
+                io.read_at(src, base + off)?;
+                if let (Some(h), Some(mine)) = (hash, mine) {
+                    for (block, sum) in src.chunks(bs).zip(mine.chunks_mut(hl)) {
+                        sum.copy_from_slice(&h.digest(&[block]));
+                    }
+                }
+                c.old.decrypt_from(first, src, out);
+                c.new.encrypt(first, out);
+                Ok(())
+            }));
+        }
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a re-encryption thread panicked")))
+        })
+    })
+}
+
 impl Run {
     /// Opens `path` (header and data on one device), unlocks the old and new keys with
     /// `passphrase`, checks the reencryption digest.
@@ -332,6 +399,13 @@ impl Run {
     /// Runs (or resumes) the data pass and, when it completes, the final metadata change.
     /// `stop` is polled between hotzones (a signal handler's flag).
     ///
+    /// Two hotzones are in flight: while a writer thread writes hotzone k (then syncs it),
+    /// this thread reads hotzone k+1 and re-encrypts it out of place on every core (with
+    /// its checksums in the same pass); then k's "post" header, k+1's resilience data and
+    /// "hot" header, and k+1 goes to the writer. Hotzone k+1's area is read only, and the
+    /// reencrypt keyslot's area rewritten only after k's post header, so the on-disk
+    /// sequence per hotzone stays cryptsetup's.
+    ///
     /// # Errors
     /// I/O errors; a crash state that cannot be recovered (resilience `none`).
     pub fn run(
@@ -343,69 +417,132 @@ impl Run {
         if let Progress::Crashed { offset, length } = self.state.progress {
             self.recover(offset, length)?;
         }
-        let mut done = self.done();
-        let start = done;
+        let start = self.done();
         let size = self.device_size;
+        progress(start, size);
         let none = self.state.resilience == Resilience::None;
-        let mut buf: Zeroizing<Vec<u8>> = Zeroizing::new(Vec::new());
-        let mut dirty = false;
-        progress(done, size);
-        while done < size {
-            if stop.load(Ordering::Relaxed) || opts.stop_after.is_some_and(|n| done - start >= n) {
-                if dirty {
-                    self.write_header()?;
-                }
-                return Ok(Outcome::Interrupted);
+        let sums_of = match &self.state.resilience {
+            Resilience::Checksum { hash, sector_size } => {
+                Some((Hash::from_name(hash).map_err(fe)?, *sector_size as usize))
             }
-            let len = self.state.hotzone_length(done, size, opts.max_hotzone);
-            let n = usize::try_from(len)?;
-            buf.resize(n, 0);
-            let data_at = self.state.new.offset + done;
-            self.pread(&mut buf[..n], data_at)?;
-            // Resilience data and the "hot" header: the commit point.
-            match self.state.resilience.clone() {
-                Resilience::Checksum { hash, sector_size } => {
-                    let h = Hash::from_name(&hash).map_err(fe)?;
-                    let mut sums = Vec::with_capacity(n / sector_size as usize * h.size());
-                    for block in buf[..n].chunks(sector_size as usize) {
-                        sums.extend_from_slice(&h.digest(&[block]));
+            _ => None,
+        };
+        let Run {
+            file,
+            device,
+            header,
+            state,
+            old,
+            new,
+            ..
+        } = self;
+        let io: &dyn Io = file.as_ref();
+        let device = device.as_str();
+        let (old, new) = (old.as_ref(), new.as_ref());
+        let align = state.old.sector_size.max(state.new.sector_size) as usize;
+        let iv_base = state.new.iv_tweak;
+        let mut src: Zeroizing<Vec<u8>> = Zeroizing::new(Vec::new());
+        let mut spare: Zeroizing<Vec<u8>> = Zeroizing::new(Vec::new());
+        let mut sums: Vec<u8> = Vec::new();
+        let io_err = |what: &str, e: std::io::Error| anyhow!("{what} on {device}: {e}");
+        let reached = std::thread::scope(|scope| -> Result<u64> {
+            type Writing<'s> = std::thread::ScopedJoinHandle<'s, Result<Zeroizing<Vec<u8>>>>;
+            let mut pending: Option<(Writing<'_>, u64)> = None;
+            let mut next = start;
+            let mut dirty = false;
+            let mut done = start;
+            loop {
+                let stopping = stop.load(Ordering::Relaxed)
+                    || opts.stop_after.is_some_and(|n| next - start >= n);
+                // Phase 1 of the next hotzone, while the previous one is being written.
+                let work = if next < size && !stopping {
+                    let len = state.hotzone_length(next, size, opts.max_hotzone);
+                    let n = usize::try_from(len)?;
+                    src.resize(n, 0);
+                    let mut out = std::mem::take(&mut spare);
+                    out.resize(n, 0);
+                    let data_at = state.new.offset + next;
+                    if let Some((h, bs)) = &sums_of {
+                        sums.resize(n / bs * h.size(), 0);
                     }
-                    self.pwrite(&sums, self.state.area.0)?;
+                    transform(
+                        Cipher { old, new, iv_base },
+                        (io, data_at),
+                        next,
+                        &mut src[..n],
+                        &mut out[..n],
+                        sums_of.as_ref().map(|(h, bs)| (*h, *bs, &mut sums[..])),
+                        align,
+                    )
+                    .map_err(|e| io_err(&format!("reading {n} bytes at {data_at}"), e))?;
+                    Some((next, len, out))
+                } else {
+                    None
+                };
+                if let Some((h, d)) = pending.take() {
+                    spare = h
+                        .join()
+                        .map_err(|_| anyhow!("the writer thread panicked"))??;
+                    state.set_done(&mut header.json, d, size);
+                    if none {
+                        dirty = true;
+                    } else {
+                        header.write(io, device).map_err(fe)?;
+                    }
+                    state.progress = Progress::Clean { done: d };
+                    done = d;
+                    progress(d, size);
                 }
-                Resilience::Journal => self.pwrite(&buf[..n], self.state.area.0)?,
-                Resilience::None => {}
+                let Some((at, len, out)) = work else {
+                    break;
+                };
+                // The commit point: resilience data, synced, then the "hot" header.
+                let n = len as usize;
+                match sums_of {
+                    Some(_) => io.write_at(&sums, state.area.0),
+                    None if state.resilience == Resilience::Journal => {
+                        io.write_at(&src[..n], state.area.0)
+                    }
+                    None => Ok(()),
+                }
+                .map_err(|e| io_err("writing the resilience data", e))?;
+                if !none {
+                    // Durable before the header names the hotzone: cryptsetup relies on
+                    // the header's own fsync, which leaves a window where a power cut
+                    // keeps the header and loses part of the checksums or journal.
+                    io.sync().map_err(|e| io_err("syncing", e))?;
+                    state.set_hot(&mut header.json, at, len, size);
+                    header.write(io, device).map_err(fe)?;
+                }
+                let data_at = state.new.offset + at;
+                let handle = scope.spawn(move || -> Result<Zeroizing<Vec<u8>>> {
+                    io.write_at(&out[..n], data_at)
+                        .map_err(|e| anyhow!("writing {n} bytes at {data_at} on {device}: {e}"))?;
+                    if !none {
+                        io.sync().map_err(|e| anyhow!("syncing {device}: {e}"))?;
+                    }
+                    Ok(out)
+                });
+                pending = Some((handle, at + len));
+                next = at + len;
             }
-            if !none {
-                // Durable before the header names the hotzone: cryptsetup relies on the
-                // header's own fsync, which leaves a window where a power cut keeps the
-                // header and loses part of the checksums or journal.
-                self.sync()?;
-                self.state.set_hot(&mut self.header.json, done, len, size);
-                self.write_header()?;
+            if dirty {
+                io.sync().map_err(|e| io_err("syncing", e))?;
+                header.write(io, device).map_err(fe)?;
             }
-            self.rekey(&mut buf[..n], done);
-            self.pwrite(&buf[..n], data_at)?;
-            done += len;
-            self.state.set_done(&mut self.header.json, done, size);
-            if none {
-                dirty = true;
-            } else {
-                self.sync()?;
-                self.write_header()?;
-            }
-            self.state.progress = Progress::Clean { done };
-            progress(done, size);
-        }
-        if dirty {
-            self.sync()?;
-            self.write_header()?;
+            Ok(done)
+        })?;
+        if reached < size {
+            return Ok(Outcome::Interrupted);
         }
         self.finish()?;
         Ok(Outcome::Finished)
     }
 
     /// Wipes `size` bytes at `at` with random bytes (as `crypt_keyslot_destroy` does on a
-    /// non-rotational device), then syncs.
+    /// non-rotational device). Not synced on its own: the header write that follows (which
+    /// drops the keyslot) syncs the file, and either order of the two reaching the disk is
+    /// safe (a keyslot still named but wiped is handled by [`Run::open_with`]).
     fn wipe_random(&self, at: u64, size: u64) -> Result<()> {
         use std::io::Read;
         let mut rng = File::open("/dev/urandom").context("opening /dev/urandom")?;
@@ -417,7 +554,7 @@ impl Run {
             self.pwrite(&chunk[..n], at + pos)?;
             pos += n as u64;
         }
-        self.sync()
+        Ok(())
     }
 
     /// The end: the old keyslots go one by one, then everything of the reencryption.

@@ -380,12 +380,16 @@ fn a_run_killed_mid_hotzone_is_recovered_by_either_tool() {
         let reference = f.copy(&init, "reference.img");
         f.cryptsetup_resume(&reference);
 
-        // ucrypt killed as it writes hotzone 2's data (its 22nd pwrite: per hotzone one
-        // resilience write, 6 for the "hot" header, the data, 6 for the "post" header).
+        // ucrypt killed as its main thread starts hotzone 2's "post" header (its 21st
+        // pwrite: per hotzone one resilience write and 6 for each of the "hot" and "post"
+        // headers; the data goes from a writer thread, written and synced by then). On
+        // disk: hotzone [4M, 8M) marked in-reencryption, its data all new. From that, by
+        // copying the old ciphertext back from the initialised image: the hotzone all old
+        // (killed before the data write), and torn (first half new, the rest old).
         let crashed = f.copy(&init, "crashed.img");
         f.killed_at(
             "pwrite64",
-            22,
+            21,
             ucrypt_bin(),
             &[
                 "reencrypt",
@@ -400,28 +404,28 @@ fn a_run_killed_mid_hotzone_is_recovered_by_either_tool() {
             ],
         );
         assert!(f.in_crash_state(&crashed), "{}", f.json(&crashed));
-        let by_cs = f.copy(&crashed, "by-cs.img");
-        f.cryptsetup_resume(&by_cs);
-        assert_same(&reference, &by_cs);
-        let by_uc = f.copy(&crashed, "by-uc.img");
-        f.ucrypt_resume(&by_uc, &[]);
-        assert_same(&reference, &by_uc);
-
-        // The hotzone [4M, 8M) torn: its first half already new, the rest old.
-        let torn = f.copy(&crashed, "torn.img");
-        {
+        let with_old = |name: &str, from: u64, len: usize| {
             use std::os::unix::fs::FileExt;
-            let r = std::fs::File::open(&reference).unwrap();
-            let t = std::fs::OpenOptions::new().write(true).open(&torn).unwrap();
-            let mut half = vec![0u8; 2 << 20];
-            r.read_exact_at(&mut half, DATA_OFFSET + (4 << 20)).unwrap();
-            t.write_all_at(&half, DATA_OFFSET + (4 << 20)).unwrap();
+            let img = f.copy(&crashed, name);
+            let r = std::fs::File::open(&init).unwrap();
+            let t = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+            let mut old = vec![0u8; len];
+            r.read_exact_at(&mut old, DATA_OFFSET + from).unwrap();
+            t.write_all_at(&old, DATA_OFFSET + from).unwrap();
+            img
+        };
+        let variants = [
+            f.copy(&crashed, "all-new.img"),
+            with_old("all-old.img", 4 << 20, 4 << 20),
+            with_old("torn.img", 6 << 20, 2 << 20),
+        ];
+        for v in &variants {
+            let by_cs = f.copy(v, "by-cs.img");
+            f.cryptsetup_resume(&by_cs);
+            assert_same(&reference, &by_cs);
+            f.ucrypt_resume(v, &[]);
+            assert_same(&reference, v);
         }
-        let torn_cs = f.copy(&torn, "torn-cs.img");
-        f.cryptsetup_resume(&torn_cs);
-        assert_same(&reference, &torn_cs);
-        f.ucrypt_resume(&torn, &[]);
-        assert_same(&reference, &torn);
 
         // cryptsetup killed as it writes hotzone 2's data; ucrypt recovers and finishes.
         // Which write that is comes from a traced run on a scratch copy: the second 4 MiB

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The reencryption data pass against `ucrypt write` of the same size (issue 16's target:
+# at least 0.8x), side by side in one run: each round writes the plaintext through
+# `ucrypt write` (encrypt + write + final flush) onto a fresh LUKS2 image, then runs
+# `ucrypt reencrypt` (read + decrypt old key + encrypt new key + write, with the resilience
+# mode's syncs and header updates) on a fresh initialised copy, once per resilience mode.
+# Rounds are interleaved; medians and ratios at the end. Wall time of the whole command
+# (start-up, key unlock and, for reencrypt, the final keyslot wipes included).
+#
+#   bench/reencrypt.sh [SIZE_MIB] [ROUNDS]        (defaults 512, 5)
+#   UCRYPT=path/to/ucrypt  BENCH_DIR=dir (default: a temp dir under /var/tmp)
+set -euo pipefail
+size=${1:-512}
+rounds=${2:-5}
+here=$(cd "$(dirname "$0")/.." && pwd)
+U=${UCRYPT:-$here/target/release/ucrypt}
+[ -x "$U" ] || { echo "build first: cargo build --release -p ucrypt (or set UCRYPT)" >&2; exit 1; }
+command -v cryptsetup >/dev/null || { echo "needs cryptsetup (scripts/setup.sh)" >&2; exit 1; }
+dir=$(mktemp -d "${BENCH_DIR:-/var/tmp}/ucrypt-reenc-bench.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+cd "$dir"
+printf 'bench passphrase' > pass
+truncate -s $(( (16 + size) << 20 )) fresh.img
+cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+  --key-file pass fresh.img
+head -c $(( size << 20 )) /dev/urandom > plain.bin
+"$U" luksOpen --print-table --showkeys -d pass fresh.img > table
+# The plaintext once, then the initialised images for each mode.
+cp fresh.img written.img
+"$U" write --table-file table --input plain.bin
+sed "s#fresh.img#written.img#" table > table-written
+"$U" write --table-file table-written --input plain.bin
+for mode in none checksum journal; do
+  cp written.img "init-$mode.img"
+  "$U" reencrypt --init-only -q -d pass --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+    --resilience "$mode" --disable-locks "init-$mode.img"
+done
+secs() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null 2>&1; t1=$(date +%s.%N); echo "$t1 - $t0" | bc; }
+declare -A times
+for r in $(seq "$rounds"); do
+  cp fresh.img w.img; sync
+  sed "s#fresh.img#w.img#" table > table-w
+  times[write]+="$(secs "$U" write --table-file table-w --input plain.bin) "
+  for mode in none checksum journal; do
+    cp "init-$mode.img" r.img; sync
+    times[$mode]+="$(secs "$U" reencrypt --resume-only -q -d pass --disable-locks r.img) "
+  done
+  echo "round $r: write ${times[write]##* }" >&2
+done
+median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+w=$(echo "${times[write]}" | median)
+printf '%-22s %8s %10s %8s   %s\n' what median MiB/s ratio "all runs (s)"
+printf '%-22s %8.3f %10.1f %8s   %s\n' "ucrypt write" "$w" "$(echo "$size / $w" | bc -l)" "1.00" "${times[write]}"
+for mode in none checksum journal; do
+  m=$(echo "${times[$mode]}" | median)
+  printf '%-22s %8.3f %10.1f %8.2f   %s\n' "reencrypt $mode" "$m" "$(echo "$size / $m" | bc -l)" \
+    "$(echo "$w / $m" | bc -l)" "${times[$mode]}"
+done
+echo "(ratio = write time / reencrypt time, same size: >= 0.8 is issue 16's target; $size MiB, $rounds rounds, load $(cut -d' ' -f1-3 /proc/loadavg))"
