@@ -169,14 +169,14 @@ fn transform(
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let unit = sums.as_ref().map_or(align, |(_, bs, _)| align.max(*bs));
     let per = src.len().div_ceil(threads).div_ceil(unit).max(1) * unit;
-    let (hash, bs, mut sums) = match sums {
+    let (hash, bs, sums) = match sums {
         Some((h, bs, s)) => (Some(h), bs, Some(s)),
         None => (None, 1, None),
     };
     let hl = hash.map_or(0, |h| h.size());
     let (io, base) = from;
     std::thread::scope(|s| {
-        let mut sums_left = sums.as_deref_mut();
+        let mut sums_left = sums;
         let mut workers = Vec::new();
         for (i, (src, out)) in src.chunks_mut(per).zip(out.chunks_mut(per)).enumerate() {
             let mine = match sums_left.take() {
