@@ -210,3 +210,51 @@ fn the_readme_lists_every_row() {
         );
     }
 }
+
+/// cryptsetup's global flags go before the action too (`cryptsetup -q luksFormat ...`) and
+/// are accepted by every action: the same exit codes (and `-v isLuks`'s output) as
+/// cryptsetup's.
+#[test]
+fn batch_mode_and_verbose_go_before_the_action_and_on_every_action() {
+    if !common::require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "img", 20 << 20);
+    let pass = tmp.path().join("pass");
+    std::fs::write(&pass, "pw").unwrap();
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let out = run(&[&["-q", "luksFormat", img, "-d", pass][..], &fast].concat());
+    assert!(out.status.success(), "{out:?}");
+    let cases: &[&[&str]] = &[
+        &["-q", "isLuks", img],
+        &["-v", "isLuks", img],
+        &["--batch-mode", "luksUUID", img],
+        &["-q", "-v", "open", "--test-passphrase", "-d", pass, img],
+        &["open", "-q", "--test-passphrase", "-d", pass, img],
+        &["-q", "luksDump", img],
+        &["-q", "config", img, "--label", "x"],
+        &[
+            "-v",
+            "luksHeaderBackup",
+            img,
+            "--header-backup-file",
+            "/nonexistent/dir/f",
+        ],
+    ];
+    for args in cases {
+        let u = run(args);
+        let c = std::process::Command::new("cryptsetup")
+            .args(*args)
+            .output()
+            .unwrap();
+        assert_eq!(u.status.code(), c.status.code(), "{args:?}\n{u:?}\n{c:?}");
+    }
+    let u = run(&["-v", "isLuks", img]);
+    let c = std::process::Command::new("cryptsetup")
+        .args(["-v", "isLuks", img])
+        .output()
+        .unwrap();
+    assert_eq!(u.stdout, c.stdout);
+}

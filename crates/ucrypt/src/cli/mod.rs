@@ -547,6 +547,58 @@ fn refused(args: &[std::ffi::OsString]) -> Option<&'static str> {
     None
 }
 
+/// cryptsetup's global flags: `-q`/`--batch-mode` (ask nothing) and `-v`/`--verbose`
+/// (extra lines) are accepted before the action (`cryptsetup -q luksFormat ...`) and on
+/// every action. Here they are moved after the action; on a command that has no such
+/// flag (it asks nothing, or has nothing more to say) they are dropped.
+fn place_global_flags(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    use clap::CommandFactory;
+    const FLAGS: [(&str, &str); 4] = [
+        ("-q", "batch_mode"),
+        ("--batch-mode", "batch_mode"),
+        ("-v", "verbose"),
+        ("--verbose", "verbose"),
+    ];
+    let flag_id = |a: &std::ffi::OsString| FLAGS.iter().find(|(f, _)| a == *f).map(|(_, id)| *id);
+    // The flags in front of the action move behind it.
+    let mut front = Vec::new();
+    let mut i = 1;
+    while i < args.len() && args[i].to_string_lossy().starts_with('-') {
+        if flag_id(&args[i]).is_some() {
+            front.push(args.remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    let Some(pos) = args
+        .iter()
+        .skip(1)
+        .position(|a| !a.to_string_lossy().starts_with('-'))
+    else {
+        return args;
+    };
+    let pos = pos + 1;
+    for (k, f) in front.into_iter().enumerate() {
+        args.insert(pos + 1 + k, f);
+    }
+    let cmd = Cli::command();
+    let Some(sub) = args[pos]
+        .to_str()
+        .and_then(|name| cmd.find_subcommand(name))
+    else {
+        return args;
+    };
+    let has = |id: &str| sub.get_arguments().any(|a| a.get_id() == id);
+    let keep: Vec<bool> = args
+        .iter()
+        .enumerate()
+        .map(|(i, a)| i <= pos || flag_id(a).is_none_or(&has))
+        .collect();
+    let mut k = keep.into_iter();
+    args.retain(|_| k.next().unwrap_or(true));
+    args
+}
+
 /// Parses the command line, runs the command, prints any error as one line on stderr.
 /// cryptsetup's per-type open commands: `luksOpen`, `tcryptOpen`, `bitlkOpen`,
 /// `plainOpen` and `fvault2Open DEV NAME` are `open --type T DEV NAME`. With
@@ -612,7 +664,7 @@ pub fn run() -> ExitCode {
         eprintln!("ucrypt: {why}");
         return ExitCode::from(EXIT_PARAMS);
     }
-    let cli = match Cli::try_parse_from(expand_open_aliases(args)) {
+    let cli = match Cli::try_parse_from(place_global_flags(expand_open_aliases(args))) {
         Ok(cli) => cli,
         // --help and --version print and succeed; usage errors exit 1 as cryptsetup's do
         // (clap's own 2 means "wrong passphrase" to cryptsetup's users).
