@@ -334,6 +334,16 @@ impl UnlockArgs {
             }
             return Ok(None);
         }
+        // No token at all: nothing to try (and no spinner flash on every open).
+        if !(0..32).any(|t| cd.token_status(t).0.in_use()) {
+            if self.token_only {
+                return Err(usage(&format!(
+                    "{} has no LUKS2 token (--token-only)",
+                    dev.device.display()
+                )));
+            }
+            return Ok(None);
+        }
         let r = super::progress::searching("Unlocking by token", || {
             cd.volume_key_by_token(self.token_id, self.token_type.as_deref())
         });
