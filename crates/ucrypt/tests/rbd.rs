@@ -15,7 +15,8 @@
 //!   broken once its watch expires), every write acknowledged before a completed FLUSH is
 //!   there;
 //! * the OSD killed and restarted during I/O (its own cluster): requests wait or fail,
-//!   every acknowledged write reads back, nothing reads wrong.
+//!   every acknowledged write reads back, nothing reads wrong;
+//! * with `--allow-discards` a discard of a whole object reaches librbd (the object goes).
 //!
 //! The ceph packages (`scripts/setup.sh`) are required under `CI=true`; by hand a machine
 //! without them skips. Cheap KDFs (pbkdf2, 1000 iterations) everywhere except the one real
@@ -667,4 +668,33 @@ fn an_osd_restart_during_io_waits_or_fails_but_never_returns_wrong_data() {
     }
     drop(nbd);
     close(&c, "osd1");
+}
+
+#[test]
+fn a_discard_reaches_the_image_with_allow_discards() {
+    let Some(c) = shared() else { return };
+    let pass = passfile("trim.pw", "trimmed");
+    let dev = format_cheap(c, "trim", &pass);
+    let uri = String::from_utf8(ok(
+        serve(c, &dev, "trim1", &pass, &["--allow-discards"]),
+        "open",
+    ))
+    .unwrap();
+    let nbd =
+        ucrypt_nbd::NbdBackend::connect(uri.trim(), ucrypt_nbd::RemoteOptions::default()).unwrap();
+    // Plaintext 0..4 MiB is image bytes 16..20 MiB: one whole RADOS object (4 MiB objects),
+    // which librbd removes on discard (it skips partial-object discards by default).
+    let data = random_bytes(4 << 20);
+    nbd.write_at(&data, 0, false).unwrap();
+    nbd.flush().unwrap();
+    let raw = || c.librbd_read("trim", "raw", &pass, 16 << 20, 1 << 20);
+    assert!(raw().iter().any(|&b| b != 0), "no ciphertext written");
+    nbd.discard(0, 4 << 20).unwrap();
+    nbd.flush().unwrap();
+    assert!(
+        raw().iter().all(|&b| b == 0),
+        "the discard did not reach the image (its object is still there)"
+    );
+    drop(nbd);
+    close(c, "trim1");
 }

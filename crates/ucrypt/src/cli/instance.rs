@@ -349,7 +349,7 @@ fn serve(
         description,
         read_only: a.read_only,
         max_connections: a.max_connections,
-        workers: a.nbd_workers,
+        workers: a.nbd_workers(),
         shutdown: shutdown.clone(),
         log_errors: a.verbose,
         tls,

@@ -113,9 +113,10 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 16, value_parser = super::bounded::<1, 65536>)]
     pub(super) max_connections: usize,
     /// Threads per connection, each receiving, running and answering requests (0 or 1: one
-    /// request at a time, in the thread that reads the socket; at most 128).
-    #[arg(long, default_value_t = 8, value_parser = super::bounded::<0, { ucrypt_nbd::server::MAX_WORKERS }>)]
-    pub(super) nbd_workers: usize,
+    /// request at a time, in the thread that reads the socket; at most 128). Default 8; 32
+    /// for an rbd:POOL/IMAGE device, whose requests wait for an OSD round trip.
+    #[arg(long, value_parser = super::bounded::<0, { ucrypt_nbd::server::MAX_WORKERS }>)]
+    pub(super) nbd_workers: Option<usize>,
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
     #[arg(long)]
     pub(super) large_sectors: bool,
@@ -275,7 +276,7 @@ pub(crate) fn run(mut a: Args) -> Result<(), CliError> {
         description,
         read_only: a.read_only,
         max_connections: a.max_connections,
-        workers: a.nbd_workers,
+        workers: a.nbd_workers(),
         shutdown: shutdown.clone(),
         log_errors: a.verbose,
         tls,
@@ -555,4 +556,28 @@ fn exit_code(status: ExitStatus) -> i32 {
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1)
+}
+
+impl Args {
+    /// `--nbd-workers`, or its default: 8, and 32 when the device is an RBD image. A request
+    /// holds its thread until librbd answers (an OSD round trip, milliseconds), so a client
+    /// at depth 32 has only as many requests in flight as there are threads: 4 KiB random
+    /// writes at depth 32 over `rbd:` went from 1167 to 1868 IOPS (medians of three
+    /// alternating runs, bench/rbd.sh's cluster, BENCHMARKING.md). A file backend answers
+    /// in microseconds, where 8 threads already keep two CPUs busy.
+    pub(super) fn nbd_workers(&self) -> usize {
+        self.nbd_workers.unwrap_or_else(|| {
+            let rbd = self
+                .header
+                .device
+                .as_deref()
+                .and_then(|d| d.to_str())
+                .is_some_and(ucrypt_backend::rbd::is_rbd);
+            if rbd {
+                32
+            } else {
+                8
+            }
+        })
+    }
 }
