@@ -1100,3 +1100,69 @@ fn config_convert_erase_and_repair_do_what_cryptsetups_do() {
         .status
         .success());
 }
+
+#[test]
+fn luks_resume_at_a_terminal_asks_again_tries_times() {
+    if !require("cryptsetup") || !require("tmux") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 20, "luks2", 512);
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    rt.ok(
+        &["open", img, "s", "--device", "none", "--key-file", pass],
+        b"",
+    );
+    rt.ok(&["luksSuspend", "s"], b"");
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    let session = Tmux(format!("ucrypt-resume-{}", std::process::id()));
+    let s = session.0.as_str();
+    sh_ok(&format!(
+        "tmux new-session -d -s {s} -x 200 -y 50 'env -i PATH=/usr/bin:/bin TERM=xterm UCRYPT_RUNTIME_DIR={} bash --norc --noprofile'",
+        rt.dir().display()
+    ));
+    let send = |keys: &[&str]| {
+        let out = Command::new("tmux")
+            .args(["send-keys", "-t", s])
+            .args(keys)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    let prompts = |text: &str| text.matches("Enter passphrase").count();
+    // Default 3 tries: wrong, wrong, right -> 0, resumed. (`e""nd`: only the output
+    // shows "end".)
+    send(&[&format!("{bin} luksResume s; echo rc=$? e\"\"nd1"), "Enter"]);
+    for (n, p) in ["bad1", "bad2", "pw"].iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while prompts(&pane(s)) < n + 1 {
+            assert!(Instant::now() < deadline, "prompt {}:\n{}", n + 1, pane(s));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        send(&[p, "Enter"]);
+    }
+    let text = wait_pane(s, "rc=0 end1", 30);
+    assert_eq!(
+        text.matches("No key available with this passphrase.")
+            .count(),
+        2,
+        "{text}"
+    );
+    assert_eq!(rt.status("s")["suspended"], false);
+    // --tries 1: one wrong passphrase ends it with exit 2, still suspended.
+    rt.ok(&["luksSuspend", "s"], b"");
+    send(&[
+        &format!("{bin} luksResume s --tries 1; echo rc=$? e\"\"nd2"),
+        "Enter",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while prompts(&pane(s)) < 4 {
+        assert!(Instant::now() < deadline, "prompt:\n{}", pane(s));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    send(&["bad", "Enter"]);
+    wait_pane(s, "rc=2 end2", 30);
+    assert_eq!(rt.status("s")["suspended"], true);
+    rt.ok(&["luksResume", "s", "--key-file", pass], b"");
+    rt.ok(&["close", "s"], b"");
+}

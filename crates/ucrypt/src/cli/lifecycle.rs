@@ -69,6 +69,14 @@ pub(crate) struct ResumeArgs {
     name: String,
     #[command(flatten)]
     secret: SecretArgs,
+    /// How often to ask for the passphrase on a terminal (cryptsetup's default 3; a key
+    /// file or a pipe is tried once).
+    #[arg(short = 'T', long, default_value_t = 3, value_name = "N")]
+    tries: u32,
+    /// Accepted as cryptsetup's; the instance already knows its detached header.
+    #[arg(long, value_name = "FILE")]
+    #[allow(dead_code)]
+    header: Option<std::path::PathBuf>,
 }
 
 /// `ucrypt resize NAME [--size SECTORS]`.
@@ -356,14 +364,28 @@ fn read_secret(p: &Paths, s: &SecretArgs) -> Result<Payload, CliError> {
 
 pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
-    let secret = read_secret(&p, &a.secret)?;
-    call(
-        &p,
-        json!({"op": "resume"}),
-        Some(&secret),
-        Duration::from_secs(600),
-    )?;
-    Ok(())
+    // A wrong passphrase typed at a terminal is asked for again, --tries times in all (the
+    // instance stays suspended meanwhile); key files, pipes and table lines once.
+    let typed = a.secret.table.is_none()
+        && a.secret.table_file.is_none()
+        && super::secret::prompts(&a.secret.key);
+    let tries = if typed { a.tries.max(1) } else { 1 };
+    let mut attempt = 1;
+    loop {
+        let secret = read_secret(&p, &a.secret)?;
+        match call(
+            &p,
+            json!({"op": "resume"}),
+            Some(&secret),
+            Duration::from_secs(600),
+        ) {
+            Err(e) if e.code() == 2 && attempt < tries => {
+                eprintln!("No key available with this passphrase.");
+                attempt += 1;
+            }
+            r => return r.map(|_| ()),
+        }
+    }
 }
 
 pub(crate) fn resize(a: ResizeArgs) -> Result<(), CliError> {
