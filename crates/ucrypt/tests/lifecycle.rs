@@ -964,8 +964,18 @@ fn a_wrong_passphrase_at_a_terminal_is_asked_again_tries_times() {
         2,
         "{text}"
     );
-    // --tries 1: one wrong passphrase ends it with exit 2.
+    // --tries 1: one wrong passphrase ends it with exit 2. (The first run's prompts must be
+    // gone before this one's is waited for.)
     send(&["clear", "Enter"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pane(s).contains("Enter passphrase") {
+        assert!(
+            Instant::now() < deadline,
+            "clear did not clear:\n{}",
+            pane(s)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let cmd = format!(
         "{bin} open {} --test-passphrase --tries 1; echo rc=$? end",
         img.display()
