@@ -232,15 +232,26 @@ fn shared() -> Option<&'static Cluster> {
     *g
 }
 
+/// This run's scratch directory, `/tmp/ucrypt-rbd-tests/PID`. A static is never dropped, so
+/// a `TempDir` here would stay behind after every run: instead each run removes the
+/// directories of runs whose process is gone.
 fn tmp() -> &'static Path {
-    static D: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static D: OnceLock<PathBuf> = OnceLock::new();
     D.get_or_init(|| {
-        tempfile::Builder::new()
-            .prefix("ucrypt-rbd")
-            .tempdir()
-            .unwrap()
+        let base = Path::new("/tmp/ucrypt-rbd-tests");
+        std::fs::create_dir_all(base).unwrap();
+        for e in std::fs::read_dir(base).unwrap().flatten() {
+            let name = e.file_name();
+            let pid = name.to_str().and_then(|n| n.parse::<u32>().ok());
+            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let d = base.join(std::process::id().to_string());
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        d
     })
-    .path()
 }
 
 fn s(p: &Path) -> &str {
@@ -393,6 +404,7 @@ fn a_cryptsetup_image_imported_with_rbd_import_opens_in_both() {
         c.rbd(&["import", "--no-progress", s(&img), "rbd/cs"]),
         "rbd import",
     );
+    std::fs::remove_file(&img).unwrap();
     assert!(c.librbd_read("cs", "luks2", &pass, 123_457, data.len()) == data);
     let table = c.table("rbd:rbd/cs", &pass);
     assert!(c.ucrypt_read(&table, 123_457, data.len()) == data);
