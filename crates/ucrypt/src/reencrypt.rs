@@ -188,16 +188,27 @@ fn transform(
                 None => None,
             };
             let off = (i * per) as u64;
-            let first = Sector512(c.iv_base + (at + off) / 512);
             workers.push(s.spawn(move || -> std::io::Result<()> {
-                io.read_at(src, base + off)?;
-                if let (Some(h), Some(mine)) = (hash, mine) {
-                    for (block, sum) in src.chunks(bs).zip(mine.chunks_mut(hl)) {
-                        sum.copy_from_slice(&h.digest(&[block]));
+                // In pieces that stay in the core's cache through the four passes (read,
+                // checksums, decrypt, encrypt): one pass each over a whole 32 MiB slice
+                // ran at half the speed.
+                let piece = (256usize << 10).div_ceil(unit) * unit;
+                let mut mine = mine;
+                for (j, (src, out)) in src.chunks_mut(piece).zip(out.chunks_mut(piece)).enumerate()
+                {
+                    let pos = off + (j * piece) as u64;
+                    io.read_at(src, base + pos)?;
+                    if let (Some(h), Some(rest)) = (hash, mine.take()) {
+                        let (now, later) = rest.split_at_mut((src.len() / bs * hl).min(rest.len()));
+                        for (block, sum) in src.chunks(bs).zip(now.chunks_mut(hl)) {
+                            sum.copy_from_slice(&h.digest(&[block]));
+                        }
+                        mine = Some(later);
                     }
+                    let first = Sector512(c.iv_base + (at + pos) / 512);
+                    c.old.decrypt_from(first, src, out);
+                    c.new.encrypt(first, out);
                 }
-                c.old.decrypt_from(first, src, out);
-                c.new.encrypt(first, out);
                 Ok(())
             }));
         }
