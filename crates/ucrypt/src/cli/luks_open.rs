@@ -6,59 +6,10 @@
 //! Serving the volume over NBD belongs to `ucrypt open`.
 
 use super::luks::{cs_error, CsResult, DeviceArgs};
+use super::plain_args::PlainArgs;
 use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use ucrypt::header::{HeaderOptions, VolumeType};
-use ucrypt_format::plain::PlainOptions;
-
-/// Plain-mode options (`--type plain`), cryptsetup's names and 2.6 defaults.
-#[derive(clap::Args, Debug, Clone)]
-pub(crate) struct PlainArgs {
-    /// Cipher (plain default aes-cbc-essiv:sha256).
-    #[arg(short, long)]
-    pub(crate) cipher: Option<String>,
-    /// Key size in bits (plain default 256).
-    #[arg(short = 's', long)]
-    pub(crate) key_size: Option<u32>,
-    /// Passphrase hash (plain default ripemd160; "plain" for none).
-    #[arg(long)]
-    pub(crate) hash: Option<String>,
-    /// Data start on the device in 512-byte sectors.
-    #[arg(short = 'o', long, default_value_t = 0)]
-    pub(crate) offset: u64,
-    /// IV offset in 512-byte sectors.
-    #[arg(short = 'p', long, default_value_t = 0)]
-    pub(crate) skip: u64,
-    /// Mapping size in 512-byte sectors (0: to the end).
-    #[arg(short = 'b', long, default_value_t = 0)]
-    pub(crate) size: u64,
-    /// Encryption sector size in bytes.
-    #[arg(long, default_value_t = 512)]
-    pub(crate) sector_size: u32,
-    /// Count IVs in sector-size units (plain mode).
-    #[arg(long)]
-    pub(crate) iv_large_sectors: bool,
-}
-
-impl PlainArgs {
-    pub(crate) fn options(&self) -> PlainOptions {
-        let d = PlainOptions::default();
-        PlainOptions {
-            cipher: self.cipher.clone().unwrap_or(d.cipher),
-            key_bits: self.key_size.unwrap_or(d.key_bits),
-            hash: Some(
-                self.hash
-                    .clone()
-                    .unwrap_or_else(|| d.hash.unwrap_or_default()),
-            ),
-            offset: self.offset,
-            skip: self.skip,
-            size: self.size,
-            sector_size: self.sector_size,
-            iv_large_sectors: self.iv_large_sectors,
-        }
-    }
-}
 
 /// Arguments of `ucrypt luksOpen`.
 #[derive(clap::Args)]

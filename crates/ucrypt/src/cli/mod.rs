@@ -26,6 +26,7 @@ mod luks_uuid;
 mod metadata;
 mod open;
 mod open_header;
+mod plain_args;
 mod progress;
 mod read;
 mod reencrypt;

@@ -6,7 +6,8 @@
 //! `--test-passphrase` only checks the passphrase and serves nothing.
 
 use super::luks::{cs_error, CsResult, DeviceArgs};
-use super::luks_open::{unlock_inputs, PlainArgs};
+use super::luks_open::unlock_inputs;
+use super::plain_args::PlainArgs;
 use super::secret::KeyFileArgs;
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;

@@ -4,7 +4,7 @@
 //! prompt or one line of standard input (`--key-file -` reads it from standard input).
 
 use super::luks::cs_error;
-use super::luks_open::PlainArgs;
+use super::plain_args::PlainArgs;
 use super::secret::{self, KeyFileArgs, Secret};
 use super::CliError;
 use std::path::{Path, PathBuf};
