@@ -961,7 +961,8 @@ impl CryptDevice {
     /// (its digest matches; for LUKS2, the digest of the data segment).
     ///
     /// # Errors
-    /// [`FormatError::Refused`] when it is not; other library errors as they come.
+    /// [`FormatError::Cryptsetup`] with `EPERM` when it is not; other library errors as
+    /// they come.
     pub fn verify_volume_key(&mut self, key: &[u8]) -> Result<(), FormatError> {
         let (p, len) = (key.as_ptr(), key.len());
         // SAFETY: `p` holds `len` initialised bytes for the duration of the call.
@@ -970,11 +971,15 @@ impl CryptDevice {
         })
         .map(|_| ())
         .map_err(|e| match e {
-            FormatError::Cryptsetup { device, errno, .. } if errno == libc::EPERM => {
-                FormatError::Refused(format!(
-                    "{device}: the given volume key does not match the header's digest"
-                ))
-            }
+            // EPERM (exit 2, as cryptsetup's "Volume key does not match the volume.").
+            FormatError::Cryptsetup {
+                op, device, errno, ..
+            } if errno == libc::EPERM => FormatError::Cryptsetup {
+                op,
+                device,
+                errno,
+                detail: "the given volume key does not match the header's digest".into(),
+            },
             other => other,
         })
     }
