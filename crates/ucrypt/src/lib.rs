@@ -20,6 +20,7 @@ pub mod reencrypt;
 pub mod remote_header;
 pub mod secure;
 pub mod tcrypt;
+pub mod unlocked;
 
 pub use header::{open_header, open_unlocked, unlock, HeaderOptions, Unlocked, VolumeType};
 pub use open::{open_parsed, open_table, OpenOptions, OpenedTable};

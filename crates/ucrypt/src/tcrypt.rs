@@ -11,8 +11,8 @@
 //! way cryptsetup stacks its `name_2`, `name_1`, `name` dm-crypt devices.
 
 use crate::config::engine_options;
-use crate::header::{HeaderOptions, Unlocked};
 use crate::open::{open_parsed, OpenOptions};
+use crate::unlocked::{HeaderOptions, Unlocked};
 use anyhow::{bail, Context, Result};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
