@@ -46,7 +46,11 @@ kill_pids() {  # dir signal files... : signal the daemons named in the pid files
   for p in "${pids[@]}"; do kill "-$sig" "$p" 2>/dev/null || true; done
   for i in $(seq 200); do
     alive=0
-    for p in "${pids[@]}"; do ours "$p" "$d" && alive=1; done
+    # Gone means reaped or a zombie: its cmdline empties when its memory goes, before
+    # its files (and bluestore's lock on its block file) are released.
+    for p in "${pids[@]}"; do
+      [ -r "/proc/$p/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$p/status" 2>/dev/null && alive=1
+    done
     [ $alive = 0 ] && return 0
     sleep 0.05
   done
@@ -82,7 +86,17 @@ restart_osd() {
   d=$(cd "$d" && pwd)
   kill_pids "$d" KILL "$d/run/osd.0.pid"
   rm -f "$d/run/osd.0.pid" "$d/run/osd.0.asok"
-  ceph-osd -c "$d/ceph.conf" -i 0 2>>"$d/log/osd-start.err"
+  # A start can still find the old daemon's lock on its block file (seen under load):
+  # try again a few times, and say why on the last failure.
+  local i
+  for i in $(seq 10); do
+    ceph-osd -c "$d/ceph.conf" -i 0 2>>"$d/log/osd-start.err" && break
+    if [ "$i" = 10 ]; then
+      log "ceph-osd did not start again: $(tail -n 5 "$d/log/osd-start.err" "$d"/log/*osd* 2>/dev/null | tail -n 20)"
+      return 1
+    fi
+    sleep 0.5
+  done
   wait_for "osd.0 up" timeout 30 /usr/bin/python3 "$HERE/ctl.py" "$d/ceph.conf" osd-up 0
 }
 
