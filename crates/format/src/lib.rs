@@ -26,6 +26,7 @@
 pub mod af;
 pub mod bitlk;
 mod error;
+pub mod fvault2;
 pub mod kdf;
 pub mod luks1;
 pub mod luks2;

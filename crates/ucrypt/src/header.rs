@@ -810,36 +810,21 @@ fn unlock_bitlk(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
     })
 }
 
-/// A `Name: <number> [bytes]` field of libcryptsetup's dump text.
-fn dump_number(dump: &str, label: &str, device: &str) -> Result<u64> {
-    dump.lines()
-        .find_map(|l| l.trim_start().strip_prefix(label))
-        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .with_context(|| format!("header dump of {device} has no number for \"{label}\""))
-}
-
-/// FileVault2: one crypt target over the logical volume, IVs counted from its start.
+/// FileVault2: one crypt target over the logical volume, IVs counted from its start. The
+/// key comes from libcryptsetup, the geometry from the Core Storage metadata itself
+/// ([`ucrypt_format::fvault2`]).
 fn unlock_fvault2(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let device_str = device.display().to_string();
-    let (mut cd, dump) = load_other(device, HeaderType::Fvault2)?;
+    let mut cd = crypt_device(device, None)?;
+    cd.load(Some(HeaderType::Fvault2))
+        .with_context(|| format!("{device_str} is not a valid fvault2 device"))?;
     let (_, key) = cd
         .volume_key(None, secret)
         .with_context(|| format!("unlocking {device_str}"))?;
     let info = cd.info();
     drop(cd);
-    let offset = dump_number(&dump, "Logical volume offset", &device_str)?;
-    let size = dump_number(&dump, "Logical volume size", &device_str)?;
-    if offset % 512 != 0 || size % 512 != 0 || size == 0 {
-        bail!("FileVault2 logical volume on {device_str} (offset {offset}, size {size} bytes) is not in whole 512-byte sectors");
-    }
-    let total = device_bytes(device)?;
-    if offset + size > total {
-        bail!(
-            "FileVault2 logical volume on {device_str} ends at byte {} past the device end {total}",
-            offset + size
-        );
-    }
+    let md = ucrypt_format::fvault2::Metadata::read(device)?;
+    let (offset, size) = (md.lv_offset, md.lv_size);
     let cipher = cipher_spec(&info, &device_str)?;
     let table = TableLine {
         start: 0,

@@ -217,7 +217,7 @@ pub fn metadata_ranges(
             }
         }
     } else if first.len() >= 512 && first[88..90] == *b"CS" && first[8..10] == [1, 0] {
-        ranges.extend(fvault2_ranges(first, size, read)?);
+        ranges.extend(fvault2_ranges(size, read)?);
     } else {
         ranges.push((0, TCRYPT_SPAN));
         ranges.push((size.saturating_sub(TCRYPT_SPAN), TCRYPT_SPAN));
@@ -225,48 +225,20 @@ pub fn metadata_ranges(
     Ok(merge(ranges, size))
 }
 
-/// FileVault2 (CoreStorage) metadata as libcryptsetup's `fvault2.c` follows it: the
-/// 512-byte volume header (block size at byte 96, disk label block at byte 104), the 8 KiB
-/// disk label block (volume groups descriptor offset at byte 220), the descriptor (count of
-/// encrypted metadata blocks at byte 8, their first block at byte 32), and those 8 KiB
-/// blocks, all within the first GiB as libcryptsetup insists.
+/// FileVault2 (Core Storage) metadata as libcryptsetup follows it: the ranges
+/// [`ucrypt_format::fvault2::Layout`] finds from the unencrypted structures.
 fn fvault2_ranges(
-    first: &[u8],
     size: u64,
     read: &mut dyn FnMut(u64, usize) -> Result<Vec<u8>>,
 ) -> Result<Vec<(u64, u64)>> {
-    const MD_BLOCK: u64 = 8192;
-    const MAX_OFF: u64 = 1 << 30;
-    let le32 = |b: &[u8], at: usize| {
-        u64::from(u32::from_le_bytes(
-            b[at..at + 4].try_into().expect("4 bytes"),
-        ))
+    let mut read = |at: u64, len: usize| {
+        read(at, len).map_err(|e| ucrypt_format::FormatError::Header {
+            what: "reading FileVault2 metadata on the remote device".into(),
+            reason: format!("{len} bytes at offset {at}: {e:#}"),
+        })
     };
-    let le64 = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
-    let block = le32(first, 96);
-    let label = le64(first, 104)
-        .checked_mul(block)
-        .filter(|o| *o <= MAX_OFF && o + MD_BLOCK <= size)
-        .ok_or_else(|| anyhow::anyhow!("FileVault2 disk label offset out of range"))?;
-    let mut ranges = vec![(0, 4096), (label, MD_BLOCK)];
-    let label_block = read(label, MD_BLOCK as usize)?;
-    let vgd = label + le32(&label_block, 220);
-    if vgd > MAX_OFF || vgd + 40 > size {
-        bail!("FileVault2 volume groups descriptor offset out of range");
-    }
-    ranges.push((vgd, 40));
-    let d = read(vgd, 40)?;
-    let (count, start) = (le64(&d, 8), le64(&d, 32).saturating_mul(block));
-    if start > MAX_OFF {
-        bail!("FileVault2 encrypted metadata offset out of range");
-    }
-    // libcryptsetup stops at the first all-zero block or past 1 GiB; copy at most that far.
-    let len = count
-        .saturating_mul(MD_BLOCK)
-        .min(MAX_OFF + MD_BLOCK - start)
-        .min(MAX_HEADER_BYTES);
-    ranges.push((start, len));
-    Ok(ranges)
+    let layout = ucrypt_format::fvault2::Layout::read_with(&mut read, size, "the remote device")?;
+    Ok(layout.ranges(MAX_HEADER_BYTES))
 }
 
 /// Sorts `(offset, length)` ranges, clips them to `size` and merges overlapping ones.
