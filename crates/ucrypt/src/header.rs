@@ -734,13 +734,12 @@ fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<U
     Ok(u)
 }
 
-/// Loads a non-LUKS header of `kind` through libcryptsetup, with its dump text.
-fn load_other(device: &Path, kind: HeaderType) -> Result<(CryptDevice, String)> {
+/// Loads a non-LUKS header of `kind` through libcryptsetup (which unwraps its key).
+fn load_other(device: &Path, kind: HeaderType) -> Result<CryptDevice> {
     let mut cd = crypt_device(device, None)?;
     cd.load(Some(kind))
         .with_context(|| format!("{} is not a valid {kind} device", device.display()))?;
-    let dump = cd.dump()?;
-    Ok((cd, dump))
+    Ok(cd)
 }
 
 /// BitLocker: the volume key (FVEK) from libcryptsetup, or from ucrypt's own protector code
@@ -749,8 +748,8 @@ fn load_other(device: &Path, kind: HeaderType) -> Result<(CryptDevice, String)> 
 /// around zeroed metadata, the moved volume header at the front).
 fn unlock_bitlk(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let device_str = device.display().to_string();
-    let (mut cd, dump) = load_other(device, HeaderType::Bitlk)?;
-    let layout = ucrypt_format::bitlk::Layout::from_dump(&dump, device)?;
+    let mut cd = load_other(device, HeaderType::Bitlk)?;
+    let layout = ucrypt_format::bitlk::Layout::read(device)?;
     let key = match cd.volume_key(None, secret) {
         Ok((_, key)) => key,
         Err(library) => ucrypt_format::bitlk::keys::Metadata::read(device, &layout.fve_offsets)
@@ -815,9 +814,7 @@ fn unlock_bitlk(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
 /// ([`ucrypt_format::fvault2`]).
 fn unlock_fvault2(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let device_str = device.display().to_string();
-    let mut cd = crypt_device(device, None)?;
-    cd.load(Some(HeaderType::Fvault2))
-        .with_context(|| format!("{device_str} is not a valid fvault2 device"))?;
+    let mut cd = load_other(device, HeaderType::Fvault2)?;
     let (_, key) = cd
         .volume_key(None, secret)
         .with_context(|| format!("unlocking {device_str}"))?;

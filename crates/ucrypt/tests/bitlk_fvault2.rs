@@ -43,12 +43,9 @@ fn key_of(u: &ucrypt::Unlocked) -> String {
         .to_string()
 }
 
-/// The FVEK from `ucrypt_format::bitlk::keys` alone (offsets from libcryptsetup's dump).
+/// The FVEK from `ucrypt_format::bitlk` alone (layout and keys, no libcryptsetup).
 fn own_bitlk_key(img: &Path, secret: &[u8]) -> Result<String, String> {
-    let mut cd = ucrypt_cryptsetup::CryptDevice::init(img).unwrap();
-    cd.load(Some(ucrypt_cryptsetup::HeaderType::Bitlk)).unwrap();
-    let layout = ucrypt_format::bitlk::Layout::from_dump(&cd.dump().unwrap(), img)
-        .map_err(|e| e.to_string())?;
+    let layout = ucrypt_format::bitlk::Layout::read(img).map_err(|e| e.to_string())?;
     let m = ucrypt_format::bitlk::keys::Metadata::read(img, &layout.fve_offsets)
         .map_err(|e| e.to_string())?;
     let k = m

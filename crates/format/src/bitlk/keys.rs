@@ -80,10 +80,10 @@ impl Protection {
 
 /// One entry (or nested property) of the FVE metadata.
 #[derive(Debug, Clone, Copy)]
-struct Entry<'a> {
-    entry_type: u16,
+pub(super) struct Entry<'a> {
+    pub(super) entry_type: u16,
     value_type: u16,
-    value: &'a [u8],
+    pub(super) value: &'a [u8],
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -95,7 +95,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 /// The entries packed in `buf`; a size of 0 ends the list (as in cryptsetup).
-fn entries<'a>(buf: &'a [u8], what: &str) -> Result<Vec<Entry<'a>>, FormatError> {
+pub(super) fn entries<'a>(buf: &'a [u8], what: &str) -> Result<Vec<Entry<'a>>, FormatError> {
     let mut out = Vec::new();
     let mut pos = 0;
     while pos + ENTRY_HEADER <= buf.len() {

@@ -1,6 +1,16 @@
-//! BitLocker (BITLK) layout: what libcryptsetup reports (`crypt_dump`) plus the few fields
-//! it does not (encryption type and state), and the device-mapper table cryptsetup builds
-//! from them (`lib/bitlk/bitlk.c`, facts only).
+//! BitLocker (BITLK) layout, read from the volume itself as libcryptsetup reads it (boot
+//! sector, superblock, the first FVE metadata block whose CRC-32 validates, its volume
+//! header entry), and the device-mapper table cryptsetup builds from it
+//! (`lib/bitlk/bitlk.c`, facts only).
+//!
+//! ```text
+//!  boot sector: boot code (EB 58 90: version 2), "-FVE-FS-" (or "MSWIN4.1": To Go) at 3,
+//!               sector size at 11; superblock at 160 (To Go: 424): GUID, 3 FVE offsets
+//!  FVE block:   "-FVE-FS-", size/16 at 8, version 2 at 10, states at 12/14, volume size
+//!               at 16, FVE offsets at 32, metadata size at 64, encryption at 100,
+//!               entries from 112; validation (size, version, CRC-32) right after it
+//!  entry 0x000f: volume header offset and size
+//! ```
 //!
 //! ```text
 //!  device:  [vol. header copy][data..][FVE 1][data..][FVE 2][data..][FVE 3][data..]
@@ -59,80 +69,167 @@ pub struct Segment {
     pub crypt_at: Option<u64>,
 }
 
-fn field<'a>(dump: &'a str, label: &str) -> Option<&'a str> {
-    dump.lines()
-        .find_map(|l| l.trim_start().strip_prefix(label))
-        .map(|v| v.trim_start_matches(':').trim())
+/// Entry type of the volume header's location and size.
+const ENTRY_VOLUME_HEADER: u16 = 0x000f;
+/// Entry type of a key protector (VMK).
+const ENTRY_VMK: u16 = 0x0002;
+/// FVE block header plus FVE metadata header, where the entries start.
+const FVE_HEADERS: usize = 112;
+
+fn bad(dev: &str, reason: impl Into<String>) -> FormatError {
+    FormatError::Header {
+        what: format!("BITLK metadata on {dev}"),
+        reason: reason.into(),
+    }
 }
 
-fn number(text: &str, what: &str, device: &str) -> Result<u64, FormatError> {
-    text.split_whitespace()
-        .next()
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| FormatError::Header {
-            what: format!("BITLK metadata on {device}"),
-            reason: format!("{what} \"{text}\" is not a number"),
-        })
+fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn le64(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// The FVE block at `offset` when it is one libcryptsetup accepts: signature, version 2,
+/// a size within 64 KiB, and a validation record right after it whose CRC-32 matches.
+fn valid_fve_block(f: &std::fs::File, offset: u64) -> Option<Vec<u8>> {
+    let mut head = [0u8; FVE_HEADERS];
+    f.read_exact_at(&mut head, offset).ok()?;
+    let size = usize::from(le16(&head, 8)) << 4;
+    if &head[..8] != b"-FVE-FS-" || le16(&head, 10) != 2 || size > FVE_METADATA_BYTES as usize {
+        return None;
+    }
+    let mut validation = [0u8; 8];
+    f.read_exact_at(&mut validation, offset + size as u64)
+        .ok()?;
+    if le16(&validation, 0) < 8 || le16(&validation, 2) > 2 {
+        return None;
+    }
+    let mut block = vec![0u8; size.max(FVE_HEADERS)];
+    f.read_exact_at(&mut block[..size], offset).ok()?;
+    (size >= FVE_HEADERS
+        && crc32fast::hash(&block[..size]) == le32(&validation, 4)
+        && block[..FVE_HEADERS] == head)
+        .then_some(block)
+}
+
+/// The dm-crypt cipher of a BitLocker encryption method.
+fn cipher_of(method: u16) -> Option<&'static str> {
+    Some(match method {
+        0x8000 | 0x8001 => "aes-cbc-elephant",
+        0x8002 | 0x8003 => "aes-cbc-eboiv",
+        0x8004 | 0x8005 => "aes-xts-plain64",
+        _ => return None,
+    })
 }
 
 impl Layout {
-    /// Reads the layout from libcryptsetup's `bitlkDump` text of `device` and from the
-    /// device itself (type GUID, state).
+    /// Reads the layout from the device's own metadata, as libcryptsetup's `BITLK_read_sb`
+    /// does: boot sector and superblock, then the first of the three FVE metadata blocks
+    /// that validates (which must sit where the superblock says), its states, size,
+    /// encryption method and entries (volume header location, clear-key protectors).
     ///
     /// # Errors
-    /// [`FormatError::Header`] when a field is missing or malformed.
-    pub fn from_dump(dump: &str, device: &Path) -> Result<Self, FormatError> {
+    /// [`FormatError::Header`] naming what is wrong (signature, boot code, sector size, no
+    /// valid FVE block, unknown encryption method, malformed entries, misaligned offsets);
+    /// [`FormatError::DeviceUnavailable`] when the device cannot be opened.
+    pub fn read(device: &Path) -> Result<Self, FormatError> {
         let dev = device.display().to_string();
-        let missing = |what: &str| FormatError::Header {
-            what: format!("BITLK metadata on {dev}"),
-            reason: format!("libcryptsetup's dump has no \"{what}\""),
+        let f = crate::luks1::open(device)?;
+        let mut boot = [0u8; 13];
+        crate::luks1::read_exact_at(&f, &mut boot, 0, &dev, "the BITLK boot sector")?;
+        let sb_offset = match &boot[3..11] {
+            b"-FVE-FS-" => 160,
+            b"MSWIN4.1" => 424,
+            _ => return Err(bad(&dev, "no -FVE-FS- or MSWIN4.1 signature at byte 3")),
         };
-        let get = |label: &str| field(dump, label).ok_or_else(|| missing(label));
-        let sector_size = number(get("Sector size")?, "sector size", &dev)? as u32;
-        let volume_size = number(get("Volume size")?, "volume size", &dev)?;
-        let cipher = format!("{}-{}", get("Cipher name")?, get("Cipher mode")?);
-        // "Metadata segments": three "FVE metadata area" entries and one "Volume header",
-        // each followed by "Offset:" and "Size:" lines.
-        let mut fve = Vec::new();
-        let mut vh = None;
-        let mut lines = dump
-            .lines()
-            .skip_while(|l| !l.starts_with("Metadata segments"));
-        while let Some(l) = lines.next() {
-            let is_fve = l.contains("FVE metadata area");
-            let is_vh = l.contains("Volume header");
-            if !is_fve && !is_vh {
-                continue;
+        match boot[..3] {
+            [0xeb, 0x58, 0x90] => {}
+            [0xeb, 0x52, 0x90] => {
+                return Err(FormatError::NotSupported(format!(
+                    "BITLK version 1 ({dev})"
+                )))
             }
-            let off = lines.next().and_then(|l| field(l, "Offset"));
-            let size = lines.next().and_then(|l| field(l, "Size"));
-            let (Some(off), Some(size)) = (off, size) else {
-                return Err(missing("Offset/Size of a metadata segment"));
-            };
-            let (off, size) = (
-                number(off, "segment offset", &dev)?,
-                number(size, "segment size", &dev)?,
-            );
-            if is_fve {
-                fve.push(off);
-            } else {
-                vh = Some((off, size));
+            _ => return Err(bad(&dev, "unknown boot code (EB 58 90 expected)")),
+        }
+        let sector_size = match le16(&boot, 11) {
+            0 => 512,
+            s @ (512 | 4096) => u32::from(s),
+            s => return Err(bad(&dev, format!("sector size {s} (512 or 4096 expected)"))),
+        };
+        let mut sb = [0u8; 40];
+        crate::luks1::read_exact_at(&f, &mut sb, sb_offset, &dev, "the BITLK superblock")?;
+        let eow = sb[..16] == GUID_EOW;
+        let listed = [le64(&sb, 16), le64(&sb, 24), le64(&sb, 32)];
+        let (i, block) = listed
+            .iter()
+            .enumerate()
+            .find_map(|(i, &o)| valid_fve_block(&f, o).map(|b| (i, b)))
+            .ok_or_else(|| {
+                bad(
+                    &dev,
+                    "none of the three FVE metadata blocks reads and validates (signature, version 2, CRC-32)",
+                )
+            })?;
+        let fve_offsets = [le64(&block, 32), le64(&block, 40), le64(&block, 48)];
+        if fve_offsets[i] != listed[i] {
+            return Err(bad(
+                &dev,
+                format!(
+                    "FVE metadata block {i} found at {} says it belongs at {}",
+                    listed[i], fve_offsets[i]
+                ),
+            ));
+        }
+        let state_normal = le16(&block, 12) == STATE_NORMAL && le16(&block, 14) == STATE_NORMAL;
+        let volume_size = le64(&block, 16);
+        let method = le16(&block, 100);
+        let cipher = cipher_of(method)
+            .ok_or_else(|| {
+                FormatError::NotSupported(format!(
+                    "BitLocker encryption method {method:#06x} ({dev})"
+                ))
+            })?
+            .to_string();
+        let md_size = le32(&block, 64) as usize;
+        if md_size < 48 + 4 || FVE_HEADERS - 48 + md_size > block.len() {
+            return Err(bad(
+                &dev,
+                format!(
+                    "metadata size {md_size} does not fit the {}-byte FVE block",
+                    block.len()
+                ),
+            ));
+        }
+        let (mut vh, mut clear_key) = ((0, 0), false);
+        for e in keys::entries(&block[FVE_HEADERS..FVE_HEADERS - 48 + md_size], "entries")? {
+            match e.entry_type {
+                ENTRY_VOLUME_HEADER if e.value.len() >= 16 => {
+                    vh = (le64(e.value, 0), le64(e.value, 8));
+                }
+                ENTRY_VOLUME_HEADER => {
+                    return Err(bad(
+                        &dev,
+                        "the volume header entry is shorter than 16 bytes",
+                    ))
+                }
+                // The protection type follows the VMK's GUID (16), time (8) and 2 bytes.
+                ENTRY_VMK if e.value.len() >= 28 => clear_key |= le16(e.value, 26) == 0,
+                _ => {}
             }
         }
-        let fve_offsets: [u64; 3] = fve
-            .try_into()
-            .map_err(|_| missing("three FVE metadata areas"))?;
-        let (volume_header_offset, volume_header_size) =
-            vh.ok_or_else(|| missing("Volume header"))?;
-        let clear_key = dump.contains("protected with clear key");
-        let (eow, state_normal) = read_type_and_state(device, &fve_offsets)?;
         let l = Layout {
             sector_size,
             volume_size,
             cipher,
             fve_offsets,
-            volume_header_offset,
-            volume_header_size,
+            volume_header_offset: vh.0,
+            volume_header_size: vh.1,
             clear_key,
             eow,
             state_normal,
@@ -144,13 +241,11 @@ impl Layout {
             ("volume header offset", l.volume_header_offset),
             ("volume header size", l.volume_header_size),
         ] {
-            if v % u64::from(sector_size.max(512)) != 0 {
-                return Err(FormatError::Header {
-                    what: format!("BITLK metadata on {dev}"),
-                    reason: format!(
-                        "{what} {v} is not a multiple of the sector size {sector_size}"
-                    ),
-                });
+            if v % u64::from(sector_size) != 0 {
+                return Err(bad(
+                    &dev,
+                    format!("{what} {v} is not a multiple of the sector size {sector_size}"),
+                ));
             }
         }
         Ok(l)
@@ -230,38 +325,6 @@ impl Layout {
         }
         Ok(out)
     }
-}
-
-/// The superblock GUID (encrypt-on-write or normal) and the FVE state of the first FVE
-/// block with a valid signature.
-fn read_type_and_state(device: &Path, fve_offsets: &[u64; 3]) -> Result<(bool, bool), FormatError> {
-    let dev = device.display().to_string();
-    let f = crate::luks1::open(device)?;
-    let mut sig = [0u8; 11];
-    crate::luks1::read_exact_at(&f, &mut sig, 0, &dev, "the BITLK signature")?;
-    let sb_offset = match &sig[3..11] {
-        b"-FVE-FS-" => 160,
-        b"MSWIN4.1" => 424,
-        _ => {
-            return Err(FormatError::Header {
-                what: format!("BITLK signature on {dev}"),
-                reason: "expected -FVE-FS- or MSWIN4.1 at byte 3".into(),
-            })
-        }
-    };
-    let mut guid = [0u8; 16];
-    crate::luks1::read_exact_at(&f, &mut guid, sb_offset, &dev, "the BITLK superblock")?;
-    let mut state_normal = false;
-    for &o in fve_offsets {
-        let mut b = [0u8; 16];
-        if f.read_exact_at(&mut b, o).is_ok() && &b[..8] == b"-FVE-FS-" {
-            let cur = u16::from_le_bytes([b[12], b[13]]);
-            let next = u16::from_le_bytes([b[14], b[15]]);
-            state_normal = cur == STATE_NORMAL && next == STATE_NORMAL;
-            break;
-        }
-    }
-    Ok((guid == GUID_EOW, state_normal))
 }
 
 #[cfg(test)]
