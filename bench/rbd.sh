@@ -3,7 +3,7 @@
 # bluestore on a sparse file) and one image: every number is only comparable with the others
 # of the same run (see BENCHMARKING.md).
 #
-#   bench/rbd.sh            REPS=3 RUNTIME=5 SIZE=1G UCRYPT=target/release/ucrypt
+#   bench/rbd.sh            REPS=3 RUNTIME=5 SIZE=1G UCRYPT=target/release/ucrypt CACHE=on|off
 #                           ONLY='4k' (grep -E on workload names)  CONFIGS_ONLY='ucrypt-rbd librbd-luks2'
 #
 # The image is formatted once as LUKS2 (aes-xts-plain64, 512-bit key, 4096-byte sectors,
@@ -18,6 +18,18 @@
 #   ucrypt-rbd    ucrypt open rbd:rbd/IMAGE (its RBD backend), fio over ucrypt's NBD socket
 #   ucrypt-nbd    ucrypt open nbd+unix://... of a qemu-nbd raw export of the image (ucrypt
 #                 over an NBD export of RBD, as with rbd-nbd), fio over ucrypt's NBD socket
+#   ucrypt-rbd-noflush  (only with CONFIGS_ONLY) ucrypt-rbd without the flush before the runs:
+#                 librbd stays in writethrough, as this script measured before 2026-11-25 evening
+# librbd's cache mode is the same in every column. librbd (16.2, rbd_cache=true by default) starts
+# each image handle in writethrough (a write completes when the OSD has it) and switches to
+# write-around at the handle's first flush: a write then completes when it is sent (at most
+# rbd_cache_max_dirty, 24 MiB, in flight; overlapping reads and writes wait for it, a flush waits
+# for all, a failed write fails the next flush). fio's rbd engine flushes when it opens the image,
+# fio's nbd engine never flushes: so every NBD export gets one flush (qemu-io) before the timed
+# runs, as any filesystem's first fsync would send. CACHE=off runs every column with rbd_cache
+# off instead (writes complete when the OSD has them): `rbd cache = false` in the clients'
+# ceph.conf, qemu-nbd --cache=none (QEMU sets rbd_cache itself), fio --direct=1 for the rbd
+# engine (it sets rbd_cache itself).
 # Workloads: 4k randread and randwrite at depth 32, 1M sequential read and write at depth 32.
 # Each repetition runs every configuration in turn (round robin against drift); printed are
 # medians of REPS runs, ratios against librbd-raw and librbd-luks2, and the spread.
@@ -28,7 +40,9 @@ REPS=${REPS:-3}
 RUNTIME=${RUNTIME:-5}
 SIZE=${SIZE:-1G}
 UCRYPT=${UCRYPT:-target/release/ucrypt}
-for t in fio qemu-nbd nbdinfo rbd ceph-mon ceph-osd /usr/bin/python3; do
+CACHE=${CACHE:-on}
+case $CACHE in on|off) ;; *) echo "rbd.sh: CACHE must be on or off" >&2; exit 1 ;; esac
+for t in fio qemu-nbd qemu-io nbdinfo rbd ceph-mon ceph-osd /usr/bin/python3; do
   command -v "$t" >/dev/null || { echo "rbd.sh: $t is missing (run scripts/setup.sh)" >&2; exit 1; }
 done
 [ -x "$UCRYPT" ] || { echo "rbd.sh: build first: cargo build --release -p ucrypt" >&2; exit 1; }
@@ -44,6 +58,16 @@ cleanup() {
 }
 trap cleanup EXIT
 eval "$(CEPH_WATCH_PID=$$ tests/ceph/cluster.sh start)"
+QEMU_CACHE=()
+RAW_DIRECT=()
+if [ "$CACHE" = off ]; then
+  # the clients' copy of the configuration: the cluster's own keeps its path (cluster.sh stop)
+  sed 's/^\[client\]$/[client]\nrbd cache = false/' "$CEPH_CONF" > "$W/ceph.conf"
+  grep -q '^rbd cache = false$' "$W/ceph.conf" || { echo "rbd.sh: no [client] section in $CEPH_CONF" >&2; exit 1; }
+  CEPH_CONF=$W/ceph.conf
+  QEMU_CACHE=(--cache=none)
+  RAW_DIRECT=(--direct=1)
+fi
 export CEPH_CONF
 IMG=bench
 PASSF=$W/pass
@@ -69,7 +93,7 @@ wait_sock() {  # socket pid (qemu-nbd binds its socket before the image is open:
 }
 qemu_nbd() {  # socket extra-image-opts
   rm -f "$1"
-  qemu-nbd -t -e 4 -k "$1" --object secret,id=s0,file="$PASSF" \
+  qemu-nbd -t -e 4 "${QEMU_CACHE[@]}" -k "$1" --object secret,id=s0,file="$PASSF" \
     --image-opts "driver=rbd,pool=rbd,image=$IMG,conf=$CEPH_CONF$2" >/dev/null 2>"$W/server.err" &
   SERVER_PIDS+=($!)
   wait_sock "$1" $!
@@ -85,9 +109,15 @@ start() {
     librbd-raw) ;;
     qemu-nbd-raw) qemu_nbd "$SOCK" "" ;;
     librbd-luks2) qemu_nbd "$SOCK" ",encrypt.format=luks2,encrypt.key-secret=s0" ;;
-    ucrypt-rbd) ucrypt_open "rbd:rbd/$IMG" ;;
+    ucrypt-rbd|ucrypt-rbd-noflush) ucrypt_open "rbd:rbd/$IMG" ;;
     ucrypt-nbd) qemu_nbd "$SOCK2" ""; ucrypt_open "nbd+unix:///?socket=$SOCK2" ;;
   esac
+  # One flush through the export (see the top: librbd's cache mode); for ucrypt-nbd it reaches
+  # the qemu-nbd under ucrypt as ucrypt's own flush.
+  if [ "$1" != librbd-raw ] && [ "$1" != ucrypt-rbd-noflush ]; then
+    qemu-io -f raw "nbd+unix:///?socket=$SOCK" -c flush >/dev/null 2>"$W/flush.err" ||
+      { echo "rbd.sh: flushing $1 failed:" >&2; cat "$W/flush.err" >&2; exit 1; }
+  fi
 }
 stop() {  # newest first (ucrypt before the qemu-nbd under it); qemu-nbd needs ~2 s (librbd close)
   local i p
@@ -120,7 +150,8 @@ for rep in $(seq "$REPS"); do
     for w in "${WORKLOADS[@]}"; do
       set -- $w
       if [ "$c" = librbd-raw ]; then
-        eng=(--ioengine=rbd --pool=rbd --rbdname="$IMG" --clientname=admin --offset=16M --size="$DATA")
+        eng=(--ioengine=rbd --pool=rbd --rbdname="$IMG" --clientname=admin --offset=16M --size="$DATA"
+             "${RAW_DIRECT[@]}")
       elif [ "$c" = qemu-nbd-raw ]; then
         # the raw export holds the LUKS header in its first 16 MiB: keep writes off it
         eng=(--ioengine=nbd --uri="nbd+unix:///?socket=$SOCK" --offset=16M --size="$DATA")
@@ -137,13 +168,13 @@ iops = j["read"]["iops"] + j["write"]["iops"]
 bw = j["read"]["bw_bytes"] + j["write"]["bw_bytes"]
 print(f"{sys.argv[1]} {sys.argv[2]} {iops:.0f} {bw / 2**20:.1f}")
 PY
-      echo "  rep $rep $c $1: $(tail -1 "$W/results" | cut -d' ' -f3-) (IOPS MiB/s)" >&2
+      echo "  rep $rep $c $1: $(tail -1 "$W/results" | cut -d' ' -f3-) (IOPS MiB/s), load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     done
     stop
   done
 done
 
-/usr/bin/python3 - "$W/results" "$RUNTIME" "$SIZE" "$REPS" <<'PY'
+/usr/bin/python3 - "$W/results" "$RUNTIME" "$SIZE" "$REPS" "$CACHE" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 runs = {}
@@ -157,8 +188,8 @@ def med(c, w):
         return None
     return statistics.median(x[0] for x in v), statistics.median(x[1] for x in v), \
         min(x[1] for x in v), max(x[1] for x in v)
-print(f"RBD, one single-node bluestore cluster, image {sys.argv[3]}, fio {sys.argv[2]} s per cell, "
-      f"median of {sys.argv[4]} (min-max MiB/s)")
+print(f"RBD, one single-node bluestore cluster, image {sys.argv[3]}, rbd_cache {sys.argv[5]}, "
+      f"fio {sys.argv[2]} s per cell, median of {sys.argv[4]} (min-max MiB/s)")
 print()
 print("| workload | " + " | ".join(configs) + " |")
 print("|---" * (len(configs) + 1) + "|")

@@ -29,10 +29,20 @@
 //! client once the dead client's watch has expired (`osd_client_watch_timeout`, 30 s by
 //! default). Read-only opens (`rbd_open_read_only`) take no lock and cannot write.
 //!
-//! ## Durability
-//! librbd acknowledges a write when the OSDs have it, unless its write-back cache
-//! (`rbd_cache`) is on; `flush` is `rbd_aio_flush`, which covers every completed write on
-//! this image handle, and a FUA write is a write followed by that flush.
+//! ## Durability: librbd's cache modes
+//! A write's completion means what librbd's cache makes it mean; ucrypt sets none of its
+//! options (a `ceph.conf` or `$CEPH_ARGS` does). With librbd's defaults (Ceph 16:
+//! `rbd_cache = true`, `rbd_cache_policy = writearound`,
+//! `rbd_cache_writethrough_until_flush = true`) an image handle starts in writethrough (a
+//! write completes when the OSD has it) and switches to write-around at its first flush:
+//! a write then completes as soon as it is sent (at most `rbd_cache_max_dirty`, 24 MiB,
+//! in flight), reads and writes overlapping it wait for it, a flush waits for all of them,
+//! and a write that fails makes the next flush fail. So the guarantees ucrypt gives its
+//! clients hold in both modes: a flush (`rbd_aio_flush`) covers every completed write on
+//! this image handle, a FUA write is a write followed by that flush, and a read never
+//! sees a sector older than a completed write. With `rbd_cache = false` every write
+//! completes only when the OSD has it. (The mode decides 4 KiB write rates:
+//! BENCHMARKING.md, "Ceph RBD".)
 
 use crate::{check_range, Backend, BackendError, BackendInfo, Caps, Support, WriteOp};
 use std::ffi::{c_char, c_int, c_void, CString};
