@@ -22,12 +22,25 @@ thread_local! {
     static LOG: RefCell<Vec<(i32, String)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The global log callback: stores error and normal lines, drops debug output.
+/// Whether [`set_debug`] turned the library's debug output on.
+static DEBUG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The global log callback: stores error and normal lines; debug lines are printed on
+/// stderr with cryptsetup's `# ` prefix when [`set_debug`] asked for them, dropped
+/// otherwise (libcryptsetup never puts passphrases or keys in its debug lines).
 ///
 /// # Safety
 /// Called by libcryptsetup with a NUL-terminated `msg` (or NULL).
 unsafe extern "C" fn log_cb(level: libc::c_int, msg: *const libc::c_char, _usr: *mut libc::c_void) {
-    if msg.is_null() || level < 0 {
+    if msg.is_null() {
+        return;
+    }
+    if level < 0 {
+        if DEBUG.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: as below.
+            let text = unsafe { CStr::from_ptr(msg) }.to_string_lossy();
+            eprintln!("# {}", text.trim_end_matches('\n'));
+        }
         return;
     }
     // SAFETY: libcryptsetup passes a valid NUL-terminated string that lives for this call.
@@ -52,6 +65,83 @@ fn errors_of(log: &[(i32, String)]) -> String {
 }
 
 static INIT: Once = Once::new();
+
+/// cryptsetup's `--debug` (`json` false) and `--debug-json`: libcryptsetup's debug lines
+/// (and with `json` the LUKS2 JSON it reads) on stderr, each starting with `# `.
+pub fn set_debug(json: bool) {
+    global_init();
+    DEBUG.store(true, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: a global setting; the log callback is installed by global_init.
+    unsafe {
+        ffi::crypt_set_debug_level(if json {
+            ffi::CRYPT_DEBUG_JSON
+        } else {
+            ffi::CRYPT_DEBUG_ALL
+        })
+    };
+}
+
+/// cryptsetup's `--disable-external-tokens`: libcryptsetup loads no token plugins
+/// (`crypt_token_external_disable`); tokens of types it does not know are then unusable.
+pub fn disable_external_tokens() {
+    // SAFETY: a global setting, called before any token is read.
+    unsafe { ffi::crypt_token_external_disable() };
+}
+
+/// cryptsetup's `--disable-keyring`: libcryptsetup keeps volume keys out of the kernel
+/// keyring (`crypt_volume_key_keyring(NULL, 0)`; ucrypt never hands keys to dm-crypt, so
+/// this changes nothing it does, but the library is set as cryptsetup sets it).
+pub fn disable_volume_key_keyring() {
+    // SAFETY: a global setting (NULL device).
+    unsafe { ffi::crypt_volume_key_keyring(ptr::null_mut(), 0) };
+}
+
+/// cryptsetup 2.7's `--external-tokens-path DIR`: where libcryptsetup loads token plugins
+/// from (`crypt_token_set_external_path`, looked up at run time: libcryptsetup 2.6 has
+/// no such call and loads plugins from its compiled-in directory only).
+///
+/// # Errors
+/// The library is older than 2.7 (no such call), or it refused the path (not absolute).
+pub fn set_external_tokens_path(dir: &Path) -> Result<(), FormatError> {
+    type SetPath = unsafe extern "C" fn(*const libc::c_char) -> libc::c_int;
+    global_init();
+    // SAFETY: dlsym with RTLD_DEFAULT on a NUL-terminated name; libcryptsetup is linked in.
+    let sym = unsafe {
+        libc::dlsym(
+            libc::RTLD_DEFAULT,
+            c"crypt_token_set_external_path".as_ptr(),
+        )
+    };
+    if sym.is_null() {
+        return Err(FormatError::Rule(format!(
+            "--external-tokens-path needs libcryptsetup 2.7 or later; this libcryptsetup loads \
+             token plugins only from its compiled-in directory ({})",
+            external_tokens_dir()
+        )));
+    }
+    // SAFETY: the symbol is libcryptsetup 2.7's `int crypt_token_set_external_path(const char *)`.
+    let set: SetPath = unsafe { std::mem::transmute::<*mut libc::c_void, SetPath>(sym) };
+    let c = path_cstring(dir)?;
+    take_log();
+    // SAFETY: `c` is NUL-terminated and outlives the call (the library copies it).
+    let r = unsafe { set(c.as_ptr()) };
+    let log = take_log();
+    if r < 0 {
+        return Err(FormatError::Cryptsetup {
+            op: format!("setting the external tokens path {}", dir.display()),
+            device: String::new(),
+            errno: -r,
+            detail: errors_of(&log),
+        });
+    }
+    Ok(())
+}
+
+/// The directory libcryptsetup loads token plugins from (`crypt_token_external_path`).
+pub fn external_tokens_dir() -> String {
+    // SAFETY: returns NULL or a static string of the library.
+    unsafe { opt_string(ffi::crypt_token_external_path()) }.unwrap_or_else(|| "none".into())
+}
 
 /// `CRYPT_ACTIVATE_ALLOW_UNBOUND_KEY`.
 const ALLOW_UNBOUND_KEY: u32 = 1 << 16;
@@ -686,6 +776,134 @@ impl CryptDevice {
         Ok(Self::slot_ret(r))
     }
 
+    /// `crypt_keyslot_add_by_key` with `CRYPT_VOLUME_KEY_NO_SEGMENT`: a new unbound keyslot
+    /// (cryptsetup `luksAddKey --unbound`) for `passphrase`, holding `key` or, when None, a
+    /// new random key of `key_bytes`. Returns the slot.
+    ///
+    /// # Errors
+    /// No free slot, the slot in use, a bad key size, not LUKS2.
+    pub fn add_unbound_keyslot(
+        &mut self,
+        slot: Option<u32>,
+        key: Option<&[u8]>,
+        key_bytes: usize,
+        passphrase: &[u8],
+    ) -> Result<u32, FormatError> {
+        let kp = key.map_or(ptr::null(), <[u8]>::as_ptr);
+        // SAFETY: the key (when given, of `key_bytes`) and passphrase buffers are valid
+        // for their lengths during the call; a NULL key asks the library for a random one.
+        let r = self.call("adding an unbound keyslot", |cd| unsafe {
+            ffi::crypt_keyslot_add_by_key(
+                cd,
+                Self::slot_arg(slot),
+                kp.cast(),
+                key_bytes,
+                passphrase.as_ptr().cast(),
+                passphrase.len(),
+                ffi::CRYPT_VOLUME_KEY_NO_SEGMENT,
+            )
+        })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_keyslot_add_by_keyslot_context` with the volume key as the existing context
+    /// and LUKS2 token `token` as the new one (cryptsetup `luksAddKey --new-token-id`): the
+    /// new keyslot's passphrase is what the token gives (a `luks2-keyring` token: the
+    /// kernel keyring's key), and the token is assigned to the new keyslot. Returns the slot.
+    ///
+    /// # Errors
+    /// The token is missing or unusable (`ENOENT`, `ENOANO` for a PIN), no free slot.
+    pub fn add_keyslot_by_token(
+        &mut self,
+        slot: Option<u32>,
+        volume_key: &VolumeKey,
+        token: u32,
+    ) -> Result<u32, FormatError> {
+        /// Frees a keyslot context however the call ends.
+        struct Kc(*mut ffi::crypt_keyslot_context);
+        impl Drop for Kc {
+            fn drop(&mut self) {
+                if !self.0.is_null() {
+                    // SAFETY: allocated by crypt_keyslot_context_init_*, freed once.
+                    unsafe { ffi::crypt_keyslot_context_free(self.0) };
+                }
+            }
+        }
+        let (mut kc, mut kc_new) = (Kc(ptr::null_mut()), Kc(ptr::null_mut()));
+        let (vk, vk_len) = (volume_key.as_bytes().as_ptr(), volume_key.len());
+        // SAFETY: the key buffer is valid for its length (the library copies it); `kc.0`
+        // is an out-pointer.
+        self.call("using the volume key", |cd| unsafe {
+            ffi::crypt_keyslot_context_init_by_volume_key(cd, vk.cast(), vk_len, &mut kc.0)
+        })?;
+        let t = Self::token_arg(Some(token));
+        // SAFETY: valid context, no type, no PIN; `kc_new.0` is an out-pointer.
+        self.call(&format!("reading token {token}"), |cd| unsafe {
+            ffi::crypt_keyslot_context_init_by_token(
+                cd,
+                t,
+                ptr::null(),
+                ptr::null(),
+                0,
+                ptr::null_mut(),
+                &mut kc_new.0,
+            )
+        })?;
+        let s = Self::slot_arg(slot);
+        // SAFETY: both contexts are live for the call.
+        let r = self.call("adding a keyslot", |cd| unsafe {
+            ffi::crypt_keyslot_add_by_keyslot_context(cd, ffi::CRYPT_ANY_SLOT, kc.0, s, kc_new.0, 0)
+        })?;
+        Ok(Self::slot_ret(r))
+    }
+
+    /// `crypt_keyslot_set_encryption`: the cipher and key size (bytes) of the LUKS2
+    /// keyslot areas written next (cryptsetup `--keyslot-cipher`, `--keyslot-key-size`).
+    ///
+    /// # Errors
+    /// Not LUKS2, or a cipher spec the library refuses.
+    pub fn set_keyslot_encryption(
+        &mut self,
+        cipher: &str,
+        key_bytes: usize,
+    ) -> Result<(), FormatError> {
+        let c = cstring("keyslot cipher", cipher)?;
+        // SAFETY: `c` is NUL-terminated and outlives the call (the library copies it).
+        self.call("setting the keyslot cipher", |cd| unsafe {
+            ffi::crypt_keyslot_set_encryption(cd, c.as_ptr(), key_bytes)
+        })?;
+        Ok(())
+    }
+
+    /// The key held by unbound keyslot `slot` (cryptsetup `luksDump --unbound -S N`):
+    /// `crypt_volume_key_get` on that keyslot, its size from `crypt_keyslot_get_key_size`.
+    ///
+    /// # Errors
+    /// `EPERM` for a wrong passphrase; the slot's key size unknown.
+    pub fn unbound_key(&mut self, slot: u32, passphrase: &[u8]) -> Result<VolumeKey, FormatError> {
+        let s = Self::slot_arg(Some(slot));
+        // SAFETY: plain integer arguments on a valid context.
+        let size = self.call(&format!("reading keyslot {slot}'s key size"), |cd| unsafe {
+            ffi::crypt_keyslot_get_key_size(cd, s)
+        })?;
+        let size = usize::try_from(size).unwrap_or(0).max(1);
+        let mut buf = Zeroizing::new(vec![0u8; size]);
+        let mut len: libc::size_t = size;
+        // SAFETY: `buf` has `len` writable bytes; the passphrase is valid for its length.
+        self.call("unlocking the unbound key", |cd| unsafe {
+            ffi::crypt_volume_key_get(
+                cd,
+                s,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+                passphrase.as_ptr().cast(),
+                passphrase.len(),
+            )
+        })?;
+        buf.truncate(len.min(size));
+        Ok(VolumeKey::new(std::mem::take(&mut *buf)))
+    }
+
     /// `crypt_reencrypt_init_by_passphrase` with `CRYPT_REENCRYPT_INITIALIZE_ONLY`, offline,
     /// mode `reencrypt`, direction `forward`: writes the initial LUKS2 reencryption metadata
     /// (reencrypt keyslot, backup segments, digests, requirement) exactly as cryptsetup
@@ -837,9 +1055,24 @@ impl CryptDevice {
         slot: Option<u32>,
         passphrase: &[u8],
     ) -> Result<u32, FormatError> {
-        match self.check_passphrase_lib(slot, passphrase) {
+        self.check_passphrase_allowing(slot, passphrase, slot.is_some())
+    }
+
+    /// [`CryptDevice::check_passphrase`] with unbound keyslots allowed or not
+    /// (`CRYPT_ACTIVATE_ALLOW_UNBOUND_KEY`; cryptsetup `open --test-passphrase --unbound`
+    /// allows them in any keyslot).
+    ///
+    /// # Errors
+    /// As [`CryptDevice::check_passphrase`].
+    pub fn check_passphrase_allowing(
+        &mut self,
+        slot: Option<u32>,
+        passphrase: &[u8],
+        unbound: bool,
+    ) -> Result<u32, FormatError> {
+        match self.check_passphrase_lib(slot, passphrase, unbound) {
             Err(e) if Self::kernel_needed(&e) => self
-                .native_unlock(slot, passphrase, slot.is_some(), e)
+                .native_unlock(slot, passphrase, unbound, e)
                 .map(|(s, _)| s),
             other => other,
         }
@@ -879,6 +1112,7 @@ impl CryptDevice {
         &mut self,
         slot: Option<u32>,
         passphrase: &[u8],
+        unbound: bool,
     ) -> Result<u32, FormatError> {
         // SAFETY: NULL name = check only; the buffer is valid for its length.
         let r = self.call("checking the passphrase", |cd| unsafe {
@@ -889,8 +1123,9 @@ impl CryptDevice {
                 passphrase.as_ptr().cast(),
                 passphrase.len(),
                 // An explicit slot may be unbound (LUKS2): checking it is allowed, as
-                // `cryptsetup open --test-passphrase --key-slot N` does; nothing is mapped.
-                if slot.is_some() { ALLOW_UNBOUND_KEY } else { 0 },
+                // `cryptsetup open --test-passphrase --key-slot N` (or `--unbound`) does;
+                // nothing is mapped.
+                if unbound { ALLOW_UNBOUND_KEY } else { 0 },
             )
         })?;
         Ok(Self::slot_ret(r))

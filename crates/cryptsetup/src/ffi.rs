@@ -112,6 +112,10 @@ pub const CRYPT_TOKEN_EXTERNAL: c_int = 4;
 pub const CRYPT_TOKEN_EXTERNAL_UNKNOWN: c_int = 5;
 /// `CRYPT_PBKDF_NO_BENCHMARK`.
 pub const CRYPT_PBKDF_NO_BENCHMARK: u32 = 1 << 1;
+/// `CRYPT_DEBUG_ALL`.
+pub const CRYPT_DEBUG_ALL: c_int = -1;
+/// `CRYPT_DEBUG_JSON`.
+pub const CRYPT_DEBUG_JSON: c_int = -2;
 /// `CRYPT_LOG_ERROR`.
 pub const CRYPT_LOG_ERROR: c_int = 1;
 /// `CRYPT_LOG_NORMAL`.
@@ -321,6 +325,30 @@ extern "C" {
         kc: *mut crypt_keyslot_context,
     ) -> c_int;
     pub fn crypt_token_is_assigned(cd: *mut crypt_device, token: c_int, keyslot: c_int) -> c_int;
+    pub fn crypt_keyslot_context_init_by_volume_key(
+        cd: *mut crypt_device,
+        volume_key: *const c_char,
+        volume_key_size: size_t,
+        kc: *mut *mut crypt_keyslot_context,
+    ) -> c_int;
+    pub fn crypt_keyslot_add_by_keyslot_context(
+        cd: *mut crypt_device,
+        keyslot_existing: c_int,
+        kc: *mut crypt_keyslot_context,
+        keyslot_new: c_int,
+        new_kc: *mut crypt_keyslot_context,
+        flags: u32,
+    ) -> c_int;
+    pub fn crypt_keyslot_set_encryption(
+        cd: *mut crypt_device,
+        cipher: *const c_char,
+        key_size: size_t,
+    ) -> c_int;
+    pub fn crypt_keyslot_get_key_size(cd: *mut crypt_device, keyslot: c_int) -> c_int;
+    pub fn crypt_set_debug_level(level: c_int);
+    pub fn crypt_token_external_disable();
+    pub fn crypt_token_external_path() -> *const c_char;
+    pub fn crypt_volume_key_keyring(cd: *mut crypt_device, enable: c_int) -> c_int;
 }
 
 /// The declarations above against the installed `libcryptsetup.h`: a C program compiled at
@@ -392,6 +420,8 @@ mod layout {
         for (name, value) in [
             ("CRYPT_ANY_SLOT", i64::from(CRYPT_ANY_SLOT)),
             ("CRYPT_ANY_TOKEN", i64::from(CRYPT_ANY_TOKEN)),
+            ("CRYPT_DEBUG_ALL", i64::from(CRYPT_DEBUG_ALL)),
+            ("CRYPT_DEBUG_JSON", i64::from(CRYPT_DEBUG_JSON)),
             ("CRYPT_SLOT_INACTIVE", i64::from(CRYPT_SLOT_INACTIVE)),
             ("CRYPT_TOKEN_INVALID", i64::from(CRYPT_TOKEN_INVALID)),
             ("CRYPT_TOKEN_INACTIVE", i64::from(CRYPT_TOKEN_INACTIVE)),

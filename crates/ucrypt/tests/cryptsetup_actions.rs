@@ -73,6 +73,23 @@ const ACTIONS: &[(&str, Does)] = &[
     ("luksErase", Runs("erase")),
     ("luksConfig", Runs("config")),
     ("refresh", Runs("refresh")),
+    // Options (cryptsetup 2.6-2.8) with what they do on the action they belong to.
+    ("luksAddKey --unbound", Runs("luksAddKey")),
+    ("luksDump --unbound", Runs("luksDump")),
+    ("open --unbound", Runs("open")),
+    ("luksAddKey --new-token-id", Runs("luksAddKey")),
+    ("luksFormat --keyslot-cipher", Runs("luksFormat")),
+    ("luksAddKey --keyslot-cipher", Runs("luksAddKey")),
+    ("luksChangeKey --keyslot-cipher", Runs("luksChangeKey")),
+    ("luksConvertKey --keyslot-key-size", Runs("luksConvertKey")),
+    ("open --timeout", Runs("open")),
+    ("--debug", Runs("luksDump")),
+    ("--debug-json", Runs("luksDump")),
+    ("--disable-keyring", Runs("open")),
+    ("--disable-external-tokens", Runs("open")),
+    ("--external-tokens-path", Runs("open")),
+    ("open --link-vk-to-keyring", Runs("open")),
+    ("open --serialize-memory-hard-pbkdf", Runs("open")),
     // Features that cannot make sense for ucrypt.
     (
         "open --type loopaes",
@@ -102,6 +119,15 @@ fn every_action_runs_under_its_name_or_is_refused_with_its_reason() {
         let mut args: Vec<&str> = typed.split(' ').collect();
         match does {
             Runs(cmd) => {
+                // An option row: the option must be in the help of the command (the one
+                // named, for options that go before the action).
+                let option = args.iter().rev().find(|a| a.starts_with("--")).copied();
+                if option.is_some() {
+                    args.retain(|a| !a.starts_with("--"));
+                    if args.is_empty() {
+                        args.push(cmd);
+                    }
+                }
                 args.push("--help");
                 let out = run(&args);
                 let text = String::from_utf8_lossy(&out.stdout);
@@ -110,6 +136,9 @@ fn every_action_runs_under_its_name_or_is_refused_with_its_reason() {
                     text.contains(&format!("Usage: ucrypt {cmd} ")),
                     "{typed} is not ucrypt {cmd}:\n{text}"
                 );
+                if let Some(o) = option {
+                    assert!(text.contains(o), "{typed}: no {o} in the help:\n{text}");
+                }
             }
             Refused(why) => {
                 args.push("/nonexistent/device");

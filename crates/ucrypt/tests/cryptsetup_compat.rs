@@ -1162,6 +1162,214 @@ fn keyfile_keyslot_pbkdf_and_header_options_do_what_cryptsetups_do() {
             ]
             .concat(),
         ),
+        // Unbound keyslots (luksAddKey --unbound, luksDump --unbound, open --unbound).
+        (
+            2,
+            false,
+            [
+                &["luksAddKey", "-q", "DEV", "--unbound", "-s", "256"][..],
+                &[newpass.as_str()],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    "--unbound",
+                    "-s",
+                    "512",
+                    "--volume-key-file",
+                    vk.as_str(),
+                    // Positional: cryptsetup 2.6-2.8 read --unbound's new passphrase
+                    // from it or standard input, never --new-keyfile (ucrypt takes both).
+                    newpass.as_str(),
+                    "-S",
+                    "7",
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            1,
+            false,
+            [
+                &["luksAddKey", "-q", "DEV", "--unbound", "-s", "256"][..],
+                &[newpass.as_str()],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            vec![
+                "luksDump",
+                "-q",
+                "DEV",
+                "--unbound",
+                "-S",
+                "0",
+                "-d",
+                pass.as_str(),
+            ],
+        ),
+        (
+            2,
+            false,
+            vec![
+                "open",
+                "--test-passphrase",
+                "DEV",
+                "--unbound",
+                "-d",
+                pass.as_str(),
+            ],
+        ),
+        // --keyslot-cipher / --keyslot-key-size on every keyslot writer (LUKS2 only).
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "-d",
+                    pass.as_str(),
+                ][..],
+                &["--keyslot-cipher", "aes-cbc-essiv:sha256"],
+                &["--keyslot-key-size", "256"],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            1,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "-d",
+                    pass.as_str(),
+                ][..],
+                &["--keyslot-cipher", "aes-cbc-essiv:sha256"],
+                &["--keyslot-key-size", "256"],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksChangeKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "-d",
+                    pass.as_str(),
+                ][..],
+                &[
+                    "--keyslot-cipher",
+                    "aes-xts-plain64",
+                    "--keyslot-key-size",
+                    "256",
+                ],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &["luksConvertKey", "-q", "DEV", "-d", pass.as_str()][..],
+                &["--keyslot-cipher", "aes-cbc-essiv:sha256"],
+                &["--keyslot-key-size", "256"],
+                &argon,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &["luksFormat", "-q", "DEV", "-d", pass.as_str()][..],
+                &["--uuid", "6e1b8dbf-0000-4000-8000-000000000005"],
+                &["--keyslot-cipher", "aes-cbc-essiv:sha256"],
+                &["--keyslot-key-size", "256"],
+                &fast,
+            ]
+            .concat(),
+        ),
+        // Global options before the action: a prompt timeout (key files are not timed),
+        // no kernel keyring for volume keys, no token plugins, the memory-hard PBKDF lock.
+        (
+            2,
+            false,
+            [
+                &[
+                    "-t",
+                    "5",
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "-d",
+                    pass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            vec![
+                "--disable-keyring",
+                "open",
+                "--test-passphrase",
+                "DEV",
+                "-d",
+                pass.as_str(),
+            ],
+        ),
+        (
+            2,
+            false,
+            vec![
+                "--disable-external-tokens",
+                "open",
+                "--test-passphrase",
+                "DEV",
+                "-d",
+                pass2.as_str(),
+            ],
+        ),
+        (
+            2,
+            false,
+            vec![
+                "open",
+                "--test-passphrase",
+                "--serialize-memory-hard-pbkdf",
+                "DEV",
+                "-d",
+                pass.as_str(),
+            ],
+        ),
         // --header on the other header commands.
         (0, false, vec!["luksUUID", "DEV", "--header", "HDR"]),
         (0, false, vec!["isLuks", "DEV", "--header", "HDR"]),
@@ -1351,4 +1559,227 @@ fn tokens_open_what_cryptsetup_opens_with_them() {
     assert_ne!(both(&[&tp[..], &["--token-only"]].concat()), Some(0));
     assert_eq!(both(&[&tp[..], &["--key-file", pass]].concat()), Some(0));
     keyctl(&["unlink", &id, "@u"]);
+}
+
+/// `luksAddKey --new-token-id N`: the new keyslot's passphrase comes from token N (a
+/// `luks2-keyring` token whose key is in the kernel keyring) and the token is assigned to
+/// it, as cryptsetup does on a copy of the same image (same exit code and header); then
+/// `--link-vk-to-keyring` (cryptsetup 2.7's) puts the volume key cryptsetup dumps into the
+/// keyring.
+#[test]
+fn new_token_id_and_link_vk_to_keyring_use_the_kernel_keyring() {
+    if !require("cryptsetup") || !require("keyctl") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let img = luks_image(dir, "img", "luks2");
+    let (ours, theirs) = copies(dir, &img);
+    let pass = dir.join("pass").display().to_string();
+    let desc = format!("ucrypt-newtoken:{}", std::process::id());
+    for (prog, dev) in [("ucrypt", &ours), ("cryptsetup", &theirs)] {
+        let args = [
+            "token",
+            "add",
+            dev.as_str(),
+            "--key-description",
+            &desc,
+            "--unbound",
+        ];
+        let out = if prog == "ucrypt" {
+            ucrypt(&args, b"")
+        } else {
+            cryptsetup(&args, b"")
+        };
+        assert!(out.status.success(), "{prog}: {out:?}");
+    }
+    let id = keyctl(&["add", "user", &desc, "tokpw", "@u"]);
+    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    // Same exit code and header (but the new keyslot's salt) in both.
+    let both = |extra: &[&str]| {
+        let run_on = |dev: &str, ucrypt_side: bool| {
+            let args = [&["luksAddKey", "-q", dev][..], extra, &fast].concat();
+            if ucrypt_side {
+                ucrypt(&args, b"")
+            } else {
+                cryptsetup(&args, b"")
+            }
+        };
+        let (u, c) = (run_on(&ours, true), run_on(&theirs, false));
+        assert_eq!(u.status.code(), c.status.code(), "{extra:?}\n{u:?}\n{c:?}");
+        assert_eq!(
+            normalized_dump(&ours, false),
+            normalized_dump(&theirs, false).replace(&theirs, &ours),
+            "{extra:?}"
+        );
+        u
+    };
+    let u = both(&["--new-token-id", "0", "-d", &pass]);
+    assert!(u.status.success(), "{u:?}");
+    // The token now opens the new keyslot (2) in both.
+    for (prog, dev) in [("ucrypt", &ours), ("cryptsetup", &theirs)] {
+        let args = [
+            "open",
+            "--test-passphrase",
+            "--token-only",
+            "-v",
+            dev.as_str(),
+        ];
+        let out = if prog == "ucrypt" {
+            ucrypt(&args, b"")
+        } else {
+            cryptsetup(&args, b"")
+        };
+        assert!(out.status.success(), "{prog}: {out:?}");
+    }
+    // A token that does not exist: the same refusal, nothing written.
+    let u = both(&["--new-token-id", "5", "-d", &pass]);
+    assert!(!u.status.success(), "{u:?}");
+    keyctl(&["unlink", &id, "@u"]);
+
+    // --link-vk-to-keyring: the key in the keyring is the one cryptsetup dumps.
+    let vk = dir.join("vk");
+    let out = cryptsetup(
+        &[
+            "luksDump",
+            "-q",
+            "--dump-volume-key",
+            "--volume-key-file",
+            vk.to_str().unwrap(),
+            "-d",
+            &pass,
+            &theirs,
+        ],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let vk_desc = format!("ucrypt-vk:{}", std::process::id());
+    let spec = format!("@u::{vk_desc}");
+    for cmd in ["luksOpen", "open"] {
+        let out = ucrypt(
+            &[
+                cmd,
+                "--test-passphrase",
+                &ours,
+                "-d",
+                &pass,
+                "--link-vk-to-keyring",
+                &spec,
+            ],
+            b"",
+        );
+        assert!(out.status.success(), "{cmd}: {out:?}");
+        let key_id = keyctl(&["search", "@u", "user", &vk_desc]);
+        let linked = std::process::Command::new("keyctl")
+            .args(["pipe", &key_id])
+            .output()
+            .unwrap();
+        keyctl(&["unlink", &key_id, "@u"]);
+        assert_eq!(linked.stdout, std::fs::read(&vk).unwrap(), "{cmd}");
+    }
+    // A malformed value and a keyring that does not exist: exit 1, nothing linked.
+    for bad in ["@u:vk", "no-such-keyring-ucrypt::vk"] {
+        let out = ucrypt(
+            &[
+                "open",
+                "--test-passphrase",
+                &ours,
+                "-d",
+                &pass,
+                "--link-vk-to-keyring",
+                bad,
+            ],
+            b"",
+        );
+        assert_eq!(out.status.code(), Some(1), "{bad}: {out:?}");
+    }
+}
+
+/// `--debug`: libcryptsetup's and ucrypt's debug lines on stderr, each starting with `# `,
+/// never the passphrase or the volume key; standard output as without it; `--timeout`,
+/// `--disable-keyring`, `--disable-external-tokens` are accepted before or after the
+/// action; `--external-tokens-path` is refused with its reason on libcryptsetup 2.6.
+#[test]
+fn debug_lines_go_to_stderr_without_secrets() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let img = luks_image(dir, "img", "luks2");
+    let img = img.to_str().unwrap();
+    let pass = dir.join("pass").display().to_string();
+    let vk = dir.join("vk");
+    let out = ucrypt(
+        &[
+            "luksDump",
+            "-q",
+            "--dump-volume-key",
+            "--volume-key-file",
+            vk.to_str().unwrap(),
+            "-d",
+            &pass,
+            img,
+        ],
+        b"",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let key_hex: String = std::fs::read(&vk)
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    // Standard output is what it is without --debug.
+    let dump = ucrypt(&["luksDump", img], b"");
+    let dump_debug = ucrypt(&["luksDump", "--debug", img], b"");
+    assert!(dump.status.success(), "{dump:?}");
+    assert_eq!(dump.stdout, dump_debug.stdout);
+    // --debug implies --verbose (isLuks -v: "Command successful.").
+    let is = ucrypt(&["isLuks", img], b"");
+    let is_v = ucrypt(&["isLuks", "-v", img], b"");
+    let is_debug = ucrypt(&["--debug", "isLuks", img], b"");
+    assert_eq!(is_debug.stdout, is_v.stdout);
+    assert_ne!(is.stdout, is_v.stdout);
+    let args = ["open", "--test-passphrase", "-d", &pass, img];
+    let debug = ucrypt(&[&["--debug"][..], &args].concat(), b"");
+    assert!(debug.status.success(), "{debug:?}");
+    let err = String::from_utf8_lossy(&debug.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(lines.len() > 10, "{err}");
+    assert!(lines.iter().all(|l| l.starts_with("# ")), "{err}");
+    assert!(lines[0].contains("processing"), "{err}");
+    assert!(
+        err.contains("Trying to open and read device") || err.contains("Allocating context"),
+        "no libcryptsetup lines: {err}"
+    );
+    let compact: String = err.split_whitespace().collect::<Vec<_>>().join("");
+    assert!(!compact.contains(&key_hex[..16]), "the volume key: {err}");
+    assert!(
+        !err.contains("\"pw\"") && !err.lines().any(|l| l.ends_with(" pw")),
+        "{err}"
+    );
+    // --table's key is hidden in the command line line.
+    let t = format!("0 8 crypt aes-xts-plain64 {key_hex} 0 {img} 32768");
+    let out = ucrypt(&["--debug", "table", "--table", &t], b"");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--table <hidden>"), "{err}");
+    assert!(!err.contains(&key_hex), "{err}");
+    // Global options on either side of the action.
+    for args in [
+        &["-t", "3", "--disable-keyring", "isLuks", img][..],
+        &["isLuks", img, "--timeout", "3", "--disable-external-tokens"][..],
+    ] {
+        let out = ucrypt(args, b"");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+    let out = ucrypt(&["--external-tokens-path", "/tmp", "isLuks", img], b"");
+    if out.status.success() {
+        // libcryptsetup 2.7 or later: the path was set.
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs libcryptsetup 2.7"),
+        "{out:?}"
+    );
 }

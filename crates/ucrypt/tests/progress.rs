@@ -355,3 +355,50 @@ fn an_interrupted_wipe_is_finished_by_wipe_offset() {
         "bytes after the offset are not zeros"
     );
 }
+
+/// `--timeout`/`-t`: a passphrase prompt nobody answers ends after that many seconds with
+/// exit 1, as cryptsetup's does, in a real terminal.
+#[test]
+fn an_unanswered_prompt_times_out_as_cryptsetups() {
+    if !require("tmux") || !require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let img = d.join("img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(20 << 20)
+        .unwrap();
+    std::fs::write(d.join("pw"), "pw").unwrap();
+    sh_ok(&format!(
+        "cryptsetup luksFormat -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -d {} {}",
+        d.join("pw").display(),
+        img.display()
+    ));
+    let t = Tmux::new("timeout");
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    // The pane's shell has a minimal PATH: cryptsetup by its full path.
+    let cs = sh_ok("command -v cryptsetup");
+    for (prog, mark) in [(bin, "u"), (cs.trim(), "c")] {
+        let started = Instant::now();
+        t.send(&[
+            &format!(
+                "{prog} -t 1 open --test-passphrase {}; echo rc=$? e\"\"nd{mark}",
+                img.display()
+            ),
+            "Enter",
+        ]);
+        let text = wait_pane(&t.0, &format!("end{mark}\n"), 20);
+        assert!(text.contains(&format!("rc=1 end{mark}")), "{prog}:\n{text}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "{prog} did not wait"
+        );
+    }
+    assert!(
+        pane(&t.0).contains("no passphrase typed within --timeout 1 s"),
+        "{}",
+        pane(&t.0)
+    );
+}

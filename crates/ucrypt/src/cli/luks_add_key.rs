@@ -69,6 +69,48 @@ impl PbkdfArgs {
     }
 }
 
+/// `--keyslot-cipher` / `--keyslot-key-size`: how the LUKS2 keyslot area written next is
+/// encrypted (default: the data segment's cipher), as cryptsetup's (luksFormat, luksAddKey,
+/// luksChangeKey, luksConvertKey). Both or neither.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct KeyslotCipherArgs {
+    /// LUKS2 keyslot area cipher (e.g. aes-xts-plain64), with --keyslot-key-size.
+    #[arg(long, value_name = "SPEC", requires = "keyslot_key_size")]
+    pub(crate) keyslot_cipher: Option<String>,
+    /// LUKS2 keyslot area key size in bits, with --keyslot-cipher.
+    #[arg(long, value_name = "BITS", requires = "keyslot_cipher", value_parser = key_bits)]
+    pub(crate) keyslot_key_size: Option<u32>,
+}
+
+/// A key size in bits: a positive multiple of 8 (cryptsetup's check).
+pub(crate) fn key_bits(s: &str) -> Result<u32, String> {
+    let n: u32 = s.parse().map_err(|e| format!("{e}"))?;
+    if n == 0 || n % 8 != 0 {
+        return Err(format!(
+            "{n}: key size must be a positive multiple of 8 bits"
+        ));
+    }
+    Ok(n)
+}
+
+impl KeyslotCipherArgs {
+    /// Sets the keyslot encryption on `cd` for the keyslot written next (nothing when not
+    /// given). cryptsetup refuses it on LUKS1 ("can be set only for LUKS2 device", exit 1).
+    pub(crate) fn apply(&self, cd: &mut ucrypt_cryptsetup::CryptDevice) -> Result<(), CliError> {
+        let (Some(cipher), Some(bits)) = (&self.keyslot_cipher, self.keyslot_key_size) else {
+            return Ok(());
+        };
+        if cd.info().kind != Some(ucrypt_cryptsetup::HeaderType::Luks2) {
+            return Err(anyhow::anyhow!(
+                "keyslot encryption parameters (--keyslot-cipher, --keyslot-key-size) can be \
+                 set only for LUKS2 devices"
+            ))
+            .code(EXIT_PARAMS);
+        }
+        cd.set_keyslot_encryption(cipher, bits as usize / 8).cs()
+    }
+}
+
 /// Arguments of `ucrypt luksAddKey`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -105,6 +147,20 @@ pub(crate) struct Args {
     kind: VolumeType,
     #[command(flatten)]
     pbkdf: PbkdfArgs,
+    #[command(flatten)]
+    keyslot_cipher: KeyslotCipherArgs,
+    /// Add an unbound LUKS2 keyslot (it opens nothing: a key for other uses) holding a new
+    /// random key of --key-size bits, or the key in --volume-key-file; no existing
+    /// passphrase is needed.
+    #[arg(long, requires = "key_size")]
+    unbound: bool,
+    /// Key size in bits of the --unbound key.
+    #[arg(short = 's', long, value_name = "BITS", value_parser = key_bits)]
+    key_size: Option<u32>,
+    /// The new keyslot's passphrase comes from LUKS2 token N (a luks2-keyring token: the
+    /// kernel keyring key it names), and the token is assigned to the new keyslot.
+    #[arg(long, value_name = "INT", conflicts_with = "unbound")]
+    new_token_id: Option<u32>,
     /// Print the slot used.
     #[arg(short, long)]
     verbose: bool,
@@ -112,8 +168,12 @@ pub(crate) struct Args {
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    if a.unbound {
+        return add_unbound(&a);
+    }
     let mut cd = a.dev.load(a.kind)?;
     ucrypt::header::check_requirements(&mut cd).cs()?;
+    a.keyslot_cipher.apply(&mut cd)?;
     // cryptsetup 2.6: without --new-key-slot, --key-slot names the new keyslot.
     let (old_slot, new_slot) = match (a.key_slot, a.new_key_slot) {
         (Some(s), None) => {
@@ -171,6 +231,17 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         }
     };
     let new_file = a.new_key_file.as_deref().or(a.new_keyfile_opt.as_deref());
+    if let (Some(token), None) = (a.new_token_id, new_file) {
+        // The token gives the new passphrase (libcryptsetup's keyslot contexts, as
+        // cryptsetup's `--new-token-id`).
+        a.pbkdf.apply(&mut cd)?;
+        let slot = super::progress::writing("Adding the keyslot", || {
+            cd.add_keyslot_by_token(new_slot, &key, token).cs()
+        })?;
+        verbose(a.verbose, format_args!("Key slot {slot} created."));
+        verbose(a.verbose, "Command successful.");
+        return Ok(());
+    }
     let new = a
         .new_key
         .get(new_file, "Enter new passphrase for key slot: ")?;
@@ -184,6 +255,46 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let slot = super::progress::writing("Adding the keyslot", || {
         cd.add_keyslot_by_volume_key(new_slot, Some(&key), &new)
             .cs()
+    })?;
+    verbose(a.verbose, format_args!("Key slot {slot} created."));
+    verbose(a.verbose, "Command successful.");
+    Ok(())
+}
+
+/// `luksAddKey --unbound`: a LUKS2 keyslot bound to no segment, holding a new random key of
+/// `--key-size` bits (or the key in `--volume-key-file`), protected by the new passphrase;
+/// no existing passphrase is asked (cryptsetup's `luksAddUnboundKey`). `--key-slot` names
+/// the new keyslot.
+fn add_unbound(a: &Args) -> Result<(), CliError> {
+    let mut cd = a.dev.load(VolumeType::Luks2)?;
+    ucrypt::header::check_requirements(&mut cd).cs()?;
+    a.keyslot_cipher.apply(&mut cd)?;
+    let key_bytes = a.key_size.unwrap_or(0) as usize / 8;
+    a.pbkdf.apply(&mut cd)?;
+    let key = match &a.volume_key_file {
+        Some(f) => {
+            let k = secret::read_key_file(f, 0, key_bytes as u64)?;
+            Some(ucrypt_crypto::VolumeKey::new(k.to_vec()))
+        }
+        None => None,
+    };
+    let new_file = a.new_key_file.as_deref().or(a.new_keyfile_opt.as_deref());
+    let new = a
+        .new_key
+        .get(new_file, "Enter new passphrase for key slot: ")?;
+    let key_bytes_c = key_bytes;
+    super::progress::searching("Benchmarking the PBKDF", || {
+        cd.prebenchmark_pbkdf(key_bytes_c)
+    })
+    .cs()?;
+    let slot = super::progress::writing("Adding the unbound keyslot", || {
+        cd.add_unbound_keyslot(
+            a.key_slot,
+            key.as_ref().map(|k| k.as_bytes()),
+            key_bytes,
+            &new,
+        )
+        .cs()
     })?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     verbose(a.verbose, "Command successful.");

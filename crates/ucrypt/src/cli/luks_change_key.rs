@@ -2,7 +2,7 @@
 //! keyslot the old passphrase opens.
 
 use super::luks::{luks_type, verbose, CsResult, DeviceArgs};
-use super::luks_add_key::PbkdfArgs;
+use super::luks_add_key::{KeyslotCipherArgs, PbkdfArgs};
 use super::secret::{self, KeyFileArgs, NewKeyFileArgs};
 use super::CliError;
 use std::path::PathBuf;
@@ -26,6 +26,8 @@ pub(crate) struct Args {
     #[arg(long = "type", short = 'M', default_value = "luks", value_parser = luks_type)]
     kind: VolumeType,
     #[command(flatten)]
+    keyslot_cipher: KeyslotCipherArgs,
+    #[command(flatten)]
     pbkdf: PbkdfArgs,
     /// Print the slot used.
     #[arg(short, long)]
@@ -40,6 +42,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let _claimed = super::instance::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.load(a.kind)?;
     ucrypt::header::check_requirements(&mut cd).cs()?;
+    a.keyslot_cipher.apply(&mut cd)?;
     let old = secret::existing(&a.key, &a.dev.device)?;
     // As cryptsetup: the old passphrase is checked before the new one is asked for.
     let unlocked = super::progress::searching("Checking the passphrase", || {

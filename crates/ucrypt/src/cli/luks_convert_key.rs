@@ -4,7 +4,7 @@
 //! to itself through libcryptsetup (`crypt_keyslot_change_by_passphrase`).
 
 use super::luks::{verbose, CsResult, DeviceArgs};
-use super::luks_add_key::PbkdfArgs;
+use super::luks_add_key::{KeyslotCipherArgs, PbkdfArgs};
 use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
@@ -25,6 +25,8 @@ pub(crate) struct Args {
     key_slot: Option<u32>,
     #[command(flatten)]
     pbkdf: PbkdfArgs,
+    #[command(flatten)]
+    keyslot_cipher: KeyslotCipherArgs,
     /// Print the keyslot converted.
     #[arg(short, long)]
     verbose: bool,
@@ -43,6 +45,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             return Err(anyhow::anyhow!("keyslot {s} is not active")).code(EXIT_PARAMS);
         }
     }
+    a.keyslot_cipher.apply(&mut cd)?;
     a.pbkdf.apply_always(&mut cd)?;
     let mut k = a.key.clone();
     if let Some(p) = a.positional_key_file.clone() {

@@ -23,22 +23,85 @@ pub(crate) struct Args {
     /// Confirms --dump-volume-key without a question.
     #[arg(short = 'q', long)]
     batch_mode: bool,
-    /// Accepted as cryptsetup's; like cryptsetup 2.6, --dump-volume-key takes the volume
-    /// key from whichever keyslot the passphrase opens.
+    /// With --unbound: the unbound keyslot to dump. (Like cryptsetup 2.6,
+    /// --dump-volume-key takes the volume key from whichever keyslot the passphrase opens.)
     #[arg(short = 'S', long)]
-    #[allow(dead_code)]
     key_slot: Option<u32>,
+    /// Print the key of the unbound keyslot --key-slot (needs its passphrase, and
+    /// --batch-mode or a typed YES), or write it to --volume-key-file.
+    #[arg(long, requires = "key_slot")]
+    unbound: bool,
     #[command(flatten)]
     key: KeyFileArgs,
-    /// With --dump-volume-key: write the volume key to this new file (owner read-only)
-    /// instead of printing it.
-    #[arg(
-        long,
-        value_name = "FILE",
-        alias = "master-key-file",
-        requires = "dump_volume_key"
-    )]
+    /// With --dump-volume-key (or --unbound): write the key to this new file (owner
+    /// read-only) instead of printing it.
+    #[arg(long, value_name = "FILE", alias = "master-key-file")]
     volume_key_file: Option<std::path::PathBuf>,
+}
+
+/// Writes `key` to a new file (never overwritten), readable by its owner only, as
+/// cryptsetup's `tools_write_mk`.
+fn write_key_file(f: &std::path::Path, key: &[u8]) -> Result<(), CliError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .open(f)
+        .and_then(|mut file| file.write_all(key))
+        .map_err(|e| anyhow::anyhow!("cannot write the key to {}: {e}", f.display()))?;
+    Ok(())
+}
+
+/// `key` as cryptsetup's `crypt_log_hex(.., " ", 16, "\n\t\t")` prints it.
+fn hex_lines(out: &mut String, key: &[u8]) {
+    for (i, b) in key.iter().enumerate() {
+        if i > 0 && i % 16 == 0 {
+            out.push_str("\n\t\t");
+        }
+        out.push_str(&format!("{b:02x} "));
+    }
+    out.push('\n');
+}
+
+/// `luksDump --unbound -S N`: the key of unbound keyslot N, as cryptsetup's
+/// `luksDump_with_unbound_key` prints it.
+fn dump_unbound(a: &Args, cd: &mut ucrypt_cryptsetup::CryptDevice) -> Result<(), CliError> {
+    let slot = a.key_slot.expect("clap requires --key-slot with --unbound");
+    if cd.keyslot_status(slot) != ucrypt_cryptsetup::KeyslotStatus::Unbound {
+        return Err(anyhow::anyhow!(
+            "keyslot {slot} does not contain an unbound key"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    secret::confirm(
+        a.batch_mode,
+        "The header dump with unbound key is sensitive information. This dump should be \
+         stored encrypted in a safe place",
+    )?;
+    let pass = secret::existing(&a.key, &a.dev.device)?;
+    let key =
+        super::progress::searching("Unlocking the unbound key", || cd.unbound_key(slot, &pass))
+            .cs()?;
+    let info = cd.info();
+    let mut out = format!(
+        "LUKS header information for {}\nUUID:    \t{}\nKeyslot: \t{slot}\nKey bits:\t{}\n",
+        a.dev.header_path().display(),
+        info.uuid.as_deref().unwrap_or(""),
+        key.len() * 8
+    );
+    if let Some(f) = &a.volume_key_file {
+        write_key_file(f, key.as_bytes())?;
+        out.push_str(&format!("Key stored to file {}.\n", f.display()));
+        print!("{out}");
+        return Ok(());
+    }
+    out.push_str("Unbound Key:\t");
+    hex_lines(&mut out, key.as_bytes());
+    print!("{out}");
+    zeroize::Zeroize::zeroize(&mut out);
+    Ok(())
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
@@ -47,6 +110,15 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         let json = cd.dump_json().cs()?;
         println!("{json}");
         return Ok(());
+    }
+    if a.volume_key_file.is_some() && !a.dump_volume_key && !a.unbound {
+        return Err(anyhow::anyhow!(
+            "--volume-key-file needs --dump-volume-key or --unbound"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.unbound && !a.dump_volume_key {
+        return dump_unbound(&a, &mut cd);
     }
     if !a.dump_volume_key {
         print!("{}", super::luks::shown(cd.dump().cs()?));
@@ -84,27 +156,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     out.push_str(&format!("MK bits:       \t{}\n", key.len() * 8));
     if let Some(f) = &a.volume_key_file {
         // As cryptsetup: a new file (never overwritten), readable by its owner only.
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o400)
-            .open(f)
-            .and_then(|mut file| file.write_all(key.as_bytes()))
-            .map_err(|e| anyhow::anyhow!("cannot write the volume key to {}: {e}", f.display()))?;
+        write_key_file(f, key.as_bytes())?;
         out.push_str(&format!("Key stored to file {}.\n", f.display()));
         print!("{out}");
         return Ok(());
     }
     out.push_str("MK dump:\t");
-    for (i, b) in key.as_bytes().iter().enumerate() {
-        if i > 0 && i % 16 == 0 {
-            out.push_str("\n\t\t");
-        }
-        out.push_str(&format!("{b:02x} "));
-    }
-    out.push('\n');
+    hex_lines(&mut out, key.as_bytes());
     print!("{out}");
     zeroize::Zeroize::zeroize(&mut out);
     Ok(())

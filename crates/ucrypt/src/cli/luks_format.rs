@@ -48,6 +48,8 @@ pub(crate) struct Args {
     /// Argon2 parallel threads.
     #[arg(long)]
     pbkdf_parallel: Option<u32>,
+    #[command(flatten)]
+    keyslot_cipher: super::luks_add_key::KeyslotCipherArgs,
     /// UUID for the new header.
     #[arg(long)]
     uuid: Option<String>,
@@ -219,5 +221,7 @@ fn format_header(
         None,
     )
     .cs()?;
+    // As cryptsetup: after the header is written, before its first keyslot.
+    a.keyslot_cipher.apply(&mut cd)?;
     cd.add_keyslot_by_volume_key(a.key_slot, None, pass).cs()
 }

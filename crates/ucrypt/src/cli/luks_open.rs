@@ -50,6 +50,8 @@ pub(crate) struct Args {
     plain: PlainArgs,
     #[command(flatten)]
     tcrypt: super::tcrypt::TcryptArgs,
+    #[command(flatten)]
+    unlock: super::unlock_opts::UnlockOpts,
 }
 
 /// Builds the header options and reads the secret the way cryptsetup does for `kind`.
@@ -94,6 +96,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .parse()
         .map_err(anyhow::Error::from)
         .code(EXIT_PARAMS)?;
+    a.unlock.check_kind(kind)?;
     if !a.test_passphrase && !a.print_table {
         return Err(anyhow::anyhow!(
             "luksOpen only checks (--test-passphrase) or prints the table (--print-table); \
@@ -112,6 +115,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             };
             let unlocked =
                 ucrypt::header::unlock_by_volume_key(&a.dev.device, vk.as_bytes(), &hopts).cs()?;
+            a.unlock.link_unlocked(&unlocked)?;
             print_table(&a, &unlocked);
             return Ok(());
         }
@@ -131,6 +135,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     hopts.allow_null_cipher = a.insecure_allow_null_cipher;
     if a.test_passphrase
         && !a.print_table
+        && a.unlock.link_vk_to_keyring.is_none()
         && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
         && !ucrypt::remote_header::is_remote(&a.dev.device)
     {
@@ -138,16 +143,21 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         let mut cd = a.dev.load(kind)?;
         let info = cd.info();
         ucrypt::header::check_luks_ciphers(&mut cd, &info, hopts.allow_null_cipher).cs()?;
+        let _lock = a.unlock.serialize()?;
+        let unbound = a.key_slot.is_some() || a.unlock.unbound;
         super::progress::searching("Checking the passphrase", || {
-            cd.check_passphrase(a.key_slot, &secret)
+            cd.check_passphrase_allowing(a.key_slot, &secret, unbound)
         })
         .cs()?;
         return Ok(());
     }
+    let lock = a.unlock.serialize()?;
     let unlocked = super::progress::searching(&super::open_header::unlocking(kind), || {
         ucrypt::unlock(&a.dev.device, &secret, &hopts)
     })
     .cs()?;
+    drop(lock);
+    a.unlock.link_unlocked(&unlocked)?;
     print_table(&a, &unlocked);
     Ok(())
 }

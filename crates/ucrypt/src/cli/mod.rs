@@ -34,6 +34,7 @@ mod secret;
 mod table;
 mod tcrypt;
 mod token;
+mod unlock_opts;
 mod wipe;
 mod write;
 
@@ -57,6 +58,65 @@ struct Cli {
     /// Ceph keyring for rbd: devices (default: from the configuration), like rbd's --keyring.
     #[arg(long, global = true, value_name = "PATH")]
     keyring: Option<std::path::PathBuf>,
+    /// Seconds to wait for a passphrase typed at a terminal before giving up (exit 1);
+    /// 0 waits forever. Key files and pipes are not timed. As cryptsetup's -t.
+    #[arg(
+        short = 't',
+        long,
+        global = true,
+        value_name = "SECS",
+        default_value_t = 0
+    )]
+    timeout: u32,
+    /// Debug lines on stderr, each starting with '# ' (libcryptsetup's and ucrypt's; never
+    /// a passphrase or key); implies --verbose. As cryptsetup's --debug.
+    #[arg(long, global = true)]
+    debug: bool,
+    /// --debug plus the LUKS2 JSON metadata libcryptsetup reads.
+    #[arg(long, global = true)]
+    debug_json: bool,
+    /// Keep volume keys out of the kernel keyring (libcryptsetup set as cryptsetup sets it;
+    /// ucrypt never puts a volume key there, so nothing else changes).
+    #[arg(long, global = true)]
+    disable_keyring: bool,
+    /// Load no LUKS2 token plugins (only built-in token types, such as luks2-keyring, work).
+    #[arg(long, global = true)]
+    disable_external_tokens: bool,
+    /// Load LUKS2 token plugins from DIR (needs libcryptsetup 2.7 or later; refused with
+    /// the reason on an older library).
+    #[arg(long, global = true, value_name = "DIR")]
+    external_tokens_path: Option<std::path::PathBuf>,
+}
+
+/// Whether `--debug`/`--debug-json` is on (ucrypt's own `# ` lines).
+static DEBUG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Prints one `--debug` line (`# ` and `msg`) when debugging is on. Never pass a secret.
+pub(crate) fn debug(msg: impl std::fmt::Display) {
+    if DEBUG.load(std::sync::atomic::Ordering::Relaxed) {
+        eprintln!("# {msg}");
+    }
+}
+
+/// The command line as `--debug` shows it: the value of `--table` (a key) replaced.
+fn shown_command_line(args: &[std::ffi::OsString]) -> String {
+    let mut out = Vec::new();
+    let mut hide_next = false;
+    for a in args {
+        let a = a.to_string_lossy();
+        if hide_next {
+            out.push("<hidden>".to_string());
+            hide_next = false;
+        } else if a == "--table" {
+            hide_next = true;
+            out.push(a.into_owned());
+        } else if a.starts_with("--table=") {
+            out.push("--table=<hidden>".to_string());
+        } else {
+            out.push(a.into_owned());
+        }
+    }
+    out.join(" ")
 }
 
 /// `ucrypt --version`: the version, the commit, the libcryptsetup it was built against and
@@ -548,6 +608,34 @@ fn refused(args: &[std::ffi::OsString]) -> Option<&'static str> {
     None
 }
 
+/// Global options that take a value as the next argument (`-t 10 open ...`).
+const GLOBAL_WITH_VALUE: &[&str] = &[
+    "-t",
+    "--timeout",
+    "--ceph-conf",
+    "--ceph-id",
+    "--keyring",
+    "--external-tokens-path",
+];
+
+/// Where the action is in `args`: the first argument after the program that is neither
+/// an option nor the value of a global option in front of the action.
+fn action_pos(args: &[std::ffi::OsString]) -> Option<usize> {
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].to_string_lossy();
+        if !a.starts_with('-') {
+            return Some(i);
+        }
+        i += if GLOBAL_WITH_VALUE.contains(&a.as_ref()) {
+            2
+        } else {
+            1
+        };
+    }
+    None
+}
+
 /// cryptsetup's global flags: `-q`/`--batch-mode` (ask nothing) and `-v`/`--verbose`
 /// (extra lines) are accepted before the action (`cryptsetup -q luksFormat ...`) and on
 /// every action. Here they are moved after the action; on a command that has no such
@@ -567,18 +655,15 @@ fn place_global_flags(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStri
     while i < args.len() && args[i].to_string_lossy().starts_with('-') {
         if flag_id(&args[i]).is_some() {
             front.push(args.remove(i));
+        } else if GLOBAL_WITH_VALUE.contains(&args[i].to_string_lossy().as_ref()) {
+            i += 2;
         } else {
             i += 1;
         }
     }
-    let Some(pos) = args
-        .iter()
-        .skip(1)
-        .position(|a| !a.to_string_lossy().starts_with('-'))
-    else {
+    let Some(pos) = action_pos(&args) else {
         return args;
     };
-    let pos = pos + 1;
     for (k, f) in front.into_iter().enumerate() {
         args.insert(pos + 1 + k, f);
     }
@@ -607,14 +692,9 @@ fn place_global_flags(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStri
 /// checks or prints without serving. `create NAME DEV` is `plainOpen DEV NAME`; the
 /// [`RENAMED`] actions are renamed.
 fn expand_open_aliases(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let Some(pos) = args
-        .iter()
-        .skip(1)
-        .position(|a| !a.to_string_lossy().starts_with('-'))
-    else {
+    let Some(pos) = action_pos(&args) else {
         return args;
     };
-    let pos = pos + 1;
     if let Some((_, to)) = RENAMED.iter().find(|(from, _)| args[pos] == **from) {
         args[pos] = (*to).into();
         return args;
@@ -659,13 +739,30 @@ fn expand_open_aliases(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStr
     args
 }
 
+/// cryptsetup's `--debug` implies `--verbose`: `-v` is added in front of the action (and
+/// placed or dropped by [`place_global_flags`] as a typed one).
+fn debug_implies_verbose(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    if args
+        .iter()
+        .skip(1)
+        .any(|a| a == "--debug" || a == "--debug-json")
+        && !args.iter().skip(1).any(|a| a == "-v" || a == "--verbose")
+    {
+        args.insert(1, "-v".into());
+    }
+    args
+}
+
 pub fn run() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(why) = refused(&args) {
         eprintln!("ucrypt: {why}");
         return ExitCode::from(EXIT_PARAMS);
     }
-    let cli = match Cli::try_parse_from(place_global_flags(expand_open_aliases(args))) {
+    let command_line = shown_command_line(&args);
+    let cli = match Cli::try_parse_from(place_global_flags(expand_open_aliases(
+        debug_implies_verbose(args),
+    ))) {
         Ok(cli) => cli,
         // --help and --version print and succeed; usage errors exit 1 as cryptsetup's do
         // (clap's own 2 means "wrong passphrase" to cryptsetup's users).
@@ -687,6 +784,33 @@ pub fn run() -> ExitCode {
     // this handler; without it files are read with pread (ucrypt_backend::file docs).
     if let Err(e) = ucrypt_backend::install_sigbus_handler() {
         eprintln!("ucrypt: warning: cannot install the SIGBUS handler, not mapping files: {e}");
+    }
+    if cli.debug || cli.debug_json {
+        DEBUG.store(true, std::sync::atomic::Ordering::Relaxed);
+        ucrypt_cryptsetup::set_debug(cli.debug_json);
+        debug(format_args!(
+            "ucrypt {} (commit {}) processing \"{command_line}\"",
+            env!("CARGO_PKG_VERSION"),
+            env!("UCRYPT_GIT_COMMIT")
+        ));
+        debug(format_args!(
+            "libcryptsetup {}, token plugins from {}",
+            env!("UCRYPT_LIBCRYPTSETUP_VERSION"),
+            ucrypt_cryptsetup::external_tokens_dir()
+        ));
+    }
+    secret::set_timeout(cli.timeout);
+    if cli.disable_keyring {
+        ucrypt_cryptsetup::disable_volume_key_keyring();
+    }
+    if cli.disable_external_tokens {
+        ucrypt_cryptsetup::disable_external_tokens();
+    }
+    if let Some(dir) = &cli.external_tokens_path {
+        if let Err(e) = ucrypt_cryptsetup::set_external_tokens_path(dir) {
+            eprintln!("ucrypt: {e}");
+            return ExitCode::from(EXIT_PARAMS);
+        }
     }
     if cli.ceph_conf.is_some() || cli.ceph_id.is_some() || cli.keyring.is_some() {
         ucrypt_backend::rbd::set_defaults(ucrypt_backend::rbd::RbdDefaults {
@@ -745,12 +869,16 @@ pub fn run() -> ExitCode {
         }
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            debug("Command successful (exit code 0).");
+            ExitCode::SUCCESS
+        }
         Err(CliError { code, err }) => {
             // One line: the context chain, outermost first.
             if err.downcast_ref::<Printed>().is_none() {
                 eprintln!("ucrypt: {}", error_line(&err));
             }
+            debug(format_args!("Command failed with exit code {code}."));
             ExitCode::from(code)
         }
     }

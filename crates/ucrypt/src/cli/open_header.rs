@@ -70,6 +70,8 @@ pub(crate) struct HeaderArgs {
     pub(crate) plain: PlainArgs,
     #[command(flatten)]
     pub(crate) tcrypt: super::tcrypt::TcryptArgs,
+    #[command(flatten)]
+    pub(crate) unlock: super::unlock_opts::UnlockOpts,
 }
 
 /// What the header path gives `ucrypt open`: nothing more to do (`--test-passphrase`), or
@@ -143,6 +145,7 @@ fn unlock_once(
         None if h.header.is_none() => ucrypt::header::detect_type(&device),
         None => VolumeType::Luks,
     };
+    h.unlock.check_kind(kind)?;
     let dev = DeviceArgs {
         device: device.clone(),
         header: h.header.clone(),
@@ -181,6 +184,7 @@ fn unlock_once(
         })
         .map_err(cs_error)?;
         drop(vk);
+        h.unlock.link_unlocked(&unlocked)?;
         if h.test_passphrase {
             return Ok(None);
         }
@@ -199,6 +203,7 @@ fn unlock_once(
             };
             let unlocked = ucrypt::header::unlock_by_volume_key(&device, vk.as_bytes(), &hopts)
                 .map_err(cs_error)?;
+            h.unlock.link_unlocked(&unlocked)?;
             if h.test_passphrase {
                 return Ok(None);
             }
@@ -219,23 +224,30 @@ fn unlock_once(
     };
     hopts.allow_null_cipher = h.insecure_allow_null_cipher;
     if h.test_passphrase
+        && h.unlock.link_vk_to_keyring.is_none()
         && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
         && !ucrypt::remote_header::is_remote(&device)
     {
         let mut cd = dev.load(kind)?;
         let info = cd.info();
         ucrypt::header::check_luks_ciphers(&mut cd, &info, hopts.allow_null_cipher).cs()?;
+        let _lock = h.unlock.serialize()?;
+        // cryptsetup: an explicit keyslot or --unbound may be an unbound one.
+        let unbound = h.key_slot.is_some() || h.unlock.unbound;
         super::progress::searching("Checking the passphrase", || {
-            cd.check_passphrase(h.key_slot, &secret)
+            cd.check_passphrase_allowing(h.key_slot, &secret, unbound)
         })
         .cs()?;
         return Ok(None);
     }
+    let lock = h.unlock.serialize()?;
     let unlocked = super::progress::searching(&unlocking(kind), || {
         ucrypt::unlock(&device, &secret, &hopts)
     })
     .map_err(cs_error)?;
+    drop(lock);
     drop(secret);
+    h.unlock.link_unlocked(&unlocked)?;
     if h.test_passphrase {
         return Ok(None);
     }

@@ -283,7 +283,50 @@ impl Drop for NoEcho {
     }
 }
 
-/// Prompts on the terminal with echo off and reads one line.
+/// `--timeout`: seconds a terminal prompt waits for its line (0: forever).
+static TIMEOUT_SECS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Sets `--timeout` for every passphrase prompt of this process.
+pub(crate) fn set_timeout(secs: u32) {
+    TIMEOUT_SECS.store(secs, Ordering::Relaxed);
+}
+
+/// With `--timeout`: waits until the terminal has a line to read (canonical mode: a whole
+/// line or end of input), at most the timeout; as cryptsetup's `select` before its read.
+fn wait_for_line() -> Result<(), CliError> {
+    let secs = TIMEOUT_SECS.load(Ordering::Relaxed);
+    if secs == 0 {
+        return Ok(());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs.into());
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(anyhow::anyhow!(
+                "no passphrase typed within --timeout {secs} s; nothing was changed"
+            ))
+            .code(EXIT_PARAMS);
+        }
+        let mut pfd = libc::pollfd {
+            fd: libc::STDIN_FILENO,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        match unsafe { libc::poll(&mut pfd, 1, ms) } {
+            n if n > 0 => return Ok(()),
+            0 => {}
+            _ => {
+                if PROMPT_INTERRUPTED.load(Ordering::SeqCst) {
+                    return Err(interrupted());
+                }
+            }
+        }
+    }
+}
+
+/// Prompts on the terminal with echo off and reads one line (within `--timeout`).
 fn prompt_tty(prompt: &str) -> Result<Secret, CliError> {
     use std::io::Write;
     let mut err = std::io::stderr();
@@ -292,7 +335,7 @@ fn prompt_tty(prompt: &str) -> Result<Secret, CliError> {
     let line = {
         let _signals = PromptSignals::new();
         let _guard = NoEcho::new(libc::STDIN_FILENO);
-        read_line()
+        wait_for_line().and_then(|()| read_line())
     };
     let _ = writeln!(err);
     let line = line?;
