@@ -13,7 +13,7 @@
 use crate::config::engine_options;
 use crate::open::{open_parsed, OpenOptions};
 use crate::unlocked::{HeaderOptions, Unlocked};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -84,37 +84,21 @@ pub fn unlock_tcrypt(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Resu
     let t = &opts.tcrypt;
     let (hdr, meta) = load_header(device, secret, opts)?;
     let device_str = device.display().to_string();
-    let meta_bytes = device_bytes(&meta)?;
-    let data_bytes = device_bytes(device)?;
-    let mut offset = hdr.data_offset(t.hidden, t.system, meta_bytes);
-    let mut iv_offset = hdr.iv_offset(t.hidden, t.system, meta_bytes);
-    let mut size = if t.system {
-        0
-    } else {
-        hdr.size_sectors(t.hidden)
-    };
-    if t.system {
-        if let Some((_, start)) = partition_of(device) {
-            // One partition: data from its start, IVs from the drive's sector numbers.
-            (offset, iv_offset) = (0, start);
-        } else if opts.header.is_some() {
-            // The header came from elsewhere: the device is a copy of the partition.
-            offset = 0;
+    let geometry = tcrypt::Geometry {
+        header_device_bytes: device_bytes(&meta)?,
+        data_device_bytes: device_bytes(device)?,
+        partition_start: if t.system {
+            partition_of(device).map(|(_, start)| start)
         } else {
-            // The header is on the device itself: map the whole encrypted area.
-            size = hdr.volume_size / 512;
-        }
-    }
-    let total = data_bytes / 512;
-    if size == 0 {
-        size = total.saturating_sub(offset);
-    }
-    if size == 0 || offset.saturating_add(size) > total {
-        bail!(
-            "TCRYPT volume on {device_str}: data area (offset {offset}, {size} sectors) does not \
-             fit the device ({total} sectors)"
-        );
-    }
+            None
+        },
+        detached_header: opts.header.is_some(),
+    };
+    let tcrypt::DataArea {
+        offset,
+        iv_offset,
+        sectors: size,
+    } = hdr.data_area(t, &geometry, &device_str)?;
     let mut lines = Vec::new();
     for (i, layer) in hdr.layers()?.into_iter().enumerate() {
         let cipher: ucrypt_crypto::CipherSpec = layer

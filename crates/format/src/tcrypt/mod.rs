@@ -700,6 +700,30 @@ impl Default for TcryptOptions {
     }
 }
 
+/// The devices a TCRYPT volume is opened on, as the caller probed them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Geometry {
+    /// Bytes of the device the header was read from (the drive for system encryption).
+    pub header_device_bytes: u64,
+    /// Bytes of the data device.
+    pub data_device_bytes: u64,
+    /// The data device is a partition starting at this sector of its drive.
+    pub partition_start: Option<u64>,
+    /// The header came from a separate file (`--header`).
+    pub detached_header: bool,
+}
+
+/// Where a TCRYPT volume's data lies, in 512-byte sectors of the data device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataArea {
+    /// First data sector.
+    pub offset: u64,
+    /// IV of the first data sector.
+    pub iv_offset: u64,
+    /// Mapped length.
+    pub sectors: u64,
+}
+
 /// A decrypted header.
 #[derive(Clone)]
 pub struct TcryptHeader {
@@ -1086,6 +1110,53 @@ impl TcryptHeader {
         }
     }
 
+    /// Where the data lies, as cryptsetup maps a TCRYPT volume, given the devices' geometry
+    /// (probed by the caller: sizes, and the partition's first sector for system
+    /// encryption): the data offset and IV offset in sectors and the mapped length.
+    ///
+    /// System encryption: on a partition the data starts at the partition's first sector
+    /// with IVs counted from the drive's sector numbers; with a detached header the device
+    /// is a copy of the partition (offset 0); with the header on the device itself the
+    /// whole encrypted area is mapped. A header that leaves the length open (0) maps to the
+    /// device end.
+    ///
+    /// # Errors
+    /// [`FormatError::Rule`] when the data area does not fit the device or is empty.
+    pub fn data_area(
+        &self,
+        opts: &TcryptOptions,
+        geometry: &Geometry,
+        device: &str,
+    ) -> Result<DataArea, FormatError> {
+        let (hidden, system) = (opts.hidden, opts.system);
+        let mut offset = self.data_offset(hidden, system, geometry.header_device_bytes);
+        let mut iv_offset = self.iv_offset(hidden, system, geometry.header_device_bytes);
+        let mut sectors = if system { 0 } else { self.size_sectors(hidden) };
+        if system {
+            if let Some(start) = geometry.partition_start {
+                (offset, iv_offset) = (0, start);
+            } else if geometry.detached_header {
+                offset = 0;
+            } else {
+                sectors = self.volume_size / 512;
+            }
+        }
+        let total = geometry.data_device_bytes / 512;
+        if sectors == 0 {
+            sectors = total.saturating_sub(offset);
+        }
+        if sectors == 0 || offset.saturating_add(sectors) > total {
+            return Err(FormatError::Rule(format!(
+                "TCRYPT volume on {device}: data area (offset {offset}, {sectors} sectors) does not fit the device ({total} sectors)"
+            )));
+        }
+        Ok(DataArea {
+            offset,
+            iv_offset,
+            sectors,
+        })
+    }
+
     /// The header as `cryptsetup tcryptDump` prints it (without the volume key).
     pub fn dump(&self, device: &str) -> String {
         let mut s = format!(
@@ -1121,6 +1192,85 @@ impl TcryptHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A VeraCrypt-style XTS header (version 5, data at 128 KiB) for the geometry rules.
+    fn xts_header(volume_size: u64) -> TcryptHeader {
+        TcryptHeader {
+            vera: true,
+            version: 5,
+            version_tc: 0x010b,
+            hidden_volume_size: 0,
+            volume_size,
+            mk_offset: 131_072,
+            mk_size: volume_size,
+            flags: 0,
+            sector_size: 512,
+            kdf: KDFS[0],
+            chain: CHAINS
+                .iter()
+                .find(|c| c.mode == Xts && c.ciphers.len() == 1)
+                .expect("a single-cipher XTS chain"),
+            header_offset: 0,
+            keys: Zeroizing::new([0u8; 256]),
+        }
+    }
+
+    #[test]
+    fn data_areas_follow_cryptsetups_geometry_rules() {
+        let h = xts_header(1 << 20);
+        let dev = 4 << 20;
+        let g = Geometry {
+            header_device_bytes: dev,
+            data_device_bytes: dev,
+            ..Geometry::default()
+        };
+        let normal = TcryptOptions::default();
+        // A file container: data and IVs from the header's offset, its stated length.
+        assert_eq!(
+            h.data_area(&normal, &g, "c.tc").unwrap(),
+            DataArea {
+                offset: 256,
+                iv_offset: 256,
+                sectors: 2048
+            }
+        );
+        let system = TcryptOptions {
+            system: true,
+            ..TcryptOptions::default()
+        };
+        // System encryption on a partition: from its start, IVs from the drive's sectors.
+        let part = Geometry {
+            partition_start: Some(2048),
+            ..g
+        };
+        assert_eq!(
+            h.data_area(&system, &part, "sda1").unwrap(),
+            DataArea {
+                offset: 0,
+                iv_offset: 2048,
+                sectors: dev / 512
+            }
+        );
+        // A copy of the partition with the header beside it: offset 0, to the end.
+        let detached = Geometry {
+            detached_header: true,
+            ..g
+        };
+        assert_eq!(h.data_area(&system, &detached, "p.img").unwrap().offset, 0);
+        // The whole drive with the header on it: the encrypted area the header states.
+        assert_eq!(h.data_area(&system, &g, "sda").unwrap().sectors, 2048);
+        // A device too small for what the header states is refused, naming it.
+        let small = Geometry {
+            header_device_bytes: 512 << 10,
+            data_device_bytes: 512 << 10,
+            ..g
+        };
+        let e = h
+            .data_area(&normal, &small, "c.tc")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("c.tc") && e.contains("does not fit"), "{e}");
+    }
 
     #[test]
     fn pim_costs() {
