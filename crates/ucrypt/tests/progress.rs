@@ -402,3 +402,91 @@ fn an_unanswered_prompt_times_out_as_cryptsetups() {
         pane(&t.0)
     );
 }
+
+/// Ctrl-C (in a real terminal) and SIGTERM during the final keyslot derivation and write
+/// end the command at once: the header area is put back as it was (the image's bytes are
+/// unchanged), exit 1 saying so. A PBKDF2 keyslot of 30 million iterations derives for
+/// several seconds.
+#[test]
+fn a_signal_during_a_keyslot_write_exits_at_once_with_the_header_unchanged() {
+    if !require("tmux") || !require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    // Old bytes that are not zeros, then a LUKS2 header over them.
+    let img = common::image_with(d, "img", &common::random_bytes(24 << 20));
+    std::fs::write(d.join("pw"), "pw").unwrap();
+    std::fs::write(d.join("new"), "new").unwrap();
+    let (img, pw, new) = (
+        img.display().to_string(),
+        d.join("pw").display().to_string(),
+        d.join("new").display().to_string(),
+    );
+    let raw = std::fs::read(&img).unwrap();
+    sh_ok(&format!(
+        "cryptsetup luksFormat -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 -d {pw} {img}"
+    ));
+    let before = std::fs::read(&img).unwrap();
+    let slow = "--pbkdf pbkdf2 --pbkdf-force-iterations 30000000";
+    let t = Tmux::new("keyslot");
+    let (text, took) = interrupt_when(
+        &t,
+        &format!("{bin} luksAddKey -q {img} {new} -d {pw} {slow}"),
+        None,
+        "Adding the keyslot",
+        "0",
+    );
+    assert!(text.contains("rc=1 end0"), "{text}");
+    assert!(
+        text.contains("ucrypt: interrupted; the header was put back as it was before"),
+        "{text}"
+    );
+    assert!(took < Duration::from_secs(2), "took {took:?}:\n{text}");
+    assert!(std::fs::read(&img).unwrap() == before, "the header changed");
+
+    // SIGTERM, without a terminal: luksChangeKey, luksConvertKey, and luksFormat over a
+    // volume (its old header and data come back).
+    let cases = [
+        format!("luksChangeKey -q {img} {new} -d {pw} {slow}"),
+        format!("luksConvertKey -q {img} -d {pw} {slow}"),
+        format!("luksFormat -q {img} {new} {slow}"),
+    ];
+    for args in &cases {
+        let mut child = Command::new(bin)
+            .args(args.split(' '))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let sent = Instant::now();
+        // SAFETY: kill(2) on the child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = {
+            let status = child.wait().unwrap();
+            let took = sent.elapsed();
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            (status, took, err)
+        };
+        assert_eq!(out.0.code(), Some(1), "{args}: {out:?}");
+        assert!(out.1 < Duration::from_secs(2), "{args}: took {:?}", out.1);
+        assert!(
+            out.2.contains("the header was put back"),
+            "{args}: {}",
+            out.2
+        );
+        assert!(
+            std::fs::read(&img).unwrap() == before,
+            "{args}: the header changed"
+        );
+    }
+    // The data area was never the header's: luksFormat left the old bytes after 16 MiB.
+    assert_eq!(
+        std::fs::read(&img).unwrap()[16 << 20..],
+        raw[16 << 20..],
+        "the data area changed"
+    );
+}

@@ -55,6 +55,12 @@ impl DeviceArgs {
         Ok(cd)
     }
 
+    /// The header's location as a local path (the detached file or the device; an NBD URI
+    /// as its staged copy), for [`super::progress::writing_header`].
+    pub(crate) fn local_header(&self) -> Result<PathBuf, CliError> {
+        local_path(self.header_path(), true)
+    }
+
     /// Where the header is (the detached file or the device).
     pub(crate) fn header_path(&self) -> &Path {
         self.header.as_deref().unwrap_or(&self.device)

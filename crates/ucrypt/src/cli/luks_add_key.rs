@@ -235,9 +235,12 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         // The token gives the new passphrase (libcryptsetup's keyslot contexts, as
         // cryptsetup's `--new-token-id`).
         a.pbkdf.apply(&mut cd)?;
-        let slot = super::progress::writing("Adding the keyslot", || {
-            cd.add_keyslot_by_token(new_slot, &key, token).cs()
-        })?;
+        let slot = super::progress::writing_header(
+            "Adding the keyslot",
+            &a.dev.local_header()?,
+            0,
+            || cd.add_keyslot_by_token(new_slot, &key, token).cs(),
+        )?;
         verbose(a.verbose, format_args!("Key slot {slot} created."));
         verbose(a.verbose, "Command successful.");
         return Ok(());
@@ -252,10 +255,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         cd.prebenchmark_pbkdf(key_bytes)
     })
     .cs()?;
-    let slot = super::progress::writing("Adding the keyslot", || {
-        cd.add_keyslot_by_volume_key(new_slot, Some(&key), &new)
-            .cs()
-    })?;
+    let slot =
+        super::progress::writing_header("Adding the keyslot", &a.dev.local_header()?, 0, || {
+            cd.add_keyslot_by_volume_key(new_slot, Some(&key), &new)
+                .cs()
+        })?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     verbose(a.verbose, "Command successful.");
     Ok(())
@@ -287,15 +291,20 @@ fn add_unbound(a: &Args) -> Result<(), CliError> {
         cd.prebenchmark_pbkdf(key_bytes_c)
     })
     .cs()?;
-    let slot = super::progress::writing("Adding the unbound keyslot", || {
-        cd.add_unbound_keyslot(
-            a.key_slot,
-            key.as_ref().map(|k| k.as_bytes()),
-            key_bytes,
-            &new,
-        )
-        .cs()
-    })?;
+    let slot = super::progress::writing_header(
+        "Adding the unbound keyslot",
+        &a.dev.local_header()?,
+        0,
+        || {
+            cd.add_unbound_keyslot(
+                a.key_slot,
+                key.as_ref().map(|k| k.as_bytes()),
+                key_bytes,
+                &new,
+            )
+            .cs()
+        },
+    )?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     verbose(a.verbose, "Command successful.");
     Ok(())

@@ -60,9 +60,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         cd.prebenchmark_pbkdf(key_bytes)
     })
     .cs()?;
-    let slot = super::progress::writing("Changing the keyslot", || {
-        cd.change_keyslot(a.key_slot, a.key_slot, &old, &new).cs()
-    })?;
+    let slot =
+        super::progress::writing_header("Changing the keyslot", &a.dev.local_header()?, 0, || {
+            cd.change_keyslot(a.key_slot, a.key_slot, &old, &new).cs()
+        })?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     verbose(a.verbose, "Command successful.");
     Ok(())

@@ -64,9 +64,12 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         cd.prebenchmark_pbkdf(key_bytes)
     })
     .cs()?;
-    let slot = super::progress::writing("Converting the keyslot", || {
-        cd.change_keyslot(a.key_slot, a.key_slot, &pass, &pass).cs()
-    })?;
+    let slot = super::progress::writing_header(
+        "Converting the keyslot",
+        &a.dev.local_header()?,
+        0,
+        || cd.change_keyslot(a.key_slot, a.key_slot, &pass, &pass).cs(),
+    )?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     verbose(a.verbose, "Command successful.");
     Ok(())

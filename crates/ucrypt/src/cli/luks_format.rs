@@ -180,9 +180,17 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         cd.prebenchmark_pbkdf(key_bits as usize / 8)
     })
     .cs()?;
-    let slot = progress::writing("Formatting the header and keyslot", || {
-        format_header(&a, cd, luks2, key_bits, &pass)
-    })?;
+    // What libcryptsetup may write: the default LUKS2 header area (16 MiB; LUKS1's fits in
+    // it), or up to an --align-payload data offset.
+    let area = (16u64 << 20)
+        .max(a.align_payload.unwrap_or(0).saturating_mul(512))
+        .min(256 << 20);
+    let slot = progress::writing_header(
+        "Formatting the header and keyslot",
+        &a.dev.local_header()?,
+        area,
+        || format_header(&a, cd, luks2, key_bits, &pass),
+    )?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     // A remote header reaches its server before the wipe reads it back from there.
     super::luks::write_back_remote()?;

@@ -30,7 +30,12 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ),
     )?;
     let mut cd = a.dev.context()?;
-    super::progress::writing("Restoring the header", || {
-        cd.header_restore(&a.header_backup_file).cs()
-    })
+    // The backup's whole length is what the restore may write.
+    let backup_len = std::fs::metadata(&a.header_backup_file).map_or(0, |m| m.len());
+    super::progress::writing_header(
+        "Restoring the header",
+        &a.dev.local_header()?,
+        backup_len,
+        || cd.header_restore(&a.header_backup_file).cs(),
+    )
 }

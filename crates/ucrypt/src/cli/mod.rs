@@ -31,6 +31,7 @@ mod progress;
 mod read;
 mod reencrypt;
 mod secret;
+mod signals;
 mod table;
 mod tcrypt;
 mod token;

@@ -18,10 +18,14 @@
 //! and TCRYPT searches, benchmarks), SIGINT/SIGTERM/SIGHUP end the process at once with
 //! "interrupted; nothing was changed" and exit code 1. While a [`StopOnSignal`] guard
 //! lives (phases that write: wipes), they only set a flag ([`StopOnSignal::stopped`]); the
-//! loop stops at its next boundary and reports how far it got.
+//! loop stops at its next boundary and reports how far it got. During a keyslot write
+//! ([`writing_header`]) the handler writes back the header area read before the write and
+//! exits ("the header was put back as it was before", exit 1). Handlers are installed
+//! through [`super::signals::install`].
 
+use super::signals::{install, Guard, INTERRUPTS};
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// `--progress-json` and `--progress-frequency`, cryptsetup's spellings.
@@ -318,9 +322,6 @@ impl Drop for Spinner {
     }
 }
 
-/// The signals that interrupt a long operation (Ctrl-C, `kill`, a closed terminal).
-const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-
 /// Set by [`on_stop_signal`] while a [`StopOnSignal`] lives.
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -364,55 +365,9 @@ extern "C" fn on_exit_signal(_sig: libc::c_int) {
     }
 }
 
-/// The previous handlers and mask, put back on drop.
-struct Installed {
-    old: Vec<(libc::c_int, libc::sigaction)>,
-    old_mask: libc::sigset_t,
-}
-
-impl Installed {
-    /// Installs `handler` for [`SIGNALS`] and unblocks them on this thread (a server's
-    /// signal thread may have blocked them; threads this thread starts inherit the mask).
-    fn new(handler: extern "C" fn(libc::c_int)) -> Installed {
-        let mut old = Vec::with_capacity(SIGNALS.len());
-        // SAFETY: sigset_t and sigaction are plain C data (all-zero is a valid start);
-        // the calls only read and write the structures passed, which outlive each call.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for sig in SIGNALS {
-                libc::sigaddset(&mut set, sig);
-                let mut act: libc::sigaction = std::mem::zeroed();
-                act.sa_sigaction = handler as usize;
-                act.sa_flags = libc::SA_RESTART;
-                libc::sigemptyset(&mut act.sa_mask);
-                let mut prev: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(sig, &act, &mut prev) == 0 {
-                    old.push((sig, prev));
-                }
-            }
-            let mut old_mask: libc::sigset_t = std::mem::zeroed();
-            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, &mut old_mask);
-            Installed { old, old_mask }
-        }
-    }
-}
-
-impl Drop for Installed {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask and actions saved in `new`.
-        unsafe {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old_mask, std::ptr::null_mut());
-            for (sig, prev) in &self.old {
-                libc::sigaction(*sig, prev, std::ptr::null_mut());
-            }
-        }
-    }
-}
-
 /// While alive, SIGINT/SIGTERM/SIGHUP exit at once (code 1, "interrupted; nothing was
 /// changed"): for phases that write nothing (KDF and TCRYPT searches, benchmarks).
-pub(crate) struct ExitOnSignal(#[allow(dead_code)] Installed);
+pub(crate) struct ExitOnSignal(#[allow(dead_code)] Guard);
 
 impl ExitOnSignal {
     /// Exits with "ucrypt: interrupted; nothing was changed".
@@ -424,7 +379,7 @@ impl ExitOnSignal {
     pub(crate) fn with_message(msg: &'static str) -> ExitOnSignal {
         EXIT_MSG_LEN.store(msg.len(), Ordering::SeqCst);
         EXIT_MSG.store(msg.as_ptr().cast_mut(), Ordering::SeqCst);
-        ExitOnSignal(Installed::new(on_exit_signal))
+        ExitOnSignal(install(&INTERRUPTS, on_exit_signal, libc::SA_RESTART))
     }
 }
 
@@ -458,14 +413,163 @@ pub(crate) fn writing<T>(
     r
 }
 
+/// The header snapshot [`on_restore_signal`] writes back: descriptor, bytes (from offset
+/// 0) and their length, set by [`HeaderSnapshot::take`] before its handler is installed.
+static RESTORE_FD: AtomicI32 = AtomicI32::new(-1);
+static RESTORE_PTR: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+static RESTORE_LEN: AtomicUsize = AtomicUsize::new(0);
+/// The thread running the header write: the handler runs there, never beside it.
+static WRITER_TID: AtomicI32 = AtomicI32::new(0);
+
+const HEADER_PUT_BACK: &str = "ucrypt: interrupted; the header was put back as it was before\n";
+const HEADER_NOT_PUT_BACK: &str = "ucrypt: interrupted, and putting the header back failed: \
+     restore it from a header backup (luksHeaderRestore)\n";
+
+extern "C" fn on_restore_signal(sig: libc::c_int) {
+    // Async-signal-safe only: atomics, gettid/tgkill/pwrite/fdatasync/write/_exit.
+    // SAFETY: every call is a plain syscall on values set before the handler was
+    // installed; RESTORE_PTR points to RESTORE_LEN bytes kept alive until it is cleared,
+    // which happens only after the handler is uninstalled.
+    unsafe {
+        let writer = WRITER_TID.load(Ordering::SeqCst);
+        let me = libc::syscall(libc::SYS_gettid) as i32;
+        if writer > 0 && me != writer {
+            // Another thread (a spinner, an Argon2 worker) got it: the writer handles it,
+            // so that no write of its own can follow the restore.
+            libc::syscall(libc::SYS_tgkill, libc::getpid(), writer, sig);
+            return;
+        }
+        const CLEAR: &[u8] = b"\r\x1b[2K";
+        if libc::isatty(libc::STDERR_FILENO) == 1 {
+            libc::write(libc::STDERR_FILENO, CLEAR.as_ptr().cast(), CLEAR.len());
+        }
+        let (fd, p, n) = (
+            RESTORE_FD.load(Ordering::SeqCst),
+            RESTORE_PTR.load(Ordering::SeqCst),
+            RESTORE_LEN.load(Ordering::SeqCst),
+        );
+        let mut off = 0usize;
+        while fd >= 0 && !p.is_null() && off < n {
+            let w = libc::pwrite(fd, p.add(off).cast(), n - off, off as libc::off_t);
+            if w > 0 {
+                off += w as usize;
+            } else if w < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            } else {
+                break;
+            }
+        }
+        let ok = off == n && fd >= 0 && libc::fdatasync(fd) == 0;
+        let msg = if ok {
+            HEADER_PUT_BACK
+        } else {
+            HEADER_NOT_PUT_BACK
+        };
+        libc::write(libc::STDERR_FILENO, msg.as_ptr().cast(), msg.len());
+        libc::_exit(1);
+    }
+}
+
+/// The header area as it was before a header write, and the handler that writes it back
+/// and exits when SIGINT/SIGTERM/SIGHUP arrive ([`on_restore_signal`]); uninstalled and
+/// forgotten on drop.
+struct HeaderSnapshot {
+    /// Taken first on drop: no handler may see the bytes after they are freed.
+    signals: Option<Guard>,
+    _bytes: Vec<u8>,
+    _file: std::fs::File,
+}
+
+impl HeaderSnapshot {
+    /// Reads the first `max(header area, min_bytes)` bytes of `path` (at most its size; the
+    /// header area as `remote_header::header_bytes` measures it) and installs the handler.
+    fn take(path: &std::path::Path, min_bytes: u64) -> std::io::Result<HeaderSnapshot> {
+        use std::io::{Seek, SeekFrom};
+        use std::os::unix::fs::FileExt;
+        use std::os::unix::io::AsRawFd;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let size = file.seek(SeekFrom::End(0))?;
+        let read = |file: &std::fs::File, at: u64, len: usize| -> std::io::Result<Vec<u8>> {
+            let mut buf = vec![0u8; len];
+            let mut done = 0;
+            while done < len {
+                match file.read_at(&mut buf[done..], at + done as u64)? {
+                    0 => break,
+                    n => done += n,
+                }
+            }
+            buf.truncate(done);
+            Ok(buf)
+        };
+        let first = read(&file, 0, 4096.min(size as usize))?;
+        let area = ucrypt::remote_header::header_bytes(&first, size, &mut |at, len| {
+            Ok(read(&file, at, len)?)
+        })
+        .unwrap_or(4096);
+        let want = area.max(min_bytes).min(size);
+        let bytes = read(&file, 0, want as usize)?;
+        RESTORE_LEN.store(bytes.len(), Ordering::SeqCst);
+        RESTORE_PTR.store(bytes.as_ptr().cast_mut(), Ordering::SeqCst);
+        RESTORE_FD.store(file.as_raw_fd(), Ordering::SeqCst);
+        // SAFETY: gettid has no preconditions.
+        WRITER_TID.store(
+            unsafe { libc::syscall(libc::SYS_gettid) } as i32,
+            Ordering::SeqCst,
+        );
+        let signals = install(&INTERRUPTS, on_restore_signal, libc::SA_RESTART);
+        Ok(HeaderSnapshot {
+            signals: Some(signals),
+            _bytes: bytes,
+            _file: file,
+        })
+    }
+}
+
+impl Drop for HeaderSnapshot {
+    fn drop(&mut self) {
+        drop(self.signals.take());
+        RESTORE_FD.store(-1, Ordering::SeqCst);
+        RESTORE_PTR.store(std::ptr::null_mut(), Ordering::SeqCst);
+        RESTORE_LEN.store(0, Ordering::SeqCst);
+        WRITER_TID.store(0, Ordering::SeqCst);
+    }
+}
+
+/// Runs `f` (a libcryptsetup call that derives a new keyslot's key and writes the header at
+/// `header`: luksFormat, luksAddKey, luksChangeKey, luksConvertKey, luksHeaderRestore)
+/// under a spinner saying `what`, with Ctrl-C/SIGTERM/SIGHUP ending it at once: the header
+/// area (at least `min_bytes`) read before `f` starts is written back, whatever `f` had
+/// done, and the command exits 1 saying so. The key derivation (up to `--iter-time`)
+/// no longer holds the signal. When the header cannot be opened for writing here, `f`
+/// runs as [`writing`] runs it (its own error then says why).
+pub(crate) fn writing_header<T>(
+    what: &str,
+    header: &std::path::Path,
+    min_bytes: u64,
+    f: impl FnOnce() -> Result<T, super::CliError>,
+) -> Result<T, super::CliError> {
+    let snapshot = match HeaderSnapshot::take(header, min_bytes) {
+        Ok(s) => s,
+        Err(_) => return writing(what, f),
+    };
+    let spin = Spinner::new(what);
+    let r = f();
+    drop(spin);
+    drop(snapshot);
+    r
+}
+
 /// While alive, SIGINT/SIGTERM/SIGHUP only set a flag that the writing loop polls
 /// ([`StopOnSignal::stopped`]): it stops at a boundary and reports how far it got.
-pub(crate) struct StopOnSignal(#[allow(dead_code)] Installed);
+pub(crate) struct StopOnSignal(#[allow(dead_code)] Guard);
 
 impl StopOnSignal {
     pub(crate) fn new() -> StopOnSignal {
         STOP.store(false, Ordering::SeqCst);
-        StopOnSignal(Installed::new(on_stop_signal))
+        StopOnSignal(install(&INTERRUPTS, on_stop_signal, libc::SA_RESTART))
     }
 
     /// Whether a signal asked to stop.

@@ -158,57 +158,23 @@ extern "C" fn on_prompt_signal(_sig: libc::c_int) {
     PROMPT_INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-/// The signals that end a prompt (Ctrl-C, `kill`, a closed terminal).
-const PROMPT_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
-
 /// While alive, SIGINT/SIGTERM/SIGHUP interrupt this thread's read of the terminal instead
 /// of killing the process with echo still off, or going unseen to a server's signal
 /// thread (which blocks them in every other thread before the passphrase is asked for):
 /// they are unblocked on this thread and caught without `SA_RESTART`, so the read returns
 /// `EINTR`, the prompt fails with "interrupted" and the terminal is restored. Dropping the
 /// guard puts back the handlers and the mask.
-struct PromptSignals {
-    old: Vec<(libc::c_int, libc::sigaction)>,
-    old_mask: libc::sigset_t,
-}
+struct PromptSignals(#[allow(dead_code)] super::signals::Guard);
 
 impl PromptSignals {
     fn new() -> PromptSignals {
         PROMPT_INTERRUPTED.store(false, Ordering::SeqCst);
-        let mut old = Vec::with_capacity(PROMPT_SIGNALS.len());
-        // SAFETY: sigset_t and sigaction are plain C data; all-zero is a valid start for
-        // both, and sigemptyset/sigaddset/sigaction/pthread_sigmask only read and write
-        // the structures passed, which live across each call.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for sig in PROMPT_SIGNALS {
-                libc::sigaddset(&mut set, sig);
-                let mut act: libc::sigaction = std::mem::zeroed();
-                act.sa_sigaction = on_prompt_signal as extern "C" fn(libc::c_int) as usize;
-                act.sa_flags = 0; // no SA_RESTART: the read must return EINTR
-                libc::sigemptyset(&mut act.sa_mask);
-                let mut prev: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(sig, &act, &mut prev) == 0 {
-                    old.push((sig, prev));
-                }
-            }
-            let mut old_mask: libc::sigset_t = std::mem::zeroed();
-            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, &mut old_mask);
-            PromptSignals { old, old_mask }
-        }
-    }
-}
-
-impl Drop for PromptSignals {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask and the actions saved in `new`, from valid structures.
-        unsafe {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old_mask, std::ptr::null_mut());
-            for (sig, prev) in &self.old {
-                libc::sigaction(*sig, prev, std::ptr::null_mut());
-            }
-        }
+        // No SA_RESTART: the read must return EINTR.
+        PromptSignals(super::signals::install(
+            &super::signals::INTERRUPTS,
+            on_prompt_signal,
+            0,
+        ))
     }
 }
 
