@@ -631,12 +631,26 @@ fn unlock_reencrypting(
             probe.new.offset
         )
     })?;
-    let st = Reencrypt::load(&header.json, size)?;
+    let mut st = Reencrypt::load(&header.json, size)?;
+    let mut header = header;
+    if let Progress::Crashed { .. } = st.progress {
+        if opts.recover_reencryption && opts.header.is_none() {
+            crate::reencrypt::Run::open(device, passphrase)
+                .and_then(|mut run| run.recover_crash())
+                .with_context(|| {
+                    format!("recovering the interrupted reencryption hotzone of {device_str}")
+                })?;
+            header = luks2::disk::Header::read(&file, &device_str)?;
+            st = Reencrypt::load(&header.json, size)?;
+        }
+    }
     let done = match st.progress {
         Progress::Clean { done } => done,
         Progress::Crashed { offset, length } => {
             return Err(FormatError::Refused(format!(
-                "LUKS2 header on {device_str}: a reencryption hotzone [{offset}, +{length})                  was interrupted by a crash; recover it with `ucrypt reencrypt --resume-only`                  (or cryptsetup repair) before opening"
+                "LUKS2 header on {device_str}: a reencryption hotzone [{offset}, +{length}) \
+                 was interrupted by a crash; `ucrypt open` recovers it (read-write, header on \
+                 the device), or run `ucrypt reencrypt --resume-only` (or cryptsetup repair)"
             ))
             .into())
         }

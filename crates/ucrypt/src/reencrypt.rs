@@ -356,6 +356,22 @@ impl Run {
         });
     }
 
+    /// Recovers the hotzone a crash interrupted, if there is one, and stops there (the
+    /// data pass is not resumed): what cryptsetup's activation does for a LUKS2 device in
+    /// the crash state. Returns whether there was a hotzone to recover.
+    ///
+    /// # Errors
+    /// As [`Run::run`]'s recovery: I/O errors, resilience `none`.
+    pub fn recover_crash(&mut self) -> Result<bool> {
+        match self.state.progress {
+            Progress::Crashed { offset, length } => {
+                self.recover(offset, length)?;
+                Ok(true)
+            }
+            Progress::Clean { .. } => Ok(false),
+        }
+    }
+
     /// Recovers a crashed hotzone as cryptsetup does, then records it as done.
     fn recover(&mut self, offset: u64, length: u64) -> Result<()> {
         let data_at = self.state.new.offset + offset;

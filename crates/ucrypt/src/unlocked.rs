@@ -74,6 +74,11 @@ pub struct HeaderOptions {
     /// INSECURE: open LUKS headers whose keyslots or data segment use `cipher_null` (no
     /// encryption). Off by default, see [`crate::header::refuse_unsafe_luks_ciphers`].
     pub allow_null_cipher: bool,
+    /// A LUKS2 reencryption hotzone that a crash interrupted is recovered (from its
+    /// checksums or journal) before the volume is mapped, as cryptsetup's activation does.
+    /// It writes the device, so only a read-write open that holds the image lock sets it;
+    /// otherwise such a volume is refused until `reencrypt --resume-only`.
+    pub recover_reencryption: bool,
 }
 
 /// A header unlocked: the equivalent table line (with the volume key) and header facts.

@@ -686,6 +686,18 @@ fn a_volume_mid_reencryption_is_served_as_two_segments_and_written_through() {
         !out.status.success() && err.contains("--resume-only"),
         "{err}"
     );
+    // A read-write `ucrypt open` (which holds the image lock) recovers the hotzone first, as
+    // cryptsetup's activation does, and maps the volume; the header is clean afterwards.
+    let recovered = f.copy(&crashed, "recovered.img");
+    let opts = ucrypt::HeaderOptions {
+        recover_reencryption: true,
+        ..ucrypt::HeaderOptions::default()
+    };
+    let secret = std::fs::read(&f.key).unwrap();
+    let u = ucrypt::unlock(&recovered, &secret, &opts).unwrap();
+    assert!(!f.in_crash_state(&recovered), "{}", f.json(&recovered));
+    assert!(u.size_bytes() > 0);
+    f.assert_plain(&recovered);
     f.ucrypt_resume(&crashed, &["--debug-stop-after", "4M"]);
     f.assert_plain(&crashed);
 }

@@ -230,7 +230,7 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
 
     // Unlock in the foreground: the prompt and a wrong passphrase stay with the user.
     let unlocked = if mapping.is_none() {
-        let Some((u, hopts)) = super::open_header::unlock(&a.header)? else {
+        let Some((u, hopts)) = super::open_header::unlock(&a.header, !a.read_only)? else {
             return Ok(()); // --test-passphrase is handled by open::run; not reached
         };
         let kind_name = u

@@ -72,6 +72,7 @@ pub(crate) fn unlock_inputs(
         allow_discards,
         tcrypt: Default::default(),
         allow_null_cipher: false,
+        recover_reencryption: false,
     };
     let secret = if kind == VolumeType::Plain {
         // cryptsetup: a key file other than stdin is the raw key, exactly key-size bytes

@@ -85,7 +85,8 @@ pub(crate) enum HeaderExport {
 
 /// Unlocks `h.device` and builds its volume with the engine options of `opts`.
 pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<HeaderExport, CliError> {
-    let Some((unlocked, _)) = unlock(h)? else {
+    // No image lock is held here: a crashed reencryption hotzone is refused, not recovered.
+    let Some((unlocked, _)) = unlock(h, false)? else {
         return Ok(HeaderExport::Checked);
     };
     let description = describe(&unlocked);
@@ -114,9 +115,12 @@ const EXIT_BAD_PASSPHRASE: u8 = 2;
 /// Reads the secret and unlocks `h.device`: the volume key and table, and the header
 /// options that unlock it again (`luksResume`, `resize`, `refresh`). `None` with
 /// `--test-passphrase` once the passphrase checked out. A wrong passphrase typed at a
-/// terminal is asked for again, `--tries` times in all (as cryptsetup does).
+/// terminal is asked for again, `--tries` times in all (as cryptsetup does). `writable`: the
+/// open is read-write and holds the image lock, so a LUKS2 reencryption hotzone a crash
+/// interrupted may be recovered first (as cryptsetup's activation does).
 pub(crate) fn unlock(
     h: &HeaderArgs,
+    writable: bool,
 ) -> Result<Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>, CliError> {
     let tries = if super::secret::prompts(&h.key) {
         h.tries.max(1)
@@ -125,7 +129,7 @@ pub(crate) fn unlock(
     };
     let mut attempt = 1;
     loop {
-        match unlock_once(h) {
+        match unlock_once(h, writable) {
             Err(e) if e.code() == EXIT_BAD_PASSPHRASE && attempt < tries => {
                 eprintln!("No key available with this passphrase.");
                 attempt += 1;
@@ -138,6 +142,7 @@ pub(crate) fn unlock(
 /// One attempt of [`unlock`].
 fn unlock_once(
     h: &HeaderArgs,
+    writable: bool,
 ) -> Result<Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>, CliError> {
     let device = h.device.clone().expect("called only with a device");
     let kind: VolumeType = match &h.kind {
@@ -176,6 +181,7 @@ fn unlock_once(
             allow_discards: h.allow_discards,
             tcrypt: Default::default(),
             allow_null_cipher: h.insecure_allow_null_cipher,
+            recover_reencryption: false,
         };
         // The whole file; its length must be the header's key size (checked on unlock).
         let vk = super::secret::read_key_file(vk_file, 0, 0)?;
@@ -223,6 +229,7 @@ fn unlock_once(
         unlock_inputs(&dev, kind, &h.key, h.key_slot, h.allow_discards, &h.plain)?
     };
     hopts.allow_null_cipher = h.insecure_allow_null_cipher;
+    hopts.recover_reencryption = writable && !h.test_passphrase;
     if h.test_passphrase
         && h.unlock.link_vk_to_keyring.is_none()
         && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
