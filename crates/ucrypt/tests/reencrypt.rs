@@ -380,16 +380,17 @@ fn a_run_killed_mid_hotzone_is_recovered_by_either_tool() {
         let reference = f.copy(&init, "reference.img");
         f.cryptsetup_resume(&reference);
 
-        // ucrypt killed as its main thread starts hotzone 2's "post" header (its 21st
-        // pwrite: per hotzone one resilience write and 6 for each of the "hot" and "post"
-        // headers; the data goes from a writer thread, written and synced by then). On
+        // ucrypt killed as its I/O thread starts hotzone 2's "post" header (its 23rd
+        // pwrite, strace counting per thread: per hotzone, in order, one resilience write,
+        // 6 for the "hot" header (two copies, each binary header, JSON, binary header), one
+        // data write (synced), 6 for the "post" header; the other threads only read). On
         // disk: hotzone [4M, 8M) marked in-reencryption, its data all new. From that, by
         // copying the old ciphertext back from the initialised image: the hotzone all old
         // (killed before the data write), and torn (first half new, the rest old).
         let crashed = f.copy(&init, "crashed.img");
         f.killed_at(
             "pwrite64",
-            21,
+            23,
             ucrypt_bin(),
             &[
                 "reencrypt",
