@@ -1,7 +1,9 @@
 //! A minimal synchronous NBD client connection: fixed newstyle handshake with `NBD_OPT_GO`
-//! (falling back to `NBD_OPT_EXPORT_NAME`), then one request at a time with simple replies.
-//! [`crate::remote::NbdBackend`] keeps a pool of these, so ciphertext can live on another
-//! NBD server (nbdkit, qemu-nbd, qemu-storage-daemon, rbd-nbd) while keys stay local.
+//! (falling back to `NBD_OPT_EXPORT_NAME`), then requests with simple replies: one at a
+//! time ([`Connection::call`]), or, over a plaintext socket, many at once from many threads
+//! ([`Pipelined`]). [`crate::remote::NbdBackend`] keeps a pool of these, so ciphertext can
+//! live on another NBD server (nbdkit, qemu-nbd, qemu-storage-daemon, rbd-nbd) while keys
+//! stay local.
 //!
 //! Spec: NBD `doc/proto.md`, "Fixed newstyle negotiation", "Transmission".
 
@@ -9,11 +11,12 @@ use crate::command::Request;
 use crate::proto::*;
 use crate::tls::ClientTls;
 use crate::NbdError;
+use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Where an NBD server is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +47,9 @@ pub struct Connection {
     wr: BufWriter<Box<dyn Duplex>>,
     next_cookie: u64,
     facts: ExportFacts,
+    /// Over TLS: both halves share one session under a lock, so a reader blocked for a
+    /// reply would hold up every sender; such a connection is used one request at a time.
+    tls: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -119,6 +125,7 @@ impl Connection {
                 flags: 0,
                 block: (1, 4096, DEFAULT_MAX_BLOCK),
             },
+            tls: true,
         };
         c.go(export, no_zeroes)?;
         Ok(c)
@@ -149,6 +156,7 @@ impl Connection {
                 flags: 0,
                 block: (1, 4096, DEFAULT_MAX_BLOCK),
             },
+            tls: false,
         };
         c.handshake(export)?;
         Ok(c)
@@ -157,6 +165,30 @@ impl Connection {
     /// What the server said about the export.
     pub fn facts(&self) -> ExportFacts {
         self.facts
+    }
+
+    /// The connection for many requests at once, or `Err(self)` over TLS (see
+    /// [`Pipelined`]).
+    ///
+    /// # Errors
+    /// `self`, unchanged, when the connection is TLS.
+    pub fn pipelined(self) -> Result<Pipelined, Box<Connection>> {
+        if self.tls {
+            return Err(Box::new(self));
+        }
+        Ok(Pipelined {
+            tx: Mutex::new(Tx {
+                wr: self.wr,
+                next_cookie: self.next_cookie,
+            }),
+            rx: Mutex::new(self.rd),
+            state: Mutex::new(Waiting {
+                slots: HashMap::new(),
+                reading: false,
+                failed: None,
+            }),
+            answered: Condvar::new(),
+        })
     }
 
     fn read_n<const N: usize>(&mut self) -> Result<[u8; N], NbdError> {
@@ -303,6 +335,197 @@ impl Connection {
                 .map_err(io("reading from the NBD server"))?;
         }
         Ok(errno)
+    }
+}
+
+/// A plaintext [`Connection`] shared by threads, each with its own request in flight: the
+/// NBD protocol lets a client send requests without waiting for replies, and the server
+/// answers in any order, naming the request by its cookie. Without this, a connection
+/// carried one request at a time, and ucrypt over an NBD export of RBD had as many requests
+/// in flight as connections (4) where its own clients had 32 (BENCHMARKING.md, "Ceph RBD").
+///
+/// A caller sends its request whole under the sending lock, then waits for its reply. The
+/// replies are read by one of the waiting callers at a time (whoever finds nobody reading):
+/// it reads a reply header, copies a READ's data straight into the buffer of the caller it
+/// belongs to, marks that caller's request answered and wakes the waiters; it keeps reading
+/// until its own reply has come, then leaves the reading to another waiter. A socket error,
+/// or a reply to a request nobody is waiting for, fails every unanswered request and the
+/// connection (the owner reconnects). Hand-written: no maintained crate offers a blocking,
+/// multi-threaded NBD client (libnbd's bindings are asynchronous or single-threaded).
+pub struct Pipelined {
+    tx: Mutex<Tx>,
+    rx: Mutex<BufReader<Box<dyn Duplex>>>,
+    state: Mutex<Waiting>,
+    answered: Condvar,
+}
+
+impl std::fmt::Debug for Pipelined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipelined")
+            .field("failed", &self.failed())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Tx {
+    wr: BufWriter<Box<dyn Duplex>>,
+    next_cookie: u64,
+}
+
+struct Waiting {
+    /// Requests sent and not yet handed back to their callers, by cookie.
+    slots: HashMap<u64, Slot>,
+    /// A caller is reading replies.
+    reading: bool,
+    /// Why the connection is unusable.
+    failed: Option<String>,
+}
+
+/// One request in flight: where a READ's data goes, and its outcome once answered.
+struct Slot {
+    kind: u16,
+    data: *mut u8,
+    len: usize,
+    /// The server's errno, or why the connection failed.
+    result: Option<Result<u32, String>>,
+}
+
+// SAFETY: `data` points into the buffer of the caller that owns the slot, which stays in
+// `Pipelined::wait` (so the buffer stays borrowed) until `result` is set; only the reading
+// caller writes through it, and only before setting `result`.
+unsafe impl Send for Slot {}
+
+fn broken(why: &str) -> NbdError {
+    NbdError::Io {
+        op: "talking to the NBD server",
+        source: io::Error::new(io::ErrorKind::BrokenPipe, why.to_string()),
+    }
+}
+
+impl Pipelined {
+    /// Whether the connection failed (requests on it fail; open a new one).
+    pub fn failed(&self) -> bool {
+        crate::server::lock(&self.state).failed.is_some()
+    }
+
+    /// [`Connection::call`] for any number of threads at once.
+    ///
+    /// # Errors
+    /// Socket failures, replies the protocol does not allow, and any request on a
+    /// connection that failed before: the connection is then unusable.
+    pub fn call(&self, req: Request, payload: &[u8], data: &mut [u8]) -> Result<u32, NbdError> {
+        let kind = req.kind;
+        let cookie = {
+            let mut tx = crate::server::lock(&self.tx);
+            let cookie = tx.next_cookie;
+            tx.next_cookie = tx.next_cookie.wrapping_add(1);
+            {
+                let mut w = crate::server::lock(&self.state);
+                if let Some(why) = &w.failed {
+                    return Err(broken(why));
+                }
+                if kind != NBD_CMD_DISC {
+                    w.slots.insert(
+                        cookie,
+                        Slot {
+                            kind,
+                            data: data.as_mut_ptr(),
+                            len: data.len(),
+                            result: None,
+                        },
+                    );
+                }
+            }
+            let req = Request { cookie, ..req };
+            let sent = tx
+                .wr
+                .write_all(&req.encode())
+                .and_then(|()| tx.wr.write_all(payload))
+                .and_then(|()| tx.wr.flush());
+            if let Err(e) = sent {
+                // The server did not get the whole request, so it will not answer it and
+                // no reader touches the slot: it is dropped here. Requests sent whole before
+                // are still answered; nothing is sent after a partial one.
+                let mut w = crate::server::lock(&self.state);
+                w.slots.remove(&cookie);
+                w.failed
+                    .get_or_insert_with(|| format!("writing to the NBD server: {e}"));
+                return Err(NbdError::Io {
+                    op: "writing to the NBD server",
+                    source: e,
+                });
+            }
+            cookie
+        };
+        if kind == NBD_CMD_DISC {
+            return Ok(0);
+        }
+        self.wait(cookie)
+    }
+
+    /// Waits for the reply to `cookie`, reading replies while nobody else does.
+    fn wait(&self, cookie: u64) -> Result<u32, NbdError> {
+        let mut w = crate::server::lock(&self.state);
+        loop {
+            if let Some(r) = w.slots.get_mut(&cookie).and_then(|s| s.result.take()) {
+                w.slots.remove(&cookie);
+                return r.map_err(|why| broken(&why));
+            }
+            if w.reading {
+                w = self
+                    .answered
+                    .wait(w)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            w.reading = true;
+            drop(w);
+            let outcome = self.read_reply();
+            w = crate::server::lock(&self.state);
+            w.reading = false;
+            if let Err(why) = outcome {
+                for s in w.slots.values_mut() {
+                    s.result.get_or_insert_with(|| Err(why.clone()));
+                }
+                w.failed.get_or_insert(why);
+            }
+            self.answered.notify_all();
+        }
+    }
+
+    /// Reads one reply and hands it to the request it answers.
+    fn read_reply(&self) -> Result<(), String> {
+        let mut rx = crate::server::lock(&self.rx);
+        let mut r = [0u8; SIMPLE_REPLY_BYTES];
+        rx.read_exact(&mut r)
+            .map_err(|e| format!("reading from the NBD server: {e}"))?;
+        let magic = u32::from_be_bytes([r[0], r[1], r[2], r[3]]);
+        let errno = u32::from_be_bytes([r[4], r[5], r[6], r[7]]);
+        let mut c = [0u8; 8];
+        c.copy_from_slice(&r[8..]);
+        let cookie = u64::from_be_bytes(c);
+        if magic != NBD_SIMPLE_REPLY_MAGIC {
+            return Err(format!("unexpected reply (magic {magic:#x})"));
+        }
+        let (kind, data, len) = {
+            let w = crate::server::lock(&self.state);
+            match w.slots.get(&cookie) {
+                Some(s) if s.result.is_none() => (s.kind, s.data, s.len),
+                _ => return Err(format!("reply to no request in flight (cookie {cookie})")),
+            }
+        };
+        if kind == NBD_CMD_READ && errno == 0 {
+            // SAFETY: the slot's owner waits until its result is set (below, by this
+            // thread), so its buffer of `len` bytes is alive and not otherwise used.
+            let buf = unsafe { std::slice::from_raw_parts_mut(data, len) };
+            rx.read_exact(buf)
+                .map_err(|e| format!("reading from the NBD server: {e}"))?;
+        }
+        let mut w = crate::server::lock(&self.state);
+        if let Some(s) = w.slots.get_mut(&cookie) {
+            s.result = Some(Ok(errno));
+        }
+        Ok(())
     }
 }
 

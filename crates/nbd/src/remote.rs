@@ -4,27 +4,32 @@
 //! exports NBD (nbdkit plugins, qemu-storage-daemon, Ceph's rbd-nbd).
 //!
 //! ```text
-//!  Volume ──► NbdBackend ──► pool of Connection (one request at a time each) ──► server
+//!  Volume ──► NbdBackend ──► pool of connections (Pipelined: many requests in flight
+//!                              each; over TLS one at a time) ──► server
 //! ```
 //!
-//! Concurrency comes from several connections when the server offers
-//! `NBD_FLAG_CAN_MULTI_CONN` (then a FLUSH on any of them covers writes completed on all,
-//! which is what `Backend::flush` promises); otherwise one connection serialises requests.
+//! Every calling thread has its own request in flight: a plaintext connection carries
+//! many at once ([`crate::client::Pipelined`]). Requests go round robin over several
+//! connections when the server offers `NBD_FLAG_CAN_MULTI_CONN` (then a FLUSH on any of
+//! them covers writes completed on all, which is what `Backend::flush` promises); otherwise
+//! there is one. A TLS connection runs one request at a time (its session is shared by
+//! both directions under one lock), so over TLS only multi-conn gives concurrency.
 //!
 //! ## Reconnecting, and what it cannot promise
-//! A connection that fails is dropped, its request fails, and it is re-established on its
-//! next use. Requests are never retried. A write the old connection acknowledged may sit
-//! in the server's cache, and a server that restarted (or a different server now behind
-//! the address) lost it; a FLUSH on the new connection cannot cover it. So the backend
-//! counts writes acknowledged since the last successful FLUSH, and a reconnect while any
-//! are outstanding marks them *possibly lost*: the next FLUSH fails with `EIO` (once; the
-//! flush after it reports only on what came later), as the kernel reports a writeback
-//! error to `fsync`. It is conservative: a reconnect to a server that merely dropped a
-//! TCP connection, cache intact, fails one FLUSH too. Writes sent with FUA are durable
-//! when acknowledged and are not counted; an export without FLUSH support (write-through)
-//! is not tracked.
+//! A connection that fails is dropped, its requests fail, and it is re-established on its
+//! next use. A request is never sent twice (one that finds its connection already failed,
+//! unsent, goes to a new one; one that was sent fails with the connection). A write the
+//! old connection acknowledged may sit in the server's cache, and a server that restarted
+//! (or a different server now behind the address) lost it; a FLUSH on the new connection
+//! cannot cover it. So the backend counts writes acknowledged since the last successful
+//! FLUSH, and a reconnect while any are outstanding marks them *possibly lost*: the next
+//! FLUSH fails with `EIO` (once; the flush after it reports only on what came later), as
+//! the kernel reports a writeback error to `fsync`. It is conservative: a reconnect to a
+//! server that merely dropped a TCP connection, cache intact, fails one FLUSH too. Writes
+//! sent with FUA are durable when acknowledged and are not counted; an export without
+//! FLUSH support (write-through) is not tracked.
 
-use crate::client::{Address, Connection, ExportFacts};
+use crate::client::{Address, Connection, ExportFacts, Pipelined};
 use crate::command::Request;
 use crate::proto::*;
 use crate::tls::{ClientTls, ClientTlsParams};
@@ -32,7 +37,7 @@ use crate::NbdError;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use ucrypt_backend::{Backend, BackendError, BackendInfo, Caps, Support};
 
 /// Default TCP port of NBD (IANA).
@@ -171,6 +176,59 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// One connection of the pool.
+#[derive(Debug)]
+enum Link {
+    /// Plaintext: any number of requests at once.
+    Pipe(Pipelined),
+    /// TLS: one request at a time; the flag says it failed.
+    Serial(Mutex<Connection>, AtomicBool),
+}
+
+impl Link {
+    fn new(c: Connection) -> Link {
+        match c.pipelined() {
+            Ok(p) => Link::Pipe(p),
+            Err(c) => Link::Serial(Mutex::new(*c), AtomicBool::new(false)),
+        }
+    }
+
+    fn failed(&self) -> bool {
+        match self {
+            Link::Pipe(p) => p.failed(),
+            Link::Serial(_, f) => f.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Whether a request would start at once (a serial link not busy).
+    fn idle(&self) -> bool {
+        match self {
+            Link::Pipe(_) => true,
+            Link::Serial(c, _) => c.try_lock().is_ok(),
+        }
+    }
+
+    /// Runs a request; `Ok(None)`: not sent, the link had failed (another request's
+    /// failure, seen only once this one's turn came).
+    fn call(&self, req: Request, payload: &[u8], data: &mut [u8]) -> Result<Option<u32>, NbdError> {
+        match self {
+            Link::Pipe(p) if p.failed() => Ok(None),
+            Link::Pipe(p) => p.call(req, payload, data).map(Some),
+            Link::Serial(c, failed) => {
+                let mut c = crate::server::lock(c);
+                if failed.load(Ordering::SeqCst) {
+                    return Ok(None);
+                }
+                let r = c.call(req, payload, data);
+                if r.is_err() {
+                    failed.store(true, Ordering::SeqCst);
+                }
+                r.map(Some)
+            }
+        }
+    }
+}
+
 /// A remote NBD export as a backend.
 pub struct NbdBackend {
     uri: String,
@@ -179,8 +237,8 @@ pub struct NbdBackend {
     /// TLS for `nbds://` URIs (every connection, reconnects too).
     tls: Option<ClientTls>,
     info: BackendInfo,
-    /// One request at a time per connection; `None` after a failure until reconnected.
-    conns: Vec<Mutex<Option<Connection>>>,
+    /// The connections; `None`, or one that failed, is (re)connected on its next use.
+    conns: Vec<Mutex<Option<Arc<Link>>>>,
     /// Round-robin start for picking a connection.
     next: AtomicUsize,
     /// Largest READ/WRITE sent (the server's maximum block size).
@@ -223,13 +281,10 @@ impl NbdBackend {
         } else {
             1
         };
-        let mut conns = vec![Mutex::new(Some(first))];
+        let mut conns = vec![Mutex::new(Some(Arc::new(Link::new(first))))];
         for _ in 1..n {
-            conns.push(Mutex::new(Some(Connection::connect_tls(
-                &addr,
-                &export,
-                tls.as_ref(),
-            )?)));
+            let c = Connection::connect_tls(&addr, &export, tls.as_ref())?;
+            conns.push(Mutex::new(Some(Arc::new(Link::new(c)))));
         }
         let support = |f: u16| {
             if flags & f != 0 {
@@ -277,7 +332,8 @@ impl NbdBackend {
         })
     }
 
-    /// Runs one request on a free connection (reconnecting a failed one).
+    /// Runs one request on the next connection (reconnecting a failed one); a serial (TLS)
+    /// connection that is busy is passed over for an idle one.
     fn call(
         &self,
         op: &'static str,
@@ -286,59 +342,76 @@ impl NbdBackend {
         data: &mut [u8],
     ) -> Result<(), BackendError> {
         let offset = req.offset;
-        let n = self.conns.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        // Prefer an idle connection; otherwise wait for the round-robin one.
-        let mut guard = (0..n)
-            .find_map(|i| self.conns[(start + i) % n].try_lock().ok())
-            .unwrap_or_else(|| crate::server::lock(&self.conns[start]));
-        let io_err = |source: io::Error| BackendError::Io {
-            op,
-            offset,
-            path: PathBuf::from(&self.uri),
-            source,
-        };
-        if guard.is_none() {
-            let c = Connection::connect_tls(&self.addr, &self.export, self.tls.as_ref()).map_err(
-                |e| {
-                    BackendError::Other(format!(
-                        "reconnecting to {}: {}",
-                        self.uri,
-                        crate::server::chain(&e)
-                    ))
-                },
-            )?;
-            // Writes the server acknowledged but nobody flushed may have died with it.
-            if self.acked.load(Ordering::SeqCst) > self.covered.load(Ordering::SeqCst) {
-                self.lost.store(true, Ordering::SeqCst);
-            }
-            *guard = Some(c);
-        }
-        let Some(conn) = guard.as_mut() else {
-            return Err(BackendError::Other("BUG: no connection".into()));
-        };
         let counted = matches!(
             req.kind,
             NBD_CMD_WRITE | NBD_CMD_WRITE_ZEROES | NBD_CMD_TRIM
         ) && req.flags & NBD_CMD_FLAG_FUA == 0
             && self.info.caps.flush != Support::None;
-        match conn.call(req, payload, data) {
-            Ok(0) => {
+        // A request that was never sent (its link failed under it) goes to a fresh link,
+        // once; a request that was sent is never repeated (module docs).
+        let mut r = self.link()?.call(req, payload, data);
+        if let Ok(None) = r {
+            r = self.link()?.call(req, payload, data);
+        }
+        match r {
+            Ok(None) => Err(BackendError::Other(format!(
+                "{op} at offset {offset} on {}: the connection failed again",
+                self.uri
+            ))),
+            Ok(Some(0)) => {
                 if counted {
                     self.acked.fetch_add(1, Ordering::SeqCst);
                 }
                 Ok(())
             }
-            Ok(errno) => Err(io_err(io::Error::from_raw_os_error(errno as i32))),
-            Err(e) => {
-                *guard = None;
-                Err(BackendError::Other(format!(
-                    "{op} at offset {offset} on {}: {}",
+            Ok(Some(errno)) => Err(BackendError::Io {
+                op,
+                offset,
+                path: PathBuf::from(&self.uri),
+                source: io::Error::from_raw_os_error(errno as i32),
+            }),
+            Err(e) => Err(BackendError::Other(format!(
+                "{op} at offset {offset} on {}: {}",
+                self.uri,
+                crate::server::chain(&e)
+            ))),
+        }
+    }
+
+    /// The connection for the next request, (re)connected if it failed.
+    fn link(&self) -> Result<Arc<Link>, BackendError> {
+        let n = self.conns.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let usable = |i: usize| {
+            crate::server::lock(&self.conns[i])
+                .as_ref()
+                .is_some_and(|l| !l.failed() && l.idle())
+        };
+        let i = (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| usable(i))
+            .unwrap_or(start);
+        let mut slot = crate::server::lock(&self.conns[i]);
+        if let Some(l) = slot.as_ref().filter(|l| !l.failed()) {
+            return Ok(Arc::clone(l));
+        }
+        // Requests still in flight on a failed connection keep it until they end.
+        *slot = None;
+        let c =
+            Connection::connect_tls(&self.addr, &self.export, self.tls.as_ref()).map_err(|e| {
+                BackendError::Other(format!(
+                    "reconnecting to {}: {}",
                     self.uri,
                     crate::server::chain(&e)
-                )))
-            }
+                ))
+            })?;
+        // Writes the server acknowledged but nobody flushed may have died with it.
+        if self.acked.load(Ordering::SeqCst) > self.covered.load(Ordering::SeqCst) {
+            self.lost.store(true, Ordering::SeqCst);
         }
+        let l = Arc::new(Link::new(c));
+        *slot = Some(Arc::clone(&l));
+        Ok(l)
     }
 
     fn check_writable(&self, offset: u64, len: u64) -> Result<(), BackendError> {
@@ -477,8 +550,8 @@ impl Drop for NbdBackend {
     fn drop(&mut self) {
         // A soft disconnect, as the spec asks of clients.
         for c in &self.conns {
-            if let Some(conn) = crate::server::lock(c).as_mut() {
-                let _ = conn.call(req(NBD_CMD_DISC, 0, 0, 0), &[], &mut []);
+            if let Some(link) = crate::server::lock(c).as_ref().filter(|l| !l.failed()) {
+                let _ = link.call(req(NBD_CMD_DISC, 0, 0, 0), &[], &mut []);
             }
         }
     }

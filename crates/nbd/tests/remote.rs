@@ -226,3 +226,83 @@ fn a_server_with_an_impossible_minimum_block_size_is_refused() {
     assert!(err.to_string().contains("minimum block size"), "{err}");
     t.join().unwrap();
 }
+
+/// Holds each read until another read is in flight too (or 200 ms passed), counting the
+/// most reads it saw at once.
+struct Rendezvous {
+    inner: MemoryBackend,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl Backend for Rendezvous {
+    fn info(&self) -> &ucrypt_backend::BackendInfo {
+        self.inner.info()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(n, SeqCst);
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        while self.now.load(SeqCst) < 2 && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.most.fetch_max(self.now.load(SeqCst), SeqCst);
+        let r = self.inner.read_at(buf, offset);
+        self.now.fetch_sub(1, SeqCst);
+        r
+    }
+    fn write_at(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+    ) -> Result<(), ucrypt_backend::BackendError> {
+        self.inner.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> Result<(), ucrypt_backend::BackendError> {
+        self.inner.flush()
+    }
+}
+
+/// One connection carries the requests of many threads at once (it carried one at a time,
+/// so ucrypt over an NBD export had 4 requests in flight, one per connection), and every
+/// reply reaches the thread whose request it answers: each thread reads back its own block.
+#[test]
+fn one_connection_carries_many_requests_at_once_each_answered_to_its_sender() {
+    let slow = Arc::new(Rendezvous {
+        inner: MemoryBackend::new(1 << 20).unwrap(),
+        now: 0.into(),
+        most: 0.into(),
+    });
+    let server = Server::start(slow.clone(), ServeOptions::default());
+    let remote = NbdBackend::connect(
+        &uri(&server),
+        RemoteOptions {
+            connections: 1,
+            read_only: false,
+        },
+    )
+    .unwrap();
+    std::thread::scope(|s| {
+        for t in 0..8u8 {
+            let remote = &remote;
+            s.spawn(move || {
+                let at = u64::from(t) * 8192;
+                for round in 0..10u8 {
+                    let pattern = [t.wrapping_mul(31).wrapping_add(round); 8192];
+                    remote.write_at(&pattern, at, false).unwrap();
+                    let mut b = vec![0u8; 8192];
+                    remote.read_at(&mut b, at).unwrap();
+                    assert!(b == pattern, "thread {t} round {round} read another's data");
+                }
+            });
+        }
+    });
+    remote.flush().unwrap();
+    let most = slow.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        most >= 2,
+        "at most {most} request(s) in flight on one connection"
+    );
+}

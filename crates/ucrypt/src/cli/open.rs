@@ -114,7 +114,8 @@ pub(crate) struct Args {
     pub(super) max_connections: usize,
     /// Threads per connection, each receiving, running and answering requests (0 or 1: one
     /// request at a time, in the thread that reads the socket; at most 128). Default 8; 32
-    /// for an rbd:POOL/IMAGE device, whose requests wait for an OSD round trip.
+    /// for an rbd:POOL/IMAGE or NBD URI device, whose requests wait for a network round
+    /// trip.
     #[arg(long, value_parser = super::bounded::<0, { ucrypt_nbd::server::MAX_WORKERS }>)]
     pub(super) nbd_workers: Option<usize>,
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
@@ -559,21 +560,25 @@ fn exit_code(status: ExitStatus) -> i32 {
 }
 
 impl Args {
-    /// `--nbd-workers`, or its default: 8, and 32 when the device is an RBD image. A request
-    /// holds its thread until librbd answers (an OSD round trip, milliseconds), so a client
-    /// at depth 32 has only as many requests in flight as there are threads: 4 KiB random
-    /// writes at depth 32 over `rbd:` went from 1167 to 1868 IOPS (medians of three
-    /// alternating runs, bench/rbd.sh's cluster, BENCHMARKING.md). A file backend answers
-    /// in microseconds, where 8 threads already keep two CPUs busy.
+    /// `--nbd-workers`, or its default: 8, and 32 when the device is an RBD image or an NBD
+    /// URI. A request holds its thread until librbd or the remote server answers (a network
+    /// round trip), so a client at depth 32 has only as many requests in flight as there
+    /// are threads: 4 KiB random writes at depth 32 over `rbd:` went from 1167 to 1868 IOPS
+    /// (medians of three alternating runs, bench/rbd.sh's cluster, BENCHMARKING.md), and
+    /// over a qemu-nbd export of RBD from 935 and 1159 to 1427 and 2353 (once its
+    /// connections carried many requests each). A file backend answers in microseconds,
+    /// where 8 threads already keep two CPUs busy.
     pub(super) fn nbd_workers(&self) -> usize {
         self.nbd_workers.unwrap_or_else(|| {
-            let rbd = self
+            let remote = self
                 .header
                 .device
                 .as_deref()
                 .and_then(|d| d.to_str())
-                .is_some_and(ucrypt_backend::rbd::is_rbd);
-            if rbd {
+                .is_some_and(|d| {
+                    ucrypt_backend::rbd::is_rbd(d) || ucrypt_nbd::remote::is_nbd_uri(d)
+                });
+            if remote {
                 32
             } else {
                 8
