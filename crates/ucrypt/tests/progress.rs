@@ -200,6 +200,14 @@ fn ctrl_c_ends_a_tcrypt_search_at_once_and_a_wipe_saying_how_far_it_got() {
         "{text}"
     );
     assert!(text.contains("rc=1 end1"), "{text}");
+    // The search drew a bar with its combinations and an ETA, not a spinner.
+    let t2 = Tmux::new("searchbar");
+    t2.send(&[&format!("{bin} tcryptDump {}", junk.display()), "Enter"]);
+    wait_pane(&t2.0, "Enter passphrase", 20);
+    t2.send(&["wrong", "Enter"]);
+    let bar = wait_pane(&t2.0, "KDF x cipher combinations, ETA", 20);
+    assert!(bar.contains("Searching TCRYPT/VeraCrypt headers"), "{bar}");
+    t2.send(&["C-c"]);
     assert!(took < Duration::from_secs(3), "took {took:?}:\n{text}");
     assert_eq!(std::fs::read(&junk).unwrap(), before, "the image changed");
 
@@ -488,5 +496,67 @@ fn a_signal_during_a_keyslot_write_exits_at_once_with_the_header_unchanged() {
         std::fs::read(&img).unwrap()[16 << 20..],
         raw[16 << 20..],
         "the data area changed"
+    );
+}
+
+/// `--progress-json` during a TCRYPT header search: cryptsetup's line shape, counting KDF x
+/// cipher combinations (device_bytes of device_size), increasing, the last one complete when
+/// nothing decrypts.
+#[test]
+fn a_tcrypt_search_prints_progress_json_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = common::image_with(tmp.path(), "junk", &common::random_bytes(1 << 20));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(["tcryptDump", junk.to_str().unwrap(), "--progress-json"])
+        .args(["--hash", "sha512"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"wrong\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| {
+            let mut keys = json_keys(l);
+            keys.sort();
+            assert_eq!(
+                keys,
+                [
+                    "device",
+                    "device_bytes",
+                    "device_size",
+                    "eta_ms",
+                    "speed",
+                    "time_ms"
+                ],
+                "{l}"
+            );
+            // In cryptsetup's order.
+            assert!(
+                l.starts_with("{\"device\":") && l.contains("\"eta_ms\":\"") && l.ends_with("\"}"),
+                "{l}"
+            );
+            serde_json::from_str(l).unwrap()
+        })
+        .collect();
+    assert!(lines.len() >= 2, "{text}");
+    let n = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap().parse::<u64>().unwrap();
+    for w in lines.windows(2) {
+        assert!(
+            n(&w[0], "device_bytes") < n(&w[1], "device_bytes"),
+            "{text}"
+        );
+    }
+    let last = lines.last().unwrap();
+    assert_eq!(n(last, "device_bytes"), n(last, "device_size"), "{text}");
+    assert!(n(last, "device_size") > 0);
+    // No bar on a piped stderr.
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("Searching"),
+        "{out:?}"
     );
 }

@@ -84,6 +84,7 @@ fn opts_of(
             hash: o["hash"].as_str().map(String::from),
             cipher: o["cipher"].as_str().map(String::from),
             key_files,
+            ..TcryptOptions::default()
         },
         ..HeaderOptions::default()
     };

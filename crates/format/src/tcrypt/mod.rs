@@ -155,6 +155,16 @@ impl KdfEntry {
         self.hash.map_or("argon2id", TcHash::name)
     }
 
+    /// The relative cost of one derivation, for progress estimates: PBKDF2 iterations, or
+    /// Argon2's time cost × 2 × memory KiB (about as long as that many PBKDF2 iterations).
+    pub fn cost(&self, pim: Option<u32>) -> u64 {
+        let (it, mem) = self.costs(pim);
+        match self.hash {
+            Some(_) => u64::from(it),
+            None => u64::from(it) * 2 * u64::from(mem),
+        }
+    }
+
     /// (iterations or time cost, memory KiB) for an optional PIM.
     pub fn costs(&self, pim: Option<u32>) -> (u32, u32) {
         match (pim, self.hash) {
@@ -683,6 +693,48 @@ pub struct TcryptOptions {
     pub cipher: Option<String>,
     /// Key files mixed into the password.
     pub key_files: Vec<std::path::PathBuf>,
+    /// Told how far the header search got (none: silent).
+    pub progress: SearchProgress,
+}
+
+/// How far a TCRYPT header search got: KDF (PRF) × cipher chain combinations tried of the
+/// total, and the same weighted by each KDF's cost (for an estimate of the time left:
+/// TrueCrypt's KDFs cost a thousandth of VeraCrypt's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SearchStep {
+    /// Combinations tried (every chain of every KDF derived so far, every header).
+    pub tried: u64,
+    /// Combinations the search tries when nothing decrypts.
+    pub total: u64,
+    /// Cost of the KDFs derived so far (PBKDF2 iterations; Argon2 time × 2 × memory KiB).
+    pub cost_done: u64,
+    /// Cost of every KDF of the search.
+    pub cost_total: u64,
+    /// The search is over (a header decrypted, or every combination failed).
+    pub finished: bool,
+}
+
+/// A callback for [`SearchStep`]s (called on the searching thread, before the first KDF
+/// and after each group of KDFs).
+#[derive(Clone, Default)]
+pub struct SearchProgress(pub Option<std::sync::Arc<dyn Fn(SearchStep) + Send + Sync>>);
+
+impl std::fmt::Debug for SearchProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "SearchProgress(callback)"
+        } else {
+            "SearchProgress(none)"
+        })
+    }
+}
+
+impl SearchProgress {
+    fn report(&self, step: SearchStep) {
+        if let Some(f) = &self.0 {
+            f(step);
+        }
+    }
 }
 
 impl Default for TcryptOptions {
@@ -696,6 +748,7 @@ impl Default for TcryptOptions {
             hash: None,
             cipher: None,
             key_files: Vec::new(),
+            progress: SearchProgress::default(),
         }
     }
 }
@@ -938,6 +991,16 @@ pub fn load(
     // the order does not change the result.
     let (cheap, costly): (Vec<KdfEntry>, Vec<KdfEntry>) = kdfs.iter().partition(|k| !k.veracrypt);
     let groups: Vec<&[KdfEntry]> = cheap.chunks(1).chain(costly.chunks(par)).collect();
+    let per_kdf = chains.len() as u64;
+    let kdf_cost: u64 = kdfs.iter().map(|k| k.cost(opts.pim)).sum();
+    let mut step = SearchStep {
+        tried: 0,
+        total: headers.len() as u64 * kdfs.len() as u64 * per_kdf,
+        cost_done: 0,
+        cost_total: headers.len() as u64 * kdf_cost,
+        finished: false,
+    };
+    opts.progress.report(step);
     for (at, raw) in &headers {
         let (salt, rest) = raw.split_at(SALT_LEN);
         let mut enc = [0u8; ENC_LEN];
@@ -961,10 +1024,17 @@ pub fn load(
                     .collect()
             });
             if let Some(h) = found.into_iter().flatten().next() {
+                step.finished = true;
+                opts.progress.report(step);
                 return Ok(h);
             }
+            step.tried += group.len() as u64 * per_kdf;
+            step.cost_done += group.iter().map(|k| k.cost(opts.pim)).sum::<u64>();
+            opts.progress.report(step);
         }
     }
+    step.finished = true;
+    opts.progress.report(step);
     Err(FormatError::BadPassphrase {
         device: dev,
         tried: "no TCRYPT/VeraCrypt header decrypts with this passphrase, key files and options"

@@ -153,10 +153,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         return Ok(());
     }
     let lock = a.unlock.serialize()?;
-    let unlocked = super::progress::searching(&super::open_header::unlocking(kind), || {
-        ucrypt::unlock(&a.dev.device, &secret, &hopts)
-    })
-    .cs()?;
+    let unlocked =
+        super::progress::searching_maybe(super::open_header::unlocking(kind).as_deref(), || {
+            ucrypt::unlock(&a.dev.device, &secret, &hopts)
+        })
+        .cs()?;
     drop(lock);
     a.unlock.link_unlocked(&unlocked)?;
     print_table(&a, &unlocked);

@@ -248,7 +248,7 @@ fn unlock_once(
         return Ok(None);
     }
     let lock = h.unlock.serialize()?;
-    let unlocked = super::progress::searching(&unlocking(kind), || {
+    let unlocked = super::progress::searching_maybe(unlocking(kind).as_deref(), || {
         ucrypt::unlock(&device, &secret, &hopts)
     })
     .map_err(cs_error)?;
@@ -261,12 +261,8 @@ fn unlock_once(
     Ok(Some((unlocked, hopts)))
 }
 
-/// What the spinner says while a volume of `kind` is unlocked (a TCRYPT search tries every
-/// KDF and cipher chain; the others try keyslots).
-pub(crate) fn unlocking(kind: VolumeType) -> String {
-    if kind == VolumeType::Tcrypt {
-        "Searching TCRYPT/VeraCrypt KDFs and ciphers".to_string()
-    } else {
-        "Unlocking (key derivation)".to_string()
-    }
+/// What the spinner says while a volume of `kind` is unlocked; none for TCRYPT, whose
+/// search over every KDF and cipher chain draws its own bar (`progress::Search`).
+pub(crate) fn unlocking(kind: VolumeType) -> Option<String> {
+    (kind != VolumeType::Tcrypt).then(|| "Unlocking (key derivation)".to_string())
 }

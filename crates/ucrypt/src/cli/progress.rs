@@ -9,8 +9,11 @@
 //!   `--progress-frequency` seconds and one when done, as `tools_time_progress_json`);
 //!   with `--progress-frequency` alone cryptsetup's `Progress: ..` / `Finished, ..` lines
 //!   on stdout. Nothing when stderr is not a terminal and neither option is given.
-//! - [`Steps`]: a known number of steps (benchmark cells, bench repeats, TCRYPT KDFs): a
-//!   bar on stderr when it is a terminal, nothing otherwise.
+//! - [`Steps`]: a known number of steps (benchmark cells, bench repeats): a bar on stderr
+//!   when it is a terminal, nothing otherwise.
+//! - [`Search`]: a TCRYPT/VeraCrypt header search (KDF × cipher chain combinations, ETA from
+//!   the KDFs' costs): a bar, or `--progress-json`/`--progress-frequency` lines as
+//!   [`Bytes`] prints them.
 //! - [`Spinner`]: work of unknown length (PBKDF benchmarks, header backup/restore): a
 //!   spinner with elapsed time on stderr when it is a terminal, nothing otherwise.
 //!
@@ -256,6 +259,135 @@ fn speed_text(per_sec: f64) -> String {
     format!("speed {v:5.1} {unit}/s")
 }
 
+/// Progress of a TCRYPT/VeraCrypt header search (every KDF × cipher chain combination): on
+/// a terminal a bar with the combinations tried and an ETA (estimated from the KDFs'
+/// costs, so the cheap TrueCrypt KDFs tried first do not make it look short); with
+/// `--progress-json` cryptsetup's JSON lines on stdout, `device_bytes`/`device_size`
+/// counting combinations tried/total and `speed` combinations per second; with
+/// `--progress-frequency` alone `Progress: ..` lines.
+pub(crate) struct Search {
+    mode: Mode,
+    device: String,
+    start: Instant,
+    last: Option<Instant>,
+    /// The counts of the last line printed (tried, cost done).
+    printed: Option<(u64, u64)>,
+    frequency: Duration,
+}
+
+impl Search {
+    /// A reporter for `ucrypt_format::tcrypt::TcryptOptions::progress`.
+    pub(crate) fn callback(
+        args: &ProgressArgs,
+        device: &str,
+    ) -> ucrypt_format::tcrypt::SearchProgress {
+        let mode = if args.progress_json {
+            Mode::Json
+        } else if args.progress_frequency.is_some() {
+            Mode::Lines
+        } else {
+            let bar = indicatif::ProgressBar::new(1);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "Searching TCRYPT/VeraCrypt headers [{elapsed_precise}] [{bar:30}] {msg}, \
+                     ETA {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            if std::io::stderr().is_terminal() {
+                bar.enable_steady_tick(Duration::from_millis(200));
+            } else {
+                bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+            }
+            Mode::Bar(bar)
+        };
+        let search = std::sync::Mutex::new(Search {
+            mode,
+            device: device.to_string(),
+            start: Instant::now(),
+            last: None,
+            printed: None,
+            frequency: args
+                .progress_frequency
+                .map_or(Duration::from_millis(500), |s| {
+                    Duration::from_secs(u64::from(s.max(1)))
+                }),
+        });
+        ucrypt_format::tcrypt::SearchProgress(Some(std::sync::Arc::new(move |step| {
+            if let Ok(mut s) = search.lock() {
+                s.update(step);
+            }
+        })))
+    }
+
+    fn update(&mut self, step: ucrypt_format::tcrypt::SearchStep) {
+        let now = Instant::now();
+        let fin = step.finished;
+        let secs = now.duration_since(self.start).as_secs_f64();
+        // Time left from the cost rate (the KDFs' costs differ a thousandfold).
+        let eta = if step.cost_done == 0 || fin {
+            0.0
+        } else {
+            secs * (step.cost_total - step.cost_done) as f64 / step.cost_done as f64
+        };
+        match &self.mode {
+            Mode::Bar(b) => {
+                b.set_length(step.cost_total.max(1));
+                b.set_position(step.cost_done);
+                b.set_message(format!(
+                    "{}/{} KDF x cipher combinations",
+                    step.tried, step.total
+                ));
+                if fin {
+                    b.finish_and_clear();
+                }
+            }
+            Mode::Json | Mode::Lines => {
+                // Lines once something was tried, at most every `frequency`, the final one
+                // always (unless the same counts were just printed).
+                let printed = (step.tried, step.cost_done);
+                let soon = self
+                    .last
+                    .is_some_and(|l| now.duration_since(l) < self.frequency);
+                if step.tried == 0 || self.printed == Some(printed) || (!fin && soon) {
+                    return;
+                }
+                self.last = Some(now);
+                self.printed = Some(printed);
+                let line = if matches!(self.mode, Mode::Json) {
+                    json_line(
+                        &self.device,
+                        step.tried,
+                        step.total,
+                        (step.tried as f64 / secs.max(1e-3)) as u64,
+                        (eta * 1e3) as u64,
+                        (secs * 1e3) as u64,
+                    )
+                } else {
+                    format!(
+                        "Progress: {:5.1}%, ETA {}, {}/{} KDF x cipher combinations tried\n",
+                        step.cost_done as f64 / step.cost_total.max(1) as f64 * 100.0,
+                        human_time(eta),
+                        step.tried,
+                        step.total
+                    )
+                };
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(line.as_bytes());
+                let _ = out.flush();
+            }
+        }
+    }
+}
+
+impl Drop for Search {
+    fn drop(&mut self) {
+        if let Mode::Bar(b) = &self.mode {
+            b.finish_and_clear();
+        }
+    }
+}
+
 /// A bar over a known number of steps on stderr (hidden when stderr is not a terminal).
 pub(crate) struct Steps(indicatif::ProgressBar);
 
@@ -389,6 +521,18 @@ pub(crate) fn searching<T>(what: &str, f: impl FnOnce() -> T) -> T {
     let _exit = ExitOnSignal::new();
     let _spin = Spinner::new(what);
     f()
+}
+
+/// As [`searching`], with a spinner only when `what` is given (a TCRYPT search draws its
+/// own bar, [`Search`]).
+pub(crate) fn searching_maybe<T>(what: Option<&str>, f: impl FnOnce() -> T) -> T {
+    match what {
+        Some(w) => searching(w, f),
+        None => {
+            let _exit = ExitOnSignal::new();
+            f()
+        }
+    }
 }
 
 /// Runs `f` (a library call that writes a header: keyslot creation with its PBKDF

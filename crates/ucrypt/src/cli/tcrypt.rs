@@ -35,6 +35,10 @@ pub(crate) struct TcryptArgs {
     /// More TrueCrypt key files (besides --key-file); may be repeated.
     #[arg(long = "tcrypt-keyfile", value_name = "FILE")]
     pub(crate) key_files: Vec<PathBuf>,
+    /// The TCRYPT header search's progress: a bar on a terminal, or (--progress-json)
+    /// cryptsetup's JSON lines counting KDF x cipher combinations.
+    #[command(flatten)]
+    pub(crate) progress: super::progress::ProgressArgs,
 }
 
 /// Header options and passphrase for a TCRYPT device; `--hash` and `--cipher` are search
@@ -76,6 +80,7 @@ pub(crate) fn inputs(
             hash: plain.hash.clone(),
             cipher: plain.cipher.clone(),
             key_files,
+            progress: super::progress::Search::callback(&t.progress, &device.display().to_string()),
         },
         ..HeaderOptions::default()
     };
@@ -137,11 +142,10 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
     };
     let device = super::luks::local_path(&a.device, header.is_none())?;
     let (hopts, secret) = inputs(&a.device, header, &a.key, &a.tcrypt, &plain, false)?;
-    let (hdr, meta) =
-        super::progress::searching("Searching TCRYPT/VeraCrypt KDFs and ciphers", || {
-            ucrypt::tcrypt::load_header(&device, &secret, &hopts)
-        })
-        .map_err(cs_error)?;
+    let (hdr, meta) = super::progress::searching_maybe(None, || {
+        ucrypt::tcrypt::load_header(&device, &secret, &hopts)
+    })
+    .map_err(cs_error)?;
     drop(secret);
     let shown = if Some(&meta) == hopts.header.as_ref() {
         a.header.clone().unwrap_or(meta)

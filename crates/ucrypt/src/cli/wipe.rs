@@ -59,7 +59,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ..ucrypt::HeaderOptions::default()
     };
     let pass = secret::existing(&a.key, &a.dev.device)?;
-    let unlocked = progress::searching(&unlocking(kind), || {
+    let unlocked = progress::searching_maybe(unlocking(kind).as_deref(), || {
         ucrypt::unlock(&a.dev.device, &pass, &hopts)
     })
     .cs()?;
