@@ -1102,8 +1102,34 @@ impl CryptDevice {
             }
             _ => return Err(lib_err),
         };
+        let lib_no_keyslot =
+            matches!(lib_err, FormatError::Cryptsetup { errno, .. } if errno == libc::ENOENT);
         match r {
             Err(FormatError::NotSupported(_) | FormatError::Crypto(_)) => Err(lib_err),
+            // The library found no usable keyslot (an inactive --key-slot, or a passphrase
+            // of an unbound keyslot without --unbound) and neither does ucrypt: the
+            // library's answer stands (exit 1 as cryptsetup's "No usable keyslot is
+            // available."), not a wrong passphrase.
+            Err(FormatError::BadPassphrase { .. }) if lib_no_keyslot => Err(match lib_err {
+                FormatError::Cryptsetup {
+                    op, device, errno, ..
+                } => FormatError::Cryptsetup {
+                    op,
+                    device,
+                    errno,
+                    detail: match slot {
+                        Some(s) => format!(
+                            "no usable keyslot is available (keyslot {s} is inactive or does \
+                             not open with this passphrase)"
+                        ),
+                        None => "no usable keyslot is available (no active keyslot opens with \
+                                 this passphrase; an unbound one is tried only with --unbound \
+                                 or --key-slot)"
+                            .into(),
+                    },
+                },
+                other => other,
+            }),
             other => other,
         }
     }

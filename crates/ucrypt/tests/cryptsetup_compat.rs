@@ -1232,6 +1232,20 @@ fn keyfile_keyslot_pbkdf_and_header_options_do_what_cryptsetups_do() {
                 pass.as_str(),
             ],
         ),
+        // An inactive keyslot: "No usable keyslot" (exit 1), not a wrong passphrase.
+        (
+            2,
+            false,
+            vec![
+                "open",
+                "--test-passphrase",
+                "DEV",
+                "-S",
+                "20",
+                "-d",
+                pass.as_str(),
+            ],
+        ),
         // --keyslot-cipher / --keyslot-key-size on every keyslot writer (LUKS2 only).
         (
             2,
