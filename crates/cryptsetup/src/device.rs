@@ -851,9 +851,34 @@ impl CryptDevice {
         })?;
         let s = Self::slot_arg(slot);
         // SAFETY: both contexts are live for the call.
-        let r = self.call("adding a keyslot", |cd| unsafe {
-            ffi::crypt_keyslot_add_by_keyslot_context(cd, ffi::CRYPT_ANY_SLOT, kc.0, s, kc_new.0, 0)
-        })?;
+        let r = self
+            .call("adding a keyslot", |cd| unsafe {
+                ffi::crypt_keyslot_add_by_keyslot_context(
+                    cd,
+                    ffi::CRYPT_ANY_SLOT,
+                    kc.0,
+                    s,
+                    kc_new.0,
+                    0,
+                )
+            })
+            .map_err(|e| match e {
+                FormatError::Cryptsetup {
+                    op,
+                    device,
+                    errno,
+                    detail,
+                } if errno == libc::ENOENT && detail.is_empty() => FormatError::Cryptsetup {
+                    op,
+                    device,
+                    errno,
+                    detail: format!(
+                        "token {token} does not exist or gave no passphrase (for a \
+                         luks2-keyring token: is its key in the kernel keyring?)"
+                    ),
+                },
+                other => other,
+            })?;
         Ok(Self::slot_ret(r))
     }
 
