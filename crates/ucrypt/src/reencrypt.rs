@@ -66,7 +66,10 @@ pub type ProgressFn<'a> = dyn FnMut(u64, u64) + 'a;
 
 /// An open reencryption: the device, its header, the state and both keys.
 pub struct Run {
+    /// The header's device (with an attached header, the data's as well).
     file: Box<dyn Io>,
+    /// The data device when the header is detached (`--header`).
+    data: Option<(Box<dyn Io>, String)>,
     device: String,
     header: Header,
     state: Reencrypt,
@@ -98,6 +101,14 @@ fn data_size(path: &Path, device: &str, st: &Reencrypt) -> Result<u64> {
         bail!("the data area of {device} ({size} bytes) is not a multiple of the {align}-byte sector size");
     }
     Ok(size)
+}
+
+fn open_rw(path: &Path) -> Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
 }
 
 /// The key of digest `digest`: tries the keyslots bound to it with `passphrase`.
@@ -312,12 +323,22 @@ impl Run {
     /// Not in reencryption, unsupported kind (encrypt, decrypt, data shift, backward), a
     /// passphrase that opens neither key, a digest that does not match.
     pub fn open(path: &Path, passphrase: &[u8]) -> Result<Run> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        Self::open_with(Box::new(file), path, passphrase)
+        Self::open_with(Box::new(open_rw(path)?), path, passphrase)
+    }
+
+    /// As [`Run::open`] with a detached header: the LUKS2 header (keyslots, reencrypt
+    /// area) on `header`, the data area (from the segments' offset, usually 0) on `data`.
+    ///
+    /// # Errors
+    /// As [`Run::open`].
+    pub fn open_detached(header: &Path, data: &Path, passphrase: &[u8]) -> Result<Run> {
+        let io = Box::new(open_rw(data)?);
+        Self::open_parts(
+            Box::new(open_rw(header)?),
+            header,
+            Some((io, data)),
+            passphrase,
+        )
     }
 
     /// As [`Run::open`], with the device's I/O through `io` (a test's model of a volatile
@@ -327,6 +348,15 @@ impl Run {
     /// # Errors
     /// As [`Run::open`].
     pub fn open_with(io: Box<dyn Io>, path: &Path, passphrase: &[u8]) -> Result<Run> {
+        Self::open_parts(io, path, None, passphrase)
+    }
+
+    fn open_parts(
+        io: Box<dyn Io>,
+        path: &Path,
+        data: Option<(Box<dyn Io>, &Path)>,
+        passphrase: &[u8],
+    ) -> Result<Run> {
         let device = path.display().to_string();
         let header = Header::read(io.as_ref(), &device).map_err(fe)?;
         if !reencrypt::in_reencryption(&header.json) {
@@ -337,7 +367,11 @@ impl Run {
         }
         // The size needs the data offset: read the state with a provisional size first.
         let probe = Reencrypt::load(&header.json, u64::MAX).map_err(fe)?;
-        let device_size = data_size(path, &device, &probe)?;
+        let device_size = match &data {
+            Some((_, d)) => data_size(d, &d.display().to_string(), &probe)?,
+            None => data_size(path, &device, &probe)?,
+        };
+        let data = data.map(|(io, d)| (io, d.display().to_string()));
         let state = Reencrypt::load(&header.json, device_size).map_err(fe)?;
         let meta = Metadata::parse(&header.json.to_compact()).map_err(fe)?;
         let new_key = key_of(path, &meta, state.new.digest, "new", passphrase)?;
@@ -350,6 +384,7 @@ impl Run {
             Err(_) if state.progress == (Progress::Clean { done: device_size }) => {
                 return Ok(Run {
                     file: io,
+                    data,
                     device,
                     header,
                     old: cipher(&state.new, &new_key)?,
@@ -366,6 +401,7 @@ impl Run {
         let old = cipher(&state.old, &old_key)?;
         Ok(Run {
             file: io,
+            data,
             device,
             header,
             state,
@@ -412,10 +448,29 @@ impl Run {
             .with_context(|| format!("writing {} bytes at {at} of {}", buf.len(), self.device))
     }
 
-    fn sync(&self) -> Result<()> {
-        self.file
-            .sync()
-            .with_context(|| format!("syncing {}", self.device))
+    /// The data area's device and its name.
+    fn data_io(&self) -> (&dyn Io, &str) {
+        match &self.data {
+            Some((io, name)) => (io.as_ref(), name),
+            None => (self.file.as_ref(), &self.device),
+        }
+    }
+
+    fn data_read(&self, buf: &mut [u8], at: u64) -> Result<()> {
+        let (io, name) = self.data_io();
+        io.read_at(buf, at)
+            .with_context(|| format!("reading {} bytes at {at} of {name}", buf.len()))
+    }
+
+    fn data_write(&self, buf: &[u8], at: u64) -> Result<()> {
+        let (io, name) = self.data_io();
+        io.write_at(buf, at)
+            .with_context(|| format!("writing {} bytes at {at} of {name}", buf.len()))
+    }
+
+    fn data_sync(&self) -> Result<()> {
+        let (io, name) = self.data_io();
+        io.sync().with_context(|| format!("syncing {name}"))
     }
 
     /// The IV sector of data-area byte `at`.
@@ -474,14 +529,14 @@ impl Run {
                 }
                 let mut sums = vec![0u8; sums_len];
                 self.pread(&mut sums, area_at)?;
-                self.pread(&mut buf, data_at)?;
+                self.data_read(&mut buf, data_at)?;
                 for s in 0..count {
                     let block = &mut buf[s * bs..(s + 1) * bs];
                     if h.digest(&[block])[..] == sums[s * h.size()..(s + 1) * h.size()] {
                         // Still the old ciphertext.
                         let pos = offset + (s * bs) as u64;
                         self.rekey(block, pos);
-                        self.pwrite(block, data_at + (s * bs) as u64)?;
+                        self.data_write(block, data_at + (s * bs) as u64)?;
                     }
                 }
             }
@@ -491,14 +546,14 @@ impl Run {
                 }
                 self.pread(&mut buf, area_at)?;
                 self.rekey(&mut buf, offset);
-                self.pwrite(&buf, data_at)?;
+                self.data_write(&buf, data_at)?;
             }
             Resilience::None => bail!(
                 "{}: a hotzone was interrupted with resilience \"none\"; its data cannot be recovered",
                 self.device
             ),
         }
-        self.sync()?;
+        self.data_sync()?;
         self.state
             .set_done(&mut self.header.json, offset + length, self.device_size);
         self.write_header()?;
@@ -564,7 +619,7 @@ impl Run {
             new: self.new.as_ref(),
             iv_base: self.state.new.iv_tweak,
         };
-        let io: &dyn Io = self.file.as_ref();
+        let (io, name) = self.data_io();
         let base = self.state.new.offset;
         let mut done = start;
         while done < size
@@ -574,16 +629,15 @@ impl Run {
             let len = self.state.hotzone_length(done, size, opts.max_hotzone);
             rekey_in_place(c, io, base, done, len, align, threads).map_err(|e| {
                 anyhow!(
-                    "re-encrypting {len} bytes at {} on {}: {e}",
-                    base + done,
-                    self.device
+                    "re-encrypting {len} bytes at {} on {name}: {e}",
+                    base + done
                 )
             })?;
             done += len;
             progress(done, size);
         }
         if done > start {
-            self.sync()?;
+            self.data_sync()?;
             self.state.set_done(&mut self.header.json, done, size);
             self.write_header()?;
             self.state.progress = Progress::Clean { done };
@@ -610,6 +664,7 @@ impl Run {
         };
         let Run {
             file,
+            data,
             device,
             header,
             state,
@@ -619,6 +674,11 @@ impl Run {
         } = self;
         let io: &dyn Io = file.as_ref();
         let device = device.as_str();
+        // The data area's device: the header's unless detached.
+        let (dio, dname): (&dyn Io, &str) = match &*data {
+            Some((d, name)) => (&**d, name.as_str()),
+            None => (io, device),
+        };
         let (old, new) = (old.as_ref(), new.as_ref());
         let align = state.old.sector_size.max(state.new.sector_size) as usize;
         let iv_base = state.new.iv_tweak;
@@ -644,9 +704,9 @@ impl Run {
                     st.set_hot(&mut header.json, z.at, z.len, size);
                     header.write(io, device).map_err(fe)?;
                     let data_at = st.new.offset + z.at;
-                    io.write_at(&z.out[..n], data_at)
-                        .map_err(|e| io_err(&format!("writing {n} bytes at {data_at}"), e))?;
-                    io.sync().map_err(|e| io_err("syncing", e))?;
+                    dio.write_at(&z.out[..n], data_at)
+                        .map_err(|e| anyhow!("writing {n} bytes at {data_at} on {dname}: {e}"))?;
+                    dio.sync().map_err(|e| anyhow!("syncing {dname}: {e}"))?;
                     st.set_done(&mut header.json, z.at + z.len, size);
                     header.write(io, device).map_err(fe)?;
                     if to_main.send(z).is_err() {
@@ -703,7 +763,7 @@ impl Run {
                 let data_at = st.new.offset + next;
                 transform(
                     Cipher { old, new, iv_base },
-                    (io, data_at),
+                    (dio, data_at),
                     next,
                     &mut z.src[..n],
                     &mut z.out[..n],
@@ -711,7 +771,7 @@ impl Run {
                     align,
                     threads,
                 )
-                .map_err(|e| io_err(&format!("reading {n} bytes at {data_at}"), e))?;
+                .map_err(|e| anyhow!("reading {n} bytes at {data_at} on {dname}: {e}"))?;
                 if to_io.send(z).is_err() {
                     break;
                 }

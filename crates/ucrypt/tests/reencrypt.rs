@@ -702,3 +702,269 @@ fn a_volume_mid_reencryption_is_served_as_two_segments_and_written_through() {
     f.ucrypt_resume(&crashed, &["--debug-stop-after", "4M"]);
     f.assert_plain(&crashed);
 }
+
+/// A detached-header volume (`--header`): 16 MiB header file, the data file all data
+/// (segment offset 0), initialised by ucrypt, plaintext written first.
+fn detached(f: &Fixture, tag: &str, resilience: &str) -> (PathBuf, PathBuf) {
+    let (hdr, data) = (
+        f.path(&format!("{tag}.hdr")),
+        f.path(&format!("{tag}.data")),
+    );
+    std::fs::File::create(&hdr)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    std::fs::File::create(&data)
+        .unwrap()
+        .set_len(DATA as u64)
+        .unwrap();
+    let (h, d, k) = (Fixture::s(&hdr), Fixture::s(&data), Fixture::s(&f.key));
+    ok(
+        "cryptsetup",
+        &[
+            "luksFormat",
+            "-q",
+            "--type",
+            "luks2",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            k,
+            "--header",
+            h,
+            d,
+        ],
+    );
+    let table = ok(
+        ucrypt_bin(),
+        &[
+            "luksOpen",
+            "--print-table",
+            "--showkeys",
+            "-d",
+            k,
+            "--header",
+            h,
+            d,
+        ],
+    );
+    let t = f.path(&format!("{tag}.table"));
+    std::fs::write(&t, &table.stdout).unwrap();
+    let input = f.path("plain.bin");
+    std::fs::write(&input, &f.plain).unwrap();
+    ok(
+        ucrypt_bin(),
+        &[
+            "write",
+            "--table-file",
+            Fixture::s(&t),
+            "--input",
+            Fixture::s(&input),
+        ],
+    );
+    ok(
+        ucrypt_bin(),
+        &[
+            "reencrypt",
+            "--init-only",
+            "-q",
+            "-d",
+            k,
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--resilience",
+            resilience,
+            "--header",
+            h,
+            "--disable-locks",
+            d,
+        ],
+    );
+    assert!(f.json(&hdr).contains("online-reencrypt-v2"));
+    (hdr, data)
+}
+
+fn copy_pair(f: &Fixture, (h, d): &(PathBuf, PathBuf), tag: &str) -> (PathBuf, PathBuf) {
+    (
+        f.copy(h, &format!("{tag}.hdr")),
+        f.copy(d, &format!("{tag}.data")),
+    )
+}
+
+fn cryptsetup_resume_detached(f: &Fixture, (h, d): &(PathBuf, PathBuf)) {
+    let (hs, ds, k) = (Fixture::s(h), Fixture::s(d), Fixture::s(&f.key));
+    if f.in_crash_state(h) {
+        ok(
+            "cryptsetup",
+            &["repair", "-q", "--key-file", k, "--header", hs, ds],
+        );
+    }
+    ok(
+        "cryptsetup",
+        &[
+            "reencrypt",
+            "--resume-only",
+            "--force-offline-reencrypt",
+            "-q",
+            "--key-file",
+            k,
+            "--hotzone-size",
+            "4M",
+            "--header",
+            hs,
+            ds,
+        ],
+    );
+}
+
+fn ucrypt_resume_detached(f: &Fixture, (h, d): &(PathBuf, PathBuf), extra: &[&str]) {
+    let mut args = vec![
+        "reencrypt",
+        "--resume-only",
+        "-q",
+        "-d",
+        Fixture::s(&f.key),
+        "--hotzone-size",
+        "4M",
+        "--disable-locks",
+        "--header",
+        Fixture::s(h),
+        Fixture::s(d),
+    ];
+    args.extend_from_slice(extra);
+    ok(ucrypt_bin(), &args);
+}
+
+/// Header files field by field (as [`assert_same`]), data files byte for byte, and the
+/// plaintext read back through the detached header.
+fn assert_same_detached(f: &Fixture, a: &(PathBuf, PathBuf), b: &(PathBuf, PathBuf)) {
+    assert_same(&a.0, &b.0);
+    assert!(
+        std::fs::read(&a.1).unwrap() == std::fs::read(&b.1).unwrap(),
+        "data files {} and {} differ",
+        a.1.display(),
+        b.1.display()
+    );
+    assert!(!f.json(&b.0).contains("reencrypt"), "{}", f.json(&b.0));
+    let k = Fixture::s(&f.key);
+    let table = ok(
+        ucrypt_bin(),
+        &[
+            "luksOpen",
+            "--print-table",
+            "--showkeys",
+            "-d",
+            k,
+            "--header",
+            Fixture::s(&b.0),
+            Fixture::s(&b.1),
+        ],
+    );
+    let t = f.path("detached-check.table");
+    std::fs::write(&t, &table.stdout).unwrap();
+    let out = ok(
+        ucrypt_bin(),
+        &[
+            "read",
+            "--table-file",
+            Fixture::s(&t),
+            "--length",
+            &DATA.to_string(),
+        ],
+    );
+    assert!(
+        out.stdout == f.plain,
+        "{} reads back different plaintext",
+        b.1.display()
+    );
+}
+
+#[test]
+fn a_detached_header_volume_is_reencrypted_as_cryptsetup_does_and_resumed_by_either_tool() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    for resilience in ["checksum", "journal", "none"] {
+        let init = detached(&f, &format!("init-{resilience}"), resilience);
+        let reference = copy_pair(&f, &init, "reference");
+        cryptsetup_resume_detached(&f, &reference);
+
+        // ucrypt alone.
+        let u = copy_pair(&f, &init, "u");
+        ucrypt_resume_detached(&f, &u, &[]);
+        assert_same_detached(&f, &reference, &u);
+
+        // ucrypt stops after 8 MiB (the header file says so); cryptsetup finishes.
+        let a = copy_pair(&f, &init, "a");
+        ucrypt_resume_detached(&f, &a, &["--debug-stop-after", "8M"]);
+        assert!(
+            f.json(&a.0).contains("\"size\":\"8388608\""),
+            "{}",
+            f.json(&a.0)
+        );
+        cryptsetup_resume_detached(&f, &a);
+        assert_same_detached(&f, &reference, &a);
+        if resilience == "none" {
+            continue;
+        }
+
+        // cryptsetup killed as it writes hotzone 2's data (found as in
+        // a_run_killed_mid_hotzone_is_recovered_by_either_tool: its 4 MiB writes are the
+        // journal copies, into the header file, and the data writes); ucrypt recovers the
+        // hotzone from the header file's resilience area and finishes.
+        let scratch = copy_pair(&f, &init, "scratch");
+        let log = f.path("detached-writes.log");
+        let k = Fixture::s(&f.key);
+        let cs_args = |p: &(PathBuf, PathBuf)| -> Vec<String> {
+            [
+                "reencrypt",
+                "--resume-only",
+                "--force-offline-reencrypt",
+                "-q",
+                "--key-file",
+                k,
+                "--hotzone-size",
+                "4M",
+                "--header",
+                Fixture::s(&p.0),
+                Fixture::s(&p.1),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        };
+        let mut traced = vec!["-f", "-s", "0", "-e", "trace=write", "-o", Fixture::s(&log)];
+        traced.push("cryptsetup");
+        let sa = cs_args(&scratch);
+        traced.extend(sa.iter().map(String::as_str));
+        ok("strace", &traced);
+        let big: Vec<usize> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("write("))
+            .enumerate()
+            .filter(|(_, l)| l.trim_end().ends_with("= 4194304"))
+            .map(|(i, _)| i + 1)
+            .collect();
+        let nth = if resilience == "journal" {
+            big[3]
+        } else {
+            big[1]
+        };
+        let crashed = copy_pair(&f, &init, "cs-crashed");
+        let ca = cs_args(&crashed);
+        let ca: Vec<&str> = ca.iter().map(String::as_str).collect();
+        f.killed_at("write", u32::try_from(nth).unwrap(), "cryptsetup", &ca);
+        assert!(f.in_crash_state(&crashed.0), "{}", f.json(&crashed.0));
+        ucrypt_resume_detached(&f, &crashed, &[]);
+        // cryptsetup re-created the reencryption digest when it started, and keyslot
+        // wipes are random: the data file and the plaintext are what must match.
+        assert!(std::fs::read(&reference.1).unwrap() == std::fs::read(&crashed.1).unwrap());
+        assert!(!f.json(&crashed.0).contains("reencrypt"));
+    }
+}

@@ -171,13 +171,12 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.dev.header.is_some() {
-        return Err(anyhow!(
-            "reencrypt with a detached header (--header) is not supported yet"
-        ))
-        .code(EXIT_PARAMS);
-    }
-    if ucrypt::remote_header::is_remote(&a.dev.device) {
+    if ucrypt::remote_header::is_remote(&a.dev.device)
+        || a.dev
+            .header
+            .as_deref()
+            .is_some_and(ucrypt::remote_header::is_remote)
+    {
         return Err(anyhow!("reencrypt of an NBD export is not supported yet")).code(EXIT_PARAMS);
     }
     let _claimed = if a.disable_locks {
@@ -187,11 +186,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     };
     let passphrase = secret::existing(&a.key, &a.dev.device)?;
     let path = a.dev.device.clone();
+    let header_path = a.dev.header_path().to_path_buf();
     let in_progress = {
-        let f = std::fs::File::open(&path)
-            .map_err(|e| anyhow!("opening {}: {e}", path.display()))
+        let f = std::fs::File::open(&header_path)
+            .map_err(|e| anyhow!("opening {}: {e}", header_path.display()))
             .code(super::EXIT_DEVICE)?;
-        let h = ucrypt_format::luks2::disk::Header::read(&f, &path.display().to_string()).cs()?;
+        let h = ucrypt_format::luks2::disk::Header::read(&f, &header_path.display().to_string())
+            .cs()?;
         ucrypt_format::luks2::reencrypt::in_reencryption(&h.json)
     };
     if in_progress && a.init_only {
@@ -213,7 +214,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     // Signals stop the pass between hotzones with consistent metadata.
     let stop_signal = progress::StopOnSignal::new();
     let stop = AtomicBool::new(false);
-    let mut r = Run::open(&path, &passphrase).cs()?;
+    let mut r = match &a.dev.header {
+        Some(h) => Run::open_detached(h, &path, &passphrase),
+        None => Run::open(&path, &passphrase),
+    }
+    .cs()?;
     drop(passphrase);
     let opts = RunOptions {
         max_hotzone: a.hotzone_size.unwrap_or(DEFAULT_MAX_HOTZONE).max(4096),
