@@ -882,6 +882,27 @@ impl CryptDevice {
         Ok(Self::slot_ret(r))
     }
 
+    /// `crypt_set_metadata_size` for the LUKS2 header formatted next (cryptsetup
+    /// `--luks2-metadata-size`, `--luks2-keyslots-size`; 0 keeps the default).
+    ///
+    /// # Errors
+    /// Sizes the library refuses (metadata: 16 KiB..4 MiB, a power of two; keyslots area:
+    /// a multiple of 4 KiB up to 128 MiB).
+    pub fn set_metadata_size(&mut self, metadata: u64, keyslots: u64) -> Result<(), FormatError> {
+        // SAFETY: plain integer arguments on a valid context.
+        self.call("setting the LUKS2 metadata size", |cd| unsafe {
+            ffi::crypt_set_metadata_size(cd, metadata, keyslots)
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_set_rng_type`: the volume key of the header formatted next comes from
+    /// /dev/random (`random` true, cryptsetup `--use-random`) or /dev/urandom.
+    pub fn set_rng(&mut self, random: bool) {
+        // SAFETY: plain integer arguments on a valid context.
+        unsafe { ffi::crypt_set_rng_type(self.cd.as_ptr(), i32::from(random)) };
+    }
+
     /// `crypt_keyslot_set_encryption`: the cipher and key size (bytes) of the LUKS2
     /// keyslot areas written next (cryptsetup `--keyslot-cipher`, `--keyslot-key-size`).
     ///

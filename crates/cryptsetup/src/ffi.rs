@@ -346,6 +346,12 @@ extern "C" {
     ) -> c_int;
     pub fn crypt_keyslot_get_key_size(cd: *mut crypt_device, keyslot: c_int) -> c_int;
     pub fn crypt_set_debug_level(level: c_int);
+    pub fn crypt_set_metadata_size(
+        cd: *mut crypt_device,
+        metadata_size: u64,
+        keyslots_size: u64,
+    ) -> c_int;
+    pub fn crypt_set_rng_type(cd: *mut crypt_device, rng_type: c_int);
     pub fn crypt_token_external_disable();
     pub fn crypt_token_external_path() -> *const c_char;
     pub fn crypt_volume_key_keyring(cd: *mut crypt_device, enable: c_int) -> c_int;

@@ -90,6 +90,14 @@ const ACTIONS: &[(&str, Does)] = &[
     ("--external-tokens-path", Runs("open")),
     ("open --link-vk-to-keyring", Runs("open")),
     ("open --serialize-memory-hard-pbkdf", Runs("open")),
+    ("luksFormat --luks2-metadata-size", Runs("luksFormat")),
+    ("luksFormat --luks2-keyslots-size", Runs("luksFormat")),
+    ("luksFormat --use-random", Runs("luksFormat")),
+    ("luksFormat --use-urandom", Runs("luksFormat")),
+    ("luksFormat --force-password", Runs("luksFormat")),
+    ("luksAddKey --force-password", Runs("luksAddKey")),
+    ("luksChangeKey --force-password", Runs("luksChangeKey")),
+    ("--test-args", Runs("luksFormat")),
     // Features that cannot make sense for ucrypt.
     (
         "open --type loopaes",

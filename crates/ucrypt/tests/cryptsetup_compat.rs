@@ -1328,6 +1328,82 @@ fn keyfile_keyslot_pbkdf_and_header_options_do_what_cryptsetups_do() {
             ]
             .concat(),
         ),
+        // luksFormat's metadata sizes and volume key source; --force-password (no quality
+        // check to disable in ucrypt); --test-args runs nothing.
+        (
+            2,
+            false,
+            [
+                &["luksFormat", "-q", "DEV", "-d", pass.as_str()][..],
+                &["--uuid", "6e1b8dbf-0000-4000-8000-000000000006"],
+                &[
+                    "--luks2-metadata-size",
+                    "64K",
+                    "--luks2-keyslots-size",
+                    "8M",
+                ],
+                &["--use-urandom", "--force-password"],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &["luksFormat", "-q", "DEV", "-d", pass.as_str()][..],
+                &["--luks2-metadata-size", "5K"],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            1,
+            false,
+            [
+                &[
+                    "luksFormat",
+                    "-q",
+                    "--type",
+                    "luks1",
+                    "DEV",
+                    "-d",
+                    pass.as_str(),
+                ][..],
+                &["--luks2-keyslots-size", "8M"],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    newpass.as_str(),
+                    "-d",
+                    pass.as_str(),
+                ][..],
+                &["--force-password"],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            vec![
+                "--test-args",
+                "luksFormat",
+                "-q",
+                "DEV",
+                "-d",
+                pass.as_str(),
+            ],
+        ),
         // Global options before the action: a prompt timeout (key files are not timed),
         // no kernel keyring for volume keys, no token plugins, the memory-hard PBKDF lock.
         (

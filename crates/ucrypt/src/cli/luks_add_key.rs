@@ -161,6 +161,10 @@ pub(crate) struct Args {
     /// kernel keyring key it names), and the token is assigned to the new keyslot.
     #[arg(long, value_name = "INT", conflicts_with = "unbound")]
     new_token_id: Option<u32>,
+    /// Accepted as cryptsetup's: ucrypt runs no password quality check to disable.
+    #[arg(long)]
+    #[allow(dead_code)]
+    force_password: bool,
     /// Print the slot used.
     #[arg(short, long)]
     verbose: bool,

@@ -29,6 +29,10 @@ pub(crate) struct Args {
     keyslot_cipher: KeyslotCipherArgs,
     #[command(flatten)]
     pbkdf: PbkdfArgs,
+    /// Accepted as cryptsetup's: ucrypt runs no password quality check to disable.
+    #[arg(long)]
+    #[allow(dead_code)]
+    force_password: bool,
     /// Print the slot used.
     #[arg(short, long)]
     verbose: bool,

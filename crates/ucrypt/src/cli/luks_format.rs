@@ -50,6 +50,22 @@ pub(crate) struct Args {
     pbkdf_parallel: Option<u32>,
     #[command(flatten)]
     keyslot_cipher: super::luks_add_key::KeyslotCipherArgs,
+    /// LUKS2 JSON metadata area size (bytes; K/M suffixes): 16K..4M, a power of two.
+    #[arg(long, value_name = "BYTES", value_parser = super::reencrypt::parse_size)]
+    luks2_metadata_size: Option<u64>,
+    /// LUKS2 keyslots area size (bytes; K/M suffixes): a multiple of 4 KiB, at most 128M.
+    #[arg(long, value_name = "BYTES", value_parser = super::reencrypt::parse_size)]
+    luks2_keyslots_size: Option<u64>,
+    /// Take the volume key from /dev/random (blocking until the kernel's pool is ready).
+    #[arg(long, conflicts_with = "use_urandom")]
+    use_random: bool,
+    /// Take the volume key from /dev/urandom (libcryptsetup's default).
+    #[arg(long)]
+    use_urandom: bool,
+    /// Accepted as cryptsetup's: ucrypt runs no password quality check to disable.
+    #[arg(long)]
+    #[allow(dead_code)]
+    force_password: bool,
     /// UUID for the new header.
     #[arg(long)]
     uuid: Option<String>,
@@ -115,6 +131,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         if a.label.is_some() || a.subsystem.is_some() {
             return Err(anyhow::anyhow!("--label and --subsystem need LUKS2")).code(EXIT_PARAMS);
         }
+        if a.luks2_metadata_size.is_some() || a.luks2_keyslots_size.is_some() {
+            return Err(anyhow::anyhow!(
+                "unsupported LUKS2 metadata size options on LUKS1 (--luks2-metadata-size, \
+                 --luks2-keyslots-size)"
+            ))
+            .code(EXIT_PARAMS);
+        }
     }
     let key_bits = a
         .key_size
@@ -162,6 +185,19 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         }
     }
     let mut cd = a.dev.header_context()?;
+    if a.luks2_metadata_size.is_some() || a.luks2_keyslots_size.is_some() {
+        cd.set_metadata_size(
+            a.luks2_metadata_size.unwrap_or(0),
+            a.luks2_keyslots_size.unwrap_or(0),
+        )
+        .map_err(|e| {
+            anyhow::anyhow!("unsupported LUKS2 metadata size options").context(e.to_string())
+        })
+        .code(EXIT_PARAMS)?;
+    }
+    if a.use_random || a.use_urandom {
+        cd.set_rng(a.use_random);
+    }
     let kind = a
         .pbkdf
         .clone()

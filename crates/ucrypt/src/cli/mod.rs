@@ -87,6 +87,9 @@ struct Cli {
     /// the reason on an older library).
     #[arg(long, global = true, value_name = "DIR")]
     external_tokens_path: Option<std::path::PathBuf>,
+    /// Check the command line only: parse it, run nothing (exit 0), as cryptsetup's.
+    #[arg(long, global = true)]
+    test_args: bool,
 }
 
 /// Whether `--debug`/`--debug-json` is on (ucrypt's own `# ` lines).
@@ -776,6 +779,10 @@ pub fn run() -> ExitCode {
             };
         }
     };
+    if cli.test_args {
+        println!("No action taken. Invoked with --test-args option.");
+        return ExitCode::SUCCESS;
+    }
     // Before any key or passphrase is read: no core dump may ever hold one.
     if let Err(e) = ucrypt::secure::disable_core_dumps() {
         eprintln!("ucrypt: warning: cannot disable core dumps: {e}");

@@ -78,7 +78,7 @@ pub(crate) struct Args {
 }
 
 /// `4096`, `4K`, `16M`, `1G` (binary units, as cryptsetup's size arguments).
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, mul) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
