@@ -98,6 +98,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("luksAddKey --force-password", Runs("luksAddKey")),
     ("luksChangeKey --force-password", Runs("luksChangeKey")),
     ("--test-args", Runs("luksFormat")),
+    ("--verify-passphrase", Runs("luksFormat")),
     // Features that cannot make sense for ucrypt.
     (
         "open --type loopaes",

@@ -560,3 +560,53 @@ fn a_tcrypt_search_prints_progress_json_lines() {
         "{out:?}"
     );
 }
+
+/// `-q` switches off the second "Verify passphrase" prompt of a new passphrase and `-y`
+/// asks every passphrase twice, as cryptsetup's `verify_passphrase`, in a real terminal;
+/// cryptsetup beside ucrypt for `luksFormat -q`.
+#[test]
+fn batch_mode_and_verify_passphrase_decide_the_second_prompt() {
+    if !require("tmux") || !require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    let cs = sh_ok("command -v cryptsetup");
+    let t = Tmux::new("verify");
+    let fast = "--pbkdf pbkdf2 --pbkdf-force-iterations 1000";
+    for (i, prog) in [bin, cs.trim()].iter().enumerate() {
+        let img = d.join(format!("img{i}"));
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(20 << 20)
+            .unwrap();
+        let mark = format!("q{i}");
+        t.send(&[
+            &format!(
+                "clear; {prog} luksFormat -q {fast} {}; echo rc=$? e\"\"nd{mark}",
+                img.display()
+            ),
+            "Enter",
+        ]);
+        wait_pane(&t.0, "Enter passphrase", 20);
+        t.send(&["pw", "Enter"]);
+        let text = wait_pane(&t.0, &format!("end{mark}\n"), 20);
+        assert!(text.contains(&format!("rc=0 end{mark}")), "{prog}:\n{text}");
+        assert!(!text.contains("Verify passphrase"), "{prog}:\n{text}");
+    }
+    // -y: the existing passphrase is asked twice too.
+    t.send(&[
+        &format!(
+            "clear; {bin} -y open --test-passphrase {}; echo rc=$? e\"\"ndy",
+            d.join("img0").display()
+        ),
+        "Enter",
+    ]);
+    wait_pane(&t.0, "Enter passphrase", 20);
+    t.send(&["pw", "Enter"]);
+    wait_pane(&t.0, "Verify passphrase", 20);
+    t.send(&["pw", "Enter"]);
+    let text = wait_pane(&t.0, "endy\n", 20);
+    assert!(text.contains("rc=0 endy"), "{text}");
+}

@@ -90,6 +90,10 @@ struct Cli {
     /// Check the command line only: parse it, run nothing (exit 0), as cryptsetup's.
     #[arg(long, global = true)]
     test_args: bool,
+    /// Ask every passphrase typed at a terminal twice (existing ones too); without it,
+    /// new passphrases are asked twice unless --batch-mode. As cryptsetup's -y.
+    #[arg(short = 'y', long, global = true)]
+    verify_passphrase: bool,
 }
 
 /// Whether `--debug`/`--debug-json` is on (ucrypt's own `# ` lines).
@@ -764,6 +768,11 @@ pub fn run() -> ExitCode {
         return ExitCode::from(EXIT_PARAMS);
     }
     let command_line = shown_command_line(&args);
+    // cryptsetup: batch mode switches off the second "Verify passphrase" prompt.
+    let batch_mode = args
+        .iter()
+        .skip(1)
+        .any(|a| a == "-q" || a == "--batch-mode");
     let cli = match Cli::try_parse_from(place_global_flags(expand_open_aliases(
         debug_implies_verbose(args),
     ))) {
@@ -808,6 +817,7 @@ pub fn run() -> ExitCode {
         ));
     }
     secret::set_timeout(cli.timeout);
+    secret::set_verify(cli.verify_passphrase, batch_mode);
     if cli.disable_keyring {
         ucrypt_cryptsetup::disable_volume_key_keyring();
     }

@@ -314,8 +314,25 @@ fn prompt_tty(prompt: &str) -> Result<Secret, CliError> {
     Ok(line)
 }
 
+/// cryptsetup's `-y` (ask every terminal passphrase twice: 2) and `-q` (never: 1), or
+/// neither (0: new passphrases twice, existing ones once).
+static VERIFY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets the verification rule from `-y/--verify-passphrase` and `-q/--batch-mode`
+/// (cryptsetup's `verify_passphrase`: `-y` wins; batch mode switches verification off).
+pub(crate) fn set_verify(verify_passphrase: bool, batch_mode: bool) {
+    let v = if verify_passphrase {
+        2
+    } else if batch_mode {
+        1
+    } else {
+        0
+    };
+    VERIFY.store(v, Ordering::Relaxed);
+}
+
 /// Gets a secret: from `file` if given, else a prompt on a terminal, else one line of
-/// standard input. `verify`: ask twice on a terminal (new passphrases).
+/// standard input. `verify`: ask twice on a terminal (new passphrases; see [`set_verify`]).
 pub(crate) fn get(
     file: Option<(&Path, u64, u64)>,
     prompt: &str,
@@ -323,6 +340,14 @@ pub(crate) fn get(
 ) -> Result<Secret, CliError> {
     if let Some((path, offset, size)) = file {
         return read_key_file(path, offset, size);
+    }
+    let verify = match VERIFY.load(Ordering::Relaxed) {
+        2 => true,
+        1 => false,
+        _ => verify,
+    };
+    if verify && VERIFY.load(Ordering::Relaxed) == 2 && !stdin_is_tty() {
+        eprintln!("Can't do passphrase verification on non-tty inputs.");
     }
     if stdin_is_tty() {
         let first = prompt_tty(prompt)?;
