@@ -99,6 +99,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("luksChangeKey --force-password", Runs("luksChangeKey")),
     ("--test-args", Runs("luksFormat")),
     ("--verify-passphrase", Runs("luksFormat")),
+    ("tcryptDump --veracrypt-query-pim", Runs("tcryptDump")),
     // Features that cannot make sense for ucrypt.
     (
         "open --type loopaes",

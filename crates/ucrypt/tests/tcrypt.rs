@@ -440,3 +440,49 @@ fn cli_dump_open_and_wrong_passphrase() {
     );
     common::ok(out);
 }
+
+/// `--veracrypt-query-pim`: the PIM is the line after the passphrase (a prompt on a
+/// terminal); the same dump as `--veracrypt-pim`; cryptsetup's checks on the value (not a
+/// number, 0, more than 32 bits: exit 1), as cryptsetup 2.6.1 answers them.
+#[test]
+fn veracrypt_query_pim_reads_the_pim_after_the_passphrase() {
+    let Some((tmp, _)) = setup() else { return };
+    let img = tmp.path().join("tcrypt-images/vcpim_1_1234-sha256-xts-aes");
+    let img = img.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    let hints = ["--hash", "sha256", "--cipher", "aes"];
+    let run = |prog: &str, extra: &[&str], stdin: &str| {
+        let mut child = std::process::Command::new(prog)
+            .args(["tcryptDump", img])
+            .args(hints)
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), stdin.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let pass = "cccccccccccccccccccc";
+    let queried = run(bin, &["--veracrypt-query-pim"], &format!("{pass}\n1234\n"));
+    let given = run(bin, &["--veracrypt-pim", "1234"], &format!("{pass}\n"));
+    assert!(queried.status.success(), "{queried:?}");
+    assert_eq!(queried.stdout, given.stdout);
+    for bad in ["abc", "0", "99999999999", ""] {
+        let out = run(bin, &["--veracrypt-query-pim"], &format!("{pass}\n{bad}\n"));
+        assert_eq!(out.status.code(), Some(1), "{bad}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("invalid PIM value"),
+            "{bad}: {out:?}"
+        );
+        if ucrypt_testkit::require("cryptsetup") {
+            let c = run(
+                "cryptsetup",
+                &["--veracrypt-query-pim"],
+                &format!("{pass}\n{bad}\n"),
+            );
+            assert_eq!(c.status.code(), Some(1), "cryptsetup {bad}: {c:?}");
+        }
+    }
+}

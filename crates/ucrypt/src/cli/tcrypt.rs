@@ -23,6 +23,10 @@ pub(crate) struct TcryptArgs {
     /// VeraCrypt Personal Iterations Multiplier.
     #[arg(long, value_name = "PIM")]
     pub(crate) veracrypt_pim: Option<u32>,
+    /// Ask for the VeraCrypt PIM after the passphrase ("Enter VeraCrypt PIM: ", or the
+    /// next line of standard input), as cryptsetup's.
+    #[arg(long, conflicts_with = "veracrypt_pim")]
+    pub(crate) veracrypt_query_pim: bool,
     /// Use the hidden-volume header.
     #[arg(long)]
     pub(crate) tcrypt_hidden: bool,
@@ -67,13 +71,18 @@ pub(crate) fn inputs(
     if pass_from_stdin && secret.last() == Some(&b'\n') {
         secret.pop();
     }
+    let pim = if t.veracrypt_query_pim {
+        Some(query_pim()?)
+    } else {
+        t.veracrypt_pim.filter(|&p| p != 0)
+    };
     let hopts = HeaderOptions {
         kind: VolumeType::Tcrypt,
         header,
         allow_discards,
         tcrypt: TcryptOptions {
             veracrypt: !t.disable_veracrypt,
-            pim: t.veracrypt_pim.filter(|&p| p != 0),
+            pim,
             hidden: t.tcrypt_hidden,
             system: t.tcrypt_system,
             backup: t.tcrypt_backup,
@@ -85,6 +94,26 @@ pub(crate) fn inputs(
         ..HeaderOptions::default()
     };
     Ok((hopts, secret))
+}
+
+/// `--veracrypt-query-pim`: the PIM asked for after the passphrase, with cryptsetup's
+/// checks (a decimal number, not 0, at most 2^32-1; exit 1 otherwise).
+fn query_pim() -> Result<u32, CliError> {
+    let answer = secret::get(None, "Enter VeraCrypt PIM: ", false)?;
+    let text = std::str::from_utf8(&answer).unwrap_or("");
+    let why = if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        "parse error"
+    } else {
+        match text.parse::<u64>() {
+            Ok(0) => "0",
+            Ok(n) => match u32::try_from(n) {
+                Ok(p) => return Ok(p),
+                Err(_) => "outside of range",
+            },
+            Err(_) => "outside of range",
+        }
+    };
+    Err(anyhow::anyhow!("invalid PIM value: {why}").into())
 }
 
 /// Arguments of `ucrypt tcryptDump`.
