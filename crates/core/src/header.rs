@@ -505,9 +505,7 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
     }
     let mut cd = crypt_device(device, opts.header.as_deref())?;
     load_luks(&mut cd, opts.kind)?;
-    if let (Unlock::Passphrase(pass), None, Some(HeaderType::Luks2)) =
-        (&how, &opts.header, cd.info().kind)
-    {
+    if let (Unlock::Passphrase(pass), Some(HeaderType::Luks2)) = (&how, cd.info().kind) {
         let (_, req) = cd.persistent_flags()?;
         if req == cs::REQUIREMENT_ONLINE_REENCRYPT {
             return unlock_reencrypting(cd, device, pass, opts);
@@ -621,8 +619,11 @@ fn unlock_reencrypting(
     let (act, _) = cd.persistent_flags()?;
     let info = cd.info();
     drop(cd);
-    let file = std::fs::File::open(device).with_context(|| format!("opening {device_str}"))?;
-    let header = luks2::disk::Header::read(&file, &device_str)?;
+    // The header (and its keyslots) on the device, or in the detached `--header` file.
+    let hdr_path = opts.header.as_deref().unwrap_or(device);
+    let hdr_str = hdr_path.display().to_string();
+    let file = std::fs::File::open(hdr_path).with_context(|| format!("opening {hdr_str}"))?;
+    let header = luks2::disk::Header::read(&file, &hdr_str)?;
     let probe = Reencrypt::load(&header.json, u64::MAX)?;
     let total = device_bytes(device)?;
     let size = total.checked_sub(probe.new.offset).ok_or_else(|| {
@@ -634,13 +635,16 @@ fn unlock_reencrypting(
     let mut st = Reencrypt::load(&header.json, size)?;
     let mut header = header;
     if let Progress::Crashed { .. } = st.progress {
-        if opts.recover_reencryption && opts.header.is_none() {
-            crate::reencrypt::Run::open(device, passphrase)
-                .and_then(|mut run| run.recover_crash())
-                .with_context(|| {
-                    format!("recovering the interrupted reencryption hotzone of {device_str}")
-                })?;
-            header = luks2::disk::Header::read(&file, &device_str)?;
+        if opts.recover_reencryption {
+            match &opts.header {
+                Some(h) => crate::reencrypt::Run::open_detached(h, device, passphrase),
+                None => crate::reencrypt::Run::open(device, passphrase),
+            }
+            .and_then(|mut run| run.recover_crash())
+            .with_context(|| {
+                format!("recovering the interrupted reencryption hotzone of {device_str}")
+            })?;
+            header = luks2::disk::Header::read(&file, &hdr_str)?;
             st = Reencrypt::load(&header.json, size)?;
         }
     }
@@ -649,8 +653,8 @@ fn unlock_reencrypting(
         Progress::Crashed { offset, length } => {
             return Err(FormatError::Refused(format!(
                 "LUKS2 header on {device_str}: a reencryption hotzone [{offset}, +{length}) \
-                 was interrupted by a crash; `ucrypt open` recovers it (read-write, header on \
-                 the device), or run `ucrypt reencrypt --resume-only` (or cryptsetup repair)"
+                 was interrupted by a crash; a read-write `ucrypt open` recovers it, or run \
+                 `ucrypt reencrypt --resume-only` (or cryptsetup repair)"
             ))
             .into())
         }
@@ -667,7 +671,7 @@ fn unlock_reencrypting(
             .into_iter()
             .filter(|s| opts.key_slot.is_none_or(|k| k == *s))
         {
-            match luks2::unlock(device, &meta, Some(slot), passphrase, true) {
+            match luks2::unlock(hdr_path, &meta, Some(slot), passphrase, true) {
                 Ok(found) => return Ok(found),
                 Err(e) => last = Some(e),
             }
@@ -742,8 +746,24 @@ fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<U
     // Plain mode and a detached header need only the device's size from the remote.
     let copy = opts.header.is_none() && opts.kind != VolumeType::Plain;
     let staged = crate::remote_header::stage(&uri, copy)?;
-    let mut u = unlock(staged.path(), secret, opts)
+    // The staged copy holds the metadata only: a crashed reencryption hotzone cannot be
+    // recovered there (its data is on the remote), so it is refused as on a read-only open.
+    let local = HeaderOptions {
+        recover_reencryption: false,
+        ..opts.clone()
+    };
+    let mut u = unlock(staged.path(), secret, &local)
         .with_context(|| format!("remote device {uri} (header read into a memfd)"))?;
+    // Every target names the remote device, not the staged copy (a volume mid-reencryption
+    // maps as two crypt targets).
+    let staged_name = staged.path().display().to_string();
+    for t in &mut u.targets {
+        if let Target::Crypt(line) = t {
+            if line.device == staged_name {
+                line.device = uri.clone();
+            }
+        }
+    }
     u.table.device = uri;
     Ok(u)
 }

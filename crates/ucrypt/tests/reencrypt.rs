@@ -850,6 +850,18 @@ fn assert_same_detached(f: &Fixture, a: &(PathBuf, PathBuf), b: &(PathBuf, PathB
         b.1.display()
     );
     assert!(!f.json(&b.0).contains("reencrypt"), "{}", f.json(&b.0));
+    let (lines, plain) = read_detached(f, b);
+    assert_eq!(lines, 1);
+    assert!(
+        plain == f.plain,
+        "{} reads back different plaintext",
+        b.1.display()
+    );
+}
+
+/// The table `luksOpen --print-table --header` gives for a detached pair (its number of
+/// lines) and the plaintext read through it.
+fn read_detached(f: &Fixture, (h, d): &(PathBuf, PathBuf)) -> (usize, Vec<u8>) {
     let k = Fixture::s(&f.key);
     let table = ok(
         ucrypt_bin(),
@@ -860,8 +872,8 @@ fn assert_same_detached(f: &Fixture, a: &(PathBuf, PathBuf), b: &(PathBuf, PathB
             "-d",
             k,
             "--header",
-            Fixture::s(&b.0),
-            Fixture::s(&b.1),
+            Fixture::s(h),
+            Fixture::s(d),
         ],
     );
     let t = f.path("detached-check.table");
@@ -876,11 +888,10 @@ fn assert_same_detached(f: &Fixture, a: &(PathBuf, PathBuf), b: &(PathBuf, PathB
             &DATA.to_string(),
         ],
     );
-    assert!(
-        out.stdout == f.plain,
-        "{} reads back different plaintext",
-        b.1.display()
-    );
+    (
+        String::from_utf8_lossy(&table.stdout).lines().count(),
+        out.stdout,
+    )
 }
 
 #[test]
@@ -907,6 +918,10 @@ fn a_detached_header_volume_is_reencrypted_as_cryptsetup_does_and_resumed_by_eit
             "{}",
             f.json(&a.0)
         );
+        // Mid-way, the detached pair maps as two segments (new key, old key) and reads back.
+        let (lines, plain) = read_detached(&f, &a);
+        assert_eq!(lines, 2, "{resilience}: mid-reencryption table");
+        assert!(plain == f.plain, "{resilience}: mid-reencryption plaintext");
         cryptsetup_resume_detached(&f, &a);
         assert_same_detached(&f, &reference, &a);
         if resilience == "none" {
@@ -961,6 +976,21 @@ fn a_detached_header_volume_is_reencrypted_as_cryptsetup_does_and_resumed_by_eit
         let ca: Vec<&str> = ca.iter().map(String::as_str).collect();
         f.killed_at("write", u32::try_from(nth).unwrap(), "cryptsetup", &ca);
         assert!(f.in_crash_state(&crashed.0), "{}", f.json(&crashed.0));
+        // A read-write open recovers the hotzone from the header file's resilience area
+        // and maps the pair; the plaintext is intact.
+        let opened = copy_pair(&f, &crashed, "cs-crashed-opened");
+        let opts = ucrypt::HeaderOptions {
+            header: Some(opened.0.clone()),
+            recover_reencryption: true,
+            ..ucrypt::HeaderOptions::default()
+        };
+        let secret = std::fs::read(&f.key).unwrap();
+        ucrypt::unlock(&opened.1, &secret, &opts).unwrap();
+        assert!(!f.in_crash_state(&opened.0), "{}", f.json(&opened.0));
+        assert!(
+            read_detached(&f, &opened).1 == f.plain,
+            "{resilience}: recovered plaintext"
+        );
         ucrypt_resume_detached(&f, &crashed, &[]);
         // cryptsetup re-created the reencryption digest when it started, and keyslot
         // wipes are random: the data file and the plaintext are what must match.
