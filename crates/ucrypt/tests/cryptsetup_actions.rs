@@ -100,6 +100,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("--test-args", Runs("luksFormat")),
     ("--verify-passphrase", Runs("luksFormat")),
     ("tcryptDump --veracrypt-query-pim", Runs("tcryptDump")),
+    ("close --cancel-deferred", Runs("close")),
     // Features that cannot make sense for ucrypt.
     (
         "open --type loopaes",

@@ -613,23 +613,43 @@ fn suspend_holds_io_and_wipes_the_key_resume_resize_and_refresh_over_the_socket(
     assert_eq!(rt.status("s")["allow_discards"], true);
     sh_ok(&format!("nbdcopy '{uri}' {}", out_path.display()));
     assert!(std::fs::read(&out_path).unwrap()[..data.len()] == data[..]);
-    // A connected client makes the instance busy.
-    let mut client = Command::new("nbdsh")
-        .args(["-u", uri.as_str(), "-c", "import time; time.sleep(30)"])
+    // A connected client makes the instance busy: qemu-io (qemu-utils) stays connected
+    // while its standard input is open.
+    let mut client = Command::new("qemu-io")
+        .args(["-f", "raw", uri.as_str()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
         .spawn()
         .ok();
     if client.is_some() {
-        std::thread::sleep(Duration::from_millis(500));
+        // Busy once the client is connected (qemu-io starts in well under 10 s).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = rt.uc(&["status", "s", "--json"], b"");
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            if v["in_use"] == true || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         assert_code(&rt.uc(&["close", "s"], b""), 5, "NBD connection");
         rt.ok(&["close", "s", "--deferred"], b"");
         assert!(
             rt.dir().join("s").exists(),
             "deferred close waits for the client"
         );
+        assert_eq!(rt.status("s")["deferred_close"], true);
+        // cryptsetup's close --cancel-deferred: the instance outlives its client.
+        rt.ok(&["close", "s", "--cancel-deferred"], b"");
+        assert_eq!(rt.status("s")["deferred_close"], false);
         if let Some(c) = client.as_mut() {
             let _ = c.kill();
             let _ = c.wait();
         }
+        std::thread::sleep(Duration::from_millis(1000));
+        assert_eq!(rt.status("s")["deferred_close"], false, "closed anyway");
+        assert!(rt.dir().join("s").exists(), "closed anyway");
+        rt.ok(&["close", "s", "--deferred"], b"");
         wait_gone(&rt, "s");
     } else {
         rt.ok(&["close", "s"], b"");

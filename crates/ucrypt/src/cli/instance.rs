@@ -556,6 +556,11 @@ fn handle(s: &Arc<Server>, req: Request) -> Value {
                 },
             }
         }
+        "cancel_deferred" => {
+            // The watcher of a deferred close stops at its next look (every 200 ms).
+            s.deferred.store(false, Ordering::SeqCst);
+            json!({"ok": true})
+        }
         "suspend" => {
             if s.switch.is_suspended() {
                 return control::error(EXIT_PARAMS, format!("{} is already suspended", s.name));

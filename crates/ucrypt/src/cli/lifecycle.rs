@@ -39,6 +39,9 @@ pub(crate) struct CloseArgs {
     /// Close once the last user is gone (at once if there is none).
     #[arg(long)]
     deferred: bool,
+    /// Cancel a pending --deferred close (the instance stays open).
+    #[arg(long, conflicts_with_all = ["deferred", "force"])]
+    cancel_deferred: bool,
 }
 
 /// `ucrypt luksSuspend NAME`.
@@ -286,6 +289,15 @@ pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
 
 pub(crate) fn close(a: CloseArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
+    if a.cancel_deferred {
+        call(
+            &p,
+            json!({"op": "cancel_deferred"}),
+            None,
+            Duration::from_secs(30),
+        )?;
+        return Ok(());
+    }
     let v = call(
         &p,
         json!({"op": "close", "force": a.force, "deferred": a.deferred}),
