@@ -101,6 +101,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("--verify-passphrase", Runs("luksFormat")),
     ("tcryptDump --veracrypt-query-pim", Runs("tcryptDump")),
     ("close --cancel-deferred", Runs("close")),
+    ("open --refresh", Runs("refresh")),
     // Features that cannot make sense for ucrypt.
     (
         "open --type loopaes",
@@ -132,7 +133,15 @@ fn every_action_runs_under_its_name_or_is_refused_with_its_reason() {
             Runs(cmd) => {
                 // An option row: the option must be in the help of the command (the one
                 // named, for options that go before the action).
-                let option = args.iter().rev().find(|a| a.starts_with("--")).copied();
+                // (An option that turns the action into another, `open --refresh` being
+                // `refresh`, is kept and only the usage line is checked.)
+                let rewritten = !args[0].starts_with("--") && args[0] != *cmd;
+                let option = args
+                    .iter()
+                    .rev()
+                    .find(|a| a.starts_with("--"))
+                    .copied()
+                    .filter(|_| !rewritten);
                 if option.is_some() {
                     args.retain(|a| !a.starts_with("--"));
                     if args.is_empty() {

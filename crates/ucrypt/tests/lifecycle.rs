@@ -611,6 +611,25 @@ fn suspend_holds_io_and_wipes_the_key_resume_resize_and_refresh_over_the_socket(
     );
     assert!(sh_ok(&format!("nbdinfo '{uri}'")).contains("can_trim: true"));
     assert_eq!(rt.status("s")["allow_discards"], true);
+    // cryptsetup's spelling, `open --refresh DEV NAME`, is the same refresh.
+    rt.ok(
+        &[
+            "open",
+            "--refresh",
+            img,
+            "s",
+            "--allow-discards",
+            "--key-file",
+            pass,
+        ],
+        b"",
+    );
+    assert_eq!(rt.status("s")["allow_discards"], true);
+    assert_code(
+        &rt.uc(&["open", "--refresh", "nothing", "--key-file", pass], b""),
+        4,
+        "is not active",
+    );
     sh_ok(&format!("nbdcopy '{uri}' {}", out_path.display()));
     assert!(std::fs::read(&out_path).unwrap()[..data.len()] == data[..]);
     // A connected client makes the instance busy: qemu-io (qemu-utils) stays connected

@@ -707,6 +707,48 @@ fn expand_open_aliases(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStr
         args[pos] = (*to).into();
         return args;
     }
+    // cryptsetup's `open --refresh DEV NAME` (or `--refresh NAME`) is `refresh NAME`: the
+    // named instance already knows its device.
+    let opens = [
+        "open",
+        "luksOpen",
+        "tcryptOpen",
+        "bitlkOpen",
+        "plainOpen",
+        "fvault2Open",
+    ];
+    if opens.iter().any(|o| args[pos] == *o) && args[pos + 1..].iter().any(|a| a == "--refresh") {
+        args.retain(|a| a != "--refresh");
+        args[pos] = "refresh".into();
+        // Options of refresh (and globals) whose value is the next argument.
+        const WITH_VALUE: &[&str] = &[
+            "-d",
+            "--key-file",
+            "--keyfile-offset",
+            "-l",
+            "--keyfile-size",
+            "--table-file",
+            "--split-bytes",
+            "--workers",
+            "--write-order",
+            "--placement",
+            "--header",
+            "--type",
+            "-M",
+        ];
+        let positional: Vec<usize> = (pos + 1..args.len())
+            .filter(|&i| {
+                let prev = args[i - 1].to_string_lossy();
+                !args[i].to_string_lossy().starts_with('-')
+                    && !WITH_VALUE.contains(&prev.as_ref())
+                    && !GLOBAL_WITH_VALUE.contains(&prev.as_ref())
+            })
+            .collect();
+        if positional.len() >= 2 {
+            args.remove(positional[0]);
+        }
+        return args;
+    }
     // cryptsetup's historical `create NAME DEV`: the two arguments swapped.
     if args[pos] == "create" {
         args[pos] = "plainOpen".into();
