@@ -1333,6 +1333,25 @@ impl CryptDevice {
         Ok((act, req))
     }
 
+    /// `crypt_persistent_flags_set` for the activation flags (LUKS2 only: cryptsetup's
+    /// `open --persistent` and `refresh --persistent`), replacing the stored set.
+    ///
+    /// # Errors
+    /// Not a LUKS2 header (cryptsetup refuses `--persistent` there too), or the library's
+    /// error writing the header.
+    pub fn set_persistent_activation_flags(&mut self, flags: u32) -> Result<(), FormatError> {
+        if self.info().kind != Some(HeaderType::Luks2) {
+            return Err(FormatError::Rule(
+                "--persistent stores activation flags in LUKS2 headers only".into(),
+            ));
+        }
+        // SAFETY: the context is valid; the flags are passed by value.
+        self.call("storing persistent activation flags", |cd| unsafe {
+            ffi::crypt_persistent_flags_set(cd, ffi::CRYPT_FLAGS_ACTIVATION, flags)
+        })?;
+        Ok(())
+    }
+
     /// `crypt_get_metadata_size`: (metadata area, keyslots area) in bytes (LUKS2).
     ///
     /// # Errors

@@ -257,6 +257,7 @@ extern "C" {
         type_: c_int,
         flags: *mut u32,
     ) -> c_int;
+    pub fn crypt_persistent_flags_set(cd: *mut crypt_device, type_: c_int, flags: u32) -> c_int;
     pub fn crypt_dump(cd: *mut crypt_device) -> c_int;
     pub fn crypt_dump_json(cd: *mut crypt_device, json: *mut *const c_char, flags: u32) -> c_int;
     pub fn crypt_header_backup(

@@ -102,6 +102,24 @@ const ACTIONS: &[(&str, Does)] = &[
     ("tcryptDump --veracrypt-query-pim", Runs("tcryptDump")),
     ("close --cancel-deferred", Runs("close")),
     ("open --refresh", Runs("refresh")),
+    ("open --persistent", Runs("open")),
+    // cryptsetup's LUKS1-only reencryption options, and what needs online reencryption.
+    (
+        "reencrypt --use-fsync",
+        Refused("LUKS1 reencryption options"),
+    ),
+    (
+        "reencrypt --block-size 4",
+        Refused("LUKS1 reencryption options"),
+    ),
+    ("reencrypt --use-directio", Refused("LUKS1")),
+    ("reencrypt --write-log", Refused("LUKS1")),
+    (
+        "reencrypt --active-name vol",
+        Refused("online reencryption"),
+    ),
+    ("reencrypt --keep-key", Refused("--keep-key")),
+    ("reencrypt --device-size 1M", Refused("--device-size")),
     // Features that cannot make sense for ucrypt.
     (
         "open --type loopaes",
@@ -306,4 +324,67 @@ fn batch_mode_and_verbose_go_before_the_action_and_on_every_action() {
         .output()
         .unwrap();
     assert_eq!(u.stdout, c.stdout);
+}
+
+/// `--usage` prints the short usage line and exits 0, alone or with an action.
+#[test]
+fn usage_prints_the_short_usage() {
+    for args in [&["--usage"][..], &["open", "--usage"][..]] {
+        let out = run(args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("Usage: ucrypt "),
+            "{args:?}: {out:?}"
+        );
+    }
+}
+
+/// `open --persistent` stores the activation flags it was given in the LUKS2 header, as
+/// cryptsetup's does (read back with cryptsetup's own luksDump), and an open with
+/// `--persistent` and no flag clears them.
+#[test]
+fn open_persistent_stores_the_activation_flags() {
+    if !ucrypt_testkit::require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "img", 32 << 20);
+    let key = tmp.path().join("key");
+    std::fs::write(&key, b"pass").unwrap();
+    let (img, key) = (img.to_str().unwrap(), key.to_str().unwrap());
+    let st = std::process::Command::new("cryptsetup")
+        .args(["luksFormat", "-q", "--type", "luks2", "--pbkdf", "pbkdf2"])
+        .args(["--pbkdf-force-iterations", "1000", "--key-file", key, img])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let dir = tmp.path().join("run");
+    let env = [("UCRYPT_RUNTIME_DIR", dir.as_os_str())];
+    let flags = || {
+        let out = std::process::Command::new("cryptsetup")
+            .args(["luksDump", img])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("Flags:"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    for (extra, want) in [
+        (
+            &["--allow-discards", "--perf-no_read_workqueue"][..],
+            "allow-discards no-read-workqueue",
+        ),
+        (&[][..], "(no flags)"),
+    ] {
+        let mut args = vec!["open", img, "p", "--device", "none", "--persistent"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--key-file", key]);
+        let out = common::ucrypt_env(&args, b"", &env);
+        assert!(out.status.success(), "{out:?}");
+        let out = common::ucrypt_env(&["close", "p"], b"", &env);
+        assert!(out.status.success(), "{out:?}");
+        assert!(flags().contains(want), "{extra:?}: {}", flags());
+    }
 }

@@ -233,6 +233,20 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
         let Some((u, hopts)) = super::open_header::unlock(&a.header, !a.read_only)? else {
             return Ok(()); // --test-passphrase is handled by open::run; not reached
         };
+        if a.persistent {
+            // After the passphrase proved right, as cryptsetup stores them on activation.
+            let mut flags = a.perf.activation_flags();
+            if a.header.allow_discards {
+                flags |= ucrypt_cryptsetup::ACTIVATE_ALLOW_DISCARDS;
+            }
+            let dev = super::luks::DeviceArgs {
+                device: device.clone(),
+                header: a.header.header.clone(),
+            };
+            dev.load(ucrypt::VolumeType::Luks2)?
+                .set_persistent_activation_flags(flags)
+                .map_err(|e| super::luks::cs_error(e.into()))?;
+        }
         let kind_name = u
             .info
             .kind

@@ -466,6 +466,34 @@ pub(crate) struct PerfArgs {
 
 impl PerfArgs {
     /// The flags as they are spelled on the command line (`refresh` sends them on).
+    /// The libcryptsetup activation flags these options set (`open --persistent`).
+    pub(crate) fn activation_flags(&self) -> u32 {
+        let mut f = 0;
+        for (on, flag) in [
+            (
+                self.no_read_workqueue,
+                ucrypt_cryptsetup::ACTIVATE_NO_READ_WORKQUEUE,
+            ),
+            (
+                self.no_write_workqueue,
+                ucrypt_cryptsetup::ACTIVATE_NO_WRITE_WORKQUEUE,
+            ),
+            (
+                self.same_cpu_crypt,
+                ucrypt_cryptsetup::ACTIVATE_SAME_CPU_CRYPT,
+            ),
+            (
+                self.submit_from_crypt_cpus,
+                ucrypt_cryptsetup::ACTIVATE_SUBMIT_FROM_CRYPT_CPUS,
+            ),
+        ] {
+            if on {
+                f |= flag;
+            }
+        }
+        f
+    }
+
     pub(crate) fn to_args(&self) -> Vec<String> {
         let mut v = Vec::new();
         for (on, flag) in [
@@ -808,6 +836,14 @@ pub fn run() -> ExitCode {
     if let Some(why) = refused(&args) {
         eprintln!("ucrypt: {why}");
         return ExitCode::from(EXIT_PARAMS);
+    }
+    // cryptsetup's --usage: the short usage line, then exit 0 (before the action is parsed,
+    // so it works alone as in `cryptsetup --usage`).
+    if args.iter().skip(1).any(|a| a == "--usage") {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        println!("{}", cmd.render_usage());
+        println!("Try `ucrypt --help` for the actions and their options.");
+        return ExitCode::SUCCESS;
     }
     let command_line = shown_command_line(&args);
     // cryptsetup: batch mode switches off the second "Verify passphrase" prompt.

@@ -103,6 +103,11 @@ pub(crate) struct Args {
     /// Write the server's pid to FILE once it is listening.
     #[arg(long, value_name = "FILE")]
     pub(super) pid_file: Option<PathBuf>,
+    /// LUKS2: store the activation flags given here (--allow-discards and the --perf-*
+    /// flags) in the header's persistent flags, replacing the stored set, as cryptsetup's
+    /// `open --persistent` does; later opens apply them without being told.
+    #[arg(long)]
+    pub(super) persistent: bool,
     /// Export read-only (cryptsetup's `--readonly`/`-r` are accepted too).
     #[arg(long, short = 'r', visible_alias = "readonly")]
     pub(super) read_only: bool,

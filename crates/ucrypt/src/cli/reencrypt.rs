@@ -67,6 +67,27 @@ pub(crate) struct Args {
     /// Data shift (not supported yet).
     #[arg(long, hide = true)]
     reduce_device_size: Option<String>,
+    /// Keep the volume key, change other parameters (not supported yet).
+    #[arg(long, hide = true)]
+    keep_key: bool,
+    /// Online reencryption of an active mapping (not supported: re-encrypt offline).
+    #[arg(long, hide = true, value_name = "NAME")]
+    active_name: Option<String>,
+    /// Use only this much of the device (not supported yet).
+    #[arg(long, hide = true, value_name = "SIZE")]
+    device_size: Option<String>,
+    /// LUKS1 reencryption block size in MiB (LUKS1 only; ucrypt re-encrypts LUKS2).
+    #[arg(long, hide = true, value_name = "MIB")]
+    block_size: Option<String>,
+    /// LUKS1 reencryption with O_DIRECT (LUKS1 only).
+    #[arg(long, hide = true)]
+    use_directio: bool,
+    /// LUKS1 reencryption with fsync after every block (LUKS1 only).
+    #[arg(long, hide = true)]
+    use_fsync: bool,
+    /// LUKS1 reencryption log updated after every block (LUKS1 only).
+    #[arg(long, hide = true)]
+    write_log: bool,
     /// Stop cleanly after this many bytes (tests: a reproducible interruption).
     #[arg(long, hide = true, value_parser = parse_size)]
     debug_stop_after: Option<u64>,
@@ -164,6 +185,28 @@ fn initialise(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    if a.block_size.is_some() || a.use_directio || a.use_fsync || a.write_log {
+        return Err(anyhow!(
+            "reencrypt --block-size, --use-directio, --use-fsync and --write-log are \
+             cryptsetup's LUKS1 reencryption options; ucrypt re-encrypts LUKS2 only \
+             (`ucrypt convert --type luks2` first)"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.active_name.is_some() {
+        return Err(anyhow!(
+            "reencrypt --active-name (online reencryption of a served volume) is not \
+             supported yet; close the volume and run `ucrypt reencrypt DEV` offline"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.keep_key || a.device_size.is_some() {
+        return Err(anyhow!(
+            "reencrypt --keep-key and --device-size are not supported yet (ucrypt re-keys \
+             the whole LUKS2 data area with a new volume key)"
+        ))
+        .code(EXIT_PARAMS);
+    }
     if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
         return Err(anyhow!(
             "reencrypt --encrypt, --decrypt and --reduce-device-size are not supported yet \
