@@ -892,10 +892,19 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
     } else {
         ucrypt_cryptsetup::plain::volume_key(device, p, secret)?
     };
+    if let Some(ds) = p.device_size {
+        let unit = u64::from(p.sector_size.max(512));
+        if ds == 0 || ds % unit != 0 {
+            bail!("--device-size {ds} is not a positive multiple of the {unit}-byte sector size");
+        }
+    }
     let length = if p.size != 0 {
         p.size
     } else {
-        let total = device_bytes(device)? / 512;
+        let total = match p.device_size {
+            Some(ds) => ds / 512,
+            None => device_bytes(device)? / 512,
+        };
         if total <= p.offset {
             bail!(
                 "device {device_str} ({total} sectors) ends before --offset {} sectors",

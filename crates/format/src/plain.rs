@@ -36,6 +36,9 @@ pub struct PlainOptions {
     pub sector_size: u32,
     /// `--iv-large-sectors`.
     pub iv_large_sectors: bool,
+    /// `--device-size` in bytes: taken as the device's size instead of its real one (the
+    /// mapping then ends there when `size` is 0).
+    pub device_size: Option<u64>,
 }
 
 impl Default for PlainOptions {
@@ -49,6 +52,7 @@ impl Default for PlainOptions {
             size: 0,
             sector_size: 512,
             iv_large_sectors: false,
+            device_size: None,
         }
     }
 }

@@ -103,6 +103,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("close --cancel-deferred", Runs("close")),
     ("open --refresh", Runs("refresh")),
     ("open --persistent", Runs("open")),
+    ("open --device-size", Runs("open")),
     // cryptsetup's LUKS1-only reencryption options, and what needs online reencryption.
     (
         "reencrypt --use-fsync",
@@ -387,4 +388,46 @@ fn open_persistent_stores_the_activation_flags() {
         assert!(out.status.success(), "{out:?}");
         assert!(flags().contains(want), "{extra:?}: {}", flags());
     }
+}
+
+/// Plain mode's `--device-size` stands in for the device's real size: the mapping ends
+/// there (less `--offset`), with cryptsetup's units; a size not in whole sectors is refused.
+#[test]
+fn plain_device_size_replaces_the_real_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "img", 16 << 20);
+    let key = tmp.path().join("key");
+    std::fs::write(&key, [7u8; 64]).unwrap();
+    let (img, key) = (img.to_str().unwrap(), key.to_str().unwrap());
+    let table = |size: &str| {
+        run(&[
+            "luksOpen",
+            "--type",
+            "plain",
+            "-c",
+            "aes-xts-plain64",
+            "-s",
+            "512",
+            "--key-file",
+            key,
+            "--device-size",
+            size,
+            "-o",
+            "8",
+            "--print-table",
+            img,
+        ])
+    };
+    for (size, sectors) in [("8M", 16384 - 8), ("64S", 64 - 8), ("4194304", 8192 - 8)] {
+        let out = table(size);
+        assert!(out.status.success(), "{size}: {out:?}");
+        let line = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            line.starts_with(&format!("0 {sectors} crypt ")),
+            "{size}: {line}"
+        );
+    }
+    let out = table("1000");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--device-size 1000"));
 }

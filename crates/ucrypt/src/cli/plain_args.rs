@@ -30,6 +30,10 @@ pub(crate) struct PlainArgs {
     /// Count IVs in sector-size units (plain mode).
     #[arg(long)]
     pub(crate) iv_large_sectors: bool,
+    /// Plain mode: take SIZE as the device's size instead of its real one (bytes, or with
+    /// a unit: S = 512-byte sectors, K/M/G/T binary), as cryptsetup's --device-size.
+    #[arg(long, value_name = "SIZE", value_parser = super::reencrypt::parse_size)]
+    pub(crate) device_size: Option<u64>,
 }
 
 impl PlainArgs {
@@ -48,6 +52,7 @@ impl PlainArgs {
             size: self.size,
             sector_size: self.sector_size,
             iv_large_sectors: self.iv_large_sectors,
+            device_size: self.device_size,
         }
     }
 }

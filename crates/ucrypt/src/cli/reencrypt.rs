@@ -98,13 +98,15 @@ pub(crate) struct Args {
     batch: bool,
 }
 
-/// `4096`, `4K`, `16M`, `1G` (binary units, as cryptsetup's size arguments).
+/// `4096`, `8S`, `4K`, `16M`, `1G` (S = 512-byte sectors, binary units, as cryptsetup's
+/// size arguments).
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (num, mul) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
+                'S' => 512u64,
+                'K' => 1 << 10,
                 'M' => 1 << 20,
                 'G' => 1 << 30,
                 'T' => 1 << 40,

@@ -162,6 +162,7 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
         size: 0,
         sector_size: 512,
         iv_large_sectors: false,
+        device_size: None,
     };
     // NBD URIs are read through staged copies (super::luks::local_path); the dump names
     // what the user named.
