@@ -623,7 +623,7 @@ fn unlock_reencrypting(
     let hdr_path = opts.header.as_deref().unwrap_or(device);
     let hdr_str = hdr_path.display().to_string();
     let file = std::fs::File::open(hdr_path).with_context(|| format!("opening {hdr_str}"))?;
-    let header = luks2::disk::Header::read(&file, &hdr_str)?;
+    let mut header = luks2::disk::Header::read(&file, &hdr_str)?;
     let probe = Reencrypt::load(&header.json, u64::MAX)?;
     let total = device_bytes(device)?;
     let size = total.checked_sub(probe.new.offset).ok_or_else(|| {
@@ -633,7 +633,6 @@ fn unlock_reencrypting(
         )
     })?;
     let mut st = Reencrypt::load(&header.json, size)?;
-    let mut header = header;
     if let Progress::Crashed { .. } = st.progress {
         if opts.recover_reencryption {
             match &opts.header {

@@ -22,6 +22,7 @@
 //! size, every block against its checksum: a damaged or crafted header is an error naming
 //! the structure, never a panic or a mapping of the wrong bytes.
 
+use crate::bytes::{le16, le32, le64};
 use crate::FormatError;
 use base64ct::{Base64, Encoding};
 use std::path::Path;
@@ -81,20 +82,6 @@ fn bad(what: &str, dev: &str, reason: impl Into<String>) -> FormatError {
         what: format!("FileVault2 {what} on {dev}"),
         reason: reason.into(),
     }
-}
-
-fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-fn le32(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-fn le64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
 }
 
 /// Core Storage's block checksum: CRC-32C over everything after the 8-byte checksum

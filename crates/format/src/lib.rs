@@ -25,6 +25,7 @@
 
 pub mod af;
 pub mod bitlk;
+mod bytes;
 mod error;
 pub mod fvault2;
 pub mod kdf;

@@ -20,6 +20,7 @@
 //!  FVEK entry (type 3, value 5): AES-CCM under the VMK
 //! ```
 
+use crate::bytes::{le16, le32};
 use crate::FormatError;
 use aes::Aes256;
 use ccm::aead::{AeadInOut, KeyInit};
@@ -86,20 +87,12 @@ pub(super) struct Entry<'a> {
     pub(super) value: &'a [u8],
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
 /// The entries packed in `buf`; a size of 0 ends the list (as in cryptsetup).
 pub(super) fn entries<'a>(buf: &'a [u8], what: &str) -> Result<Vec<Entry<'a>>, FormatError> {
     let mut out = Vec::new();
     let mut pos = 0;
     while pos + ENTRY_HEADER <= buf.len() {
-        let size = usize::from(u16_at(buf, pos));
+        let size = usize::from(le16(buf, pos));
         if size == 0 {
             break;
         }
@@ -113,8 +106,8 @@ pub(super) fn entries<'a>(buf: &'a [u8], what: &str) -> Result<Vec<Entry<'a>>, F
             ));
         }
         out.push(Entry {
-            entry_type: u16_at(buf, pos + 2),
-            value_type: u16_at(buf, pos + 4),
+            entry_type: le16(buf, pos + 2),
+            value_type: le16(buf, pos + 4),
             value: &buf[pos + ENTRY_HEADER..pos + size],
         });
         pos += size;
@@ -197,14 +190,14 @@ impl Metadata {
 
     fn entries(&self) -> Result<Vec<Entry<'_>>, FormatError> {
         let what = format!("on {}", self.device);
-        let version = u16_at(&self.block, 10);
+        let version = le16(&self.block, 10);
         if version != 2 {
             return Err(FormatError::NotSupported(format!(
                 "BitLocker metadata version {version} on {} (Windows 7 and later write version 2)",
                 self.device
             )));
         }
-        let size = u32_at(&self.block, BLOCK_HEADER) as usize;
+        let size = le32(&self.block, BLOCK_HEADER) as usize;
         let end = BLOCK_HEADER + size;
         if size < METADATA_HEADER || end > self.block.len() {
             return Err(malformed(
@@ -232,7 +225,7 @@ impl Metadata {
                 ));
             }
             out.push(Vmk {
-                protection: Protection::from_u16(u16_at(e.value, 26)),
+                protection: Protection::from_u16(le16(e.value, 26)),
                 properties: entries(&e.value[28..], &what)?,
             });
         }
@@ -379,14 +372,14 @@ fn unwrap_key(
     {
         return Ok(None);
     }
-    let size = usize::from(u16_at(&buf, 0));
-    if size != buf.len() || u16_at(&buf, 4) != VALUE_KEY {
+    let size = usize::from(le16(&buf, 0));
+    if size != buf.len() || le16(&buf, 4) != VALUE_KEY {
         return Err(malformed(
             what,
             format!(
                 "unwrapped key property has size {size} of {} and value type {}",
                 buf.len(),
-                u16_at(&buf, 4)
+                le16(&buf, 4)
             ),
         ));
     }
@@ -396,7 +389,7 @@ fn unwrap_key(
 /// The FVEK property as dm-crypt's key: AES-128 with the Elephant diffuser stores
 /// `[CBC key 16][pad 16][diffuser key 16][pad 16]` and dm-crypt takes the two halves packed.
 fn dm_key(fvek: &[u8], what: &str) -> Result<VolumeKey, FormatError> {
-    let method = u32_at(fvek, 8) & 0xffff;
+    let method = le32(fvek, 8) & 0xffff;
     let data = &fvek[KEY_HEADER..];
     let short = || {
         malformed(

@@ -22,6 +22,7 @@
 
 pub mod keys;
 
+use crate::bytes::{le16, le32, le64};
 use crate::FormatError;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -81,18 +82,6 @@ fn bad(dev: &str, reason: impl Into<String>) -> FormatError {
         what: format!("BITLK metadata on {dev}"),
         reason: reason.into(),
     }
-}
-
-fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-fn le64(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
 }
 
 /// The FVE block at `offset` when it is one libcryptsetup accepts: signature, version 2,
