@@ -224,6 +224,38 @@ pub trait Backend: Send + Sync {
         self.write_zeroes(offset, len, fua)
     }
 
+    /// `Some(unit)`: every call of this backend is atomic with respect to every other call
+    /// within each `unit`-aligned stretch of `unit` bytes: a read sees each stretch as one
+    /// write left it, two writes of one stretch never interleave, and
+    /// [`Backend::modify_at`] works there. The engine then needs no range locks of its own
+    /// over sectors that never straddle a stretch (the memory backend's per-chunk locks
+    /// already give it what the locks would). `None` (the default): no such promise, and
+    /// wrappers that do not forward it keep the default.
+    fn atomic_unit(&self) -> Option<u64> {
+        None
+    }
+
+    /// Hands the `len` bytes at `offset` to `f` to change in place, as one step of a
+    /// backend with an [`Backend::atomic_unit`]: no other call touches them between the
+    /// read and the write. The range must lie inside one unit. With `fua` the result is
+    /// durable on return.
+    ///
+    /// # Errors
+    /// [`BackendError::Unsupported`] where there is no atomic unit (the default) or the
+    /// range crosses one; out-of-range requests; I/O errors.
+    fn modify_at(
+        &self,
+        offset: u64,
+        len: usize,
+        fua: bool,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), BackendError> {
+        let _ = (offset, len, fua, f);
+        Err(BackendError::Unsupported(
+            "atomic read-modify-write (the backend has no atomic unit)",
+        ))
+    }
+
     /// One plug: the device receives these writes together, in this order. The default
     /// issues them one by one; backends with a batch interface (io_uring) override it.
     ///
@@ -311,5 +343,17 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
     }
     fn submit_writes(&self, batch: &[WriteOp<'_>]) -> Result<(), BackendError> {
         (**self).submit_writes(batch)
+    }
+    fn atomic_unit(&self) -> Option<u64> {
+        (**self).atomic_unit()
+    }
+    fn modify_at(
+        &self,
+        offset: u64,
+        len: usize,
+        fua: bool,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), BackendError> {
+        (**self).modify_at(offset, len, fua, f)
     }
 }

@@ -232,6 +232,46 @@ impl Backend for MemoryBackend {
         self.zero_range(offset, len)
     }
 
+    /// Each chunk is one `RwLock`: every call holds the locks of the chunks it touches
+    /// while it copies, so calls are atomic per chunk.
+    fn atomic_unit(&self) -> Option<u64> {
+        Some(CHUNK_BYTES)
+    }
+
+    fn modify_at(
+        &self,
+        offset: u64,
+        len: usize,
+        _fua: bool,
+        f: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<(), BackendError> {
+        check_range(offset, len as u64, self.info.size_bytes)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let chunk = offset / CHUNK_BYTES;
+        if (offset + len as u64 - 1) / CHUNK_BYTES != chunk {
+            return Err(BackendError::Unsupported(
+                "atomic read-modify-write across a 64 KiB chunk of the memory backend",
+            ));
+        }
+        let Some(slot) = self.chunk_or_create(chunk) else {
+            return Err(BackendError::OutOfRange {
+                offset,
+                len: len as u64,
+                size: self.info.size_bytes,
+            });
+        };
+        let mut data = slot.write().unwrap_or_else(PoisonError::into_inner);
+        let d = data.get_or_insert_with(|| {
+            self.allocated_chunks.fetch_add(1, Ordering::Relaxed);
+            vec![0u8; CHUNK_BYTES as usize].into_boxed_slice()
+        });
+        let at = (offset % CHUNK_BYTES) as usize;
+        f(&mut d[at..at + len]);
+        Ok(())
+    }
+
     fn write_zeroes(&self, offset: u64, len: u64, _fua: bool) -> Result<(), BackendError> {
         self.zero_range(offset, len)
     }
@@ -299,6 +339,31 @@ mod tests {
             .unwrap();
         m.write_zeroes(0, 2 * CHUNK_BYTES, true).unwrap();
         assert_eq!(m.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn modify_at_changes_one_chunk_in_place_and_refuses_to_cross_one() {
+        let m = MemoryBackend::new(1 << 20).unwrap();
+        assert_eq!(m.atomic_unit(), Some(CHUNK_BYTES));
+        // An unwritten chunk reads as zeros inside the closure too.
+        m.modify_at(CHUNK_BYTES + 512, 512, false, &mut |b| {
+            assert!(b.iter().all(|&x| x == 0));
+            b.fill(9);
+        })
+        .unwrap();
+        let mut back = vec![0u8; 2048];
+        m.read_at(&mut back, CHUNK_BYTES).unwrap();
+        assert!(back[..512].iter().all(|&x| x == 0));
+        assert!(back[512..1024].iter().all(|&x| x == 9));
+        assert!(back[1024..].iter().all(|&x| x == 0));
+        let mut called = false;
+        let crossing = m.modify_at(CHUNK_BYTES - 256, 512, false, &mut |_| called = true);
+        assert!(matches!(crossing, Err(BackendError::Unsupported(_))));
+        assert!(!called, "nothing is modified across chunks");
+        assert!(matches!(
+            m.modify_at((1 << 20) - 256, 512, false, &mut |_| {}),
+            Err(BackendError::OutOfRange { .. })
+        ));
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! Byte-range locks for writes, and a read protocol that keeps reads off sectors being
 //! written.
 //!
+//! Not taken over a backend whose calls are already atomic per sector
+//! (`Backend::atomic_unit`, the memory backend): there the backend's own per-chunk lock does
+//! this module's job, partial-sector writes merge inside `Backend::modify_at`, and the volume
+//! skips both the lock and the read protocol (`Volume::range_locked`). On a 4 KiB write the
+//! lock costs ~100 ns, about 14 % of a raw memory write (`examples/write_overhead.rs`).
+//!
 //! Why: a write that covers part of a sector must read the sector, merge and write it back
 //! (read-modify-write). If another write to the same sector lands between that read and
 //! write, its bytes are lost. So every write holds a lock on the sectors it touches, and

@@ -73,6 +73,11 @@ pub struct Volume {
     /// Whether the backend lends reads in place ([`Backend::read_with`]); asked once, so
     /// a backend that never does (memory, zero, remote) costs reads nothing for it.
     lends_reads: bool,
+    /// The backend's calls are atomic over stretches that hold whole sectors of this
+    /// volume ([`Backend::atomic_unit`]), and it lends no reads: its own locking already
+    /// keeps every sector whole for readers and writers, so this volume takes no range
+    /// locks, and a partial-sector write merges inside [`Backend::modify_at`].
+    atomic: bool,
 }
 
 impl Volume {
@@ -164,6 +169,7 @@ impl Volume {
                 submitter.as_ref().map(|s| Arc::clone(&s.shared)),
             )
         });
+        let lends_reads = backend.read_with(0, 0, &mut |_| {}).is_some();
         Ok(Volume {
             cipher,
             cfg,
@@ -176,9 +182,20 @@ impl Volume {
             submitter,
             inflight: AtomicUsize::new(0),
             stats: Stats::new(),
-            lends_reads: backend.read_with(0, 0, &mut |_| {}).is_some(),
+            lends_reads,
+            atomic: !lends_reads
+                && backend
+                    .atomic_unit()
+                    .is_some_and(|u| u >= sector_bytes && u % sector_bytes == 0),
             backend,
         })
+    }
+
+    /// Whether this volume serialises its own requests with range locks (the rangelock
+    /// module); `false` when the backend's calls are atomic per sector already
+    /// ([`Backend::atomic_unit`]).
+    pub fn range_locked(&self) -> bool {
+        !self.atomic
     }
 
     /// The sector cipher.
@@ -554,9 +571,12 @@ impl Volume {
         let mask = ss - 1;
         let start = offset & !mask;
         let end = (offset + buf.len() as u64 + mask) & !mask;
-        let _guard = self.locks.lock(start, end);
-        let place = self.placement(true, buf.len(), depth);
         let s = split(offset, buf.len() as u64, ss);
+        if self.atomic && (s.head.is_some() || s.tail.is_some()) {
+            return self.write_edges_atomic(buf, offset, &s, fua);
+        }
+        let _guard = (!self.atomic).then(|| self.locks.lock(start, end));
+        let place = self.placement(true, buf.len(), depth);
         if place == Placement::Inline && end - start <= SMALL_WRITE_BYTES as u64 {
             return self.write_small(buf, offset, start, end, &s, fua);
         }
@@ -635,6 +655,43 @@ impl Volume {
     }
 }
 
+impl Volume {
+    /// A write with partial sectors on an atomic backend (no range locks): the whole
+    /// sectors go as any aligned write, and each partial edge sector is decrypted, merged
+    /// and encrypted again inside one [`Backend::modify_at`], so no other write of that
+    /// sector can land between its read and its write (the lost update the range locks
+    /// prevent elsewhere).
+    fn write_edges_atomic(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        s: &crate::split::Split,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        if let Some((pos, len)) = s.body {
+            let at = (pos - offset) as usize;
+            // Already counted in the stats: the inner call is unattributed.
+            self.write_impl(&buf[at..at + len as usize], pos, fua, IoCtx::default())?;
+        }
+        for p in [s.head, s.tail].into_iter().flatten() {
+            let at = (p.sector_start + p.skip as u64 - offset) as usize;
+            let src = &buf[at..at + p.len];
+            let sector = Sector512::from_bytes_floor(p.sector_start);
+            self.backend.modify_at(
+                self.lower(p.sector_start),
+                self.sector_bytes as usize,
+                fua,
+                &mut |ct| {
+                    self.cipher.decrypt(sector, ct);
+                    ct[p.skip..p.skip + p.len].copy_from_slice(src);
+                    self.cipher.encrypt(sector, ct);
+                },
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// The largest write [`Volume::write_small`] takes: one 4 KiB page.
 const SMALL_WRITE_BYTES: usize = 4096;
 
@@ -677,7 +734,7 @@ impl Backend for Volume {
         let mask = self.sector_bytes - 1;
         let (start, end) = (offset & !mask, (offset + buf.len() as u64 + mask) & !mask);
         let (mut _reading, mut _locked) = (None, None);
-        if !self.info.caps.read_only {
+        if !self.info.caps.read_only && !self.atomic {
             _reading = self.locks.try_read(start, end);
             if _reading.is_none() {
                 _locked = Some(self.locks.lock(start, end));
@@ -742,7 +799,7 @@ impl Backend for Volume {
             return self.write_impl(buf, offset, fua, ctx);
         }
         self.stats.write(ctx, buf.len());
-        let _guard = self.locks.lock(offset, offset + buf.len() as u64);
+        let _guard = (!self.atomic).then(|| self.locks.lock(offset, offset + buf.len() as u64));
         self.cipher
             .encrypt(Sector512::from_bytes_floor(offset), buf);
         self.backend.write_at(buf, self.lower(offset), fua)
@@ -790,7 +847,7 @@ impl Backend for Volume {
         // Only whole sectors are discarded; a partial sector keeps its data (discard is
         // advisory, and zeroing part of a sector would need a read-modify-write).
         if let Some((pos, l)) = split(offset, len, self.sector_bytes).body {
-            let _guard = self.locks.lock(pos, pos + l);
+            let _guard = (!self.atomic).then(|| self.locks.lock(pos, pos + l));
             self.backend.discard(self.lower(pos), l)?;
         }
         Ok(())

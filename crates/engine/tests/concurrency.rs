@@ -36,7 +36,7 @@ fn disjoint_owners_sharing_sectors_never_lose_an_update() {
     let mut rng = Rng::new(seed);
     let mut total_writes = 0u64;
     for sector in [512u32, 4096] {
-        for (name, opts) in configs() {
+        for (name, opts, mem) in configs_over_memory(SIZE) {
             // Random slots, random owners.
             let mut slots: Vec<(u64, u64, usize)> = Vec::new(); // (start, len, owner)
             let mut at = 0;
@@ -46,12 +46,7 @@ fn disjoint_owners_sharing_sectors_never_lose_an_update() {
                 at += len;
             }
             let slots = Arc::new(slots);
-            let v = Arc::new(volume(
-                memory(SIZE),
-                cipher("aes-xts-plain64", sector),
-                0,
-                opts,
-            ));
+            let v = Arc::new(volume(mem, cipher("aes-xts-plain64", sector), 0, opts));
             v.write_at(&vec![0u8; SIZE as usize], 0, false).unwrap();
             let threads: Vec<_> = (0..THREADS)
                 .map(|t| {
@@ -142,10 +137,10 @@ fn overlapping_writers_leave_a_serial_order_per_sector() {
     let mut rng = Rng::new(seed ^ 0x5555);
     let mut total_writes = 0u64;
     for sector in [512u64, 4096] {
-        for (name, opts) in configs() {
+        for (name, opts, mem) in configs_over_memory(16 * 1024) {
             let size = 16 * 1024u64;
             let v = Arc::new(volume(
-                memory(size),
+                mem,
                 cipher("aes-xts-plain64", sector as u32),
                 0,
                 opts,

@@ -13,8 +13,8 @@ use ucrypt_crypto::Sector512;
 
 #[test]
 fn every_configuration_passes_the_backend_conformance_suite() {
-    for (name, opts) in configs() {
-        let v = volume(memory(2 << 20), cipher("aes-xts-plain64", 512), 0, opts);
+    for (name, opts, mem) in configs_over_memory(2 << 20) {
+        let v = volume(mem, cipher("aes-xts-plain64", 512), 0, opts);
         eprintln!("conformance: {name}");
         conformance(&v);
         conformance_concurrent(&v, 4);
@@ -94,16 +94,42 @@ fn in_place_writes_leave_the_sector_ciphers_bytes() {
 }
 
 #[test]
+fn range_locks_only_where_the_backend_is_not_atomic_per_sector() {
+    let spec = cipher("aes-xts-plain64", 4096);
+    let bare = volume(
+        memory(1 << 20),
+        Arc::clone(&spec),
+        0,
+        ucrypt_engine::EngineOptions::default(),
+    );
+    assert!(!bare.range_locked(), "memory chunks are atomic: no locks");
+    let hidden = Arc::new(FaultyBackend::new(memory(1 << 20)));
+    let wrapped = volume(
+        hidden,
+        Arc::clone(&spec),
+        0,
+        ucrypt_engine::EngineOptions::default(),
+    );
+    assert!(wrapped.range_locked(), "a backend without an atomic unit");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.img");
+    std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+    let file = ucrypt_backend::FileBackend::open(&path, Default::default()).unwrap();
+    let file = volume(
+        Arc::new(file),
+        spec,
+        0,
+        ucrypt_engine::EngineOptions::default(),
+    );
+    assert!(file.range_locked(), "files promise no atomicity to readers");
+}
+
+#[test]
 fn concurrent_sub_sector_writes_never_lose_an_update() {
     // 8 threads each own every 8th 64-byte slot of the same 4 KiB sectors: every write is a
     // read-modify-write of a sector other threads are modifying too.
-    for (name, opts) in configs() {
-        let v = Arc::new(volume(
-            memory(256 * 1024),
-            cipher("aes-xts-plain64", 4096),
-            0,
-            opts,
-        ));
+    for (name, opts, mem) in configs_over_memory(256 * 1024) {
+        let v = Arc::new(volume(mem, cipher("aes-xts-plain64", 4096), 0, opts));
         let threads: Vec<_> = (0..8u8)
             .map(|t| {
                 let v = Arc::clone(&v);

@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::sync::Arc;
-use ucrypt_backend::{Backend, MemoryBackend};
+use ucrypt_backend::{Backend, FaultyBackend, MemoryBackend};
 use ucrypt_crypto::{CipherSpec, SectorCipher, SectorParams, SectorSize, VolumeKey};
 use ucrypt_engine::{AutoPolicy, EngineOptions, PoolOptions, Volume, VolumeConfig, WriteOrder};
 
@@ -133,4 +133,17 @@ pub fn volume(
 
 pub fn memory(bytes: u64) -> Arc<dyn Backend> {
     Arc::new(MemoryBackend::new(bytes).unwrap())
+}
+
+/// Every engine configuration over each kind of memory backend a volume treats
+/// differently: the bare one, whose calls are atomic per chunk (the volume takes no range
+/// locks), and the same behind a wrapper that hides that (the volume locks ranges).
+pub fn configs_over_memory(bytes: u64) -> Vec<(String, EngineOptions, Arc<dyn Backend>)> {
+    let mut out = Vec::new();
+    for (name, opts) in configs() {
+        out.push((format!("{name} atomic"), opts, memory(bytes)));
+        let hidden: Arc<dyn Backend> = Arc::new(FaultyBackend::new(memory(bytes)));
+        out.push((format!("{name} locked"), opts, hidden));
+    }
+    out
 }
