@@ -682,8 +682,20 @@ fn unlock_reencrypting(
             })
             .into())
     };
-    let (slot, old_key) = key_of(st.old.digest)?;
-    let (_, new_key) = key_of(st.new.digest)?;
+    let (Some(old_digest), Some(new_digest)) = (st.old.digest, st.new.digest) else {
+        return Err(FormatError::NotSupported(format!(
+            "opening {device_str} in the middle of a LUKS2 {} (part of it plaintext); finish \
+             it first with `ucrypt reencrypt --resume-only`",
+            if st.old.linear {
+                "encryption"
+            } else {
+                "decryption"
+            }
+        ))
+        .into());
+    };
+    let (slot, old_key) = key_of(old_digest)?;
+    let (_, new_key) = key_of(new_digest)?;
     st.verify(&header.json, old_key.as_bytes(), new_key.as_bytes())?;
     let line =
         |side: &luks2::reencrypt::Side, key: &VolumeKey, from: u64, to: u64| -> Result<TableLine> {

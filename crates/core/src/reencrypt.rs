@@ -111,14 +111,18 @@ fn open_rw(path: &Path) -> Result<File> {
         .with_context(|| format!("opening {}", path.display()))
 }
 
-/// The key of digest `digest`: tries the keyslots bound to it with `passphrase`.
+/// The key of digest `digest`: tries the keyslots bound to it with `passphrase`. No
+/// digest (a linear side, plaintext): the empty key of `cipher_null`.
 fn key_of(
     path: &Path,
     meta: &Metadata,
-    digest: u32,
+    digest: Option<u32>,
     which: &str,
     passphrase: &[u8],
 ) -> Result<VolumeKey> {
+    let Some(digest) = digest else {
+        return Ok(VolumeKey::new(Vec::new()));
+    };
     let slots = meta
         .digests
         .get(&digest)
@@ -151,6 +155,16 @@ fn cipher(side: &reencrypt::Side, key: &VolumeKey) -> Result<Box<dyn SectorCiphe
             iv_large_sectors: false,
         },
     )?)
+}
+
+/// The IV sector of the data area's first byte: the encrypted side's (the new one unless
+/// decrypting; re-keying keeps the IVs).
+fn iv_base(st: &Reencrypt) -> u64 {
+    if st.new.linear {
+        st.old.iv_tweak
+    } else {
+        st.new.iv_tweak
+    }
 }
 
 /// Both ciphers and the IV of the data area's first sector.
@@ -381,7 +395,10 @@ impl Run {
             // All data is under the new key and only the clean-up is left: the old key's
             // keyslot may already be wiped (a crash inside the clean-up). Finishing
             // deletes metadata only, so it proceeds with the new key alone.
-            Err(_) if state.progress == (Progress::Clean { done: device_size }) => {
+            Err(_)
+                if state.progress == (Progress::Clean { done: device_size })
+                    && !state.new.linear =>
+            {
                 return Ok(Run {
                     file: io,
                     data,
@@ -421,7 +438,9 @@ impl Run {
     pub fn done(&self) -> u64 {
         match self.state.progress {
             Progress::Clean { done } => done,
-            Progress::Crashed { offset, .. } => offset,
+            Progress::Crashed { offset, length } => {
+                self.state.done_before(offset, length, self.device_size)
+            }
         }
     }
 
@@ -475,7 +494,7 @@ impl Run {
 
     /// The IV sector of data-area byte `at`.
     fn iv(&self, at: u64) -> Sector512 {
-        Sector512(self.state.new.iv_tweak + at / 512)
+        Sector512(iv_base(&self.state) + at / 512)
     }
 
     /// Decrypts with the old key and encrypts with the new, in place, on every core.
@@ -554,12 +573,11 @@ impl Run {
             ),
         }
         self.data_sync()?;
+        let done = self.state.done_after(offset, length, self.device_size);
         self.state
-            .set_done(&mut self.header.json, offset + length, self.device_size);
+            .set_done(&mut self.header.json, done, self.device_size);
         self.write_header()?;
-        self.state.progress = Progress::Clean {
-            done: offset + length,
-        };
+        self.state.progress = Progress::Clean { done };
         Ok(())
     }
 
@@ -617,7 +635,7 @@ impl Run {
         let c = Cipher {
             old: self.old.as_ref(),
             new: self.new.as_ref(),
-            iv_base: self.state.new.iv_tweak,
+            iv_base: iv_base(&self.state),
         };
         let (io, name) = self.data_io();
         let base = self.state.new.offset;
@@ -626,12 +644,9 @@ impl Run {
             && !stop.load(Ordering::Relaxed)
             && opts.stop_after.is_none_or(|n| done - start < n)
         {
-            let len = self.state.hotzone_length(done, size, opts.max_hotzone);
-            rekey_in_place(c, io, base, done, len, align, threads).map_err(|e| {
-                anyhow!(
-                    "re-encrypting {len} bytes at {} on {name}: {e}",
-                    base + done
-                )
+            let (at, len) = self.state.next_hotzone(done, size, opts.max_hotzone);
+            rekey_in_place(c, io, base, at, len, align, threads).map_err(|e| {
+                anyhow!("re-encrypting {len} bytes at {} on {name}: {e}", base + at)
             })?;
             done += len;
             progress(done, size);
@@ -681,7 +696,7 @@ impl Run {
         };
         let (old, new) = (old.as_ref(), new.as_ref());
         let align = state.old.sector_size.max(state.new.sector_size) as usize;
-        let iv_base = state.new.iv_tweak;
+        let iv_base = iv_base(state);
         let st: &Reencrypt = state;
         let io_err = |what: &str, e: std::io::Error| anyhow!("{what} on {device}: {e}");
         let (to_io, from_main) = std::sync::mpsc::sync_channel::<Hotzone>(0);
@@ -707,7 +722,7 @@ impl Run {
                     dio.write_at(&z.out[..n], data_at)
                         .map_err(|e| anyhow!("writing {n} bytes at {data_at} on {dname}: {e}"))?;
                     dio.sync().map_err(|e| anyhow!("syncing {dname}: {e}"))?;
-                    st.set_done(&mut header.json, z.at + z.len, size);
+                    st.set_done(&mut header.json, st.done_after(z.at, z.len, size), size);
                     header.write(io, device).map_err(fe)?;
                     if to_main.send(z).is_err() {
                         break;
@@ -723,7 +738,7 @@ impl Run {
             let mut next = start;
             let mut sent = 0;
             let mut back = |z: Hotzone, free: &mut Vec<Hotzone>, done: &mut u64| {
-                *done = z.at + z.len;
+                *done = st.done_after(z.at, z.len, size);
                 progress(*done, size);
                 free.push(z);
             };
@@ -751,20 +766,20 @@ impl Run {
                         Err(_) => break,
                     },
                 };
-                let len = st.hotzone_length(next, size, opts.max_hotzone);
+                let (at, len) = st.next_hotzone(next, size, opts.max_hotzone);
                 let n = usize::try_from(len)?;
-                z.at = next;
+                z.at = at;
                 z.len = len;
                 z.src.resize(n, 0);
                 z.out.resize(n, 0);
                 if let Some((h, bs)) = &sums_of {
                     z.sums.resize(n / bs * h.size(), 0);
                 }
-                let data_at = st.new.offset + next;
+                let data_at = st.new.offset + at;
                 transform(
                     Cipher { old, new, iv_base },
                     (dio, data_at),
-                    next,
+                    at,
                     &mut z.src[..n],
                     &mut z.out[..n],
                     sums_of.as_ref().map(|(h, bs)| (*h, *bs, &mut z.sums[..])),

@@ -386,7 +386,9 @@ pub fn split_cipher(spec: &str) -> Result<(String, String), FormatError> {
 /// What [`CryptDevice::reencrypt_init`] sets up (cryptsetup reencrypt's options).
 #[derive(Debug, Clone)]
 pub struct ReencryptInit {
-    /// The new cipher spec (`aes-xts-plain64`).
+    /// What is done: re-key, encrypt or decrypt.
+    pub mode: ReencryptMode,
+    /// The new cipher spec (`aes-xts-plain64`); ignored when decrypting.
     pub cipher: String,
     /// The new encryption sector size.
     pub sector_size: u32,
@@ -396,6 +398,19 @@ pub struct ReencryptInit {
     pub hash: Option<String>,
     /// Largest hotzone in 512-byte sectors (0: the library's default).
     pub max_hotzone_sectors: u64,
+}
+
+/// `crypt_reencrypt_mode_info` with the direction cryptsetup's CLI pairs it with (without a
+/// data shift): re-keying and encryption forward, decryption backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReencryptMode {
+    /// A new volume key (`reencrypt`).
+    #[default]
+    Reencrypt,
+    /// Plaintext to ciphertext (`encrypt`): the old side is a linear segment.
+    Encrypt,
+    /// Ciphertext to plaintext (`decrypt`): the new side is a linear segment.
+    Decrypt,
 }
 
 /// One libcryptsetup device context (header device, optionally a separate data device).
@@ -962,13 +977,22 @@ impl CryptDevice {
     pub fn reencrypt_init(
         &mut self,
         old_slot: Option<u32>,
-        new_slot: u32,
+        new_slot: Option<u32>,
         passphrase: &[u8],
         p: &ReencryptInit,
     ) -> Result<u32, FormatError> {
-        let (cipher, mode) = split_cipher(&p.cipher)?;
-        let cipher = cstring("cipher", &cipher)?;
-        let mode = cstring("cipher mode", &mode)?;
+        let decrypt = p.mode == ReencryptMode::Decrypt;
+        let (cipher, mode) = if decrypt {
+            (None, None)
+        } else {
+            let (c, m) = split_cipher(&p.cipher)?;
+            (
+                Some(cstring("cipher", &c)?),
+                Some(cstring("cipher mode", &m)?),
+            )
+        };
+        let ptr_of = |c: &Option<CString>| c.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        let (cipher_p, mode_p) = (ptr_of(&cipher), ptr_of(&mode));
         let resilience = cstring("resilience", &p.resilience)?;
         let hash = cstring("hash", p.hash.as_deref().unwrap_or("sha256"))?;
         let luks2 = ffi::crypt_params_luks2 {
@@ -982,14 +1006,23 @@ impl CryptDevice {
             subsystem: ptr::null(),
         };
         let params = ffi::crypt_params_reencrypt {
-            mode: ffi::CRYPT_REENCRYPT_REENCRYPT,
-            direction: ffi::CRYPT_REENCRYPT_FORWARD,
+            mode: match p.mode {
+                ReencryptMode::Reencrypt => ffi::CRYPT_REENCRYPT_REENCRYPT,
+                ReencryptMode::Encrypt => ffi::CRYPT_REENCRYPT_ENCRYPT,
+                ReencryptMode::Decrypt => ffi::CRYPT_REENCRYPT_DECRYPT,
+            },
+            direction: if decrypt {
+                ffi::CRYPT_REENCRYPT_BACKWARD
+            } else {
+                ffi::CRYPT_REENCRYPT_FORWARD
+            },
             resilience: resilience.as_ptr(),
             hash: hash.as_ptr(),
             data_shift: 0,
             max_hotzone_size: p.max_hotzone_sectors,
             device_size: 0,
-            luks2: &luks2,
+            // cryptsetup's decryption passes none (the new side has no sector size).
+            luks2: if decrypt { ptr::null() } else { &luks2 },
             flags: ffi::CRYPT_REENCRYPT_INITIALIZE_ONLY,
         };
         // SAFETY: every pointer (strings, params and the luks2 params they point to, the
@@ -1002,9 +1035,9 @@ impl CryptDevice {
                 passphrase.as_ptr().cast(),
                 passphrase.len(),
                 Self::slot_arg(old_slot),
-                Self::slot_arg(Some(new_slot)),
-                cipher.as_ptr(),
-                mode.as_ptr(),
+                Self::slot_arg(new_slot),
+                cipher_p,
+                mode_p,
                 &params,
             )
         })?;

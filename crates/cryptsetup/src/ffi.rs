@@ -87,8 +87,14 @@ pub struct crypt_params_reencrypt {
 pub const CRYPT_REENCRYPT_INITIALIZE_ONLY: u32 = 1;
 /// `CRYPT_REENCRYPT_REENCRYPT` (`crypt_reencrypt_mode_info`).
 pub const CRYPT_REENCRYPT_REENCRYPT: c_int = 0;
+/// `CRYPT_REENCRYPT_ENCRYPT`.
+pub const CRYPT_REENCRYPT_ENCRYPT: c_int = 1;
+/// `CRYPT_REENCRYPT_DECRYPT`.
+pub const CRYPT_REENCRYPT_DECRYPT: c_int = 2;
 /// `CRYPT_REENCRYPT_FORWARD` (`crypt_reencrypt_direction_info`).
 pub const CRYPT_REENCRYPT_FORWARD: c_int = 0;
+/// `CRYPT_REENCRYPT_BACKWARD`.
+pub const CRYPT_REENCRYPT_BACKWARD: c_int = 1;
 /// `CRYPT_VOLUME_KEY_NO_SEGMENT`.
 pub const CRYPT_VOLUME_KEY_NO_SEGMENT: u32 = 1;
 

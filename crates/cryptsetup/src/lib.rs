@@ -26,7 +26,7 @@ pub mod plain;
 pub use device::{
     disable_external_tokens, disable_volume_key_keyring, external_tokens_dir, set_debug,
     set_external_tokens_path, split_cipher, CryptDevice, HeaderInfo, HeaderType, KeyslotStatus,
-    LuksFormat, Pbkdf, ReencryptInit, TokenStatus,
+    LuksFormat, Pbkdf, ReencryptInit, ReencryptMode, TokenStatus,
 };
 
 /// Persistent activation flag `CRYPT_ACTIVATE_ALLOW_DISCARDS`.

@@ -119,6 +119,12 @@ const ACTIONS: &[(&str, Does)] = &[
         "reencrypt --active-name vol",
         Refused("online reencryption"),
     ),
+    ("reencrypt --encrypt", Runs("reencrypt")),
+    ("reencrypt --decrypt", Runs("reencrypt")),
+    (
+        "reencrypt --reduce-device-size 32M",
+        Refused("--reduce-device-size"),
+    ),
     ("reencrypt --keep-key", Refused("--keep-key")),
     ("reencrypt --device-size 1M", Refused("--device-size")),
     // Features that cannot make sense for ucrypt.

@@ -66,7 +66,9 @@ impl Resilience {
     }
 }
 
-/// What one side (old or new) of the reencryption encrypts with: a backup segment.
+/// What one side (old or new) of the reencryption encrypts with: a backup segment. A
+/// `linear` side (the plaintext of `--encrypt` before, of `--decrypt` after) has no key:
+/// its `encryption` is `cipher_null-ecb`, its sector size 512, its digest none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Side {
     /// Byte offset of the data area.
@@ -77,8 +79,10 @@ pub struct Side {
     pub encryption: String,
     /// Encryption sector size.
     pub sector_size: u32,
-    /// The digest whose key this side uses.
-    pub digest: u32,
+    /// The digest whose key this side uses (none for a linear side).
+    pub digest: Option<u32>,
+    /// A `linear` segment: plaintext.
+    pub linear: bool,
 }
 
 /// Where the reencryption stands.
@@ -98,7 +102,9 @@ pub enum Progress {
     },
 }
 
-/// A LUKS2 header's reencryption state (mode `reencrypt`, direction `forward`).
+/// A LUKS2 header's reencryption state: mode `reencrypt` (re-key), `encrypt` (a linear old
+/// side) or `decrypt` (a linear new side), direction `forward` (done from the start) or
+/// `backward` (done from the end, cryptsetup's `--decrypt`).
 #[derive(Debug, Clone)]
 pub struct Reencrypt {
     /// The `reencrypt` keyslot's id.
@@ -201,8 +207,23 @@ fn requirements(json: &Json) -> Vec<String> {
     }
 }
 
-/// A segment object the way `json_segment_create_crypt` builds it.
+/// A segment object the way `json_segment_create_crypt` (or `json_segment_create_linear`
+/// for a linear side) builds it.
 fn crypt_segment(side: &Side, at: u64, length: Option<u64>, hot: bool) -> Json {
+    if side.linear {
+        let mut m = vec![
+            ("type".to_string(), Json::str("linear")),
+            ("offset".to_string(), Json::u64_text(side.offset + at)),
+            (
+                "size".to_string(),
+                length.map_or_else(|| Json::str("dynamic"), Json::u64_text),
+            ),
+        ];
+        if hot {
+            m.push(("flags".into(), Json::Arr(vec![Json::str(FLAG_HOT)])));
+        }
+        return Json::Obj(m);
+    }
     let mut m = vec![
         ("type".to_string(), Json::str("crypt")),
         ("offset".to_string(), Json::u64_text(side.offset + at)),
@@ -226,15 +247,30 @@ fn crypt_segment(side: &Side, at: u64, length: Option<u64>, hot: bool) -> Json {
     Json::Obj(m)
 }
 
-fn side_of(json: &Json, id: u32, seg: &Json) -> Result<Side, FormatError> {
+fn side_of(json: &Json, id: u32, seg: &Json, want_linear: bool) -> Result<Side, FormatError> {
     let path = format!("segments.{id}");
-    if str_of(seg, "type", &path)? != "crypt" {
-        return Err(unsupported(format!(
-            "a {} backup segment (only re-keying crypt to crypt is)",
-            str_of(seg, "type", &path)?
+    let kind = str_of(seg, "type", &path)?;
+    if kind != if want_linear { "linear" } else { "crypt" } {
+        return Err(bad(format!(
+            "{path} is a {kind} backup segment, which this reencryption mode does not have"
         )));
     }
     let digests = digests_of_segment(json, id);
+    if want_linear {
+        if !digests.is_empty() {
+            return Err(bad(format!(
+                "linear {path} is bound to digests {digests:?}"
+            )));
+        }
+        return Ok(Side {
+            offset: u64_of(seg, "offset", &path)?,
+            iv_tweak: 0,
+            encryption: "cipher_null-ecb".into(),
+            sector_size: 512,
+            digest: None,
+            linear: true,
+        });
+    }
     let digest = match digests.as_slice() {
         [d] => *d,
         _ => {
@@ -252,7 +288,8 @@ fn side_of(json: &Json, id: u32, seg: &Json) -> Result<Side, FormatError> {
             .ok()
             .filter(|s| s.is_power_of_two() && (512..=4096).contains(s))
             .ok_or_else(|| bad(format!("{path}.sector_size {sector_size} is not 512..4096")))?,
-        digest,
+        digest: Some(digest),
+        linear: false,
     })
 }
 
@@ -293,15 +330,11 @@ impl Reencrypt {
         let path = format!("keyslots.{kid}");
         let mode = str_of(ks, "mode", &path)?.to_string();
         let direction = str_of(ks, "direction", &path)?.to_string();
-        if mode != "reencrypt" {
-            return Err(unsupported(format!(
-                "mode \"{mode}\" (only \"reencrypt\", re-keying, is)"
-            )));
+        if !["reencrypt", "encrypt", "decrypt"].contains(&mode.as_str()) {
+            return Err(unsupported(format!("mode \"{mode}\"")));
         }
-        if direction != "forward" {
-            return Err(unsupported(format!(
-                "direction \"{direction}\" (only \"forward\" is)"
-            )));
+        if !["forward", "backward"].contains(&direction.as_str()) {
+            return Err(unsupported(format!("direction \"{direction}\"")));
         }
         let area = field(ks, "area", &path)?;
         let apath = format!("{path}.area");
@@ -328,6 +361,11 @@ impl Reencrypt {
                         })?,
                 }
             }
+            other if other.starts_with("datashift") => {
+                return Err(unsupported(format!(
+                    "resilience \"{other}\" (a data shift, --reduce-device-size)"
+                )))
+            }
             other => return Err(unsupported(format!("resilience \"{other}\""))),
         };
         let segments = field(json, "segments", "")?;
@@ -350,9 +388,10 @@ impl Reencrypt {
         }
         let (oid, oseg) = backup_old.ok_or_else(|| bad("no backup-previous segment".into()))?;
         let (nid, nseg) = backup_new.ok_or_else(|| bad("no backup-final segment".into()))?;
-        let old = side_of(json, oid, oseg)?;
-        let new = side_of(json, nid, nseg)?;
-        if old.offset != new.offset || old.iv_tweak != new.iv_tweak {
+        let old = side_of(json, oid, oseg, mode == "encrypt")?;
+        let new = side_of(json, nid, nseg, mode == "decrypt")?;
+        if old.offset != new.offset || (!old.linear && !new.linear && old.iv_tweak != new.iv_tweak)
+        {
             return Err(unsupported(
                 "old and new data at different offsets (data shift)".into(),
             ));
@@ -361,7 +400,8 @@ impl Reencrypt {
             return Err(bad("old and new segments share one digest".into()));
         }
         live.sort_by_key(|(id, _)| *id);
-        let progress = Self::progress_of(json, &live, &old, &new, device_size)?;
+        let backward = direction == "backward";
+        let progress = Self::progress_of(json, &live, &old, &new, device_size, backward)?;
         Ok(Reencrypt {
             keyslot,
             mode,
@@ -382,6 +422,7 @@ impl Reencrypt {
         old: &Side,
         new: &Side,
         device_size: u64,
+        backward: bool,
     ) -> Result<Progress, FormatError> {
         let at = |seg: &Json, id: u32| -> Result<u64, FormatError> {
             let off = u64_of(seg, "offset", &format!("segments.{id}"))?;
@@ -409,13 +450,33 @@ impl Reencrypt {
             }
             return Ok(Progress::Crashed { offset, length });
         }
-        let is = |id: u32, d: u32| digests_of_segment(json, id) == vec![d];
+        // A segment of `side`: linear, or crypt bound to the side's digest alone.
+        let is = |id: u32, seg: &Json, side: &Side| match side.digest {
+            None => seg.get("type").and_then(Json::as_str) == Some("linear"),
+            Some(d) => {
+                seg.get("type").and_then(Json::as_str) == Some("crypt")
+                    && digests_of_segment(json, id) == vec![d]
+            }
+        };
         match live {
-            [(id, s)] if is(*id, old.digest) && at(s, *id)? == 0 => Ok(Progress::Clean { done: 0 }),
-            [(id, s)] if is(*id, new.digest) && at(s, *id)? == 0 => {
+            [(id, s)] if is(*id, s, old) && at(s, *id)? == 0 => Ok(Progress::Clean { done: 0 }),
+            [(id, s)] if is(*id, s, new) && at(s, *id)? == 0 => {
                 Ok(Progress::Clean { done: device_size })
             }
-            [(a, sa), (b, sb)] if is(*a, new.digest) && is(*b, old.digest) => {
+            // Backward: the part before the boundary is still old, the rest new.
+            [(a, sa), (b, sb)] if backward && is(*a, sa, old) && is(*b, sb, new) => {
+                let left = size(sa, *a)?
+                    .ok_or_else(|| bad(format!("segments.{a} (old part) has no fixed size")))?;
+                if at(sa, *a)? != 0 || at(sb, *b)? != left || left > device_size {
+                    return Err(bad(format!(
+                        "segments.{a} and segments.{b} do not meet at byte {left}"
+                    )));
+                }
+                Ok(Progress::Clean {
+                    done: device_size - left,
+                })
+            }
+            [(a, sa), (b, sb)] if !backward && is(*a, sa, new) && is(*b, sb, old) => {
                 let done = size(sa, *a)?
                     .ok_or_else(|| bad(format!("segments.{a} (done part) has no fixed size")))?;
                 if at(sa, *a)? != 0 || at(sb, *b)? != done || done > device_size {
@@ -426,7 +487,7 @@ impl Reencrypt {
                 Ok(Progress::Clean { done })
             }
             _ => Err(bad(format!(
-                "segments {:?} are not one of cryptsetup's forward reencryption layouts",
+                "segments {:?} are not one of cryptsetup's reencryption layouts",
                 live.iter().map(|(id, _)| *id).collect::<Vec<_>>()
             ))),
         }
@@ -450,34 +511,87 @@ impl Reencrypt {
         cap.min(device_size.saturating_sub(offset))
     }
 
+    /// Whether the run goes from the end of the data area to its start.
+    pub fn backward(&self) -> bool {
+        self.direction == "backward"
+    }
+
+    /// The next hotzone once `done` bytes are done: (offset, length) as cryptsetup's
+    /// `reencrypt_offset` places it (forward: at `done`; backward: ending where the done
+    /// part at the end begins).
+    pub fn next_hotzone(&self, done: u64, device_size: u64, max: u64) -> (u64, u64) {
+        if self.backward() {
+            let left = device_size.saturating_sub(done);
+            let len = self.hotzone_length(0, left, max);
+            (left - len, len)
+        } else {
+            (done, self.hotzone_length(done, device_size, max))
+        }
+    }
+
+    /// Bytes done once the hotzone `[offset, offset + length)` is.
+    pub fn done_after(&self, offset: u64, length: u64, device_size: u64) -> u64 {
+        if self.backward() {
+            device_size - offset
+        } else {
+            offset + length
+        }
+    }
+
+    /// Bytes done before the hotzone `[offset, offset + length)`.
+    pub fn done_before(&self, offset: u64, length: u64, device_size: u64) -> u64 {
+        if self.backward() {
+            device_size - offset - length
+        } else {
+            offset
+        }
+    }
+
     /// Replaces the segments (and their digest bindings) with `list`, then the backup
-    /// segments, binding in cryptsetup's order: the hotzone to both keys first, then
-    /// every other segment in id order.
-    fn set_segments(&self, json: &mut Json, list: Vec<(Json, u32)>, hot: Option<usize>) {
+    /// segments, binding in cryptsetup's order. Re-keying: the hotzone to both keys first,
+    /// then every other segment in id order. Encryption and decryption (one key,
+    /// `reencrypt_assign_segments_simple`): the key's backup segment first, then every
+    /// crypt segment in id order.
+    fn set_segments(&self, json: &mut Json, list: Vec<(Json, Option<u32>)>, hot: Option<usize>) {
         let mut segs: Vec<(String, Json)> = Vec::new();
-        let mut bind: Vec<(u32, u32)> = Vec::new();
-        if let Some(h) = hot {
-            bind.push((h as u32, self.new.digest));
-            bind.push((h as u32, self.old.digest));
-        }
-        for (i, (seg, d)) in list.into_iter().enumerate() {
-            if Some(i) != hot {
-                bind.push((i as u32, d));
+        let mut bind: Vec<(u32, Option<u32>)> = Vec::new();
+        let n = list.len() as u32;
+        if self.mode != "reencrypt" {
+            if self.new.linear {
+                bind.push((n, self.old.digest));
+            } else {
+                bind.push((n + 1, self.new.digest));
             }
-            segs.push((i.to_string(), seg));
+            let key = self.old.digest.or(self.new.digest);
+            for (i, (seg, _)) in list.into_iter().enumerate() {
+                if seg.get("type").and_then(Json::as_str) == Some("crypt") {
+                    bind.push((i as u32, key));
+                }
+                segs.push((i.to_string(), seg));
+            }
+        } else {
+            if let Some(h) = hot {
+                bind.push((h as u32, self.new.digest));
+                bind.push((h as u32, self.old.digest));
+            }
+            for (i, (seg, d)) in list.into_iter().enumerate() {
+                if Some(i) != hot {
+                    bind.push((i as u32, d));
+                }
+                segs.push((i.to_string(), seg));
+            }
+            bind.push((n, self.old.digest));
+            bind.push((n + 1, self.new.digest));
         }
-        let n = segs.len() as u32;
         segs.push((n.to_string(), self.backup_old.clone()));
         segs.push(((n + 1).to_string(), self.backup_new.clone()));
-        bind.push((n, self.old.digest));
-        bind.push((n + 1, self.new.digest));
         json.set("segments", Json::Obj(segs));
         if let Some(Json::Obj(digests)) = json.get_mut("digests") {
             for (k, d) in digests.iter_mut() {
                 let id: u32 = k.parse().unwrap_or(u32::MAX);
                 let mine: Vec<Json> = bind
                     .iter()
-                    .filter(|(_, dd)| *dd == id)
+                    .filter(|(_, dd)| *dd == Some(id))
                     .map(|(s, _)| Json::str(&s.to_string()))
                     .collect();
                 d.set("segments", Json::Arr(mine));
@@ -488,6 +602,27 @@ impl Reencrypt {
     /// The segments while `[offset, offset + length)` is rewritten.
     pub fn set_hot(&self, json: &mut Json, offset: u64, length: u64, device_size: u64) {
         let mut list = Vec::new();
+        if self.backward() {
+            if offset > 0 {
+                list.push((
+                    crypt_segment(&self.old, 0, Some(offset), false),
+                    self.old.digest,
+                ));
+            }
+            let hot = list.len();
+            list.push((
+                crypt_segment(&self.new, offset, Some(length), true),
+                self.new.digest,
+            ));
+            if offset + length < device_size {
+                list.push((
+                    crypt_segment(&self.new, offset + length, None, false),
+                    self.new.digest,
+                ));
+            }
+            self.set_segments(json, list, Some(hot));
+            return;
+        }
         if offset > 0 {
             list.push((
                 crypt_segment(&self.new, 0, Some(offset), false),
@@ -508,10 +643,18 @@ impl Reencrypt {
         self.set_segments(json, list, Some(hot));
     }
 
-    /// The segments once `[0, done)` is under the new key.
+    /// The segments once `done` bytes are under the new key (`[0, done)` forward, the last
+    /// `done` bytes backward).
     pub fn set_done(&self, json: &mut Json, done: u64, device_size: u64) {
         let mut list = Vec::new();
-        if done >= device_size {
+        if self.backward() && done > 0 && done < device_size {
+            let left = device_size - done;
+            list.push((
+                crypt_segment(&self.old, 0, Some(left), false),
+                self.old.digest,
+            ));
+            list.push((crypt_segment(&self.new, left, None, false), self.new.digest));
+        } else if done >= device_size {
             list.push((crypt_segment(&self.new, 0, None, false), self.new.digest));
         } else if done == 0 {
             list.push((crypt_segment(&self.old, 0, None, false), self.old.digest));
@@ -531,7 +674,10 @@ impl Reencrypt {
         let Some(digests) = json.get("digests") else {
             return out;
         };
-        let Some(d) = digests.get(&self.old.digest.to_string()) else {
+        let Some(old) = self.old.digest else {
+            return out;
+        };
+        let Some(d) = digests.get(&old.to_string()) else {
             return out;
         };
         for ks in ids(d.get("keyslots")) {
@@ -590,7 +736,7 @@ impl Reencrypt {
         json.set("segments", Json::Obj(vec![("0".into(), seg0)]));
         if let Some(Json::Obj(digests)) = json.get_mut("digests") {
             for (k, d) in digests.iter_mut() {
-                let mine = if k.parse() == Ok(self.new.digest) {
+                let mine = if self.new.digest.is_some_and(|d| k.parse() == Ok(d)) {
                     vec![Json::str("0")]
                 } else {
                     Vec::new()
@@ -624,8 +770,12 @@ impl Reencrypt {
         new_key: &[u8],
     ) -> Result<Zeroizing<Vec<u8>>, FormatError> {
         let mut out = Zeroizing::new(vec![b'v', b'2']);
-        out.extend_from_slice(old_key);
-        out.extend_from_slice(new_key);
+        if self.old.digest.is_some() {
+            out.extend_from_slice(old_key);
+        }
+        if self.new.digest.is_some() {
+            out.extend_from_slice(new_key);
+        }
         let ks = json
             .get("keyslots")
             .and_then(|k| k.get(&self.keyslot.to_string()))
@@ -673,6 +823,9 @@ impl Reencrypt {
             s(seg, "type", &mut out)?;
             n64(seg, "offset", &mut out)?;
             n64(seg, "size", &mut out)?;
+            if seg.get("type").and_then(Json::as_str) == Some("linear") {
+                continue;
+            }
             n64(seg, "iv_tweak", &mut out)?;
             s(seg, "encryption", &mut out)?;
             n32(seg, "sector_size", &mut out)?;

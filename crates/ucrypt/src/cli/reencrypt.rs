@@ -1,8 +1,10 @@
 //! `ucrypt reencrypt DEV`: LUKS2 re-keying (new volume key, optionally a new cipher, key
-//! size or sector size), offline, with cryptsetup's options and on-disk metadata, so that
-//! `cryptsetup reencrypt --resume-only` can finish what ucrypt started and the reverse.
-//! The metadata set-up is libcryptsetup's; the data pass is ucrypt's
-//! ([`ucrypt::reencrypt`]).
+//! size or sector size), `--encrypt --header HDR` (a plaintext device gets a detached
+//! LUKS2 header and is encrypted in place) and `--decrypt --header HDR` (the reverse),
+//! offline, with cryptsetup's options and on-disk metadata, so that `cryptsetup reencrypt
+//! --resume-only` can finish what ucrypt started and the reverse. The metadata set-up is
+//! libcryptsetup's (for `--encrypt` the luksFormat of cryptsetup's `encrypt_luks2_init`
+//! too); the data pass is ucrypt's ([`ucrypt::reencrypt`]).
 
 use super::luks::{CsResult, DeviceArgs};
 use super::luks_add_key::PbkdfArgs;
@@ -13,7 +15,7 @@ use anyhow::anyhow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use ucrypt::reencrypt::{Outcome, Run, RunOptions, DEFAULT_MAX_HOTZONE};
-use ucrypt_cryptsetup::{HeaderType, KeyslotStatus, ReencryptInit};
+use ucrypt_cryptsetup::{HeaderType, KeyslotStatus, LuksFormat, ReencryptInit, ReencryptMode};
 
 /// Arguments of `ucrypt reencrypt`.
 #[derive(clap::Args)]
@@ -58,12 +60,24 @@ pub(crate) struct Args {
     /// Accepted for cryptsetup compatibility (ucrypt's reencryption is offline).
     #[arg(long, hide = true)]
     force_offline_reencrypt: bool,
-    /// Encrypt a plain device (not supported yet).
-    #[arg(long, hide = true)]
+    /// Encrypt a plaintext device in place; its new LUKS2 header goes to --header.
+    #[arg(long, conflicts_with = "decrypt")]
     encrypt: bool,
-    /// Decrypt (not supported yet).
-    #[arg(long, hide = true)]
+    /// Decrypt a LUKS2 device whose header is detached (--header) in place.
+    #[arg(long)]
     decrypt: bool,
+    /// Header type for --encrypt: luks2 (LUKS1 reencryption is not supported).
+    #[arg(long = "type", short = 'M', value_name = "TYPE")]
+    kind: Option<String>,
+    /// UUID of the new header (--encrypt).
+    #[arg(long)]
+    uuid: Option<String>,
+    /// Label of the new header (--encrypt).
+    #[arg(long)]
+    label: Option<String>,
+    /// Subsystem label of the new header (--encrypt).
+    #[arg(long)]
+    subsystem: Option<String>,
     /// Data shift (not supported yet).
     #[arg(long, hide = true)]
     reduce_device_size: Option<String>,
@@ -95,7 +109,7 @@ pub(crate) struct Args {
     pbkdf: PbkdfArgs,
     /// Do not ask for confirmation.
     #[arg(short = 'q', long = "batch-mode")]
-    batch: bool,
+    batch_mode: bool,
 }
 
 /// `4096`, `8S`, `4K`, `16M`, `1G` (S = 512-byte sectors, binary units, as cryptsetup's
@@ -172,18 +186,143 @@ fn initialise(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
         .add_keyslot_new_unbound_key(None, key_bytes, passphrase)
         .cs()?;
     let params = ReencryptInit {
+        mode: ReencryptMode::Reencrypt,
         cipher: a.cipher.clone().unwrap_or_else(|| info.cipher_spec()),
         sector_size: a.sector_size.unwrap_or(info.sector_size),
         resilience: a.resilience.clone(),
         hash: Some(a.resilience_hash.clone()),
         max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
     };
-    if let Err(e) = cd.reencrypt_init(Some(old_slot), new_slot, passphrase, &params) {
+    if let Err(e) = cd.reencrypt_init(Some(old_slot), Some(new_slot), passphrase, &params) {
         // Leave the header as it was.
         let _ = cd.destroy_keyslot(new_slot);
         return Err(e).cs();
     }
     Ok(())
+}
+
+/// The key size in bytes for `bits` (None: cryptsetup's default, 512 bits for XTS and 256
+/// otherwise).
+fn key_bytes(bits: Option<u32>, cipher: &str) -> Result<usize, CliError> {
+    match bits {
+        Some(b) if b % 8 == 0 && b > 0 => Ok(b as usize / 8),
+        Some(b) => {
+            Err(anyhow!("key size {b} is not a positive multiple of 8 bits")).code(EXIT_PARAMS)
+        }
+        None => Ok(if cipher.contains("xts") { 64 } else { 32 }),
+    }
+}
+
+/// `--encrypt --header HDR DEV`, as cryptsetup's `encrypt_luks2_init`: a LUKS2 header on
+/// HDR for DEV (luksFormat with the options given, a random volume key, the passphrase in
+/// --key-slot or 0), then the encryption metadata (mode encrypt, direction forward, the
+/// whole device one linear segment).
+fn initialise_encrypt(
+    a: &Args,
+    header: &std::path::Path,
+    passphrase: &[u8],
+) -> Result<(), CliError> {
+    let cipher = a.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
+    // The data path is ucrypt's: refuse a cipher it cannot serve before writing anything.
+    cipher
+        .parse::<ucrypt_crypto::CipherSpec>()
+        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
+        .code(EXIT_PARAMS)?;
+    // A malformed --uuid is refused by crypt_format (EINVAL) before anything is written.
+    let key_bytes = key_bytes(a.key_size, &cipher)?;
+    if !header.exists() {
+        // Sized for the default LUKS2 header area: libcryptsetup writes up to 16 MiB.
+        let f = std::fs::File::create(header)
+            .map_err(|e| anyhow!("creating header file {}: {e}", header.display()))?;
+        f.set_len(16 << 20)
+            .map_err(|e| anyhow!("sizing header file {}: {e}", header.display()))?;
+    }
+    let mut cd = a.dev.header_context()?;
+    a.pbkdf.apply_always(&mut cd)?;
+    cd.format_luks(
+        &LuksFormat {
+            luks2: true,
+            cipher: cipher.clone(),
+            key_bytes,
+            uuid: a.uuid.clone(),
+            hash: None,
+            sector_size: a.sector_size,
+            label: a.label.clone(),
+            subsystem: a.subsystem.clone(),
+            data_device: Some(a.dev.local_device()?),
+            align_sectors: None,
+        },
+        None,
+    )
+    .cs()?;
+    let slot = cd
+        .add_keyslot_by_volume_key(a.key_slot, None, passphrase)
+        .cs()?;
+    let params = ReencryptInit {
+        mode: ReencryptMode::Encrypt,
+        cipher,
+        sector_size: a.sector_size.unwrap_or(512),
+        resilience: a.resilience.clone(),
+        hash: Some(a.resilience_hash.clone()),
+        max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
+    };
+    if let Err(e) = cd.reencrypt_init(None, Some(slot), passphrase, &params) {
+        let _ = cd.destroy_keyslot(slot);
+        return Err(e).cs();
+    }
+    Ok(())
+}
+
+/// `--decrypt --header HDR DEV`, as cryptsetup's `decrypt_luks2_init`: the decryption
+/// metadata (mode decrypt, direction backward, the new side a linear segment).
+fn initialise_decrypt(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
+    let mut cd = a.dev.load(ucrypt::header::VolumeType::Luks2)?;
+    let info = cd.info();
+    if info.kind != Some(HeaderType::Luks2) {
+        return Err(anyhow!(
+            "{} is not LUKS2 (decryption needs LUKS2)",
+            a.dev.header_path().display()
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if info.data_offset > 0 {
+        return Err(anyhow!(
+            "LUKS2 decryption is supported with detached header device only (with data offset \
+             set to 0)."
+        ))
+        .code(EXIT_PARAMS);
+    }
+    cd.check_passphrase(a.key_slot, passphrase).cs()?;
+    let params = ReencryptInit {
+        mode: ReencryptMode::Decrypt,
+        cipher: String::new(),
+        sector_size: 0,
+        resilience: a.resilience.clone(),
+        hash: Some(a.resilience_hash.clone()),
+        max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
+    };
+    cd.reencrypt_init(a.key_slot, None, passphrase, &params)
+        .cs()?;
+    Ok(())
+}
+
+/// The `mode` of the header's reencrypt keyslot.
+fn reencrypt_mode(json: &ucrypt_format::luks2::json::Json) -> Option<String> {
+    json.get("keyslots")?
+        .members()
+        .iter()
+        .find(|(_, k)| k.get("type").and_then(|t| t.as_str()) == Some("reencrypt"))
+        .and_then(|(_, k)| k.get("mode")?.as_str().map(str::to_string))
+}
+
+/// Whether `path` starts with a LUKS header (either version).
+fn is_luks(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 6];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && (magic == *b"LUKS\xba\xbe" || magic == *b"SKUL\xba\xbe")
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
@@ -209,10 +348,48 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
+    if a.reduce_device_size.is_some() {
         return Err(anyhow!(
-            "reencrypt --encrypt, --decrypt and --reduce-device-size are not supported yet \
-             (ucrypt re-keys LUKS2 volumes in place)"
+            "reencrypt --reduce-device-size (encryption with a data shift, the header at the \
+             head of the device) is not supported yet; encrypt with a detached header \
+             (--encrypt --header HDR)"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.kind.as_deref().is_some_and(|t| t != "luks2") {
+        return Err(anyhow!(
+            "reencrypt --type {}: ucrypt re-encrypts LUKS2 only (cryptsetup's LUKS1 \
+             reencryption is its legacy tool)",
+            a.kind.as_deref().unwrap_or_default()
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if !a.encrypt && (a.uuid.is_some() || a.label.is_some() || a.subsystem.is_some()) {
+        return Err(anyhow!(
+            "reencrypt --uuid, --label and --subsystem name the new header of --encrypt"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if (a.encrypt || a.decrypt) && a.dev.header.is_none() {
+        return Err(anyhow!(if a.encrypt {
+            "Encryption without detached header (--header) is not possible without data \
+             device size reduction (--reduce-device-size)."
+        } else {
+            "LUKS2 decryption requires --header option."
+        }))
+        .code(EXIT_PARAMS);
+    }
+    if a.decrypt && (a.cipher.is_some() || a.key_size.is_some() || a.sector_size.is_some()) {
+        return Err(anyhow!(
+            "reencrypt --decrypt takes no --cipher, --key-size or --sector-size (the result \
+             is plaintext)"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.decrypt && a.resilience == "none" {
+        // cryptsetup 2.6.1 refuses it too (decrypt_verify_and_set_params).
+        return Err(anyhow!(
+            "Requested --resilience option cannot be applied to current reencryption operation."
         ))
         .code(EXIT_PARAMS);
     }
@@ -229,16 +406,70 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     } else {
         super::instance::claim_for_header_change(&a.dev)?
     };
-    let passphrase = secret::existing(&a.key, &a.dev.device)?;
     let path = a.dev.device.clone();
     let header_path = a.dev.header_path().to_path_buf();
-    let in_progress = {
+    // A header to be created by --encrypt is not read.
+    let fresh = a.encrypt && !is_luks(&header_path);
+    let (in_progress, mode) = if fresh {
+        (false, None)
+    } else {
         let f = std::fs::File::open(&header_path)
             .map_err(|e| anyhow!("opening {}: {e}", header_path.display()))
             .code(super::EXIT_DEVICE)?;
         let h = ucrypt_format::luks2::disk::Header::read(&f, &header_path.display().to_string())
             .cs()?;
-        ucrypt_format::luks2::reencrypt::in_reencryption(&h.json)
+        (
+            ucrypt_format::luks2::reencrypt::in_reencryption(&h.json),
+            reencrypt_mode(&h.json),
+        )
+    };
+    if a.encrypt {
+        if !in_progress && !fresh {
+            return Err(anyhow!(
+                "Device {} is already LUKS device. Aborting operation.",
+                header_path.display()
+            ))
+            .code(EXIT_PARAMS);
+        }
+        if !in_progress && is_luks(&path) {
+            return Err(anyhow!(
+                "Device {} is already LUKS device. Aborting operation.",
+                path.display()
+            ))
+            .code(EXIT_PARAMS);
+        }
+    }
+    if in_progress {
+        for (flag, want) in [(a.encrypt, "encrypt"), (a.decrypt, "decrypt")] {
+            if flag && mode.as_deref() != Some(want) {
+                return Err(anyhow!(
+                    "Device is not in LUKS2 {want}ion. Conflicting option --{want}."
+                ))
+                .code(EXIT_PARAMS);
+            }
+        }
+    }
+    let passphrase = if fresh {
+        if !a.batch_mode {
+            secret::confirm(
+                a.batch_mode,
+                &format!(
+                    "This will create a LUKS2 header in {} and encrypt the data of {} in place",
+                    header_path.display(),
+                    path.display()
+                ),
+            )?;
+        }
+        secret::get(
+            a.key
+                .key_file
+                .as_deref()
+                .map(|p| (p, a.key.keyfile_offset, a.key.keyfile_size)),
+            &format!("Enter passphrase for {}: ", header_path.display()),
+            true,
+        )?
+    } else {
+        secret::existing(&a.key, &a.dev.device)?
     };
     if in_progress && a.init_only {
         return Err(anyhow!(
@@ -251,7 +482,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             return Err(anyhow!("{} is not in LUKS2 reencryption", path.display()))
                 .code(EXIT_PARAMS);
         }
-        initialise(&a, &passphrase)?;
+        if a.encrypt {
+            initialise_encrypt(&a, &header_path, &passphrase)?;
+        } else if a.decrypt {
+            initialise_decrypt(&a, &passphrase)?;
+        } else {
+            initialise(&a, &passphrase)?;
+        }
         if a.init_only {
             return Ok(());
         }
