@@ -394,10 +394,12 @@ impl Run {
             Ok(k) => k,
             // All data is under the new key and only the clean-up is left: the old key's
             // keyslot may already be wiped (a crash inside the clean-up). Finishing
-            // deletes metadata only, so it proceeds with the new key alone.
+            // deletes metadata only, so it proceeds with the new key alone. Decryption
+            // (no new key to check the passphrase against) only once no old keyslot is
+            // left: the data is all plaintext then and nothing secret remains.
             Err(_)
                 if state.progress == (Progress::Clean { done: device_size })
-                    && !state.new.linear =>
+                    && (!state.new.linear || state.old_keyslots(&header.json).is_empty()) =>
             {
                 return Ok(Run {
                     file: io,
