@@ -125,7 +125,7 @@ const ACTIONS: &[(&str, Does)] = &[
         "reencrypt --reduce-device-size 32M",
         Refused("--reduce-device-size"),
     ),
-    ("reencrypt --keep-key", Refused("--keep-key")),
+    ("reencrypt --keep-key", Runs("reencrypt")),
     ("reencrypt --device-size 1M", Refused("--device-size")),
     // Features that cannot make sense for ucrypt.
     (

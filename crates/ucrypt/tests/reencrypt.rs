@@ -300,10 +300,12 @@ fn result_equals_cryptsetups_for_each_resilience_and_a_new_cipher_shape() {
         return;
     }
     let f = Fixture::new();
-    let cases: [(&str, &[&str]); 4] = [
+    let cases: [(&str, &[&str]); 5] = [
         ("checksum", &[]),
         ("journal", &[]),
         ("none", &[]),
+        // The same key, a new sector size: one digest on both sides, no keyslot removed.
+        ("checksum", &["--keep-key", "--sector-size", "512"]),
         (
             "checksum",
             &[

@@ -675,3 +675,74 @@ fn what_cryptsetup_refuses_is_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("middle of a LUKS2 encryption"));
 }
+
+/// `--keep-key` on a LUKS2 image (cryptsetup's own re-keying run of it is compared in
+/// `reencrypt.rs`): the metadata `--init-only` writes has the shape of cryptsetup's (the
+/// old and new segments bound to the one digest), and cryptsetup's refusals are ucrypt's.
+#[test]
+fn keep_key_init_has_cryptsetups_shape() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    let k = s(&f.key);
+    let image = |name: &str| {
+        let p = f.path(name);
+        std::fs::File::create(&p)
+            .unwrap()
+            .set_len(40 << 20)
+            .unwrap();
+        let mut args = vec!["luksFormat", "-q", "--type", "luks2", "--key-file", k];
+        args.extend_from_slice(&PBKDF);
+        args.push(s(&p));
+        ok("cryptsetup", &args);
+        p
+    };
+    let uc = image("uc.img");
+    let cs = f.path("cs.img");
+    std::fs::copy(&uc, &cs).unwrap();
+    let keep = [
+        "reencrypt",
+        "--keep-key",
+        "--init-only",
+        "-q",
+        "--sector-size",
+        "512",
+    ];
+    let mut args = keep.to_vec();
+    args.extend_from_slice(&["-d", k, "--disable-locks", s(&uc)]);
+    ok(ucrypt_bin(), &args);
+    let mut args = keep.to_vec();
+    args.extend_from_slice(&["--key-file", k, "--force-offline-reencrypt", s(&cs)]);
+    ok("cryptsetup", &args);
+    assert_eq!(shape(&uc), shape(&cs));
+    let j = json(&uc);
+    assert!(j.contains("\"segments\":[\"0\",\"1\",\"2\"]"), "{j}");
+
+    // Nothing to change: refused as by cryptsetup (exit 1). A key size change: refused
+    // (cryptsetup 2.6.1 ignores -s with --keep-key and keeps the key's size). Nothing
+    // written either way.
+    let other = image("other.img");
+    let before = std::fs::read(&other).unwrap();
+    for extra in [&[][..], &["-s", "256", "--sector-size", "512"][..]] {
+        let mut args = vec!["reencrypt", "--keep-key", "-q", "-d", k, "--disable-locks"];
+        args.extend_from_slice(extra);
+        args.push(s(&other));
+        let out = run(ucrypt_bin(), &args);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {out:?}");
+        assert!(std::fs::read(&other).unwrap() == before);
+        if extra.is_empty() {
+            let cs_args = [
+                "reencrypt",
+                "--keep-key",
+                "-q",
+                "--key-file",
+                k,
+                "--force-offline-reencrypt",
+                s(&other),
+            ];
+            let cs_out = run("cryptsetup", &cs_args);
+            assert_eq!(cs_out.status.code(), Some(1), "cryptsetup: {cs_out:?}");
+        }
+    }
+}

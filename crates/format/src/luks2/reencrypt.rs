@@ -396,8 +396,10 @@ impl Reencrypt {
                 "old and new data at different offsets (data shift)".into(),
             ));
         }
-        if old.digest == new.digest {
-            return Err(bad("old and new segments share one digest".into()));
+        // One digest on both sides is `--keep-key` (a new cipher or sector size, the same
+        // key); none on either is no reencryption at all.
+        if old.digest.is_none() && new.digest.is_none() {
+            return Err(bad("neither backup segment is encrypted".into()));
         }
         live.sort_by_key(|(id, _)| *id);
         let backward = direction == "backward";
@@ -589,11 +591,15 @@ impl Reencrypt {
         if let Some(Json::Obj(digests)) = json.get_mut("digests") {
             for (k, d) in digests.iter_mut() {
                 let id: u32 = k.parse().unwrap_or(u32::MAX);
-                let mine: Vec<Json> = bind
-                    .iter()
-                    .filter(|(_, dd)| *dd == Some(id))
-                    .map(|(s, _)| Json::str(&s.to_string()))
-                    .collect();
+                let mut mine: Vec<Json> = Vec::new();
+                // With --keep-key both sides bind the one digest: once per segment, as
+                // LUKS2_digest_segment_assign leaves an assigned segment alone.
+                for (seg, _) in bind.iter().filter(|(_, dd)| *dd == Some(id)) {
+                    let v = Json::str(&seg.to_string());
+                    if !mine.contains(&v) {
+                        mine.push(v);
+                    }
+                }
                 d.set("segments", Json::Arr(mine));
             }
         }
@@ -674,7 +680,8 @@ impl Reencrypt {
         let Some(digests) = json.get("digests") else {
             return out;
         };
-        let Some(old) = self.old.digest else {
+        let Some(old) = self.old.digest.filter(|&d| Some(d) != self.new.digest) else {
+            // No old key, or the same key kept (--keep-key): no keyslot goes.
             return out;
         };
         let Some(d) = digests.get(&old.to_string()) else {
@@ -773,7 +780,7 @@ impl Reencrypt {
         if self.old.digest.is_some() {
             out.extend_from_slice(old_key);
         }
-        if self.new.digest.is_some() {
+        if self.new.digest.is_some() && self.new.digest != self.old.digest {
             out.extend_from_slice(new_key);
         }
         let ks = json

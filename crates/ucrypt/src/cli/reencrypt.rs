@@ -81,8 +81,8 @@ pub(crate) struct Args {
     /// Data shift (not supported yet).
     #[arg(long, hide = true)]
     reduce_device_size: Option<String>,
-    /// Keep the volume key, change other parameters (not supported yet).
-    #[arg(long, hide = true)]
+    /// Keep the volume key (and keyslots); change the cipher or sector size only.
+    #[arg(long)]
     keep_key: bool,
     /// Online reencryption of an active mapping (not supported: re-encrypt offline).
     #[arg(long, hide = true, value_name = "NAME")]
@@ -156,6 +156,9 @@ fn initialise(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
             )
         })
         .collect();
+    if a.keep_key {
+        return initialise_keep_key(a, cd, &info, passphrase);
+    }
     if active.len() > 1 && a.key_slot.is_none() {
         return Err(anyhow!(
             "{} has {} keyslots ({}); name the one to keep with --key-slot (the others are \
@@ -211,6 +214,44 @@ fn key_bytes(bits: Option<u32>, cipher: &str) -> Result<usize, CliError> {
         }
         None => Ok(if cipher.contains("xts") { 64 } else { 32 }),
     }
+}
+
+/// `--keep-key`, as cryptsetup's `reencrypt_luks2_init` without a volume key change: the
+/// same key (and keyslots), a new cipher or sector size; the old and new segments share
+/// the one digest and no keyslot is removed at the end.
+fn initialise_keep_key(
+    a: &Args,
+    mut cd: ucrypt_cryptsetup::CryptDevice,
+    info: &ucrypt_cryptsetup::HeaderInfo,
+    passphrase: &[u8],
+) -> Result<(), CliError> {
+    let cipher = a.cipher.clone().unwrap_or_else(|| info.cipher_spec());
+    let sector_size = a.sector_size.unwrap_or(info.sector_size);
+    if a.key_size.is_some_and(|b| b as usize != info.key_bytes * 8) {
+        return Err(anyhow!(
+            "reencrypt --keep-key keeps the {}-bit volume key: -s cannot change its size",
+            info.key_bytes * 8
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if cipher == info.cipher_spec() && sector_size == info.sector_size {
+        return Err(anyhow!(
+            "No data segment parameters changed. Reencryption aborted."
+        ))
+        .code(EXIT_PARAMS);
+    }
+    let slot = cd.check_passphrase(a.key_slot, passphrase).cs()?;
+    let params = ReencryptInit {
+        mode: ReencryptMode::Reencrypt,
+        cipher,
+        sector_size,
+        resilience: a.resilience.clone(),
+        hash: Some(a.resilience_hash.clone()),
+        max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
+    };
+    cd.reencrypt_init(Some(slot), Some(slot), passphrase, &params)
+        .cs()?;
+    Ok(())
 }
 
 /// `--encrypt --header HDR DEV`, as cryptsetup's `encrypt_luks2_init`: a LUKS2 header on
@@ -341,10 +382,17 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.keep_key || a.device_size.is_some() {
+    if a.device_size.is_some() {
         return Err(anyhow!(
-            "reencrypt --keep-key and --device-size are not supported yet (ucrypt re-keys \
-             the whole LUKS2 data area with a new volume key)"
+            "reencrypt --device-size is not supported yet (ucrypt re-encrypts the whole \
+             LUKS2 data area)"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.keep_key && (a.encrypt || a.decrypt) {
+        return Err(anyhow!(
+            "reencrypt --keep-key keeps the key of a LUKS2 volume being re-encrypted; \
+             --encrypt and --decrypt have one key only"
         ))
         .code(EXIT_PARAMS);
     }
