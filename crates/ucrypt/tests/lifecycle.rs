@@ -581,7 +581,47 @@ fn suspend_holds_io_and_wipes_the_key_resume_resize_and_refresh_over_the_socket(
     );
     assert_eq!(rt.status("s")["suspended"], true);
     assert_code(&rt.uc(&["close", "s"], b""), 5, "suspended");
-    rt.ok(&["luksResume", "s", "--key-file", pass], b"");
+    // --link-vk-to-keyring (cryptsetup 2.7's luksResume option): a malformed value is
+    // refused before anything runs (exit 1, still suspended); a good one puts the volume
+    // key in the user keyring as the volume is resumed.
+    assert_code(
+        &rt.uc(
+            &[
+                "luksResume",
+                "s",
+                "--key-file",
+                pass,
+                "--link-vk-to-keyring",
+                "@u:vk",
+            ],
+            b"",
+        ),
+        1,
+        "invalid --link-vk-to-keyring value",
+    );
+    assert_eq!(rt.status("s")["suspended"], true);
+    let vk_desc = format!("ucrypt-resume-vk:{}", std::process::id());
+    rt.ok(
+        &[
+            "luksResume",
+            "s",
+            "--key-file",
+            pass,
+            "--link-vk-to-keyring",
+            &format!("@u::{vk_desc}"),
+        ],
+        b"",
+    );
+    let keyctl = |args: &[&str]| {
+        let out = Command::new("keyctl").args(args).output().unwrap();
+        assert!(out.status.success(), "keyctl {args:?}: {out:?}");
+        out.stdout
+    };
+    let id = String::from_utf8(keyctl(&["search", "@u", "user", &vk_desc])).unwrap();
+    let id = id.trim();
+    let linked = keyctl(&["pipe", id]);
+    keyctl(&["unlink", id, "@u"]);
+    assert!(linked == key, "the linked key is not the volume key");
     assert!(reader.wait().unwrap().success());
     assert!(std::fs::read(&out_path).unwrap()[..data.len()] == data[..]);
 

@@ -639,6 +639,21 @@ fn reload(s: &Server, req: &Request) -> Value {
     }
     let size = req.body.get("size").and_then(Value::as_u64);
     let current = lock_ignoring_poison(&s.desc).size_sectors;
+    let link = super::unlock_opts::UnlockOpts {
+        link_vk_to_keyring: req
+            .body
+            .get("link_vk_to_keyring")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        ..Default::default()
+    };
+    if link.link_vk_to_keyring.is_some() && !matches!(s.source, Source::Header { .. }) {
+        return control::error(
+            EXIT_PARAMS,
+            "--link-vk-to-keyring needs an instance opened from a header (a table line \
+             carries its key itself)",
+        );
+    }
     let built: Result<Arc<dyn Backend>, (u8, String)> = match &s.source {
         Source::Raw => Err((
             EXIT_PARAMS,
@@ -704,6 +719,9 @@ fn reload(s: &Server, req: &Request) -> Value {
                         if u.targets.is_empty() && u.layers.is_empty() && current > 0 {
                             u.table.length = u.table.length.min(current);
                         }
+                    }
+                    if let Err(e) = link.link_unlocked(&u) {
+                        return control::error(e.code(), super::error_line(&e.err));
                     }
                     ucrypt::open_unlocked(u, opts).map_err(|e| {
                         let e = super::luks::cs_error(e);

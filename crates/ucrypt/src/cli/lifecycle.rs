@@ -80,6 +80,12 @@ pub(crate) struct ResumeArgs {
     #[arg(long, value_name = "FILE")]
     #[allow(dead_code)]
     header: Option<std::path::PathBuf>,
+    /// KEYRING::KEY: add the volume key, once the passphrase opened it, to a kernel keyring
+    /// (forms as `open --link-vk-to-keyring`), as cryptsetup 2.7's luksResume. The serving
+    /// process adds it, so @s, @u and @us are the keyrings it was started with; a failure
+    /// leaves the volume suspended.
+    #[arg(long, value_name = "KEYRING::KEY")]
+    link_vk_to_keyring: Option<String>,
 }
 
 /// `ucrypt resize NAME [--size SECTORS]`.
@@ -382,15 +388,15 @@ pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
         && a.secret.table_file.is_none()
         && super::secret::prompts(&a.secret.key);
     let tries = if typed { a.tries.max(1) } else { 1 };
+    let mut body = json!({"op": "resume"});
+    if let Some(spec) = &a.link_vk_to_keyring {
+        super::unlock_opts::check_link_spec(spec)?;
+        body["link_vk_to_keyring"] = json!(spec);
+    }
     let mut attempt = 1;
     loop {
         let secret = read_secret(&p, &a.secret)?;
-        match call(
-            &p,
-            json!({"op": "resume"}),
-            Some(&secret),
-            Duration::from_secs(600),
-        ) {
+        match call(&p, body.clone(), Some(&secret), Duration::from_secs(600)) {
             Err(e) if e.code() == 2 && attempt < tries => {
                 eprintln!("No key available with this passphrase.");
                 attempt += 1;

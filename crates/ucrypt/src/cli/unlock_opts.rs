@@ -154,6 +154,14 @@ impl UnlockOpts {
     }
 }
 
+/// Checks a `--link-vk-to-keyring` value's form before anything else runs.
+///
+/// # Errors
+/// A malformed value (exit 1).
+pub(crate) fn check_link_spec(spec: &str) -> Result<(), CliError> {
+    KeyringLink::parse(spec).map(|_| ())
+}
+
 /// A malformed `--link-vk-to-keyring` value (exit 1, as cryptsetup's EINVAL).
 fn invalid() -> CliError {
     anyhow::anyhow!("invalid --link-vk-to-keyring value (expected KEYRING::KEY)").into()
