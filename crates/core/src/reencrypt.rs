@@ -76,6 +76,19 @@ pub struct Run {
     device_size: u64,
     old: Box<dyn SectorCipher>,
     new: Box<dyn SectorCipher>,
+    /// Both volume keys, for [`Run::side_lines`] (online reencryption serves both sides).
+    keys: (VolumeKey, VolumeKey),
+}
+
+/// Keeps a served volume's client I/O off each hotzone while the data pass rewrites it
+/// (online reencryption, `crate::instance::reencrypting`).
+pub trait Gate: Sync {
+    /// Before the pass reads data-area bytes `[at, at + len)`: from now on no client
+    /// request may touch them; returns once the requests already there have finished.
+    fn hold(&self, at: u64, len: u64);
+    /// Once `[at, at + len)` is under the new key and the header says so: requests there
+    /// go to the new key from now on.
+    fn release(&self, at: u64, len: u64);
 }
 
 fn fe(e: FormatError) -> anyhow::Error {
@@ -410,6 +423,7 @@ impl Run {
                     state,
                     device_size,
                     new,
+                    keys: (VolumeKey::new(new_key.as_bytes().to_vec()), new_key),
                 })
             }
             Err(e) => return Err(e),
@@ -427,6 +441,7 @@ impl Run {
             device_size,
             old,
             new,
+            keys: (old_key, new_key),
         })
     }
 
@@ -449,6 +464,49 @@ impl Run {
     /// The resilience mode recorded in the header.
     pub fn resilience(&self) -> &Resilience {
         &self.state.resilience
+    }
+
+    /// Whether this is a re-key from the start of the data area to its end (cryptsetup's
+    /// mode `reencrypt`, direction `forward`): the one kind ucrypt runs online.
+    pub fn forward_rekey(&self) -> bool {
+        self.state.mode == "reencrypt" && !self.state.backward()
+    }
+
+    /// dm-crypt table lines of the old and the new side, each over the whole data area of
+    /// `device` (the data device's name as the served instance opens it), with `opts`
+    /// besides each side's sector size: what an online reencryption serves on either side
+    /// of its moving boundary.
+    ///
+    /// # Errors
+    /// A side's cipher spec that does not parse.
+    pub fn side_lines(
+        &self,
+        device: &str,
+        opts: &[ucrypt_format::OptParam],
+    ) -> Result<(ucrypt_format::TableLine, ucrypt_format::TableLine)> {
+        let line = |side: &reencrypt::Side, key: &VolumeKey| -> Result<ucrypt_format::TableLine> {
+            let mut o = opts.to_vec();
+            if side.sector_size != 512 {
+                o.push(ucrypt_format::OptParam::SectorSize(side.sector_size));
+            }
+            Ok(ucrypt_format::TableLine {
+                start: 0,
+                length: self.device_size / 512,
+                cipher: side
+                    .encryption
+                    .parse()
+                    .with_context(|| format!("cipher {}", side.encryption))?,
+                key: ucrypt_format::KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
+                iv_offset: side.iv_tweak,
+                device: device.to_string(),
+                offset: side.offset / 512,
+                opts: o,
+            })
+        };
+        Ok((
+            line(&self.state.old, &self.keys.0)?,
+            line(&self.state.new, &self.keys.1)?,
+        ))
     }
 
     fn write_header(&mut self) -> Result<()> {
@@ -602,6 +660,22 @@ impl Run {
         stop: &AtomicBool,
         progress: &mut ProgressFn<'_>,
     ) -> Result<Outcome> {
+        self.run_gated(opts, stop, progress, None)
+    }
+
+    /// As [`Run::run`], for a volume being served: every hotzone is held through `gate`
+    /// from before it is read until the header says it is done, and with resilience `none`
+    /// the header is written after every hotzone (the served boundary moves with it).
+    ///
+    /// # Errors
+    /// As [`Run::run`].
+    pub fn run_gated(
+        &mut self,
+        opts: &RunOptions,
+        stop: &AtomicBool,
+        progress: &mut ProgressFn<'_>,
+        gate: Option<&dyn Gate>,
+    ) -> Result<Outcome> {
         if let Progress::Crashed { offset, length } = self.state.progress {
             self.recover(offset, length)?;
         }
@@ -609,9 +683,9 @@ impl Run {
         let size = self.device_size;
         progress(start, size);
         let reached = if self.state.resilience == Resilience::None {
-            self.pass_none(start, opts, stop, progress)?
+            self.pass_none(start, opts, stop, progress, gate)?
         } else {
-            self.pass_resilient(start, opts, stop, progress)?
+            self.pass_resilient(start, opts, stop, progress, gate)?
         };
         if reached < size {
             return Ok(Outcome::Interrupted);
@@ -630,35 +704,61 @@ impl Run {
         opts: &RunOptions,
         stop: &AtomicBool,
         progress: &mut ProgressFn<'_>,
+        gate: Option<&dyn Gate>,
     ) -> Result<u64> {
         let size = self.device_size;
         let threads = workers();
-        let align = self.state.old.sector_size.max(self.state.new.sector_size) as usize;
+        let Run {
+            file,
+            data,
+            device,
+            header,
+            state,
+            old,
+            new,
+            ..
+        } = self;
+        let align = state.old.sector_size.max(state.new.sector_size) as usize;
         let c = Cipher {
-            old: self.old.as_ref(),
-            new: self.new.as_ref(),
-            iv_base: iv_base(&self.state),
+            old: old.as_ref(),
+            new: new.as_ref(),
+            iv_base: iv_base(state),
         };
-        let (io, name) = self.data_io();
-        let base = self.state.new.offset;
+        let (io, name): (&dyn Io, &str) = match &*data {
+            Some((d, n)) => (&**d, n.as_str()),
+            None => (file.as_ref(), device.as_str()),
+        };
+        let base = state.new.offset;
         let mut done = start;
+        let mut recorded = start;
         while done < size
             && !stop.load(Ordering::Relaxed)
             && opts.stop_after.is_none_or(|n| done - start < n)
         {
-            let (at, len) = self.state.next_hotzone(done, size, opts.max_hotzone);
+            let (at, len) = state.next_hotzone(done, size, opts.max_hotzone);
+            if let Some(g) = gate {
+                g.hold(at, len);
+            }
             rekey_in_place(c, io, base, at, len, align, threads).map_err(|e| {
                 anyhow!("re-encrypting {len} bytes at {} on {name}: {e}", base + at)
             })?;
             done += len;
+            if let Some(g) = gate {
+                // Served: the boundary moves only once the header says so.
+                io.sync().map_err(|e| anyhow!("syncing {name}: {e}"))?;
+                state.set_done(&mut header.json, done, size);
+                header.write(file.as_ref(), device).map_err(fe)?;
+                recorded = done;
+                g.release(at, len);
+            }
             progress(done, size);
         }
-        if done > start {
-            self.data_sync()?;
-            self.state.set_done(&mut self.header.json, done, size);
-            self.write_header()?;
-            self.state.progress = Progress::Clean { done };
+        if done > recorded {
+            io.sync().map_err(|e| anyhow!("syncing {name}: {e}"))?;
+            state.set_done(&mut header.json, done, size);
+            header.write(file.as_ref(), device).map_err(fe)?;
         }
+        state.progress = Progress::Clean { done };
         Ok(done)
     }
 
@@ -670,6 +770,7 @@ impl Run {
         opts: &RunOptions,
         stop: &AtomicBool,
         progress: &mut ProgressFn<'_>,
+        gate: Option<&dyn Gate>,
     ) -> Result<u64> {
         let size = self.device_size;
         let threads = workers();
@@ -726,6 +827,9 @@ impl Run {
                     dio.sync().map_err(|e| anyhow!("syncing {dname}: {e}"))?;
                     st.set_done(&mut header.json, st.done_after(z.at, z.len, size), size);
                     header.write(io, device).map_err(fe)?;
+                    if let Some(g) = gate {
+                        g.release(z.at, z.len);
+                    }
                     if to_main.send(z).is_err() {
                         break;
                     }
@@ -778,6 +882,9 @@ impl Run {
                     z.sums.resize(n / bs * h.size(), 0);
                 }
                 let data_at = st.new.offset + at;
+                if let Some(g) = gate {
+                    g.hold(at, len);
+                }
                 transform(
                     Cipher { old, new, iv_base },
                     (dio, data_at),

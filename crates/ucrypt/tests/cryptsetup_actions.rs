@@ -115,10 +115,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ),
     ("reencrypt --use-directio", Refused("LUKS1")),
     ("reencrypt --write-log", Refused("LUKS1")),
-    (
-        "reencrypt --active-name vol",
-        Refused("online reencryption"),
-    ),
+    ("reencrypt --active-name vol", Runs("reencrypt")),
     ("reencrypt --encrypt", Runs("reencrypt")),
     ("reencrypt --decrypt", Runs("reencrypt")),
     (

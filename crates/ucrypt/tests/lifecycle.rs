@@ -1256,3 +1256,171 @@ fn luks_resume_at_a_terminal_asks_again_tries_times() {
     rt.ok(&["luksResume", "s", "--key-file", pass], b"");
     rt.ok(&["close", "s"], b"");
 }
+
+/// The volume key cryptsetup reads from `img` with `pass`.
+fn cryptsetup_volume_key(img: &str, pass: &str) -> Vec<u8> {
+    let dump = Command::new("cryptsetup")
+        .args([
+            "luksDump",
+            "--dump-volume-key",
+            "-q",
+            "--key-file",
+            pass,
+            img,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&dump.stdout);
+    let hex: String = text
+        .split("MK dump:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no key in {text}"))
+        .split_whitespace()
+        .take_while(|w| w.len() == 2 && w.chars().all(|c| c.is_ascii_hexdigit()))
+        .collect();
+    hex::decode(hex).unwrap()
+}
+
+/// Online reencryption (`reencrypt --active-name`, cryptsetup's online mode): while a
+/// client keeps rewriting the whole volume through the instance's NBD socket, the instance
+/// re-keys itself, for each resilience mode. Afterwards the volume holds exactly the last
+/// pattern the client finished, the header is cryptsetup's finished state (new volume
+/// key, no reencrypt requirement, one keyslot) and a fresh open reads the same. A
+/// SIGINT to the command stops the pass with the instance still serving both keys; a second
+/// run finishes it.
+#[test]
+fn online_reencryption_keeps_serving_and_rekeys() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    if !require("cryptsetup") || !require("nbdcopy") {
+        return;
+    }
+    let rt = Runtime::new();
+    let patterns: Vec<PathBuf> = (0..2u8)
+        .map(|i| {
+            let p = rt.path(&format!("pattern{i}"));
+            let data: Vec<u8> = (0..16u32 << 20)
+                .map(|x| (x.wrapping_mul(2_654_435_761) >> (8 + i)) as u8 ^ i)
+                .collect();
+            std::fs::write(&p, data).unwrap();
+            p
+        })
+        .collect();
+    for (n, resilience) in ["checksum", "journal", "none"].iter().enumerate() {
+        let name = format!("on{n}");
+        let (img, pass) = luks_image(&rt, &format!("img{n}"), 32, "luks2", 4096);
+        let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+        let key_before = cryptsetup_volume_key(img, pass);
+        let uri = rt.ok(
+            &["open", img, &name, "--device", "none", "--key-file", pass],
+            b"",
+        );
+        let copy = |from: &str, to: &str| {
+            let out = Command::new("nbdcopy").args([from, to]).output().unwrap();
+            assert!(out.status.success(), "nbdcopy {from} {to}: {out:?}");
+        };
+        copy(patterns[0].to_str().unwrap(), &uri);
+        // The client: whole-volume rewrites, alternating patterns, until told to stop.
+        let stop = Arc::new(AtomicBool::new(false));
+        let last = Arc::new(AtomicUsize::new(0));
+        let writer = {
+            let (stop, last, uri, patterns) =
+                (stop.clone(), last.clone(), uri.clone(), patterns.clone());
+            std::thread::spawn(move || {
+                let mut rounds = 0;
+                while !stop.load(Ordering::SeqCst) || rounds < 2 {
+                    let i = (rounds + 1) % 2;
+                    let out = Command::new("nbdcopy")
+                        .args([patterns[i].to_str().unwrap(), uri.as_str()])
+                        .output()
+                        .unwrap();
+                    assert!(out.status.success(), "{out:?}");
+                    last.store(i, Ordering::SeqCst);
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        let args = [
+            "reencrypt",
+            "--active-name",
+            &name,
+            "--key-file",
+            pass,
+            "--resilience",
+            resilience,
+            "--hotzone-size",
+            "262144",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+        ];
+        if n == 1 {
+            // Interrupted first: SIGINT while the pass runs.
+            let dir = rt.dir();
+            let child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+                .args(args)
+                .env("UCRYPT_RUNTIME_DIR", &dir)
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while rt.status(&name)["reencryption"]["done"]
+                .as_u64()
+                .unwrap_or(0)
+                == 0
+            {
+                assert!(Instant::now() < deadline, "the pass never started");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            sigint(child.id());
+            let out = child.wait_with_output().unwrap();
+            let r = rt.status(&name)["reencryption"].clone();
+            eprintln!("after SIGINT: {r}");
+            if r["state"] == "interrupted" {
+                assert_eq!(out.status.code(), Some(1), "{out:?}");
+                let done = r["done"].as_u64().unwrap();
+                assert!(done < 32 << 20, "{r}");
+            } else {
+                // The pass was quicker than the signal: nothing to resume.
+                assert_eq!(r["state"], "finished", "{r}: {out:?}");
+            }
+        }
+        rt.ok(&args, b"");
+        stop.store(true, Ordering::SeqCst);
+        let rounds = writer.join().unwrap();
+        let st = rt.status(&name);
+        assert_eq!(st["reencryption"]["state"], "finished", "{st}");
+        let out = rt.path("out");
+        copy(&uri, out.to_str().unwrap());
+        let want = &patterns[last.load(Ordering::SeqCst)];
+        assert!(
+            std::fs::read(&out).unwrap() == std::fs::read(want).unwrap(),
+            "{resilience}: the volume is not the last pattern written ({rounds} rounds)"
+        );
+        rt.ok(&["close", &name], b"");
+        let dump = sh_ok(&format!("cryptsetup luksDump {img}"));
+        assert!(!dump.contains("reencrypt"), "{dump}");
+        let key_after = cryptsetup_volume_key(img, pass);
+        assert_ne!(
+            key_before, key_after,
+            "{resilience}: the volume key did not change"
+        );
+        let uri = rt.ok(
+            &["open", img, &name, "--device", "none", "--key-file", pass],
+            b"",
+        );
+        copy(&uri, out.to_str().unwrap());
+        assert!(
+            std::fs::read(&out).unwrap() == std::fs::read(want).unwrap(),
+            "{resilience}: reopened, the volume differs"
+        );
+        rt.ok(&["close", &name], b"");
+    }
+}
+
+fn sigint(pid: u32) {
+    // SAFETY: kill(2) on a child of this test.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+}

@@ -12,6 +12,8 @@
 //! detached (flushed), the NBD server stops (in-flight requests finish, the volume is
 //! flushed), and the runtime directory is removed.
 
+mod online;
+
 use super::daemon::{self, Ready};
 use super::open::{self, Args};
 use super::{open_error, CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
@@ -87,6 +89,8 @@ struct Server {
     stop_after_reply: std::sync::atomic::AtomicBool,
     /// Path of the description (rewritten on resize/refresh).
     dir: ucrypt::instance::runtime::Paths,
+    /// Online reencryption (`reencrypt --active-name`), once started.
+    online: Mutex<Option<online::Job>>,
 }
 
 /// The front end `--device`/`--fuse` ask for.
@@ -425,6 +429,7 @@ fn serve(
         deferred: Default::default(),
         stop_after_reply: Default::default(),
         dir: dir.paths.clone(),
+        online: Mutex::new(None),
     });
     {
         let server = Arc::clone(&server);
@@ -453,6 +458,8 @@ fn serve(
     let served = nbd
         .join()
         .map_err(|_| anyhow::anyhow!("the server thread panicked"))?;
+    // A data pass still running stops between hotzones, the header consistent.
+    online::stop(&server);
     // Stopped by a signal, or by `close` (which detached already).
     let detached = match lock_ignoring_poison(&server.attachment).take() {
         Some(at) => at.detach().map_err(anyhow::Error::from),
@@ -510,7 +517,14 @@ fn close_now(s: &Server, now: bool) -> Result<(), String> {
 fn handle(s: &Arc<Server>, req: Request) -> Value {
     match req.op() {
         "status" => status(s),
+        "reencrypt" => online::start(s, &req),
+        "reencrypt_stop" => online::request_stop(s),
+        "suspend" | "resume" | "resize" | "refresh" if online::busy(s).is_some() => {
+            online::busy(s).unwrap_or_default()
+        }
         "close" => {
+            // A data pass stops between hotzones first (the header consistent).
+            online::stop(s);
             let force = req.flag("force");
             let deferred = req.flag("deferred");
             if s.switch.is_suspended() {
@@ -600,6 +614,9 @@ fn status(s: &Server) -> Value {
     }
     v["nbd_connections"] = json!(s.connections.load(Ordering::SeqCst));
     v["suspended"] = json!(s.switch.is_suspended());
+    if let Some(r) = online::status(s) {
+        v["reencryption"] = r;
+    }
     v["deferred_close"] = json!(s.deferred.load(Ordering::SeqCst));
     json!({"ok": true, "status": v})
 }

@@ -115,7 +115,7 @@ pub(crate) struct RefreshArgs {
 }
 
 /// The live instance `name`, or exit 4 ("NAME is inactive").
-fn live(name: &str) -> Result<(Paths, u32), CliError> {
+pub(crate) fn live(name: &str) -> Result<(Paths, u32), CliError> {
     let p = Paths::of(name).map_err(instance_error)?;
     match runtime::probe(&p).map_err(instance_error)? {
         Probe::Live { pid } => Ok((p, pid)),
@@ -124,7 +124,7 @@ fn live(name: &str) -> Result<(Paths, u32), CliError> {
 }
 
 /// Sends a request; an `{"ok":false}` answer becomes an error with its code.
-fn call(
+pub(crate) fn call(
     p: &Paths,
     body: Value,
     secret: Option<&[u8]>,

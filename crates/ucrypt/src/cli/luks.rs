@@ -9,7 +9,7 @@ use ucrypt_cryptsetup::CryptDevice;
 use ucrypt_format::FormatError;
 
 /// The device and its header location.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, Default)]
 pub(crate) struct DeviceArgs {
     /// The encrypted device: a block device, an image file or an NBD URI.
     pub(crate) device: PathBuf,

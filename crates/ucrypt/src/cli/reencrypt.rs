@@ -6,6 +6,8 @@
 //! libcryptsetup's (for `--encrypt` the luksFormat of cryptsetup's `encrypt_luks2_init`
 //! too); the data pass is ucrypt's ([`ucrypt::reencrypt`]).
 
+mod online;
+
 use super::luks::{CsResult, DeviceArgs};
 use super::luks_add_key::PbkdfArgs;
 use super::progress;
@@ -20,8 +22,16 @@ use ucrypt_cryptsetup::{HeaderType, KeyslotStatus, LuksFormat, ReencryptInit, Re
 /// Arguments of `ucrypt reencrypt`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    #[command(flatten)]
-    dev: DeviceArgs,
+    /// The LUKS2 device: a block device or an image file (with --active-name, the one the
+    /// instance serves unless given).
+    #[arg(required_unless_present = "active_name")]
+    device: Option<std::path::PathBuf>,
+    /// Use a detached header file instead of the device's own.
+    #[arg(long, value_name = "FILE")]
+    header: Option<std::path::PathBuf>,
+    /// The device and header as resolved by [`run`].
+    #[arg(skip)]
+    pub(crate) dev: DeviceArgs,
     #[command(flatten)]
     key: KeyFileArgs,
     /// The keyslot whose passphrase is kept (the volume's other keyslots are removed at
@@ -375,12 +385,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.active_name.is_some() {
-        return Err(anyhow!(
-            "reencrypt --active-name (online reencryption of a served volume) is not \
-             supported yet; close the volume and run `ucrypt reencrypt DEV` offline"
-        ))
-        .code(EXIT_PARAMS);
+    let mut a = a;
+    a.dev = DeviceArgs {
+        device: a.device.clone().unwrap_or_default(),
+        header: a.header.clone(),
+    };
+    if let Some(name) = a.active_name.clone() {
+        return online::run(&mut a, &name);
     }
     if a.device_size.is_some() {
         return Err(anyhow!(
