@@ -575,6 +575,41 @@ impl Run {
         });
     }
 
+    /// `--device-size`: the run covers only `limit` bytes of the data area (the first, or
+    /// backward the last of them), with fixed-size segments meanwhile, as cryptsetup's
+    /// fixed-length mode (`reencrypt_context_init`). Call before [`Run::run`].
+    ///
+    /// # Errors
+    /// A limit beyond the data area or not a multiple of the sector size; a crashed
+    /// hotzone beyond it; a backward run already started.
+    pub fn limit_device_size(&mut self, limit: u64) -> Result<()> {
+        if limit > self.device_size {
+            bail!("Reduced data size is larger than real device size.");
+        }
+        let align = u64::from(self.state.old.sector_size.max(self.state.new.sector_size));
+        if limit == 0 || limit % align != 0 {
+            bail!("Device size must be multiple of calculated zone alignment ({align} bytes).");
+        }
+        let done = match self.state.progress {
+            Progress::Clean { done } => done.min(limit),
+            Progress::Crashed { offset, length } => {
+                if offset + length > limit {
+                    bail!("the interrupted hotzone [{offset}, +{length}) lies beyond --device-size {limit}");
+                }
+                self.state.done_before(offset, length, self.device_size)
+            }
+        };
+        if self.state.backward() && done > 0 {
+            bail!("--device-size with a backward run that has started is not supported");
+        }
+        if let Progress::Clean { .. } = self.state.progress {
+            self.state.progress = Progress::Clean { done };
+        }
+        self.device_size = limit;
+        self.state.fixed_length = true;
+        Ok(())
+    }
+
     /// Recovers the hotzone a crash interrupted, if there is one, and stops there (the
     /// data pass is not resumed): what cryptsetup's activation does for a LUKS2 device in
     /// the crash state. Returns whether there was a hotzone to recover.

@@ -398,6 +398,8 @@ pub struct ReencryptInit {
     pub hash: Option<String>,
     /// Largest hotzone in 512-byte sectors (0: the library's default).
     pub max_hotzone_sectors: u64,
+    /// `--device-size` in 512-byte sectors (0: the whole data area).
+    pub device_size_sectors: u64,
 }
 
 /// `crypt_reencrypt_mode_info` with the direction cryptsetup's CLI pairs it with (without a
@@ -1020,7 +1022,7 @@ impl CryptDevice {
             hash: hash.as_ptr(),
             data_shift: 0,
             max_hotzone_size: p.max_hotzone_sectors,
-            device_size: 0,
+            device_size: p.device_size_sectors,
             // cryptsetup's decryption passes none (the new side has no sector size).
             luks2: if decrypt { ptr::null() } else { &luks2 },
             flags: ffi::CRYPT_REENCRYPT_INITIALIZE_ONLY,

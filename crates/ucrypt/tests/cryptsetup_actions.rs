@@ -123,7 +123,7 @@ const ACTIONS: &[(&str, Does)] = &[
         Refused("--reduce-device-size"),
     ),
     ("reencrypt --keep-key", Runs("reencrypt")),
-    ("reencrypt --device-size 1M", Refused("--device-size")),
+    ("reencrypt --device-size", Runs("reencrypt")),
     // Features that cannot make sense for ucrypt.
     (
         "open --type loopaes",

@@ -746,3 +746,115 @@ fn keep_key_init_has_cryptsetups_shape() {
         }
     }
 }
+
+/// `--device-size` (cryptsetup's fixed-length mode): only that much of the data area is
+/// re-encrypted, the segments carry fixed sizes meanwhile; ucrypt's run, and ucrypt stopped
+/// half-way then cryptsetup finishing, equal cryptsetup's run; bad sizes are refused.
+#[test]
+fn device_size_equals_cryptsetups() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    let k = s(&f.key);
+    let init = f.path("init.img");
+    std::fs::File::create(&init)
+        .unwrap()
+        .set_len(40 << 20)
+        .unwrap();
+    let mut args = vec!["luksFormat", "-q", "--type", "luks2", "--key-file", k];
+    args.extend_from_slice(&PBKDF);
+    args.push(s(&init));
+    ok("cryptsetup", &args);
+    let mut args = vec![
+        "reencrypt",
+        "--init-only",
+        "-q",
+        "-d",
+        k,
+        "--device-size",
+        "8M",
+    ];
+    args.extend_from_slice(&PBKDF);
+    args.extend_from_slice(&["--disable-locks", s(&init)]);
+    ok(ucrypt_bin(), &args);
+    let copy = |name: &str| {
+        let p = f.path(name);
+        std::fs::copy(&init, &p).unwrap();
+        p
+    };
+    let cs_run = |img: &Path| {
+        ok(
+            "cryptsetup",
+            &[
+                "reencrypt",
+                "--resume-only",
+                "--force-offline-reencrypt",
+                "-q",
+                "--key-file",
+                k,
+                "--device-size",
+                "8M",
+                "--hotzone-size",
+                "2M",
+                s(img),
+            ],
+        );
+    };
+    let uc_run = |img: &Path, extra: &[&str]| {
+        let mut args = vec!["reencrypt", "--resume-only", "-q", "-d", k];
+        args.extend_from_slice(&["--device-size", "8M", "--hotzone-size", "2M"]);
+        args.extend_from_slice(&["--disable-locks", s(img)]);
+        args.extend_from_slice(extra);
+        ok(ucrypt_bin(), &args)
+    };
+    let reference = copy("reference.img");
+    cs_run(&reference);
+    let same = |a: &Path, b: &Path| {
+        assert_eq!(json(a), json(b), "JSON differs");
+        let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+        assert!(x[16 << 20..] == y[16 << 20..], "data areas differ");
+    };
+    let uc = copy("uc.img");
+    uc_run(&uc, &[]);
+    same(&reference, &uc);
+    // Past 8 MiB the data is as it was (cryptsetup leaves it; the header says otherwise).
+    let before = std::fs::read(&init).unwrap();
+    assert!(std::fs::read(&uc).unwrap()[24 << 20..] == before[24 << 20..]);
+    assert!(std::fs::read(&uc).unwrap()[16 << 20..24 << 20] != before[16 << 20..24 << 20]);
+
+    let half = copy("half.img");
+    uc_run(&half, &["--debug-stop-after", "4M"]);
+    let j = json(&half);
+    assert!(
+        j.contains("\"1\":{\"type\":\"crypt\",\"offset\":\"20971520\",\"size\":\"4194304\""),
+        "{j}"
+    );
+    cs_run(&half);
+    same(&reference, &half);
+
+    for (size, why) in [
+        ("64M", "larger than real device size"),
+        ("1000", "multiple of 512"),
+    ] {
+        let img = copy("bad.img");
+        let out = run(
+            ucrypt_bin(),
+            &[
+                "reencrypt",
+                "--resume-only",
+                "-q",
+                "-d",
+                k,
+                "--device-size",
+                size,
+                "--disable-locks",
+                s(&img),
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{size}: {err}");
+        assert!(err.contains(why), "{size}: {err}");
+        assert!(std::fs::read(&img).unwrap() == before);
+    }
+}

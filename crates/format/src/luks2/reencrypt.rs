@@ -126,6 +126,9 @@ pub struct Reencrypt {
     backup_new: Json,
     /// Where it stands.
     pub progress: Progress,
+    /// cryptsetup's fixed-length mode (`--device-size`): the segments after the hotzone
+    /// get fixed sizes instead of `dynamic`.
+    pub fixed_length: bool,
 }
 
 fn bad(reason: String) -> FormatError {
@@ -415,6 +418,7 @@ impl Reencrypt {
             backup_old: oseg.clone(),
             backup_new: nseg.clone(),
             progress,
+            fixed_length: false,
         })
     }
 
@@ -605,6 +609,11 @@ impl Reencrypt {
         }
     }
 
+    /// The size of a segment from `at` to the end: `dynamic`, or fixed in fixed-length mode.
+    fn rest(&self, at: u64, device_size: u64) -> Option<u64> {
+        self.fixed_length.then_some(device_size - at)
+    }
+
     /// The segments while `[offset, offset + length)` is rewritten.
     pub fn set_hot(&self, json: &mut Json, offset: u64, length: u64, device_size: u64) {
         let mut list = Vec::new();
@@ -622,7 +631,12 @@ impl Reencrypt {
             ));
             if offset + length < device_size {
                 list.push((
-                    crypt_segment(&self.new, offset + length, None, false),
+                    crypt_segment(
+                        &self.new,
+                        offset + length,
+                        self.rest(offset + length, device_size),
+                        false,
+                    ),
                     self.new.digest,
                 ));
             }
@@ -642,7 +656,12 @@ impl Reencrypt {
         ));
         if offset + length < device_size {
             list.push((
-                crypt_segment(&self.old, offset + length, None, false),
+                crypt_segment(
+                    &self.old,
+                    offset + length,
+                    self.rest(offset + length, device_size),
+                    false,
+                ),
                 self.old.digest,
             ));
         }
@@ -659,7 +678,10 @@ impl Reencrypt {
                 crypt_segment(&self.old, 0, Some(left), false),
                 self.old.digest,
             ));
-            list.push((crypt_segment(&self.new, left, None, false), self.new.digest));
+            list.push((
+                crypt_segment(&self.new, left, self.rest(left, device_size), false),
+                self.new.digest,
+            ));
         } else if done >= device_size {
             list.push((crypt_segment(&self.new, 0, None, false), self.new.digest));
         } else if done == 0 {
@@ -669,7 +691,10 @@ impl Reencrypt {
                 crypt_segment(&self.new, 0, Some(done), false),
                 self.new.digest,
             ));
-            list.push((crypt_segment(&self.old, done, None, false), self.old.digest));
+            list.push((
+                crypt_segment(&self.old, done, self.rest(done, device_size), false),
+                self.old.digest,
+            ));
         }
         self.set_segments(json, list, None);
     }

@@ -97,9 +97,11 @@ pub(crate) struct Args {
     /// Online reencryption of an active mapping (not supported: re-encrypt offline).
     #[arg(long, hide = true, value_name = "NAME")]
     active_name: Option<String>,
-    /// Use only this much of the device (not supported yet).
-    #[arg(long, hide = true, value_name = "SIZE")]
-    device_size: Option<String>,
+    /// Re-encrypt only this much of the data area (bytes; K, M, G suffixes), as
+    /// cryptsetup's: the rest is left as it is, yet the finished header's segment covers
+    /// the whole device. DANGEROUS (for a device whose filesystem was shrunk first).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    device_size: Option<u64>,
     /// LUKS1 reencryption block size in MiB (LUKS1 only; ucrypt re-encrypts LUKS2).
     #[arg(long, hide = true, value_name = "MIB")]
     block_size: Option<String>,
@@ -205,6 +207,7 @@ fn initialise(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
         resilience: a.resilience.clone(),
         hash: Some(a.resilience_hash.clone()),
         max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
+        device_size_sectors: a.device_size.unwrap_or(0) / 512,
     };
     if let Err(e) = cd.reencrypt_init(Some(old_slot), Some(new_slot), passphrase, &params) {
         // Leave the header as it was.
@@ -258,6 +261,7 @@ fn initialise_keep_key(
         resilience: a.resilience.clone(),
         hash: Some(a.resilience_hash.clone()),
         max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
+        device_size_sectors: a.device_size.unwrap_or(0) / 512,
     };
     cd.reencrypt_init(Some(slot), Some(slot), passphrase, &params)
         .cs()?;
@@ -316,6 +320,7 @@ fn initialise_encrypt(
         resilience: a.resilience.clone(),
         hash: Some(a.resilience_hash.clone()),
         max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
+        device_size_sectors: a.device_size.unwrap_or(0) / 512,
     };
     if let Err(e) = cd.reencrypt_init(None, Some(slot), passphrase, &params) {
         let _ = cd.destroy_keyslot(slot);
@@ -351,6 +356,7 @@ fn initialise_decrypt(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
         resilience: a.resilience.clone(),
         hash: Some(a.resilience_hash.clone()),
         max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
+        device_size_sectors: a.device_size.unwrap_or(0) / 512,
     };
     cd.reencrypt_init(a.key_slot, None, passphrase, &params)
         .cs()?;
@@ -393,12 +399,15 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     if let Some(name) = a.active_name.clone() {
         return online::run(&mut a, &name);
     }
-    if a.device_size.is_some() {
-        return Err(anyhow!(
-            "reencrypt --device-size is not supported yet (ucrypt re-encrypts the whole \
-             LUKS2 data area)"
-        ))
-        .code(EXIT_PARAMS);
+    if let Some(n) = a.device_size {
+        // cryptsetup's own checks of the option (tools_check_args).
+        if n == 0 {
+            return Err(anyhow!("Invalid device size specification.")).code(EXIT_PARAMS);
+        }
+        if n % 512 != 0 {
+            return Err(anyhow!("Device size must be multiple of 512 bytes sector."))
+                .code(EXIT_PARAMS);
+        }
     }
     if a.keep_key && (a.encrypt || a.decrypt) {
         return Err(anyhow!(
@@ -565,6 +574,9 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         max_hotzone: a.hotzone_size.unwrap_or(DEFAULT_MAX_HOTZONE).max(4096),
         stop_after: a.debug_stop_after,
     };
+    if let Some(limit) = a.device_size {
+        r.limit_device_size(limit).code(EXIT_PARAMS)?;
+    }
     let start = Instant::now();
     let first = r.done();
     let device = path.display().to_string();
@@ -572,7 +584,9 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         &a.progress,
         "Reencrypting",
         &device,
-        r.device_size() - first,
+        a.device_size
+            .unwrap_or(r.device_size())
+            .saturating_sub(first),
     );
     let mut last_done = first;
     let mut report = |done: u64, _size: u64| {

@@ -30,6 +30,9 @@ pub(super) fn run(a: &mut Args, name: &str) -> Result<(), CliError> {
     if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
         return refuse("encryption, decryption or a data shift");
     }
+    if a.device_size.is_some() {
+        return refuse("--device-size (a part of the data area)");
+    }
     let (p, _) = live(name)?;
     let st = call(&p, json!({"op": "status"}), None, Duration::from_secs(10))?;
     let st = &st["status"];
