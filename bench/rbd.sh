@@ -3,7 +3,7 @@
 # bluestore on a sparse file) and one image: every number is only comparable with the others
 # of the same run (see BENCHMARKING.md).
 #
-#   bench/rbd.sh            REPS=3 RUNTIME=5 SIZE=1G UCRYPT=target/release/ucrypt CACHE=on|off
+#   bench/rbd.sh            REPS=3 RUNTIME=5 SIZE=1G UCRYPT=target/release/ucrypt CACHE=on|off  UCRYPT_BASE=
 #                           ONLY='4k' (grep -E on workload names)  CONFIGS_ONLY='ucrypt-rbd librbd-luks2'
 #
 # The image is formatted once as LUKS2 (aes-xts-plain64, 512-bit key, 4096-byte sectors,
@@ -18,6 +18,8 @@
 #   ucrypt-rbd    ucrypt open rbd:rbd/IMAGE (its RBD backend), fio over ucrypt's NBD socket
 #   ucrypt-nbd    ucrypt open nbd+unix://... of a qemu-nbd raw export of the image (ucrypt
 #                 over an NBD export of RBD, as with rbd-nbd), fio over ucrypt's NBD socket
+#   ucrypt-rbd-base  (only with UCRYPT_BASE=BINARY) ucrypt-rbd run by another ucrypt binary, in
+#                 the same run: a change's before/after side by side
 #   ucrypt-rbd-noflush  (only with CONFIGS_ONLY) ucrypt-rbd without the flush before the runs:
 #                 librbd stays in writethrough, as this script measured before 2026-11-25 evening
 # librbd's cache mode is the same in every column. librbd (16.2, rbd_cache=true by default) starts
@@ -98,9 +100,9 @@ qemu_nbd() {  # socket extra-image-opts
   SERVER_PIDS+=($!)
   wait_sock "$1" $!
 }
-ucrypt_open() {  # device
+ucrypt_open() {  # device [binary]
   rm -f "$SOCK"
-  "$UCRYPT" open "$1" --key-file "$PASSF" --socket "$SOCK" >/dev/null 2>"$W/server.err" &
+  "${2:-$UCRYPT}" open "$1" --key-file "$PASSF" --socket "$SOCK" >/dev/null 2>"$W/server.err" &
   SERVER_PIDS+=($!)
   wait_sock "$SOCK" $!
 }
@@ -110,6 +112,7 @@ start() {
     qemu-nbd-raw) qemu_nbd "$SOCK" "" ;;
     librbd-luks2) qemu_nbd "$SOCK" ",encrypt.format=luks2,encrypt.key-secret=s0" ;;
     ucrypt-rbd|ucrypt-rbd-noflush) ucrypt_open "rbd:rbd/$IMG" ;;
+    ucrypt-rbd-base) ucrypt_open "rbd:rbd/$IMG" "$UCRYPT_BASE" ;;
     ucrypt-nbd) qemu_nbd "$SOCK2" ""; ucrypt_open "nbd+unix:///?socket=$SOCK2" ;;
   esac
   # One flush through the export (see the top: librbd's cache mode); for ucrypt-nbd it reaches
@@ -138,6 +141,11 @@ WORKLOADS=(
   "1M-write-qd32 write 1M 32"
 )
 CONFIGS=(librbd-raw qemu-nbd-raw librbd-luks2 ucrypt-rbd ucrypt-nbd)
+if [ -n "${UCRYPT_BASE:-}" ]; then
+  [ -x "$UCRYPT_BASE" ] || { echo "rbd.sh: UCRYPT_BASE=$UCRYPT_BASE is not executable" >&2; exit 1; }
+  UCRYPT_BASE=$(realpath "$UCRYPT_BASE")
+  CONFIGS+=(ucrypt-rbd-base)
+fi
 [ -n "${CONFIGS_ONLY:-}" ] && read -r -a CONFIGS <<< "$CONFIGS_ONLY"
 if [ -n "${ONLY:-}" ]; then
   kept=(); for w in "${WORKLOADS[@]}"; do grep -qE "${ONLY}" <<< "${w%% *}" && kept+=("$w"); done

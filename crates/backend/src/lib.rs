@@ -94,6 +94,47 @@ pub struct WriteOp<'a> {
     pub fua: bool,
 }
 
+/// What an asynchronous request ([`AsyncIo`]) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncOp {
+    /// Read into the buffer.
+    Read,
+    /// Write from the buffer (never FUA: a FUA write takes the synchronous path).
+    Write,
+}
+
+/// Called exactly once when an accepted asynchronous request has ended, from whichever
+/// thread completed it (librbd's callback thread for RBD), with the request's buffer back.
+pub type AsyncDone = Box<dyn FnOnce(Vec<u8>, Result<(), BackendError>) + Send>;
+
+/// One asynchronous request: a read into, or a write from, `buf[..len]` at `offset`
+/// ([`Backend::submit_async`]).
+pub struct AsyncIo {
+    /// Read or write.
+    pub op: AsyncOp,
+    /// Byte offset.
+    pub offset: u64,
+    /// Bytes (the first `len` of `buf`).
+    pub len: usize,
+    /// The data: read into, or written from (a layer may transform it in place, as the
+    /// volume encrypts a write in the caller's buffer).
+    pub buf: Vec<u8>,
+    /// Who issued it.
+    pub ctx: IoCtx,
+    /// The completion.
+    pub done: AsyncDone,
+}
+
+impl std::fmt::Debug for AsyncIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncIo")
+            .field("op", &self.op)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Storage for ciphertext (or, for a `Volume`, plaintext).
 ///
 /// Offsets and lengths are bytes. Callers validate ranges against `info().size_bytes`
@@ -268,6 +309,29 @@ pub trait Backend: Send + Sync {
         }
         Ok(())
     }
+
+    /// Whether [`Backend::submit_async`] may accept requests (a hint for callers choosing
+    /// how to drive requests; false by default).
+    fn supports_async(&self) -> bool {
+        false
+    }
+
+    /// Starts `io` and returns without waiting for it: the asynchronous request path, for
+    /// backends whose I/O completes on threads of their own (librbd), so that no caller
+    /// thread blocks per request.
+    ///
+    /// `Err(io)` hands the request back with its buffer **untouched** and `done` never to
+    /// be called (a layer may have swapped it for its own: the caller drops it): this
+    /// backend or this request (alignment, a conflicting write, ...) has no asynchronous
+    /// path, and the caller runs it through the synchronous methods, which give the same
+    /// results. `Ok(())`: accepted; `io.done` is called exactly once, with
+    /// the outcome, once the request has ended (a write: once the backend completed it, so
+    /// a later [`Backend::flush`] covers it). Nothing a completion holds may keep the
+    /// backend alive (a backend dropped on its own completion thread could wait for
+    /// itself): callers wait for their requests to end before dropping the backend.
+    fn submit_async(self: std::sync::Arc<Self>, io: AsyncIo) -> Result<(), AsyncIo> {
+        Err(io)
+    }
 }
 
 /// Checks that `[offset, offset + len)` lies inside a device of `size` bytes.
@@ -355,5 +419,11 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
         f: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), BackendError> {
         (**self).modify_at(offset, len, fua, f)
+    }
+    fn supports_async(&self) -> bool {
+        (**self).supports_async()
+    }
+    fn submit_async(self: std::sync::Arc<Self>, io: AsyncIo) -> Result<(), AsyncIo> {
+        std::sync::Arc::clone(&*self).submit_async(io)
     }
 }

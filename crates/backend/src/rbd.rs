@@ -44,7 +44,10 @@
 //! completes only when the OSD has it. (The mode decides 4 KiB write rates:
 //! BENCHMARKING.md, "Ceph RBD".)
 
-use crate::{check_range, Backend, BackendError, BackendInfo, Caps, Support, WriteOp};
+use crate::{
+    check_range, AsyncDone, AsyncIo, AsyncOp, Backend, BackendError, BackendInfo, Caps, Support,
+    WriteOp,
+};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
@@ -646,6 +649,144 @@ impl Backend for RbdBackend {
             self.flush()?;
         }
         Ok(())
+    }
+
+    fn supports_async(&self) -> bool {
+        true
+    }
+
+    /// Reads and writes go to librbd as they are (`rbd_aio_read` / `rbd_aio_write`) and
+    /// `io.done` runs in librbd's completion callback. Refused (for the synchronous path
+    /// to report): empty, out-of-range, and writes to a read-only image.
+    fn submit_async(self: std::sync::Arc<Self>, io: AsyncIo) -> Result<(), AsyncIo> {
+        if io.len == 0
+            || io.len > io.buf.len()
+            || check_range(io.offset, io.len as u64, self.info.size_bytes).is_err()
+            || (io.op == AsyncOp::Write && self.info.caps.read_only)
+        {
+            return Err(io);
+        }
+        self.submit_pending(io);
+        Ok(())
+    }
+}
+
+/// An asynchronous request in librbd's hands: its completion's callback argument. Holds
+/// no reference to the backend (see [`Backend::submit_async`]: a backend dropped on
+/// librbd's callback thread would close the image from inside librbd).
+struct Pending {
+    api: &'static Api,
+    op: AsyncOp,
+    offset: u64,
+    len: usize,
+    buf: Vec<u8>,
+    name: PathBuf,
+    done: AsyncDone,
+}
+
+impl Pending {
+    /// The request's outcome from librbd's return value.
+    fn result(&self, ret: isize) -> Result<(), BackendError> {
+        let op = match self.op {
+            AsyncOp::Read => "read",
+            AsyncOp::Write => "write",
+        };
+        if ret < 0 {
+            return Err(BackendError::Io {
+                op,
+                offset: self.offset,
+                path: self.name.clone(),
+                source: os(ret as i64),
+            });
+        }
+        // librbd returns the bytes read, and for writes the length (or 0).
+        let n = ret as usize;
+        if n != self.len && !(self.op == AsyncOp::Write && n == 0) {
+            return Err(BackendError::Other(format!(
+                "short {op} of {} at {}: {n} of {} bytes",
+                self.name.display(),
+                self.offset,
+                self.len
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// librbd's completion callback for [`RbdBackend::submit_async`]: takes the request back,
+/// releases the completion and runs the caller's completion (on librbd's thread).
+unsafe extern "C" fn async_complete(c: CompletionT, arg: *mut c_void) {
+    // SAFETY: `arg` is the `Box<Pending>` leaked by `submit_async` for this completion,
+    // which librbd calls back exactly once.
+    let p = unsafe { Box::from_raw(arg.cast::<Pending>()) };
+    // SAFETY: the completion of a finished request; released once, here (rbd-nbd and
+    // QEMU release in the callback too).
+    let ret = unsafe {
+        let ret = (p.api.rbd_aio_get_return_value)(c);
+        (p.api.rbd_aio_release)(c);
+        ret
+    };
+    let result = p.result(ret);
+    let Pending { buf, done, .. } = *p;
+    // A panic must not unwind into librbd (C frames): it is reported and the request is
+    // lost (its caller's own bookkeeping never learns it ended).
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(buf, result))).is_err() {
+        eprintln!("ucrypt: an RBD completion panicked");
+    }
+}
+
+impl RbdBackend {
+    /// Submits `io` to librbd with [`async_complete`] as its callback; a failure to submit
+    /// is reported through `io.done`.
+    fn submit_pending(&self, io: AsyncIo) {
+        let AsyncIo {
+            op,
+            offset,
+            len,
+            mut buf,
+            done,
+            ..
+        } = io;
+        let ptr = buf.as_mut_ptr();
+        let p = Box::into_raw(Box::new(Pending {
+            api: self.api,
+            op,
+            offset,
+            len,
+            buf,
+            name: self.name.clone(),
+            done,
+        }));
+        let fail = |r: c_int| {
+            // SAFETY: librbd did not take the request: the box is still ours.
+            let p = unsafe { Box::from_raw(p) };
+            let result = p.result(r as isize);
+            let Pending { buf, done, .. } = *p;
+            done(buf, result);
+        };
+        let mut c: CompletionT = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the argument lives until the callback takes it.
+        let r =
+            unsafe { (self.api.rbd_aio_create_completion)(p.cast(), Some(async_complete), &mut c) };
+        if r < 0 {
+            return fail(r);
+        }
+        // SAFETY: an open image; the buffer (owned by the Pending, whose heap allocation
+        // does not move) lives until the callback, which frees it after librbd is done.
+        let r = unsafe {
+            match op {
+                AsyncOp::Read => (self.api.rbd_aio_read)(self.image, offset, len, ptr.cast(), c),
+                AsyncOp::Write => {
+                    (self.api.rbd_aio_write)(self.image, offset, len, ptr.cast_const().cast(), c)
+                }
+            }
+        };
+        if r < 0 {
+            // SAFETY: a completion librbd did not take (the submit failed: librbd 16
+            // reports errors through the completion, so this is only a guard).
+            unsafe { (self.api.rbd_aio_release)(c) };
+            fail(r);
+        }
     }
 }
 

@@ -10,7 +10,8 @@
 //! length, as a test assertion does.
 
 use crate::aligned::AlignedBuf;
-use crate::{Backend, BackendError, Support, WriteOp};
+use crate::{AsyncIo, AsyncOp, Backend, BackendError, IoCtx, Support, WriteOp};
+use std::sync::Arc;
 
 /// The unit the checks' geometry is measured in: 4 KiB (so requests cross the memory
 /// backend's 64 KiB chunks and page boundaries) or the logical block if larger.
@@ -354,5 +355,253 @@ pub fn conformance_concurrent(b: &dyn Backend, threads: u64) {
         let offset = i * block;
         let want = pattern(offset, block, 700 + i % threads);
         expect(b, offset, &want, "concurrent writers");
+    }
+}
+
+/// Runs one asynchronous request and waits for its completion; `None` when refused (the
+/// buffer comes back untouched, which is checked).
+fn run_async(b: &Arc<dyn Backend>, op: AsyncOp, offset: u64, buf: Vec<u8>) -> Option<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let len = buf.len();
+    let before = buf.clone();
+    let io = AsyncIo {
+        op,
+        offset,
+        len,
+        buf,
+        ctx: IoCtx::default(),
+        done: Box::new(move |buf, r| tx.send((buf, r)).expect("the waiter is gone")),
+    };
+    match Arc::clone(b).submit_async(io) {
+        Err(io) => {
+            assert!(io.buf == before, "a refused request's buffer was changed");
+            None
+        }
+        Ok(()) => {
+            let (buf, r) = rx
+                .recv()
+                .expect("an accepted request's completion never ran");
+            ok(r, "asynchronous request", offset, len as u64);
+            assert!(
+                rx.recv().is_err(),
+                "a completion ran twice ({op:?} at {offset})"
+            );
+            Some(buf)
+        }
+    }
+}
+
+/// The asynchronous path of a backend that offers one ([`Backend::supports_async`]):
+/// `threads` submitters each keep many writes of their own units in flight at once (each
+/// request's completion arrives on the backend's threads, in any order), then read every
+/// unit back asynchronously and synchronously; a request out of range is refused
+/// untouched or fails, never reaches past the end; every completion runs exactly once.
+///
+/// # Panics
+/// If a request the backend accepted fails, a completion is lost or repeated, or the data
+/// of the two paths differ.
+pub fn async_conformance(b: &Arc<dyn Backend>, threads: u64) {
+    assert!(b.supports_async(), "the backend has no asynchronous path");
+    let block = unit(&**b);
+    let blocks = UNITS.min(b.info().size_bytes / block);
+    let threads = threads.max(1);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
+                // All of this thread's writes in flight at once.
+                let (tx, rx) = std::sync::mpsc::channel();
+                let mut sent = 0;
+                for i in (t..blocks).step_by(threads as usize) {
+                    let offset = i * block;
+                    let tx = tx.clone();
+                    let io = AsyncIo {
+                        op: AsyncOp::Write,
+                        offset,
+                        len: block as usize,
+                        buf: pattern(offset, block, 900 + t),
+                        ctx: IoCtx::default(),
+                        done: Box::new(move |_, r| tx.send((offset, r)).expect("waiter gone")),
+                    };
+                    match Arc::clone(b).submit_async(io) {
+                        Ok(()) => sent += 1,
+                        Err(io) => ok(
+                            b.write_at(&io.buf, offset, false),
+                            "synchronous write of a refused request",
+                            offset,
+                            block,
+                        ),
+                    }
+                }
+                drop(tx);
+                let mut got = 0;
+                for (offset, r) in rx.iter() {
+                    ok(r, "asynchronous write", offset, block);
+                    got += 1;
+                }
+                assert_eq!(got, sent, "completions lost or repeated");
+            });
+        }
+    });
+    for i in 0..blocks {
+        let offset = i * block;
+        let want = pattern(offset, block, 900 + i % threads);
+        expect(&**b, offset, &want, "asynchronous writes, synchronous read");
+        if let Some(buf) = run_async(b, AsyncOp::Read, offset, vec![0u8; block as usize]) {
+            assert!(
+                buf == want,
+                "asynchronous read at {offset} differs from what was written"
+            );
+        }
+    }
+    // Past the end: refused untouched, or failed.
+    let size = b.info().size_bytes;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let io = AsyncIo {
+        op: AsyncOp::Read,
+        offset: size,
+        len: block as usize,
+        buf: vec![0u8; block as usize],
+        ctx: IoCtx::default(),
+        done: Box::new(move |_, r| tx.send(r).expect("waiter gone")),
+    };
+    if Arc::clone(b).submit_async(io).is_ok() {
+        assert!(
+            rx.recv().expect("completion lost").is_err(),
+            "a read past the end succeeded"
+        );
+    }
+    ok(b.flush(), "flush after asynchronous writes", 0, 0);
+}
+
+/// A backend with an asynchronous path for tests: requests submitted to it run on the
+/// inner backend's synchronous methods on `threads` threads of its own, each after a
+/// pseudo-random delay (so completions arrive out of order, on other threads, as librbd's
+/// do), and fail with `EIO` while [`AsyncThreads::fail`] is set.
+pub struct AsyncThreads {
+    inner: Arc<dyn Backend>,
+    queue: std::sync::Mutex<Option<std::sync::mpsc::Sender<AsyncIo>>>,
+    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    fail: Arc<std::sync::atomic::AtomicBool>,
+    /// Requests accepted so far.
+    pub accepted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl AsyncThreads {
+    /// Wraps `inner` with `threads` completion threads.
+    pub fn new(inner: Arc<dyn Backend>, threads: usize) -> AsyncThreads {
+        let (tx, rx) = std::sync::mpsc::channel::<AsyncIo>();
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handles = (0..threads.max(1))
+            .map(|t| {
+                let (rx, inner, fail) = (Arc::clone(&rx), Arc::clone(&inner), Arc::clone(&fail));
+                std::thread::spawn(move || {
+                    let mut seed = 0x9e37_79b9_u64 ^ t as u64;
+                    loop {
+                        let io = match rx.lock().map(|r| r.recv()) {
+                            Ok(Ok(io)) => io,
+                            _ => return,
+                        };
+                        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                        std::thread::sleep(std::time::Duration::from_micros((seed >> 33) % 300));
+                        let AsyncIo {
+                            op,
+                            offset,
+                            len,
+                            mut buf,
+                            done,
+                            ..
+                        } = io;
+                        let r = if fail.load(std::sync::atomic::Ordering::SeqCst) {
+                            Err(BackendError::Io {
+                                op: "injected",
+                                offset,
+                                path: "async-threads".into(),
+                                source: std::io::Error::from_raw_os_error(5),
+                            })
+                        } else {
+                            match op {
+                                AsyncOp::Read => inner.read_at(&mut buf[..len], offset),
+                                AsyncOp::Write => inner.write_at(&buf[..len], offset, false),
+                            }
+                        };
+                        done(buf, r);
+                    }
+                })
+            })
+            .collect();
+        AsyncThreads {
+            inner,
+            queue: std::sync::Mutex::new(Some(tx)),
+            threads: std::sync::Mutex::new(handles),
+            fail,
+            accepted: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        }
+    }
+
+    /// Makes every asynchronous request from now on fail (`true`) or succeed.
+    pub fn fail(&self, on: bool) {
+        self.fail.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for AsyncThreads {
+    fn drop(&mut self) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.take();
+        }
+        if let Ok(mut t) = self.threads.lock() {
+            for h in t.drain(..) {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Backend for AsyncThreads {
+    fn info(&self) -> &crate::BackendInfo {
+        self.inner.info()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+        self.inner.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.inner.discard(offset, len)
+    }
+    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+        self.inner.holes(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
+        self.inner.write_zeroes(offset, len, fua)
+    }
+    fn supports_async(&self) -> bool {
+        true
+    }
+    fn submit_async(self: Arc<Self>, io: AsyncIo) -> Result<(), AsyncIo> {
+        if io.len == 0
+            || io.len > io.buf.len()
+            || crate::check_range(io.offset, io.len as u64, self.info().size_bytes).is_err()
+        {
+            return Err(io);
+        }
+        let q = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match q.as_ref() {
+            Some(tx) => {
+                self.accepted
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // The threads live as long as the sender: the send cannot fail.
+                tx.send(io).map_err(|e| e.0)
+            }
+            None => Err(io),
+        }
     }
 }

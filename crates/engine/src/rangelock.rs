@@ -154,9 +154,23 @@ pub(crate) struct ReadGuard<'a> {
 
 impl Drop for ReadGuard<'_> {
     fn drop(&mut self) {
-        for i in slots_of(self.range.0, self.range.1) {
-            self.locks.slots[i].readers.fetch_sub(1, Ordering::Release);
-        }
+        self.locks.leave_read(self.range.0, self.range.1);
+    }
+}
+
+impl ReadGuard<'_> {
+    /// Keeps the read announced past this guard: [`RangeLocks::leave_read`] ends it (an
+    /// asynchronous read, whose guard cannot borrow the locks until its completion).
+    pub(crate) fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl RangeGuard<'_> {
+    /// Keeps the range held past this guard: [`RangeLocks::unlock`] releases it (an
+    /// asynchronous write, whose guard cannot borrow the locks until its completion).
+    pub(crate) fn keep(self) {
+        std::mem::forget(self);
     }
 }
 
@@ -230,10 +244,24 @@ impl RangeLocks {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let (start, end) = self.range;
+        self.locks.unlock(self.range.0, self.range.1);
+    }
+}
+
+impl RangeLocks {
+    /// Releases `[start, end)`, held by [`RangeLocks::lock`] whose guard was kept.
+    pub(crate) fn unlock(&self, start: u64, end: u64) {
         for_each_word(start, end, |w, mask| {
-            self.locks.words[w].0.fetch_and(!mask, Ordering::Release);
+            self.words[w].0.fetch_and(!mask, Ordering::Release);
         });
+    }
+
+    /// Ends the read of `[start, end)` announced by [`RangeLocks::try_read`] whose guard
+    /// was kept.
+    pub(crate) fn leave_read(&self, start: u64, end: u64) {
+        for i in slots_of(start, end) {
+            self.slots[i].readers.fetch_sub(1, Ordering::Release);
+        }
     }
 }
 

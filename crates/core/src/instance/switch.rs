@@ -10,10 +10,19 @@
 //! suspended wait on a condition variable until a volume is put back. Dropping the last
 //! reference to the old volume stops its workers and drops its cipher contexts, whose key
 //! schedules are zeroized on drop.
+//!
+//! Asynchronous requests ([`Backend::submit_async`], the RBD path) do not hold the slot's
+//! lock while in flight: the request takes an `Arc` of the current volume under the read
+//! lock, counts itself in its slot's `pending`, and the count drops when the volume reports
+//! it done. Suspending and replacing wait, after taking the volume out of the slots, until
+//! every slot's count is zero, then flush: so "no request in flight, every acknowledged
+//! write flushed" holds for them too. The completion keeps only the counters alive, never
+//! the switch or the volume (a volume dropped on librbd's callback thread would close the
+//! image from inside librbd).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use ucrypt_backend::{Backend, BackendError, BackendInfo, IoCtx, WriteOp};
+use ucrypt_backend::{AsyncIo, Backend, BackendError, BackendInfo, IoCtx, WriteOp};
 
 /// Lock slots (a power of two).
 pub const SHARDS: usize = 16;
@@ -22,9 +31,26 @@ pub const SHARDS: usize = 16;
 #[repr(align(128))]
 struct Slot(RwLock<Option<Arc<dyn Backend>>>);
 
+/// Asynchronous requests in flight, counted in the slot of the thread that submitted them
+/// (on its own cache line).
+#[repr(align(128))]
+#[derive(Default)]
+struct Pending(AtomicUsize);
+
+/// Decrements one slot's pending count when dropped (when the request's completion ran,
+/// or when a refused request's completion is dropped unused).
+struct PendingGuard(Arc<[Pending]>, usize);
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        self.0[self.1].0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 /// A swappable, suspendable backend.
 pub struct Switch {
     slots: Vec<Slot>,
+    pending: Arc<[Pending]>,
     /// The current volume's sizes (leaked once per swap: swaps are operator actions, a few
     /// dozen bytes each, and `Backend::info` must hand out a reference).
     info: RwLock<&'static BackendInfo>,
@@ -75,6 +101,7 @@ impl Switch {
             slots: (0..SHARDS)
                 .map(|_| Slot(RwLock::new(Some(Arc::clone(&volume)))))
                 .collect(),
+            pending: (0..SHARDS).map(|_| Pending::default()).collect(),
             info: RwLock::new(info),
             suspended: Mutex::new(Gate::Open),
             resumed: Condvar::new(),
@@ -141,6 +168,7 @@ impl Switch {
             **g = None;
         }
         drop(guards);
+        self.wait_pending();
         match old {
             Some(v) => v.flush(),
             None => Ok(()),
@@ -163,11 +191,25 @@ impl Switch {
             }
         }
         *write(&self.info) = info;
+        self.wait_pending();
         let flushed = old.map_or(Ok(()), |v| v.flush());
         drop(guards);
         *self.gate() = Gate::Open;
         self.resumed.notify_all();
         flushed
+    }
+
+    /// Waits until no asynchronous request is in flight (the slots' write locks are held,
+    /// or the slots emptied: no new one starts on the old volume). A suspend is an operator
+    /// action and requests take milliseconds: a short sleep between looks.
+    fn wait_pending(&self) {
+        while self
+            .pending
+            .iter()
+            .any(|p| p.0.load(Ordering::Acquire) != 0)
+        {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
 
     /// The volume currently served (`None` while suspended).
@@ -233,6 +275,37 @@ impl Backend for Switch {
     fn submit_writes(&self, batch: &[WriteOp<'_>]) -> Result<(), BackendError> {
         self.with(|v| v.submit_writes(batch))?
     }
+    fn supports_async(&self) -> bool {
+        self.current().is_some_and(|v| v.supports_async())
+    }
+    /// On the current volume, counted in flight until its completion ran. While suspended
+    /// (no volume) the request is handed back: the synchronous path waits, or fails once
+    /// closed, as for any request.
+    fn submit_async(self: Arc<Self>, mut io: AsyncIo) -> Result<(), AsyncIo> {
+        let i = SLOT.with(|s| *s);
+        let volume = {
+            let g = read(&self.slots[i].0);
+            let Some(v) = g.as_ref().filter(|v| v.supports_async()) else {
+                return Err(io);
+            };
+            // Counted before the lock is let go: a suspend that takes the volume out next
+            // waits for this request.
+            self.pending[i].0.fetch_add(1, Ordering::Relaxed);
+            Arc::clone(v)
+        };
+        let guard = PendingGuard(Arc::clone(&self.pending), i);
+        let done = io.done;
+        io.done = Box::new(move |buf, r| {
+            drop(guard);
+            done(buf, r);
+        });
+        volume.submit_async(io).map_err(|mut io| {
+            // Refused, buffer untouched: the caller runs it synchronously and drops
+            // `done`; the wrapper (and with it the count) goes now.
+            io.done = Box::new(|_, _| {});
+            io
+        })
+    }
 }
 
 #[cfg(test)]
@@ -240,6 +313,55 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use ucrypt_backend::MemoryBackend;
+
+    /// Asynchronous requests in flight hold no slot lock: suspending must still wait for
+    /// every one of them to complete before it flushes and drops the volume.
+    #[test]
+    fn suspend_waits_for_asynchronous_requests_in_flight() {
+        use std::sync::atomic::AtomicU64;
+        use ucrypt_backend::testing::AsyncThreads;
+        use ucrypt_backend::{AsyncIo, AsyncOp};
+        let mem: Arc<dyn Backend> = Arc::new(MemoryBackend::new(1 << 20).unwrap());
+        let lower: Arc<dyn Backend> = Arc::new(AsyncThreads::new(Arc::clone(&mem), 2));
+        let sw = Arc::new(Switch::new(lower));
+        assert!(sw.supports_async());
+        let done = Arc::new(AtomicU64::new(0));
+        const N: u64 = 64;
+        for i in 0..N {
+            let d = Arc::clone(&done);
+            let io = AsyncIo {
+                op: AsyncOp::Write,
+                offset: i * 4096,
+                len: 4096,
+                buf: vec![i as u8 + 1; 4096],
+                ctx: IoCtx::default(),
+                done: Box::new(move |_, r| {
+                    r.unwrap();
+                    d.fetch_add(1, Ordering::SeqCst);
+                }),
+            };
+            Arc::clone(&sw).submit_async(io).unwrap();
+        }
+        sw.suspend().unwrap();
+        assert_eq!(
+            done.load(Ordering::SeqCst),
+            N,
+            "suspend returned with asynchronous writes in flight"
+        );
+        // While suspended the request is handed back (the synchronous path waits).
+        let io = AsyncIo {
+            op: AsyncOp::Read,
+            offset: 0,
+            len: 4096,
+            buf: vec![0; 4096],
+            ctx: IoCtx::default(),
+            done: Box::new(|_, _| panic!("ran while suspended")),
+        };
+        assert!(Arc::clone(&sw).submit_async(io).is_err());
+        let mut b = [0u8; 4096];
+        mem.read_at(&mut b, (N - 1) * 4096).unwrap();
+        assert_eq!(b, [N as u8; 4096]);
+    }
 
     #[test]
     fn requests_wait_while_suspended_and_see_the_new_volume() {

@@ -24,7 +24,7 @@ use crate::proto::*;
 use crate::NbdError;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::sync::{Arc, Condvar, Mutex};
-use ucrypt_backend::{Backend, BackendError, IoCtx};
+use ucrypt_backend::{AsyncIo, AsyncOp, Backend, BackendError, IoCtx};
 
 /// Read-side buffering: many small pipelined requests per `read` syscall. Larger payloads
 /// bypass the buffer (`BufReader` reads straight into the destination when it is empty).
@@ -41,7 +41,7 @@ static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
 /// The transmission phase's view of a socket: read and write it, and shut it down (to wake
 /// a blocked reader, or after a failed send). A plaintext [`Stream`], or a [`TlsStream`].
 /// Generic rather than `dyn`, so the plaintext path compiles exactly as before.
-trait Transport: Read + Write + Send {
+trait Transport: Read + Write + Send + 'static {
     fn shut(&self);
 }
 
@@ -90,7 +90,7 @@ pub(super) fn run(
         Outcome::Transmission(n) => {
             entered();
             wr.set_read_timeout(None);
-            transmission(rd, wr, id, export, cfg, n, cfg.opts.workers)
+            transmission(rd, wr, id, &export, cfg, n, cfg.opts.workers, true)
         }
         Outcome::StartTls => {
             // The handshake only says StartTls when TLS is configured.
@@ -111,7 +111,7 @@ pub(super) fn run(
                     entered();
                     twr.socket().set_read_timeout(None);
                     // One thread per TLS connection: see `TlsStream` for why.
-                    transmission(trd, twr, id, export, cfg, n, 1)
+                    transmission(trd, twr, id, &export, cfg, n, 1, false)
                 }
                 Outcome::Closed | Outcome::StartTls => {
                     twr.close();
@@ -177,8 +177,8 @@ fn negotiate(
 /// bound on per-connection memory (and the back-pressure that stops a client from queueing
 /// without limit: once full, nobody reads the socket).
 struct Budget {
-    /// (requests, bytes) currently in flight.
-    used: Mutex<(usize, usize)>,
+    /// (requests, bytes) currently in flight, threads waiting.
+    used: Mutex<(usize, usize, usize)>,
     freed: Condvar,
     max_requests: usize,
     max_bytes: usize,
@@ -189,21 +189,42 @@ impl Budget {
         let mut u = lock(&self.used);
         // A request larger than the whole byte budget still runs, alone.
         while u.0 >= self.max_requests || (u.0 > 0 && u.1 + bytes > self.max_bytes) {
+            u.2 += 1;
             u = self
                 .freed
                 .wait(u)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            u.2 -= 1;
         }
         u.0 += 1;
         u.1 += bytes;
     }
 
+    /// Returns a request's share. Wakes waiters only when there are some (a notify is a
+    /// system call: one per request otherwise).
     fn release(&self, bytes: usize) {
         let mut u = lock(&self.used);
         u.0 -= 1;
         u.1 -= bytes;
+        let waiting = u.2 > 0;
         drop(u);
-        self.freed.notify_one();
+        if waiting {
+            self.freed.notify_all();
+        }
+    }
+
+    /// Waits until every request has been answered (asynchronous ones end on other
+    /// threads, after the connection's own threads have stopped reading).
+    fn wait_idle(&self) {
+        let mut u = lock(&self.used);
+        while u.0 > 0 {
+            u.2 += 1;
+            u = self
+                .freed
+                .wait(u)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            u.2 -= 1;
+        }
     }
 }
 
@@ -271,15 +292,27 @@ struct Reply {
 struct Shared<'a, R, W> {
     /// The read side and, once reading has ended (DISC, EOF, violation), why.
     rd: Mutex<ReadSide<R>>,
+    /// What answering needs, shared with asynchronous completions.
+    out: Arc<Out<W>>,
+    limits: Limits,
+    cfg: &'a ExportConfig,
+    export: &'a Arc<dyn Backend>,
+    ctx: IoCtx,
+    /// Reads and writes go to [`Backend::submit_async`] first (plaintext connections of an
+    /// export that takes asynchronous requests).
+    asynchronous: bool,
+}
+
+/// The answering side of a connection: used by its threads and by the completions of its
+/// asynchronous requests (which may run on the backend's threads, after the connection's
+/// threads stopped: [`transmission`] waits for them through the budget).
+struct Out<W> {
     /// The write side: a reply is written whole under this lock, so replies never interleave.
     wr: Mutex<WriteSide<W>>,
     budget: Budget,
     pool: BufPool,
-    limits: Limits,
     structured: bool,
-    cfg: &'a ExportConfig,
-    export: &'a dyn Backend,
-    ctx: IoCtx,
+    log_errors: bool,
 }
 
 struct ReadSide<R> {
@@ -311,40 +344,46 @@ enum Next {
 /// reader blocked in `SSL_read` holds up a reply), at the price of one request in flight
 /// per TLS connection; clients that open several connections (multi-conn: `nbdcopy`
 /// opens 4) still get that many requests running at once.
+#[allow(clippy::too_many_arguments)]
 fn transmission<R: Transport, W: Transport>(
     rd: BufReader<R>,
     wr: W,
     id: u32,
-    export: Arc<dyn Backend>,
+    export: &Arc<dyn Backend>,
     cfg: &ExportConfig,
     negotiated: Negotiated,
     workers: usize,
+    asynchronous: bool,
 ) -> Result<(), NbdError> {
     let opts = &cfg.opts;
     let threads = workers.clamp(1, super::MAX_WORKERS);
     let shared = Shared {
         rd: Mutex::new(ReadSide { rd, ended: None }),
-        wr: Mutex::new(WriteSide { wr, failed: false }),
-        budget: Budget {
-            used: Mutex::new((0, 0)),
-            freed: Condvar::new(),
-            max_requests: threads,
-            max_bytes: opts.max_in_flight_bytes.max(1),
-        },
-        pool: BufPool {
-            free: Mutex::new(Vec::new()),
-            max_bytes: opts.max_in_flight_bytes.min(POOL_RETAIN_BYTES),
-        },
+        out: Arc::new(Out {
+            wr: Mutex::new(WriteSide { wr, failed: false }),
+            budget: Budget {
+                used: Mutex::new((0, 0, 0)),
+                freed: Condvar::new(),
+                max_requests: threads,
+                max_bytes: opts.max_in_flight_bytes.max(1),
+            },
+            pool: BufPool {
+                free: Mutex::new(Vec::new()),
+                max_bytes: opts.max_in_flight_bytes.min(POOL_RETAIN_BYTES),
+            },
+            structured: negotiated.structured_replies,
+            log_errors: opts.log_errors,
+        }),
         limits: Limits {
             size_bytes: cfg.info.size_bytes,
             flags: negotiated.flags,
             max_payload: cfg.info.max_block,
             block_status: negotiated.base_allocation,
         },
-        structured: negotiated.structured_replies,
         cfg,
-        export: &*export,
+        export,
         ctx: IoCtx { client: id },
+        asynchronous: asynchronous && export.supports_async(),
     };
     std::thread::scope(|s| {
         for t in 1..threads {
@@ -355,6 +394,9 @@ fn transmission<R: Transport, W: Transport>(
         }
         serve_requests(&shared);
     });
+    // Asynchronous requests still in the backend's hands answer on its threads: the
+    // socket stays open (and the export in use) until the last has been answered.
+    shared.out.budget.wait_idle();
     let ReadSide { rd, ended } = shared
         .rd
         .into_inner()
@@ -364,22 +406,36 @@ fn transmission<R: Transport, W: Transport>(
 }
 
 /// One thread's loop: read a request, run it, reply; until reading ends.
+///
+/// A read or write that the export takes asynchronously ([`Backend::submit_async`]) is
+/// submitted and this thread goes on reading, keeping the read side: its reply is sent by
+/// its completion, on the backend's thread. So with an asynchronous export (RBD) one thread
+/// receives and submits every request, no thread blocks on a request, and nothing wakes a
+/// thread per request (the synchronous hand-over of the read side and the backend's
+/// completion each woke one). A request that has no asynchronous path (flush, trim,
+/// FUA, partial sectors, ...) lets the read side go and runs here as before.
 fn serve_requests<R: Transport, W: Transport>(sh: &Shared<'_, R, W>) {
     loop {
         let next = {
             let mut r = lock(&sh.rd);
-            if r.ended.is_some() {
-                return;
-            }
-            match next_request(&mut r.rd, sh) {
-                Ok(Some(next)) => next,
-                Ok(None) => {
-                    r.ended = Some(Ok(()));
+            loop {
+                if r.ended.is_some() {
                     return;
                 }
-                Err(e) => {
-                    r.ended = Some(Err(e));
-                    return;
+                match next_request(&mut r.rd, sh) {
+                    Ok(Some(Next::Run(job))) if sh.asynchronous => match submit(sh, job) {
+                        Ok(()) => continue,
+                        Err(job) => break Next::Run(job),
+                    },
+                    Ok(Some(next)) => break next,
+                    Ok(None) => {
+                        r.ended = Some(Ok(()));
+                        return;
+                    }
+                    Err(e) => {
+                        r.ended = Some(Err(e));
+                        return;
+                    }
                 }
             }
         };
@@ -387,7 +443,48 @@ fn serve_requests<R: Transport, W: Transport>(sh: &Shared<'_, R, W>) {
             Next::Run(job) => execute_caught(sh, job),
             Next::Refused(reply) => reply,
         };
-        send_reply(sh, reply);
+        sh.out.send(reply);
+    }
+}
+
+/// Submits a plain read or write (not FUA: that needs a flush after it, the synchronous
+/// path's business) asynchronously; its completion answers it. `Err` hands the job back
+/// for the synchronous path.
+fn submit<R: Transport, W: Transport>(sh: &Shared<'_, R, W>, mut job: Job) -> Result<(), Job> {
+    let (op, len) = match job.cmd {
+        Command::Read { len, .. } => (AsyncOp::Read, len),
+        Command::Write {
+            len, fua: false, ..
+        } => (AsyncOp::Write, len),
+        _ => return Err(job),
+    };
+    let (offset, cookie, cmd, cost) = match job.cmd {
+        Command::Read { offset, .. } | Command::Write { offset, .. } => {
+            (offset, job.cookie, job.cmd, job.cost)
+        }
+        _ => return Err(job),
+    };
+    let Some(buf) = job.buf.take() else {
+        return Err(job);
+    };
+    let out = Arc::clone(&sh.out);
+    let io = AsyncIo {
+        op,
+        offset,
+        len: len as usize,
+        buf,
+        ctx: sh.ctx,
+        done: Box::new(move |buf, result| {
+            let reply = answer(cookie, cmd, cost, Some(buf), result, out.log_errors);
+            out.send(reply);
+        }),
+    };
+    match Arc::clone(sh.export).submit_async(io) {
+        Ok(()) => Ok(()),
+        Err(io) => {
+            job.buf = Some(io.buf);
+            Err(job)
+        }
     }
 }
 
@@ -429,7 +526,7 @@ fn next_request<R: Transport, W: Transport>(
             if sh.cfg.opts.log_errors && errno != Errno::ESHUTDOWN {
                 eprintln!("ucrypt-nbd: refused {req:?}: {errno:?}");
             }
-            sh.budget.acquire(0);
+            sh.out.budget.acquire(0);
             Ok(Some(Next::Refused(Reply {
                 cookie: req.cookie,
                 read_offset,
@@ -447,11 +544,11 @@ fn next_request<R: Transport, W: Transport>(
             };
             // Under the read lock: while the budget is spent nobody reads the socket, which
             // is the back-pressure on a client that queues faster than we complete.
-            sh.budget.acquire(len);
-            let mut buf = (len > 0).then(|| sh.pool.get(len));
+            sh.out.budget.acquire(len);
+            let mut buf = (len > 0).then(|| sh.out.pool.get(len));
             if let (Command::Write { .. }, Some(b)) = (cmd, buf.as_mut()) {
                 if let Err(e) = rd.read_exact(&mut b[..len]) {
-                    sh.budget.release(len);
+                    sh.out.budget.release(len);
                     return match e.kind() {
                         io::ErrorKind::UnexpectedEof => Ok(None),
                         _ => Err(NbdError::Io {
@@ -493,7 +590,7 @@ fn refusal(errno: Errno) -> &'static str {
 }
 
 /// [`execute`], with a panic in the backend (a bug, or a fault injected by a test) caught:
-/// the request is answered with `EIO`, its budget is returned by [`send_reply`] as for any
+/// the request is answered with `EIO`, its budget is returned by [`Out::send`] as for any
 /// other reply, and the connection goes on serving. Its buffer is lost with the unwinding
 /// stack (the pool allocates a new one). The panic message itself went to stderr through
 /// the panic hook; the client only learns which operation failed.
@@ -501,7 +598,7 @@ fn execute_caught<R: Transport, W: Transport>(sh: &Shared<'_, R, W>, job: Job) -
     let (cookie, cmd, cost) = (job.cookie, job.cmd, job.cost);
     let run = || {
         execute(
-            sh.export,
+            &**sh.export,
             job,
             sh.ctx,
             sh.cfg.emulate_zeroes,
@@ -621,6 +718,23 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
             "BUG: command without its buffer".into(),
         )),
     };
+    let mut reply = answer(cookie, cmd, cost, buf, result, log);
+    reply.read_offset = read_offset;
+    reply.len = len;
+    reply.block_status = block_status;
+    reply
+}
+
+/// The reply to `cmd` given its outcome: for a READ, the data is `buf[..len]`; an error
+/// becomes its errno (the spec's set: EIO for a failed backend request) and a message.
+fn answer(
+    cookie: u64,
+    cmd: Command,
+    cost: usize,
+    buf: Option<Vec<u8>>,
+    result: Result<(), BackendError>,
+    log: bool,
+) -> Reply {
     let error = result.err().map(|e| {
         if log {
             eprintln!("ucrypt-nbd: {cmd:?} failed: {}", chain(&e));
@@ -636,10 +750,14 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
         }
         (errno, msg)
     });
+    let (read_offset, len) = match cmd {
+        Command::Read { offset, len } => (Some(offset), len as usize),
+        _ => (None, 0),
+    };
     Reply {
         cookie,
         read_offset,
-        block_status,
+        block_status: None,
         len,
         error,
         buf,
@@ -699,20 +817,22 @@ fn write_zeroes(
     Ok(())
 }
 
-/// Writes one reply whole (one `writev` for header and data), then returns its budget and
-/// buffer. After a send failure the client is gone: the socket is shut so the thread in
-/// `read` wakes up and the connection ends.
-fn send_reply<R: Transport, W: Transport>(sh: &Shared<'_, R, W>, reply: Reply) {
-    {
-        let mut w = lock(&sh.wr);
-        if !w.failed && encode(&mut w.wr, &reply, sh.structured).is_err() {
-            w.failed = true;
-            w.wr.shut();
+impl<W: Transport> Out<W> {
+    /// Writes one reply whole (one `writev` for header and data), then returns its buffer
+    /// and budget. After a send failure the client is gone: the socket is shut so the
+    /// thread in `read` wakes up and the connection ends.
+    fn send(&self, reply: Reply) {
+        {
+            let mut w = lock(&self.wr);
+            if !w.failed && encode(&mut w.wr, &reply, self.structured).is_err() {
+                w.failed = true;
+                w.wr.shut();
+            }
         }
-    }
-    sh.budget.release(reply.cost);
-    if let Some(b) = reply.buf {
-        sh.pool.put(b);
+        if let Some(b) = reply.buf {
+            self.pool.put(b);
+        }
+        self.budget.release(reply.cost);
     }
 }
 

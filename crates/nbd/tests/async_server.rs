@@ -1,0 +1,206 @@
+//! The server's asynchronous request path: an export that takes asynchronous requests
+//! ([`AsyncThreads`] over memory: completions on other threads, out of order, as librbd's)
+//! gets its reads and writes submitted by the receiving thread and answered from the
+//! completions. Pipelined requests each get exactly one whole reply with their cookie,
+//! data lands where it was written, backend errors become EIO and the connection goes on,
+//! flush waits behind acknowledged writes, and a client hanging up with requests in
+//! flight leaves the server serving.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use ucrypt_backend::testing::AsyncThreads;
+use ucrypt_backend::{Backend, MemoryBackend};
+use ucrypt_nbd::proto::*;
+use ucrypt_nbd::{NbdBackend, RemoteOptions, ServeOptions};
+
+fn start(size: u64) -> (Server, Arc<AsyncThreads>, Arc<MemoryBackend>) {
+    let mem = Arc::new(MemoryBackend::new(size).unwrap());
+    let a = Arc::new(AsyncThreads::new(mem.clone(), 4));
+    let server = Server::start(a.clone(), ServeOptions::default());
+    (server, a, mem)
+}
+
+fn block(i: u64) -> Vec<u8> {
+    (0..4096u64).map(|j| (i * 31 + j * 7 + 1) as u8).collect()
+}
+
+/// Reads `n` simple replies (no data): cookie -> error.
+fn replies(s: &mut std::os::unix::net::UnixStream, n: usize) -> HashMap<u64, u32> {
+    let mut got = HashMap::new();
+    for _ in 0..n {
+        let (err, cookie) = simple(s);
+        assert!(
+            got.insert(cookie, err).is_none(),
+            "cookie {cookie} answered twice"
+        );
+    }
+    got
+}
+
+#[test]
+fn pipelined_requests_each_get_one_reply_and_the_data_lands() {
+    const N: u64 = 64;
+    let (server, a, mem) = start(1 << 20);
+    let mut s = server.connect();
+    go(&mut s, false);
+    // Every write sent before any reply is read: many in flight at once.
+    for i in 0..N {
+        request(
+            &mut s,
+            NBD_CMD_WRITE,
+            0,
+            1000 + i,
+            i * 4096,
+            4096,
+            &block(i),
+        );
+    }
+    let got = replies(&mut s, N as usize);
+    for i in 0..N {
+        assert_eq!(got.get(&(1000 + i)), Some(&0), "write {i}");
+    }
+    // Acknowledged writes are in the export.
+    for i in 0..N {
+        let mut b = vec![0u8; 4096];
+        mem.read_at(&mut b, i * 4096).unwrap();
+        assert!(b == block(i), "block {i} not written");
+    }
+    request(&mut s, NBD_CMD_FLUSH, 0, 7, 0, 0, &[]);
+    assert_eq!(simple(&mut s), (0, 7));
+    // Pipelined reads: replies in completion order, each with its own block.
+    for i in 0..N {
+        request(
+            &mut s,
+            NBD_CMD_READ,
+            0,
+            2000 + i,
+            ((i * 5) % N) * 4096,
+            4096,
+            &[],
+        );
+    }
+    let mut seen = 0;
+    for _ in 0..N {
+        let (err, cookie) = simple(&mut s);
+        assert_eq!(err, 0);
+        let i = cookie
+            .checked_sub(2000)
+            .filter(|&i| i < N)
+            .expect("unknown cookie");
+        let data = read_n(&mut s, 4096);
+        assert!(data == block((i * 5) % N), "read {i} got another block");
+        seen += 1;
+    }
+    assert_eq!(seen, N);
+    assert!(
+        a.accepted.load(Ordering::SeqCst) >= 2 * N,
+        "the requests did not take the asynchronous path"
+    );
+    // FUA writes and partial ones take the synchronous path and still work.
+    request(
+        &mut s,
+        NBD_CMD_WRITE,
+        NBD_CMD_FLAG_FUA,
+        9,
+        0,
+        4096,
+        &block(99),
+    );
+    assert_eq!(simple(&mut s), (0, 9));
+    request(&mut s, NBD_CMD_WRITE, 0, 10, 100, 10, &[0xee; 10]);
+    assert_eq!(simple(&mut s), (0, 10));
+    let mut want = block(99);
+    want[100..110].fill(0xee);
+    assert!(read_simple(&mut s, 11, 0, 4096) == want);
+    drop(s);
+    server.stop().unwrap();
+}
+
+#[test]
+fn backend_errors_are_eio_and_the_connection_goes_on() {
+    let (server, a, _mem) = start(1 << 20);
+    let mut s = server.connect();
+    go(&mut s, true);
+    a.fail(true);
+    request(&mut s, NBD_CMD_WRITE, 0, 1, 0, 4096, &block(1));
+    request(&mut s, NBD_CMD_READ, 0, 2, 4096, 4096, &[]);
+    let mut answered = HashMap::new();
+    for _ in 0..2 {
+        let h = read_n(&mut s, 4);
+        let magic = u32_at(&h, 0);
+        let rest = if magic == NBD_SIMPLE_REPLY_MAGIC {
+            let r = read_n(&mut s, 12);
+            (u32_at(&r, 0), u64_at(&r, 4))
+        } else {
+            assert_eq!(magic, NBD_STRUCTURED_REPLY_MAGIC);
+            let r = read_n(&mut s, 16);
+            let (flags, kind, cookie, len) =
+                (u16_at(&r, 0), u16_at(&r, 2), u64_at(&r, 4), u32_at(&r, 12));
+            assert_eq!(flags & NBD_REPLY_FLAG_DONE, NBD_REPLY_FLAG_DONE);
+            assert_eq!(kind, NBD_REPLY_TYPE_ERROR);
+            let p = read_n(&mut s, len as usize);
+            (u32_at(&p, 0), cookie)
+        };
+        answered.insert(rest.1, rest.0);
+    }
+    assert_eq!(answered.get(&1), Some(&5), "the write's error is not EIO");
+    assert_eq!(answered.get(&2), Some(&5), "the read's error is not EIO");
+    a.fail(false);
+    request(&mut s, NBD_CMD_WRITE, 0, 3, 0, 4096, &block(3));
+    assert_eq!(simple(&mut s), (0, 3));
+    request(&mut s, NBD_CMD_READ, 0, 4, 0, 4096, &[]);
+    let (flags, kind, cookie, data) = chunk(&mut s);
+    assert_eq!(
+        (flags, kind, cookie),
+        (NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_OFFSET_DATA, 4)
+    );
+    assert!(data[8..] == block(3)[..]);
+    drop(s);
+    server.stop().unwrap();
+}
+
+#[test]
+fn many_client_threads_pass_the_conformance_suites() {
+    let (server, a, _mem) = start(4 << 20);
+    let uri = format!("nbd+unix:///?socket={}", server.path.display());
+    let remote = NbdBackend::connect(&uri, RemoteOptions::default()).unwrap();
+    ucrypt_backend::testing::conformance(&remote);
+    ucrypt_backend::testing::conformance_concurrent(&remote, 16);
+    assert!(a.accepted.load(Ordering::SeqCst) > 0);
+    drop(remote);
+    server.stop().unwrap();
+}
+
+#[test]
+fn a_client_that_hangs_up_with_requests_in_flight_leaves_the_server_serving() {
+    let (server, _a, _mem) = start(1 << 20);
+    for round in 0..4u64 {
+        let mut s = server.connect();
+        go(&mut s, false);
+        for i in 0..32 {
+            request(
+                &mut s,
+                NBD_CMD_WRITE,
+                0,
+                i,
+                i * 4096,
+                4096,
+                &block(round + i),
+            );
+            request(&mut s, NBD_CMD_READ, 0, 100 + i, i * 4096, 4096, &[]);
+        }
+        drop(s);
+    }
+    let mut s = server.connect();
+    go(&mut s, false);
+    request(&mut s, NBD_CMD_WRITE, 0, 1, 0, 4096, &block(7));
+    assert_eq!(simple(&mut s), (0, 1));
+    assert!(read_simple(&mut s, 2, 0, 4096) == block(7));
+    drop(s);
+    server.stop().unwrap();
+}
