@@ -15,7 +15,7 @@
 //! The same table line is what `ucrypt table` prints, so a header-opened volume can be
 //! shown (key hidden) and compared with `dmsetup table` output of the kernel mapping.
 
-use crate::mapping::{open_targets, Target};
+use crate::mapping::open_mapping;
 use crate::open::{open_parsed, OpenOptions, OpenedTable};
 use anyhow::{bail, Context, Result};
 use std::io::{Seek, SeekFrom};
@@ -25,7 +25,7 @@ use ucrypt_crypto::VolumeKey;
 use ucrypt_cryptsetup::{self as cs, CryptDevice, HeaderInfo, HeaderType};
 use ucrypt_format::luks2::{self, Metadata};
 use ucrypt_format::plain::PlainOptions;
-use ucrypt_format::{FormatError, KeySource, OptParam, TableLine};
+use ucrypt_format::{DeviceRef, FormatError, KeySource, Mapping, OptParam, TableLine, Target};
 
 pub use crate::unlocked::{HeaderOptions, Unlocked, VolumeType};
 
@@ -589,16 +589,14 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
         cipher,
         key: KeySource::Hex(key),
         iv_offset: info.iv_offset,
-        device: device_str,
+        device: DeviceRef::Path(device_str),
         offset: info.data_offset,
         opts: opts_from(act, info.sector_size, opts.allow_discards, false),
     };
     Ok(Unlocked {
-        table,
+        mapping: Mapping::single(table),
         info,
         slot,
-        targets: Vec::new(),
-        layers: Vec::new(),
     })
 }
 
@@ -705,7 +703,7 @@ fn unlock_reencrypting(
                 cipher: ucrypt_crypto::CipherSpec::from_str(&side.encryption)?,
                 key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
                 iv_offset: side.iv_tweak + from / 512,
-                device: device_str.clone(),
+                device: DeviceRef::Path(device_str.clone()),
                 offset: (side.offset + from) / 512,
                 opts: opts_from(act, side.sector_size, opts.allow_discards, false),
             })
@@ -719,22 +717,17 @@ fn unlock_reencrypting(
     }
     // A header-only device (no data area) still unlocks, as in the one-segment case; the
     // engine refuses to serve the empty volume.
-    let (side, key, from, to) = parts.first().copied().unwrap_or((&st.old, &old_key, 0, 0));
-    let table = line(side, key, from, to)?;
-    let targets = if parts.len() > 1 {
-        parts
-            .iter()
-            .map(|&(side, key, from, to)| line(side, key, from, to).map(Target::Crypt))
-            .collect::<Result<Vec<_>>>()?
-    } else {
-        Vec::new()
-    };
+    if parts.is_empty() {
+        parts.push((&st.old, &old_key, 0, 0));
+    }
+    let targets = parts
+        .iter()
+        .map(|&(side, key, from, to)| line(side, key, from, to).map(Target::Crypt))
+        .collect::<Result<Vec<_>>>()?;
     Ok(Unlocked {
-        table,
+        mapping: Mapping::targets(targets),
         info,
         slot: Some(slot),
-        targets,
-        layers: Vec::new(),
     })
 }
 
@@ -767,15 +760,13 @@ fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<U
         .with_context(|| format!("remote device {uri} (header read into a memfd)"))?;
     // Every target names the remote device, not the staged copy (a volume mid-reencryption
     // maps as two crypt targets).
-    let staged_name = staged.path().display().to_string();
-    for t in &mut u.targets {
+    for t in u.mapping.tables.iter_mut().flat_map(|t| &mut t.targets) {
         if let Target::Crypt(line) = t {
-            if line.device == staged_name {
-                line.device = uri.clone();
+            if let DeviceRef::Path(_) = line.device {
+                line.device = DeviceRef::Path(uri.clone());
             }
         }
     }
-    u.table.device = uri;
     Ok(u)
 }
 
@@ -826,31 +817,19 @@ fn unlock_bitlk(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
                 cipher: cipher.clone(),
                 key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
                 iv_offset: at,
-                device: device_str.clone(),
+                device: DeviceRef::Path(device_str.clone()),
                 offset: at,
                 opts: opts_from(0, layout.sector_size, opts.allow_discards, large),
             }),
         });
     }
-    let first = match targets.first() {
-        Some(Target::Crypt(t)) => TableLine {
-            start: t.start,
-            length: t.length,
-            cipher: cipher.clone(),
-            key: KeySource::Hex(key),
-            iv_offset: t.iv_offset,
-            device: device_str.clone(),
-            offset: t.offset,
-            opts: t.opts.clone(),
-        },
-        _ => bail!("BitLocker mapping of {device_str} does not start with the volume header"),
-    };
+    if !matches!(targets.first(), Some(Target::Crypt(_))) {
+        bail!("BitLocker mapping of {device_str} does not start with the volume header");
+    }
     Ok(Unlocked {
-        table: first,
+        mapping: Mapping::targets(targets),
         info,
         slot: None,
-        targets,
-        layers: Vec::new(),
     })
 }
 
@@ -874,16 +853,14 @@ fn unlock_fvault2(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<
         cipher,
         key: KeySource::Hex(key),
         iv_offset: 0,
-        device: device_str,
+        device: DeviceRef::Path(device_str),
         offset: offset / 512,
         opts: opts_from(0, 512, opts.allow_discards, false),
     };
     Ok(Unlocked {
-        table,
+        mapping: Mapping::single(table),
         info,
         slot: None,
-        targets: Vec::new(),
-        layers: Vec::new(),
     })
 }
 
@@ -941,16 +918,14 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
         cipher,
         key: KeySource::Hex(key),
         iv_offset: p.skip,
-        device: device_str,
+        device: DeviceRef::Path(device_str),
         offset: p.offset,
         opts: opts_from(0, p.sector_size, opts.allow_discards, p.iv_large_sectors),
     };
     Ok(Unlocked {
-        table,
+        mapping: Mapping::single(table),
         info,
         slot: None,
-        targets: Vec::new(),
-        layers: Vec::new(),
     })
 }
 
@@ -966,32 +941,27 @@ pub fn open_header(
     opts: OpenOptions,
 ) -> Result<OpenedTable> {
     let unlocked = unlock(device, secret, hopts)?;
-    if !unlocked.layers.is_empty() || !unlocked.targets.is_empty() {
-        bail!(
+    match unlocked.mapping.into_single_line() {
+        Ok(line) => open_parsed(line, opts),
+        Err(_) => bail!(
             "{} maps to several dm-crypt layers or targets; open it with open_unlocked",
             device.display()
-        );
+        ),
     }
-    open_parsed(unlocked.table, opts)
 }
 
-/// Builds the decrypted view of an unlocked volume: the one table line's volume, or, for a
-/// multi-target mapping (BitLocker), the targets joined end to end, or for a TCRYPT
-/// cascade, the layers stacked.
+/// Builds the decrypted view of an unlocked volume from its mapping
+/// ([`crate::mapping::open_mapping`]): the one table line's volume, or, for a multi-target
+/// table (BitLocker), the targets joined end to end, or for a stack (TCRYPT cascade), the
+/// tables stacked.
 ///
 /// # Errors
-/// As [`crate::open::open_parsed`].
+/// As [`crate::mapping::open_mapping`].
 pub fn open_unlocked(
     unlocked: Unlocked,
     opts: OpenOptions,
 ) -> Result<std::sync::Arc<dyn ucrypt_backend::Backend>> {
-    if !unlocked.layers.is_empty() {
-        crate::tcrypt::open_layers(unlocked.table, unlocked.layers, opts)
-    } else if unlocked.targets.is_empty() {
-        Ok(open_parsed(unlocked.table, opts)?.volume)
-    } else {
-        open_targets(unlocked.targets, opts)
-    }
+    open_mapping(unlocked.mapping, opts)
 }
 
 #[cfg(test)]

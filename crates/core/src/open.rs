@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ucrypt_backend::file::{FileBackend, FileOptions};
 use ucrypt_backend::Backend;
 use ucrypt_engine::{Volume, VolumeConfig};
-use ucrypt_format::{OptParam, TableLine, ValidateOptions};
+use ucrypt_format::{DeviceRef, OptParam, TableLine, ValidateOptions};
 
 /// How to open a table's device.
 #[derive(Debug, Clone, Copy, Default)]
@@ -46,8 +46,12 @@ pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
 /// # Errors
 /// As [`open_table`], without the parse step.
 pub fn open_parsed(table: TableLine, opts: OpenOptions) -> Result<OpenedTable> {
-    open_parsed_with(table, opts, |t| {
-        open_device(&t.device, opts.read_only, opts.direct)
+    open_parsed_with(table, opts, |t| match &t.device {
+        DeviceRef::Path(p) => open_device(p, opts.read_only, opts.direct),
+        DeviceRef::Layer(j) => anyhow::bail!(
+            "the line sits on table {j} of a mapping: open the whole mapping \
+             (crate::mapping::open_mapping)"
+        ),
     })
 }
 

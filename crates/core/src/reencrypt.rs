@@ -498,7 +498,7 @@ impl Run {
                     .with_context(|| format!("cipher {}", side.encryption))?,
                 key: ucrypt_format::KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
                 iv_offset: side.iv_tweak,
-                device: device.to_string(),
+                device: device.to_string().into(),
                 offset: side.offset / 512,
                 opts: o,
             })

@@ -7,21 +7,18 @@
 //!                          ─► Volume(twofish …, offset 0, iv_offset)
 //!                          ─► Volume(aes …,     offset 0, iv_offset)   (what is served)
 //! ```
-//! Each layer is an engine [`Volume`], which is itself a [`Backend`], so layers stack the
-//! way cryptsetup stacks its `name_2`, `name_1`, `name` dm-crypt devices.
+//! The cascade is a stack of tables ([`ucrypt_format::Mapping::stack`]), each upper one on
+//! the table below ([`ucrypt_format::DeviceRef::Layer`]); [`crate::mapping::open_mapping`]
+//! builds each as an engine `Volume` on the one below, the way cryptsetup stacks its
+//! `name_2`, `name_1`, `name` dm-crypt devices.
 
-use crate::config::engine_options;
-use crate::open::{open_parsed, OpenOptions};
 use crate::unlocked::{HeaderOptions, Unlocked};
 use anyhow::{Context, Result};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use ucrypt_backend::Backend;
 use ucrypt_cryptsetup::{HeaderInfo, HeaderType};
-use ucrypt_engine::{Volume, VolumeConfig};
 use ucrypt_format::tcrypt::{self, TcryptHeader};
-use ucrypt_format::{FormatError, KeySource, OptParam, TableLine, ValidateOptions};
+use ucrypt_format::{DeviceRef, KeySource, Mapping, OptParam, TableLine};
 
 /// Size of a file or block device in bytes.
 fn device_bytes(path: &Path) -> Result<u64> {
@@ -116,18 +113,17 @@ pub fn unlock_tcrypt(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Resu
             key: KeySource::Hex(layer.key),
             iv_offset,
             device: if i == 0 {
-                device_str.clone()
+                DeviceRef::Path(device_str.clone())
             } else {
-                format!("<tcrypt layer {i}>")
+                DeviceRef::Layer(i - 1)
             },
             offset: if i == 0 { offset } else { 0 },
             opts: o,
         });
     }
-    let mut lines = lines.into_iter();
-    let table = lines
-        .next()
-        .with_context(|| format!("TCRYPT header on {device_str} names no cipher"))?;
+    if lines.is_empty() {
+        anyhow::bail!("TCRYPT header on {device_str} names no cipher");
+    }
     let info = HeaderInfo {
         kind: Some(HeaderType::Tcrypt),
         cipher: hdr.chain.long_name.to_string(),
@@ -140,43 +136,8 @@ pub fn unlock_tcrypt(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Resu
         sector_size: 512,
     };
     Ok(Unlocked {
-        table,
+        mapping: Mapping::stack(lines),
         info,
         slot: None,
-        targets: Vec::new(),
-        layers: lines.collect(),
     })
-}
-
-/// Opens `bottom` on its device and stacks each of `upper` on the one below.
-///
-/// # Errors
-/// As [`open_parsed`], and engine errors of the upper layers.
-pub fn open_layers(
-    bottom: TableLine,
-    upper: Vec<TableLine>,
-    opts: OpenOptions,
-) -> Result<Arc<dyn Backend>> {
-    let mut below: Arc<dyn Backend> = open_parsed(bottom, opts)?.volume;
-    for line in upper {
-        let cipher = line
-            .build_cipher(ValidateOptions {
-                allow_large_sectors: opts.allow_large_sectors,
-            })
-            .context("checking a TCRYPT cascade layer")?;
-        let volume = Volume::with_options(
-            Arc::from(cipher),
-            below,
-            VolumeConfig {
-                data_offset_bytes: 0,
-                length_bytes: line.length_bytes(),
-                read_only: opts.read_only,
-                allow_discards: line.has(OptParam::AllowDiscards),
-            },
-            engine_options(Some(&line), &opts.perf),
-        )
-        .map_err(|e| FormatError::Rule(format!("stacking TCRYPT layer {}: {e}", line.cipher)))?;
-        below = Arc::new(volume);
-    }
-    Ok(below)
 }

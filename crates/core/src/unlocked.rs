@@ -1,16 +1,14 @@
-//! What unlocking a header gives: the volume's mapping as table lines (one crypt line,
-//! several targets, or stacked layers) with its header facts, and the options that say how
+//! What unlocking a header gives: the volume's mapping ([`ucrypt_format::Mapping`]: one
+//! crypt line, several targets, or stacked tables) with its header facts, and the options that say how
 //! to find and unlock it. Every format's unlock path ([`crate::header`] for LUKS, plain,
 //! BitLocker and FileVault2, [`crate::tcrypt`] for TrueCrypt/VeraCrypt) returns this one
 //! model, and the open path ([`crate::header::open_unlocked`]) consumes it.
 
-use crate::mapping::Target;
 use std::path::PathBuf;
 use std::str::FromStr;
-use ucrypt_crypto::VolumeKey;
 use ucrypt_cryptsetup::HeaderInfo;
 use ucrypt_format::plain::PlainOptions;
-use ucrypt_format::{FormatError, KeySource, TableLine};
+use ucrypt_format::{FormatError, Mapping, TableLine};
 
 /// Which kind of volume to expect (cryptsetup's `--type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,89 +79,51 @@ pub struct HeaderOptions {
     pub recover_reencryption: bool,
 }
 
-/// A header unlocked: the equivalent table line (with the volume key) and header facts.
+/// A header unlocked: the volume's mapping (with the volume keys) and header facts.
 pub struct Unlocked {
-    /// The dm-crypt table line cryptsetup would load for this volume.
-    pub table: TableLine,
+    /// The tables cryptsetup would load for this volume: one crypt line (plain, LUKS,
+    /// FileVault2), one table of several targets (BitLocker, LUKS2 mid-reencryption), or a
+    /// stack of tables (TCRYPT cascades).
+    pub mapping: Mapping,
     /// What the header says (type, cipher, offsets, UUID).
     pub info: HeaderInfo,
     /// The keyslot that opened (LUKS).
     pub slot: Option<u32>,
-    /// The whole table when the mapping has several targets (BitLocker: dm-crypt and
-    /// dm-zero lines); empty when `table` alone is the mapping.
-    pub targets: Vec<Target>,
-    /// Layers stacked on `table`, from the device up (TCRYPT cipher cascades: each line's
-    /// device is the layer below); empty for one layer.
-    pub layers: Vec<TableLine>,
 }
 
 impl Unlocked {
     /// The mapping as `dmsetup table` prints it, one line per target, in the form
-    /// [`crate::mapping::Mapping::parse`] reads back to the same volume. A cascade of layers
-    /// (TCRYPT) is several devices, named as cryptsetup names them for `cryptsetup open
-    /// --type tcrypt DEV NAME`: `NAME_<n-1>` on the device, each layer above on
-    /// `/dev/mapper/` of the one below, `NAME` on top, every line prefixed `NAME: ` as
-    /// `dmsetup table` prints several devices.
+    /// [`Mapping::parse`] reads back to the same volume. A stack of tables (TCRYPT) is
+    /// several devices, named as cryptsetup names them for `cryptsetup open --type tcrypt
+    /// DEV NAME`: `NAME_<n-1>` on the device, each layer above on `/dev/mapper/` of the one
+    /// below, `NAME` on top, every line prefixed `NAME: ` as `dmsetup table` prints several
+    /// devices.
     pub fn table_lines(&self, show_keys: bool, name: &str) -> Vec<String> {
-        if !self.targets.is_empty() {
-            return self.targets.iter().map(|t| t.to_line(show_keys)).collect();
-        }
-        if self.layers.is_empty() {
-            return vec![self.table.to_line(show_keys)];
-        }
-        let n = self.layers.len() + 1;
-        let layer_name = |i: usize| {
-            // i counts from the device up; cryptsetup numbers from the top down.
-            match n - 1 - i {
-                0 => name.to_string(),
-                k => format!("{name}_{k}"),
-            }
-        };
-        let mut out = Vec::with_capacity(n);
-        for (i, t) in std::iter::once(&self.table).chain(&self.layers).enumerate() {
-            let mut line = TableLine {
-                start: t.start,
-                length: t.length,
-                cipher: t.cipher.clone(),
-                key: match &t.key {
-                    KeySource::Hex(k) => KeySource::Hex(VolumeKey::new(k.as_bytes().to_vec())),
-                    KeySource::Keyring {
-                        size,
-                        key_type,
-                        description,
-                    } => KeySource::Keyring {
-                        size: *size,
-                        key_type: key_type.clone(),
-                        description: description.clone(),
-                    },
-                },
-                iv_offset: t.iv_offset,
-                device: t.device.clone(),
-                offset: t.offset,
-                opts: t.opts.clone(),
-            };
-            if i > 0 {
-                line.device = format!("/dev/mapper/{}", layer_name(i - 1));
-            }
-            out.push(format!("{}: {}", layer_name(i), line.to_line(show_keys)));
-        }
-        out
+        self.mapping.to_lines_named(show_keys, name)
+    }
+
+    /// The crypt line on the real device: the whole mapping of a one-line volume, the
+    /// outermost layer of a cascade, BitLocker's first target.
+    ///
+    /// # Panics
+    /// Never for a mapping a format built: each has a crypt target on the device.
+    #[allow(clippy::expect_used)]
+    pub fn first_line(&self) -> &TableLine {
+        self.mapping
+            .first_crypt()
+            .expect("every unlocked mapping has a crypt target on its device")
     }
 
     /// Size of the mapped device in bytes.
     pub fn size_bytes(&self) -> u64 {
-        if self.targets.is_empty() {
-            self.table.length * 512
-        } else {
-            self.targets.iter().map(|t| t.length() * 512).sum()
-        }
+        self.mapping.size_bytes()
     }
 }
 
 impl std::fmt::Debug for Unlocked {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Unlocked")
-            .field("table", &self.table.to_line(false))
+            .field("mapping", &self.mapping.to_lines(false))
             .field("info", &self.info)
             .field("slot", &self.slot)
             .finish()

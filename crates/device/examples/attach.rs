@@ -59,7 +59,7 @@ fn run() -> Result<(), String> {
     let cipher = table
         .build_cipher(ValidateOptions::default())
         .map_err(|e| format!("table: {e}"))?;
-    let backend = FileBackend::open(&table.device, FileOptions::default())
+    let backend = FileBackend::open(table.device.to_string(), FileOptions::default())
         .map_err(|e| format!("{}: {e}", table.device))?;
     let volume = Volume::new(
         Arc::from(cipher),

@@ -69,6 +69,15 @@ pub enum FormatError {
         /// Which keyslots were tried.
         tried: String,
     },
+    /// An error of one part of a larger input (`at` names it: "table line 3").
+    #[error("{at}")]
+    At {
+        /// Where: the line or part.
+        at: String,
+        /// What is wrong there.
+        #[source]
+        source: Box<FormatError>,
+    },
     /// The cipher part is refused by the crypto layer.
     #[error(transparent)]
     Crypto(#[from] CryptoError),
@@ -114,6 +123,7 @@ impl FormatError {
             FormatError::BadPassphrase { .. } => 2,
             FormatError::DeviceUnavailable { errno, .. } if *errno == libc::EPERM => 2,
             FormatError::DeviceUnavailable { .. } => 4,
+            FormatError::At { source, .. } => source.exit_code(),
             _ => 1,
         }
     }

@@ -31,9 +31,11 @@ pub mod fvault2;
 pub mod kdf;
 pub mod luks1;
 pub mod luks2;
+pub mod mapping;
 pub mod plain;
 pub mod table;
 pub mod tcrypt;
 
 pub use error::FormatError;
-pub use table::{KeySource, OptParam, TableLine, ValidateOptions};
+pub use mapping::{Mapping, Table, Target};
+pub use table::{DeviceRef, KeySource, OptParam, TableLine, ValidateOptions};

@@ -206,6 +206,62 @@ pub struct ValidateOptions {
     pub allow_large_sectors: bool,
 }
 
+/// The device a crypt target reads its ciphertext from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DeviceRef {
+    /// A file or block device path, an NBD URI or an RBD image (`rbd:POOL/IMAGE`), as
+    /// written in the line or as the header was found.
+    Path(String),
+    /// Table `n` of the same [`crate::mapping::Mapping`], which lies below the table of
+    /// this line (a TCRYPT cascade layer, a stacked table input's `/dev/mapper/NAME`).
+    Layer(usize),
+}
+
+impl DeviceRef {
+    /// The path or URI, `None` for a lower table.
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            DeviceRef::Path(p) => Some(p),
+            DeviceRef::Layer(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for DeviceRef {
+    /// The path as written; a lower table as `table N of the mapping` (only in messages: a
+    /// mapping prints its lower tables by name, see [`crate::mapping::Mapping::to_lines`]).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceRef::Path(p) => f.write_str(p),
+            DeviceRef::Layer(n) => write!(f, "table {n} of the mapping"),
+        }
+    }
+}
+
+impl From<String> for DeviceRef {
+    fn from(p: String) -> Self {
+        DeviceRef::Path(p)
+    }
+}
+
+impl From<&str> for DeviceRef {
+    fn from(p: &str) -> Self {
+        DeviceRef::Path(p.to_string())
+    }
+}
+
+impl PartialEq<str> for DeviceRef {
+    fn eq(&self, other: &str) -> bool {
+        self.path() == Some(other)
+    }
+}
+
+impl PartialEq<&str> for DeviceRef {
+    fn eq(&self, other: &&str) -> bool {
+        self.path() == Some(*other)
+    }
+}
+
 /// A parsed dm-crypt table line.
 #[derive(Debug)]
 pub struct TableLine {
@@ -219,8 +275,9 @@ pub struct TableLine {
     pub key: KeySource,
     /// Added to sector numbers before computing IVs (512-byte sectors).
     pub iv_offset: u64,
-    /// The device (a path here; the kernel prints major:minor).
-    pub device: String,
+    /// The device the ciphertext is on: a path, NBD URI or RBD image, or a lower table of
+    /// the same [`crate::mapping::Mapping`] (the kernel prints major:minor).
+    pub device: DeviceRef,
     /// Where the encrypted data starts on the device (512-byte sectors).
     pub offset: u64,
     /// Optional parameters, deduplicated, in canonical order.
@@ -263,7 +320,7 @@ impl FromStr for TableLine {
     fn from_str(line: &str) -> Result<Self, FormatError> {
         if line.trim().contains(['\n', '\r']) {
             // Several lines are several targets (or devices); read as one line they would
-            // run together into one wrong target. `ucrypt::mapping::Mapping` parses tables.
+            // run together into one wrong target. `crate::mapping::Mapping` parses tables.
             return Err(FormatError::Table(
                 "a table line cannot contain a line break: a table of several lines is \
                  several targets, parsed as a whole table, not as one line"
@@ -295,7 +352,7 @@ impl FromStr for TableLine {
         })?;
         let key = KeySource::parse(args[4])?;
         let iv_offset = number("iv_offset", args[5])?;
-        let device = args[6].to_string();
+        let device = DeviceRef::Path(args[6].to_string());
         let offset = number("offset", args[7])?;
         let mut opts = Vec::new();
         if let Some(count) = args.get(8) {
@@ -441,8 +498,15 @@ impl TableLine {
     }
 
     /// The canonical line, like `dmsetup table` (`show_keys` = `--showkeys`; otherwise the
-    /// key is replaced by a placeholder that no parser accepts as a key).
+    /// key is replaced by a placeholder that no parser accepts as a key). A device that is
+    /// a lower table is printed by [`DeviceRef`]'s `Display`; a whole
+    /// [`crate::mapping::Mapping`] names its tables instead ([`TableLine::to_line_on`]).
     pub fn to_line(&self, show_keys: bool) -> String {
+        self.to_line_on(show_keys, &self.device.to_string())
+    }
+
+    /// [`TableLine::to_line`] with `device` printed in the device field.
+    pub fn to_line_on(&self, show_keys: bool, device: &str) -> String {
         let key = match &self.key {
             KeySource::Hex(k) if show_keys || k.is_empty() => k.to_hex().to_string(),
             KeySource::Hex(k) => format!("<key:{}-bytes>", k.len()),
@@ -456,7 +520,7 @@ impl TableLine {
         };
         let mut line = format!(
             "{} {} crypt {} {} {} {} {}",
-            self.start, self.length, self.cipher, key, self.iv_offset, self.device, self.offset
+            self.start, self.length, self.cipher, key, self.iv_offset, device, self.offset
         );
         // The kernel prints sector_size only when it is not 512.
         let shown: Vec<String> = self

@@ -35,7 +35,7 @@ fn opts(kind: VolumeType) -> HeaderOptions {
 }
 
 fn key_of(u: &ucrypt::Unlocked) -> String {
-    u.table
+    u.first_line()
         .to_line(true)
         .split_whitespace()
         .nth(4)
@@ -114,8 +114,8 @@ fn check(e: &serde_json::Value, dir: &Path) -> Result<String, String> {
         }
     }
     if let Some(g) = e["expected_dump"]["cipher"].as_str() {
-        if u.table.cipher.to_string() != g {
-            return Err(format!("cipher {} != {g}", u.table.cipher));
+        if u.first_line().cipher.to_string() != g {
+            return Err(format!("cipher {} != {g}", u.first_line().cipher));
         }
     }
     let lines = u.table_lines(false, "ucrypt");
@@ -428,7 +428,7 @@ fn luks_format_wipe_fills_the_data_area_with_encrypted_zeros() {
     );
     assert!(out.status.success(), "{out:?}");
     let u = ucrypt::unlock(&img, b"wipe me", &opts(VolumeType::Luks)).unwrap();
-    let data_offset = u.table.offset * 512;
+    let data_offset = u.first_line().offset * 512;
     let v = ucrypt::open_unlocked(u, OpenOptions::default()).unwrap();
     let mut plain = vec![1u8; v.info().size_bytes as usize];
     v.read_at(&mut plain, 0).unwrap();

@@ -520,8 +520,8 @@ fn luks_header(path: &Path, input: &[u8]) {
     if cheap {
         match ucrypt::unlock(path, PASS, &opts) {
             Ok(u) => {
-                let line = u.table.to_line(false);
-                if let ucrypt_format::KeySource::Hex(k) = &u.table.key {
+                let line = u.first_line().to_line(false);
+                if let ucrypt_format::KeySource::Hex(k) = &u.first_line().key {
                     assert!(k.is_empty() || !line.contains(&*k.to_hex()));
                 }
                 let _ = format!("{u:?}");

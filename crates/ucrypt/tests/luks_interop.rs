@@ -89,7 +89,7 @@ fn open_rw(img: &Path, pass: &[u8]) -> ucrypt::OpenedTable {
 
 /// `0 <len> crypt <cipher> <hexkey> ...` → the key hex.
 fn key_hex(u: &ucrypt::Unlocked) -> String {
-    u.table
+    u.first_line()
         .to_line(true)
         .split_whitespace()
         .nth(4)
@@ -166,8 +166,12 @@ fn luks_made_by_cryptsetup_opens_with_the_same_volume_key() {
         let want = cryptsetup_volume_key(&img, pass);
         let got = ucrypt::unlock(&img, pass, &hdr(VolumeType::Luks)).unwrap();
         assert_eq!(key_hex(&got), want, "{case}");
-        assert_eq!(got.table.cipher.to_string(), *cipher, "{case}");
-        assert_eq!(got.table.sector_size_bytes().to_string(), *sector, "{case}");
+        assert_eq!(got.first_line().cipher.to_string(), *cipher, "{case}");
+        assert_eq!(
+            got.first_line().sector_size_bytes().to_string(),
+            *sector,
+            "{case}"
+        );
         let wrong = ucrypt::unlock(&img, b"wrong", &hdr(VolumeType::Luks)).unwrap_err();
         let f = wrong
             .chain()
@@ -713,7 +717,7 @@ fn check_entry(e: &serde_json::Value, img: &Path, dir: &Path) -> Result<(), Stri
                 if let Ok(u) = ucrypt::unlock(img, s, &opts_for(e)) {
                     return Err(format!(
                         "must be refused, opened as {}",
-                        u.table.to_line(false)
+                        u.first_line().to_line(false)
                     ));
                 }
             } else if ucrypt::unlock(img, b"", &opts_for(e)).is_ok() {
@@ -754,12 +758,16 @@ fn check_entry(e: &serde_json::Value, img: &Path, dir: &Path) -> Result<(), Stri
                     return Err(format!("key bytes {} != {w}", info.key_bytes));
                 }
             }
-            if u.table.length == 0 {
+            if u.first_line().length == 0 {
                 // Header-only image (data offset = device size): unlocking is the check.
                 return Ok(());
             }
+            let line = u
+                .mapping
+                .into_single_line()
+                .map_err(|m| format!("expected one crypt line, got {:?}", m.to_lines(false)))?;
             let opened = ucrypt::open_parsed(
-                u.table,
+                line,
                 OpenOptions {
                     read_only: true,
                     ..OpenOptions::default()

@@ -164,7 +164,7 @@ fn check(
     for (field, got) in [
         ("data_offset_sectors", u.info.data_offset),
         ("iv_offset_sectors", u.info.iv_offset),
-        ("active_size_sectors", u.table.length),
+        ("active_size_sectors", u.first_line().length),
     ] {
         if let Some(w) = d[field].as_u64() {
             if got != w {

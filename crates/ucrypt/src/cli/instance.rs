@@ -142,7 +142,7 @@ fn attach_options(name: &str, read_only: bool, sector: u32) -> AttachOptions {
 
 /// The facts of a table line for the description.
 fn describe_table(t: &ucrypt_format::TableLine, kind: &str, desc: &mut Description) {
-    desc.device = t.device.clone();
+    desc.device = t.device.to_string();
     desc.kind = kind.to_string();
     desc.cipher = t.cipher.to_string();
     desc.key_bits = match &t.key {
@@ -190,16 +190,16 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
                 .ok_or_else(|| anyhow::anyhow!("the table has no crypt target"))?;
             describe_table(first, if a.raw { "RAW" } else { "TABLE" }, &mut desc);
             desc.size_sectors = m.size_bytes() / 512;
-            for l in m.crypt_lines() {
-                let p = PathBuf::from(&l.device);
-                if !l.device.starts_with("/dev/mapper/") && !devices.contains(&p) {
+            for path in m.crypt_lines().filter_map(|l| l.device.path()) {
+                let p = PathBuf::from(path);
+                if !path.starts_with("/dev/mapper/") && !devices.contains(&p) {
                     devices.push(p);
                 }
             }
             devices
                 .first()
                 .cloned()
-                .unwrap_or_else(|| PathBuf::from(&first.device))
+                .unwrap_or_else(|| PathBuf::from(first.device.to_string()))
         }
         None => {
             let d = a.header.device.clone().expect("checked by open::run");
@@ -256,7 +256,7 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
             .kind
             .map_or_else(|| "VOLUME".to_string(), |k| k.to_string());
         let shown = desc.device.clone();
-        describe_table(&u.table, &kind_name, &mut desc);
+        describe_table(u.first_line(), &kind_name, &mut desc);
         desc.device = if shown.is_empty() {
             device.display().to_string()
         } else {
@@ -295,7 +295,7 @@ fn serve(
     kind: FrontendKind,
     dir: &InstanceDir,
     mut desc: Description,
-    mapping: Option<ucrypt::mapping::Mapping>,
+    mapping: Option<ucrypt_format::Mapping>,
     unlocked: Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>,
     tls: Option<Arc<ucrypt_nbd::TlsConfig>>,
     ready: &mut Ready,
@@ -318,7 +318,7 @@ fn serve(
                 ))
                 .code(EXIT_PARAMS);
             };
-            let file = ucrypt::open::open_device(&table.device, a.read_only, a.direct)
+            let file = ucrypt::open::open_device(&table.device.to_string(), a.read_only, a.direct)
                 .map_err(open_error)?;
             let d = format!("ucrypt raw export of {}", table.device);
             (file, d, Source::Raw)
@@ -678,13 +678,13 @@ fn reload(s: &Server, req: &Request) -> Value {
         )),
         Source::Table => {
             let text = zeroize::Zeroizing::new(String::from_utf8_lossy(secret).into_owned());
-            match ucrypt::mapping::Mapping::parse(&text) {
+            match ucrypt_format::Mapping::parse(&text) {
                 Err(e) => Err((EXIT_PARAMS, format!("parsing the table: {e:#}"))),
                 Ok(m) if size.is_none() && allow_discards.is_none() => {
                     ucrypt::mapping::open_mapping(m, opts)
                         .map_err(|e| (open_error(e).code, "opening the table".to_string()))
                 }
-                Ok(mut m) => match single_line_mut(&mut m) {
+                Ok(mut m) => match m.single_line_mut() {
                     None => Err((
                         EXIT_PARAMS,
                         "--size and --allow-discards need a one-line table".to_string(),
@@ -714,27 +714,27 @@ fn reload(s: &Server, req: &Request) -> Value {
                 }
                 Ok(mut u) => {
                     if let Some(n) = size {
-                        if !u.targets.is_empty() || !u.layers.is_empty() {
+                        let Some(line) = u.mapping.single_line_mut() else {
                             return control::error(
                                 EXIT_PARAMS,
                                 "--size is not supported for multi-target volumes",
                             );
-                        }
-                        if n > u.table.length {
+                        };
+                        if n > line.length {
                             return control::error(
                                 EXIT_PARAMS,
                                 format!(
                                     "--size {n} is larger than the device allows ({} sectors)",
-                                    u.table.length
+                                    line.length
                                 ),
                             );
                         }
-                        u.table.length = n;
+                        line.length = n;
                     } else if op == "resume" || op == "refresh" {
                         // Keep the size the instance has (a grown device shows up only
                         // through `resize`, as with cryptsetup).
-                        if u.targets.is_empty() && u.layers.is_empty() && current > 0 {
-                            u.table.length = u.table.length.min(current);
+                        if let Some(line) = u.mapping.single_line_mut().filter(|_| current > 0) {
+                            line.length = line.length.min(current);
                         }
                     }
                     if let Err(e) = link.link_unlocked(&u) {
@@ -780,17 +780,6 @@ fn write_description(p: &ucrypt::instance::runtime::Paths, d: &Description) -> s
     let json = serde_json::to_string_pretty(d).map_err(std::io::Error::other)?;
     std::fs::write(&tmp, json)?;
     std::fs::rename(tmp, p.description())
-}
-
-/// The one crypt line of a one-line table.
-fn single_line_mut(m: &mut ucrypt::mapping::Mapping) -> Option<&mut ucrypt_format::TableLine> {
-    match &mut m.devices[..] {
-        [d] => match &mut d.targets[..] {
-            [ucrypt::mapping::Target::Crypt(l)] => Some(l),
-            _ => None,
-        },
-        _ => None,
-    }
 }
 
 /// Adds or removes `allow_discards` in a table line's optional parameters.

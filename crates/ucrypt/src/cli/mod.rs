@@ -356,7 +356,7 @@ pub(crate) struct TableArg {
 
 impl TableArg {
     /// The whole table input (every line: a table of several lines is several targets or
-    /// stacked devices, see `ucrypt::mapping::Mapping`, never cut to its first line).
+    /// stacked devices, see `ucrypt_format::Mapping`, never cut to its first line).
     pub(crate) fn text(&self) -> Result<zeroize::Zeroizing<String>, CliError> {
         if let Some(t) = &self.table {
             warn_key_on_command_line();
@@ -375,9 +375,9 @@ impl TableArg {
     }
 
     /// The table input parsed (every line; see [`TableArg::text`]).
-    pub(crate) fn mapping(&self) -> Result<ucrypt::mapping::Mapping, CliError> {
+    pub(crate) fn mapping(&self) -> Result<ucrypt_format::Mapping, CliError> {
         let text = self.text()?;
-        Ok(ucrypt::mapping::Mapping::parse(&text).context("parsing the table")?)
+        Ok(ucrypt_format::Mapping::parse(&text).context("parsing the table")?)
     }
 }
 

@@ -398,7 +398,7 @@ fn open_export(a: &Args) -> Result<(Arc<dyn Backend>, String), CliError> {
             ))
             .code(EXIT_PARAMS);
         };
-        let file = ucrypt::open::open_device(&table.device, a.read_only, a.direct)
+        let file = ucrypt::open::open_device(&table.device.to_string(), a.read_only, a.direct)
             .map_err(super::open_error)?;
         return Ok((file, format!("ucrypt raw export of {}", table.device)));
     }

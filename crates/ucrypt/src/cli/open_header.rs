@@ -100,12 +100,18 @@ pub(crate) fn describe(unlocked: &ucrypt::Unlocked) -> String {
         .info
         .kind
         .map_or_else(|| "volume".to_string(), |k| k.to_string());
+    let first = unlocked.first_line();
+    // Targets of the served table (a cascade's top layer is one).
+    let targets = unlocked
+        .mapping
+        .tables
+        .last()
+        .map_or(1, |t| t.targets.len());
     format!(
-        "ucrypt {kind_name} {} ({}-byte sectors, {} target(s)) on {}",
-        unlocked.table.cipher,
-        unlocked.table.sector_size_bytes(),
-        unlocked.targets.len().max(1),
-        unlocked.table.device
+        "ucrypt {kind_name} {} ({}-byte sectors, {targets} target(s)) on {}",
+        first.cipher,
+        first.sector_size_bytes(),
+        first.device
     )
 }
 

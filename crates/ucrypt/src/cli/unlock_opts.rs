@@ -103,7 +103,7 @@ impl UnlockOpts {
         if self.link_vk_to_keyring.is_none() {
             return Ok(());
         }
-        match &unlocked.table.key {
+        match &unlocked.first_line().key {
             ucrypt_format::KeySource::Hex(k) => self.link(k.as_bytes()),
             ucrypt_format::KeySource::Keyring { .. } => Err(anyhow::anyhow!(
                 "the volume key is already in a kernel keyring; nothing to link"
