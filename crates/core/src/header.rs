@@ -798,36 +798,10 @@ fn unlock_bitlk(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
     if let Some(why) = layout.activation_refusal() {
         return Err(FormatError::Refused(format!("{device_str}: {why}")).into());
     }
-    let cipher: ucrypt_crypto::CipherSpec = layout
-        .cipher
-        .parse()
-        .with_context(|| format!("BitLocker cipher \"{}\" on {device_str}", layout.cipher))?;
     let total = device_bytes(device)? / 512;
-    let large = layout.sector_size != 512;
-    let mut targets = Vec::new();
-    for s in layout.segments(total)? {
-        targets.push(match s.crypt_at {
-            None => Target::Zero {
-                start: s.start,
-                length: s.length,
-            },
-            Some(at) => Target::Crypt(TableLine {
-                start: s.start,
-                length: s.length,
-                cipher: cipher.clone(),
-                key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
-                iv_offset: at,
-                device: DeviceRef::Path(device_str.clone()),
-                offset: at,
-                opts: opts_from(0, layout.sector_size, opts.allow_discards, large),
-            }),
-        });
-    }
-    if !matches!(targets.first(), Some(Target::Crypt(_))) {
-        bail!("BitLocker mapping of {device_str} does not start with the volume header");
-    }
+    let mapping = layout.mapping(&key, &device_str, total, opts.allow_discards)?;
     Ok(Unlocked {
-        mapping: Mapping::targets(targets),
+        mapping,
         info,
         slot: None,
     })

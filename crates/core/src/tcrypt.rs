@@ -7,6 +7,9 @@
 //!                          ─► Volume(twofish …, offset 0, iv_offset)
 //!                          ─► Volume(aes …,     offset 0, iv_offset)   (what is served)
 //! ```
+//! The header is read here (I/O, the sysfs partition probe); the mapping is built in the
+//! format layer from the header and the geometry values
+//! ([`ucrypt_format::tcrypt::TcryptHeader::data_area`] and `::mapping`).
 //! The cascade is a stack of tables ([`ucrypt_format::Mapping::stack`]), each upper one on
 //! the table below ([`ucrypt_format::DeviceRef::Layer`]); [`crate::mapping::open_mapping`]
 //! builds each as an engine `Volume` on the one below, the way cryptsetup stacks its
@@ -18,7 +21,6 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use ucrypt_cryptsetup::{HeaderInfo, HeaderType};
 use ucrypt_format::tcrypt::{self, TcryptHeader};
-use ucrypt_format::{DeviceRef, KeySource, Mapping, OptParam, TableLine};
 
 /// Size of a file or block device in bytes.
 fn device_bytes(path: &Path) -> Result<u64> {
@@ -91,52 +93,21 @@ pub fn unlock_tcrypt(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Resu
         },
         detached_header: opts.header.is_some(),
     };
-    let tcrypt::DataArea {
-        offset,
-        iv_offset,
-        sectors: size,
-    } = hdr.data_area(t, &geometry, &device_str)?;
-    let mut lines = Vec::new();
-    for (i, layer) in hdr.layers()?.into_iter().enumerate() {
-        let cipher: ucrypt_crypto::CipherSpec = layer
-            .cipher
-            .parse()
-            .with_context(|| format!("TCRYPT layer cipher \"{}\"", layer.cipher))?;
-        let mut o = Vec::new();
-        if opts.allow_discards {
-            o.push(OptParam::AllowDiscards);
-        }
-        lines.push(TableLine {
-            start: 0,
-            length: size,
-            cipher,
-            key: KeySource::Hex(layer.key),
-            iv_offset,
-            device: if i == 0 {
-                DeviceRef::Path(device_str.clone())
-            } else {
-                DeviceRef::Layer(i - 1)
-            },
-            offset: if i == 0 { offset } else { 0 },
-            opts: o,
-        });
-    }
-    if lines.is_empty() {
-        anyhow::bail!("TCRYPT header on {device_str} names no cipher");
-    }
+    let area = hdr.data_area(t, &geometry, &device_str)?;
+    let mapping = hdr.mapping(&device_str, &area, opts.allow_discards)?;
     let info = HeaderInfo {
         kind: Some(HeaderType::Tcrypt),
         cipher: hdr.chain.long_name.to_string(),
         cipher_mode: hdr.chain.mode.name().to_string(),
         uuid: None,
         label: None,
-        data_offset: offset,
-        iv_offset,
+        data_offset: area.offset,
+        iv_offset: area.iv_offset,
         key_bytes: hdr.chain.chain_key_size,
         sector_size: 512,
     };
     Ok(Unlocked {
-        mapping: Mapping::stack(lines),
+        mapping,
         info,
         slot: None,
     })

@@ -23,9 +23,10 @@
 pub mod keys;
 
 use crate::bytes::{le16, le32, le64};
-use crate::FormatError;
+use crate::{DeviceRef, FormatError, KeySource, Mapping, OptParam, TableLine, Target};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use ucrypt_crypto::{CipherSpec, VolumeKey};
 
 /// Size of each FVE metadata block (zeros in the mapping).
 pub const FVE_METADATA_BYTES: u64 = 64 * 1024;
@@ -252,6 +253,63 @@ impl Layout {
         } else {
             None
         }
+    }
+
+    /// The mapping cryptsetup loads for this volume on `device` (`device_sectors` long),
+    /// with the volume key `key`: one table of crypt targets (IVs counted from the device
+    /// sector each reads) around dm-zero targets over the metadata, the moved volume header
+    /// mapped back to the front ([`Layout::segments`]).
+    ///
+    /// # Errors
+    /// As [`Layout::segments`]; a cipher the crypto layer does not take; a layout that does
+    /// not start with the volume header.
+    pub fn mapping(
+        &self,
+        key: &VolumeKey,
+        device: &str,
+        device_sectors: u64,
+        allow_discards: bool,
+    ) -> Result<Mapping, FormatError> {
+        let cipher: CipherSpec = self.cipher.parse().map_err(|e| FormatError::At {
+            at: format!("BitLocker cipher \"{}\" on {device}", self.cipher),
+            source: Box::new(FormatError::from(e)),
+        })?;
+        let large = self.sector_size != 512;
+        let mut opts = Vec::new();
+        if allow_discards {
+            opts.push(OptParam::AllowDiscards);
+        }
+        if large {
+            opts.extend([
+                OptParam::SectorSize(self.sector_size),
+                OptParam::IvLargeSectors,
+            ]);
+        }
+        let mut targets = Vec::new();
+        for s in self.segments(device_sectors)? {
+            targets.push(match s.crypt_at {
+                None => Target::Zero {
+                    start: s.start,
+                    length: s.length,
+                },
+                Some(at) => Target::Crypt(TableLine {
+                    start: s.start,
+                    length: s.length,
+                    cipher: cipher.clone(),
+                    key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
+                    iv_offset: at,
+                    device: DeviceRef::Path(device.to_string()),
+                    offset: at,
+                    opts: opts.clone(),
+                }),
+            });
+        }
+        if !matches!(targets.first(), Some(Target::Crypt(_))) {
+            return Err(FormatError::Rule(format!(
+                "BitLocker mapping of {device} does not start with the volume header"
+            )));
+        }
+        Ok(Mapping::targets(targets))
     }
 
     /// The targets of cryptsetup's mapping over a data device of `device_sectors`.

@@ -15,7 +15,7 @@
 
 pub mod keyfile;
 
-use crate::FormatError;
+use crate::{DeviceRef, FormatError, KeySource, Mapping, OptParam, TableLine};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use ucrypt_crypto::block::new_block_cipher;
@@ -1178,6 +1178,53 @@ impl TcryptHeader {
         } else {
             self.volume_size / 512
         }
+    }
+
+    /// The mapping cryptsetup loads for this volume on `device` over `area` (from
+    /// [`TcryptHeader::data_area`]): one crypt table per cipher of the chain, the outermost
+    /// on the device at the data offset, each inner one on the table below
+    /// ([`crate::DeviceRef::Layer`], offset 0), all with the same IV offset and length.
+    ///
+    /// # Errors
+    /// As [`TcryptHeader::layers`]; a layer cipher the crypto layer does not take; a header
+    /// that names no cipher.
+    pub fn mapping(
+        &self,
+        device: &str,
+        area: &DataArea,
+        allow_discards: bool,
+    ) -> Result<Mapping, FormatError> {
+        let mut lines = Vec::new();
+        for (i, layer) in self.layers()?.into_iter().enumerate() {
+            let cipher: CipherSpec = layer.cipher.parse().map_err(|e| FormatError::At {
+                at: format!("TCRYPT layer cipher \"{}\"", layer.cipher),
+                source: Box::new(FormatError::from(e)),
+            })?;
+            lines.push(TableLine {
+                start: 0,
+                length: area.sectors,
+                cipher,
+                key: KeySource::Hex(layer.key),
+                iv_offset: area.iv_offset,
+                device: if i == 0 {
+                    DeviceRef::Path(device.to_string())
+                } else {
+                    DeviceRef::Layer(i - 1)
+                },
+                offset: if i == 0 { area.offset } else { 0 },
+                opts: if allow_discards {
+                    vec![OptParam::AllowDiscards]
+                } else {
+                    Vec::new()
+                },
+            });
+        }
+        if lines.is_empty() {
+            return Err(FormatError::Rule(format!(
+                "TCRYPT header on {device} names no cipher"
+            )));
+        }
+        Ok(Mapping::stack(lines))
     }
 
     /// Where the data lies, as cryptsetup maps a TCRYPT volume, given the devices' geometry
