@@ -819,20 +819,10 @@ fn unlock_fvault2(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<
     let info = cd.info();
     drop(cd);
     let md = ucrypt_format::fvault2::Metadata::read(device)?;
-    let (offset, size) = (md.lv_offset, md.lv_size);
     let cipher = cipher_spec(&info, &device_str)?;
-    let table = TableLine {
-        start: 0,
-        length: size / 512,
-        cipher,
-        key: KeySource::Hex(key),
-        iv_offset: 0,
-        device: DeviceRef::Path(device_str),
-        offset: offset / 512,
-        opts: opts_from(0, 512, opts.allow_discards, false),
-    };
+    let mapping = md.mapping(cipher, key, &device_str, opts.allow_discards);
     Ok(Unlocked {
-        mapping: Mapping::single(table),
+        mapping,
         info,
         slot: None,
     })

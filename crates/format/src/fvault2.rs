@@ -23,7 +23,7 @@
 //! the structure, never a panic or a mapping of the wrong bytes.
 
 use crate::bytes::{le16, le32, le64};
-use crate::FormatError;
+use crate::{DeviceRef, FormatError, KeySource, Mapping, OptParam, TableLine};
 use base64ct::{Base64, Encoding};
 use std::path::Path;
 use ucrypt_crypto::{CipherSpec, SectorParams, SectorSize, VolumeKey};
@@ -455,6 +455,32 @@ pub fn uuid_string(b: &[u8; 16]) -> String {
 }
 
 impl Metadata {
+    /// The mapping cryptsetup loads for this volume on `device`: one crypt target over the
+    /// logical volume, IVs counted from its start, with the volume key `key` and the
+    /// `cipher` the header names.
+    pub fn mapping(
+        &self,
+        cipher: CipherSpec,
+        key: VolumeKey,
+        device: &str,
+        allow_discards: bool,
+    ) -> Mapping {
+        Mapping::single(TableLine {
+            start: 0,
+            length: self.lv_size / 512,
+            cipher,
+            key: KeySource::Hex(key),
+            iv_offset: 0,
+            device: DeviceRef::Path(device.to_string()),
+            offset: self.lv_offset / 512,
+            opts: if allow_discards {
+                vec![OptParam::AllowDiscards]
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
     /// Reads a device's (or image file's) FileVault2 metadata.
     ///
     /// # Errors
