@@ -844,26 +844,11 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
     } else {
         ucrypt_cryptsetup::plain::volume_key(device, p, secret)?
     };
-    if let Some(ds) = p.device_size {
-        let unit = u64::from(p.sector_size.max(512));
-        if ds == 0 || ds % unit != 0 {
-            bail!("--device-size {ds} is not a positive multiple of the {unit}-byte sector size");
-        }
-    }
-    let length = if p.size != 0 {
-        p.size
+    // The device's real size only where the mapping runs to its end.
+    let real = if p.size == 0 && p.device_size.is_none() {
+        Some(device_bytes(device)?)
     } else {
-        let total = match p.device_size {
-            Some(ds) => ds / 512,
-            None => device_bytes(device)? / 512,
-        };
-        if total <= p.offset {
-            bail!(
-                "device {device_str} ({total} sectors) ends before --offset {} sectors",
-                p.offset
-            );
-        }
-        total - p.offset
+        None
     };
     let info = HeaderInfo {
         kind: Some(HeaderType::Plain),
@@ -876,18 +861,9 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
         key_bytes: key.len(),
         sector_size: p.sector_size,
     };
-    let table = TableLine {
-        start: 0,
-        length,
-        cipher,
-        key: KeySource::Hex(key),
-        iv_offset: p.skip,
-        device: DeviceRef::Path(device_str),
-        offset: p.offset,
-        opts: opts_from(0, p.sector_size, opts.allow_discards, p.iv_large_sectors),
-    };
+    let mapping = p.mapping(cipher, key, &device_str, real, opts.allow_discards)?;
     Ok(Unlocked {
-        mapping: Mapping::single(table),
+        mapping,
         info,
         slot: None,
     })

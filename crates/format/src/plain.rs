@@ -8,7 +8,8 @@
 //! - Without a hash (`--hash plain`, or a key file that is not stdin): the first key-size
 //!   bytes of the secret are the key, zero-padded when shorter.
 
-use crate::FormatError;
+use crate::{DeviceRef, FormatError, KeySource, Mapping, OptParam, TableLine};
+use ucrypt_crypto::{CipherSpec, VolumeKey};
 
 /// cryptsetup 2.6's default plain-mode cipher.
 pub const DEFAULT_CIPHER: &str = "aes-cbc-essiv:sha256";
@@ -58,6 +59,71 @@ impl Default for PlainOptions {
 }
 
 impl PlainOptions {
+    /// The mapping cryptsetup loads in plain mode on `device`: one crypt target from
+    /// `--offset` for `--size` sectors, or to the device's end (`--device-size` standing in
+    /// for the device's size when given, else `device_bytes`, which the caller reads only
+    /// when `size` is 0 and no `--device-size` is given).
+    ///
+    /// # Errors
+    /// [`FormatError::Rule`]: a `--device-size` not a positive multiple of the sector size,
+    /// a device that ends before `--offset`, no device size where one is needed.
+    pub fn mapping(
+        &self,
+        cipher: CipherSpec,
+        key: VolumeKey,
+        device: &str,
+        device_bytes: Option<u64>,
+        allow_discards: bool,
+    ) -> Result<Mapping, FormatError> {
+        if let Some(ds) = self.device_size {
+            let unit = u64::from(self.sector_size.max(512));
+            if ds == 0 || ds % unit != 0 {
+                return Err(FormatError::Rule(format!(
+                    "--device-size {ds} is not a positive multiple of the {unit}-byte sector size"
+                )));
+            }
+        }
+        let length = if self.size != 0 {
+            self.size
+        } else {
+            let total = match self.device_size.or(device_bytes) {
+                Some(b) => b / 512,
+                None => {
+                    return Err(FormatError::Rule(format!(
+                        "the size of device {device} is needed to map it to its end"
+                    )))
+                }
+            };
+            if total <= self.offset {
+                return Err(FormatError::Rule(format!(
+                    "device {device} ({total} sectors) ends before --offset {} sectors",
+                    self.offset
+                )));
+            }
+            total - self.offset
+        };
+        let mut opts = Vec::new();
+        if allow_discards {
+            opts.push(OptParam::AllowDiscards);
+        }
+        if self.sector_size != 512 {
+            opts.push(OptParam::SectorSize(self.sector_size));
+        }
+        if self.iv_large_sectors {
+            opts.push(OptParam::IvLargeSectors);
+        }
+        Ok(Mapping::single(TableLine {
+            start: 0,
+            length,
+            cipher,
+            key: KeySource::Hex(key),
+            iv_offset: self.skip,
+            device: DeviceRef::Path(device.to_string()),
+            offset: self.offset,
+            opts,
+        }))
+    }
+
     /// Key size in bytes.
     ///
     /// # Errors
