@@ -149,31 +149,18 @@ pub fn check_requirements(cd: &mut CryptDevice) -> Result<(u32, u32)> {
     Ok((act, req))
 }
 
-/// Table-line options from LUKS2 persistent activation flags and the sector size.
-fn opts_from(act: u32, sector_size: u32, extra_discards: bool, iv_large: bool) -> Vec<OptParam> {
-    let mut opts = Vec::new();
-    if act & cs::ACTIVATE_ALLOW_DISCARDS != 0 || extra_discards {
-        opts.push(OptParam::AllowDiscards);
+/// Table-line options from libcryptsetup's persistent activation flag bits (`act`), the
+/// command line's `--allow-discards` and the sector size
+/// ([`luks2::ActivationFlags::table_options`]).
+fn opts_from(act: u32, sector_size: u32, extra_discards: bool) -> Vec<OptParam> {
+    luks2::ActivationFlags {
+        allow_discards: act & cs::ACTIVATE_ALLOW_DISCARDS != 0 || extra_discards,
+        same_cpu_crypt: act & cs::ACTIVATE_SAME_CPU_CRYPT != 0,
+        submit_from_crypt_cpus: act & cs::ACTIVATE_SUBMIT_FROM_CRYPT_CPUS != 0,
+        no_read_workqueue: act & cs::ACTIVATE_NO_READ_WORKQUEUE != 0,
+        no_write_workqueue: act & cs::ACTIVATE_NO_WRITE_WORKQUEUE != 0,
     }
-    if act & cs::ACTIVATE_SAME_CPU_CRYPT != 0 {
-        opts.push(OptParam::SameCpuCrypt);
-    }
-    if act & cs::ACTIVATE_SUBMIT_FROM_CRYPT_CPUS != 0 {
-        opts.push(OptParam::SubmitFromCryptCpus);
-    }
-    if act & cs::ACTIVATE_NO_READ_WORKQUEUE != 0 {
-        opts.push(OptParam::NoReadWorkqueue);
-    }
-    if act & cs::ACTIVATE_NO_WRITE_WORKQUEUE != 0 {
-        opts.push(OptParam::NoWriteWorkqueue);
-    }
-    if sector_size != 512 {
-        opts.push(OptParam::SectorSize(sector_size));
-    }
-    if iv_large {
-        opts.push(OptParam::IvLargeSectors);
-    }
-    opts
+    .table_options(sector_size)
 }
 
 /// LUKS2 persistent flags (`config.flags`) ucrypt knows: the first five become table
@@ -591,7 +578,7 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
         iv_offset: info.iv_offset,
         device: DeviceRef::Path(device_str),
         offset: info.data_offset,
-        opts: opts_from(act, info.sector_size, opts.allow_discards, false),
+        opts: opts_from(act, info.sector_size, opts.allow_discards),
     };
     Ok(Unlocked {
         mapping: Mapping::single(table),
@@ -705,7 +692,7 @@ fn unlock_reencrypting(
                 iv_offset: side.iv_tweak + from / 512,
                 device: DeviceRef::Path(device_str.clone()),
                 offset: (side.offset + from) / 512,
-                opts: opts_from(act, side.sector_size, opts.allow_discards, false),
+                opts: opts_from(act, side.sector_size, opts.allow_discards),
             })
         };
     let mut parts = Vec::new();

@@ -25,6 +25,44 @@ pub mod reencrypt;
 
 pub use metadata::{BinaryHeader, Metadata, Number};
 
+/// The persistent activation flags of a LUKS header (LUKS2 `config.flags`, as
+/// libcryptsetup reports them) that become dm-crypt table options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ActivationFlags {
+    /// `allow-discards` (or `--allow-discards` on the command line).
+    pub allow_discards: bool,
+    /// `same-cpu-crypt`.
+    pub same_cpu_crypt: bool,
+    /// `submit-from-crypt-cpus`.
+    pub submit_from_crypt_cpus: bool,
+    /// `no-read-workqueue`.
+    pub no_read_workqueue: bool,
+    /// `no-write-workqueue`.
+    pub no_write_workqueue: bool,
+}
+
+impl ActivationFlags {
+    /// The table options cryptsetup gives the kernel for these flags and a segment of
+    /// `sector_size`-byte sectors, in the kernel's order.
+    pub fn table_options(self, sector_size: u32) -> Vec<crate::OptParam> {
+        use crate::OptParam;
+        let mut opts: Vec<OptParam> = [
+            (self.allow_discards, OptParam::AllowDiscards),
+            (self.same_cpu_crypt, OptParam::SameCpuCrypt),
+            (self.submit_from_crypt_cpus, OptParam::SubmitFromCryptCpus),
+            (self.no_read_workqueue, OptParam::NoReadWorkqueue),
+            (self.no_write_workqueue, OptParam::NoWriteWorkqueue),
+        ]
+        .into_iter()
+        .filter_map(|(on, o)| on.then_some(o))
+        .collect();
+        if sector_size != 512 {
+            opts.push(OptParam::SectorSize(sector_size));
+        }
+        opts
+    }
+}
+
 /// Decodes standard base64 (with or without padding, whitespace ignored), as LUKS2 stores
 /// salts and digests, with RustCrypto's constant-time `base64ct`.
 ///
@@ -249,6 +287,29 @@ pub fn unlock(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Persistent flags become the kernel's options in its print order, sector_size last.
+    #[test]
+    fn activation_flags_become_table_options_in_kernel_order() {
+        let all = ActivationFlags {
+            allow_discards: true,
+            same_cpu_crypt: true,
+            submit_from_crypt_cpus: true,
+            no_read_workqueue: true,
+            no_write_workqueue: true,
+        };
+        let shown: Vec<String> = all
+            .table_options(4096)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            shown.join(" "),
+            "allow_discards same_cpu_crypt submit_from_crypt_cpus no_read_workqueue \
+             no_write_workqueue sector_size:4096"
+        );
+        assert!(ActivationFlags::default().table_options(512).is_empty());
+    }
 
     #[test]
     fn base64_decodes_padded_and_unpadded() {
