@@ -204,3 +204,44 @@ fn a_client_that_hangs_up_with_requests_in_flight_leaves_the_server_serving() {
     drop(s);
     server.stop().unwrap();
 }
+
+/// A client that stops reading its replies with its socket buffer full holds a completion
+/// thread (shared by every connection) only for `reply_timeout`: then its connection is
+/// closed, and another client's requests are answered. Without the bound the second client
+/// waited forever (every completion thread stuck behind the first client's reply).
+#[test]
+fn a_client_that_stops_reading_is_cut_off_and_others_are_answered() {
+    let mem = Arc::new(MemoryBackend::new(64 << 20).unwrap());
+    let a = Arc::new(AsyncThreads::new(mem.clone(), 2));
+    let server = Server::start(
+        a.clone(),
+        ServeOptions {
+            reply_timeout: std::time::Duration::from_millis(300),
+            ..ServeOptions::default()
+        },
+    );
+    let mut stuck = server.connect();
+    go(&mut stuck, false);
+    // 1 MiB reads, never read back: far more than any socket buffer.
+    for i in 0..16u64 {
+        request(&mut stuck, NBD_CMD_READ, 0, i, i << 20, 1 << 20, &[]);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = server.connect();
+    std::thread::spawn(move || {
+        let mut s = path;
+        go(&mut s, false);
+        request(&mut s, NBD_CMD_WRITE, 0, 1, 0, 4096, &block(3));
+        let w = simple(&mut s);
+        let r = read_simple(&mut s, 2, 0, 4096);
+        let _ = tx.send((w, r));
+    });
+    let (w, r) = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the other client was never answered");
+    assert_eq!(w, (0, 1));
+    assert!(r == block(3));
+    drop(stuck);
+    server.stop().unwrap();
+}

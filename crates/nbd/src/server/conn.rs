@@ -41,13 +41,20 @@ static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
 /// The transmission phase's view of a socket: read and write it, and shut it down (to wake
 /// a blocked reader, or after a failed send). A plaintext [`Stream`], or a [`TlsStream`].
 /// Generic rather than `dyn`, so the plaintext path compiles exactly as before.
+use std::time::Duration;
+
 trait Transport: Read + Write + Send + 'static {
     fn shut(&self);
+    /// A write blocked this long fails (`ServeOptions::reply_timeout`).
+    fn bound_writes(&self, t: Duration);
 }
 
 impl Transport for Stream {
     fn shut(&self) {
         self.shutdown(std::net::Shutdown::Both);
+    }
+    fn bound_writes(&self, t: Duration) {
+        self.set_write_timeout(Some(t));
     }
 }
 
@@ -55,6 +62,9 @@ impl Transport for TlsStream {
     fn shut(&self) {
         self.close();
     }
+    /// TLS connections answer synchronously, from their own thread: a client that stops
+    /// reading holds up only itself.
+    fn bound_writes(&self, _t: Duration) {}
 }
 
 /// Runs one connection to the end; `entered` is called when transmission starts (the
@@ -357,6 +367,11 @@ fn transmission<R: Transport, W: Transport>(
 ) -> Result<(), NbdError> {
     let opts = &cfg.opts;
     let threads = workers.clamp(1, super::MAX_WORKERS);
+    let asynchronous = asynchronous && export.supports_async();
+    if asynchronous {
+        // Replies are written by the backend's shared completion threads: bounded.
+        wr.bound_writes(opts.reply_timeout);
+    }
     let shared = Shared {
         rd: Mutex::new(ReadSide { rd, ended: None }),
         out: Arc::new(Out {
@@ -383,7 +398,7 @@ fn transmission<R: Transport, W: Transport>(
         cfg,
         export,
         ctx: IoCtx { client: id },
-        asynchronous: asynchronous && export.supports_async(),
+        asynchronous,
     };
     std::thread::scope(|s| {
         for t in 1..threads {

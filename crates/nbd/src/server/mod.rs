@@ -117,6 +117,12 @@ pub struct ServeOptions {
     /// Connections currently open (kept up to date by [`serve`]): a supervisor reads it to
     /// tell whether the export is in use.
     pub connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// Longest a reply may wait to go into the socket of a connection whose requests are
+    /// answered asynchronously (a client that stops reading with its socket buffer full);
+    /// then the connection is closed. Those replies are written by the backend's completion
+    /// threads, which every connection shares (librbd has one): without a bound one such
+    /// client would hold up every other client's requests.
+    pub reply_timeout: Duration,
 }
 
 impl Default for ServeOptions {
@@ -137,6 +143,7 @@ impl Default for ServeOptions {
             tls: None,
             min_block: None,
             connections: Arc::default(),
+            reply_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -490,6 +497,13 @@ impl Stream {
             Stream::Unix(s) => s.set_nonblocking(on),
             Stream::Tcp(s) => s.set_nonblocking(on),
         }
+    }
+
+    pub(crate) fn set_write_timeout(&self, t: Option<Duration>) {
+        let _ = match self {
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
+        };
     }
 
     pub(crate) fn set_read_timeout(&self, t: Option<Duration>) {
