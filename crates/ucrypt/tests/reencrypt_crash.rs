@@ -84,9 +84,9 @@ impl Fx {
         self.dir.path().join(n)
     }
 
-    /// Formatted by cryptsetup, the plaintext written, reencryption initialised.
-    fn initialised(&self, resilience: &str) -> PathBuf {
-        let img = self.path(&format!("init-{resilience}.img"));
+    /// A new image formatted by cryptsetup (LUKS2, the data at [`DATA_OFFSET`]).
+    fn formatted(&self, name: &str) -> PathBuf {
+        let img = self.path(name);
         File::create(&img)
             .unwrap()
             .set_len(DATA_OFFSET + DATA as u64)
@@ -111,6 +111,12 @@ impl Fx {
                 s(&img),
             ],
         );
+        img
+    }
+
+    /// Formatted by cryptsetup, the plaintext written, reencryption initialised.
+    fn initialised(&self, resilience: &str) -> PathBuf {
+        let img = self.formatted(&format!("init-{resilience}.img"));
         self.write(&img, 0, &self.plain.clone());
         ok(
             bin(),
@@ -725,31 +731,7 @@ fn kill_9_of_an_online_reencryption_with_concurrent_writes_loses_nothing() {
         for round in 0..rounds {
             let fx = Fx::new(rng.next_u64());
             let run = fx.path("run");
-            let img = fx.path("online.img");
-            File::create(&img)
-                .unwrap()
-                .set_len(DATA_OFFSET + DATA as u64)
-                .unwrap();
-            ok(
-                "cryptsetup",
-                &[
-                    "luksFormat",
-                    "-q",
-                    "--type",
-                    "luks2",
-                    "--pbkdf",
-                    "pbkdf2",
-                    "--pbkdf-force-iterations",
-                    "1000",
-                    "--luks2-metadata-size",
-                    "16k",
-                    "--luks2-keyslots-size",
-                    "2m",
-                    "--key-file",
-                    s(&fx.key),
-                    s(&img),
-                ],
-            );
+            let img = fx.formatted("online.img");
             let name = "crash";
             let uri = serve(&run, &img, &fx.key, name);
             let dev = ucrypt::open::open_device(&uri, false, false).unwrap();
