@@ -43,15 +43,15 @@ impl Job {
     }
 }
 
-/// Whether a data pass is running: suspend, resume, resize and refresh wait for it.
+/// The refusal of suspend, resume, resize and refresh while a data pass runs.
 pub(super) fn busy(s: &Server) -> Option<Value> {
     let job = lock_ignoring_poison(&s.online);
     job.as_ref().filter(|j| j.running()).map(|_| {
         control::error(
             EXIT_BUSY,
             format!(
-                "{} is being re-encrypted; wait for it, or stop it with `ucrypt reencrypt \
-                 --active-name {} --stop`",
+                "{} is being re-encrypted; wait for it to finish, or stop it with Ctrl-C in \
+                 its `ucrypt reencrypt` (`ucrypt close {}` stops it too)",
                 s.name, s.name
             ),
         )
