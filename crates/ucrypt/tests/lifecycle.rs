@@ -1311,6 +1311,31 @@ fn online_reencryption_keeps_serving_and_rekeys() {
         let (img, pass) = luks_image(&rt, &format!("img{n}"), 32, "luks2", 4096);
         let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
         let key_before = cryptsetup_volume_key(img, pass);
+        if n == 0 {
+            // A read-only instance is not re-encrypted (others may serve the image too).
+            rt.ok(
+                &[
+                    "open",
+                    img,
+                    "ro",
+                    "--device",
+                    "none",
+                    "--read-only",
+                    "--key-file",
+                    pass,
+                ],
+                b"",
+            );
+            assert_code(
+                &rt.uc(
+                    &["reencrypt", "--active-name", "ro", "--key-file", pass],
+                    b"",
+                ),
+                1,
+                "served read-only",
+            );
+            rt.ok(&["close", "ro"], b"");
+        }
         let uri = rt.ok(
             &["open", img, &name, "--device", "none", "--key-file", pass],
             b"",

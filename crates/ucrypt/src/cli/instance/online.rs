@@ -115,6 +115,18 @@ pub(super) fn start(s: &Arc<Server>, req: &Request) -> Value {
             format!("{} is suspended; luksResume it first", s.name),
         );
     }
+    if lock_ignoring_poison(&s.desc).read_only {
+        // A read-only instance holds its image with a shared lock: other read-only
+        // instances may serve it too, and would read new-key data with the old key.
+        return control::error(
+            EXIT_PARAMS,
+            format!(
+                "{} is served read-only; online reencryption writes the device (close it and \
+                 open it read-write first)",
+                s.name
+            ),
+        );
+    }
     let Source::Header { device, hopts } = &s.source else {
         return control::error(
             EXIT_PARAMS,
