@@ -198,6 +198,30 @@ impl Fx {
     }
 }
 
+/// Kills a `ucrypt reencrypt` run a random 0-80 ms after its start. `None`: it finished
+/// first (success); otherwise whether the header it left (`header`) names a hotzone.
+fn kill_later(
+    child: std::process::Child,
+    rng: &mut Rng,
+    header: &Path,
+    what: &str,
+) -> Option<bool> {
+    let mut child = child;
+    std::thread::sleep(Duration::from_micros(rng.below(80_000)));
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        return None;
+    }
+    assert!(
+        out.status.code().is_none(),
+        "{what}: reencrypt failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b = std::fs::read(header).unwrap();
+    Some(String::from_utf8_lossy(&b[4096..16384]).contains("in-reencryption"))
+}
+
 #[test]
 fn kill_9_at_random_points_with_writes_between_runs_loses_nothing() {
     if !require("cryptsetup") {
@@ -215,7 +239,7 @@ fn kill_9_at_random_points_with_writes_between_runs_loses_nothing() {
             std::fs::copy(&init, &img).unwrap();
             let mut model = f.plain.clone();
             loop {
-                let mut child = Command::new(bin())
+                let child = Command::new(bin())
                     .args([
                         "reencrypt",
                         "--resume-only",
@@ -232,22 +256,11 @@ fn kill_9_at_random_points_with_writes_between_runs_loses_nothing() {
                     .stderr(Stdio::piped())
                     .spawn()
                     .unwrap();
-                std::thread::sleep(Duration::from_micros(rng.below(80_000)));
-                let _ = child.kill();
-                let out = child.wait_with_output().unwrap();
-                if out.status.success() {
+                let Some(in_hotzone) = kill_later(child, &mut rng, &img, resilience) else {
                     break;
-                }
-                assert!(
-                    out.status.code().is_none(),
-                    "{resilience}: reencrypt failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                };
                 kills += 1;
-                let b = std::fs::read(&img).unwrap();
-                if String::from_utf8_lossy(&b[4096..16384]).contains("in-reencryption") {
-                    hot += 1;
-                }
+                hot += u32::from(in_hotzone);
                 if Fx::finished(&img) {
                     // Killed after its last header write.
                     break;
@@ -606,23 +619,13 @@ fn kill_9_during_encryption_and_decryption_loses_nothing() {
                 std::fs::copy(&ih, &hdr).unwrap();
                 std::fs::copy(&id, &dev).unwrap();
                 loop {
-                    let mut child = resume(&hdr, &dev);
-                    std::thread::sleep(Duration::from_micros(rng.below(80_000)));
-                    let _ = child.kill();
-                    let out = child.wait_with_output().unwrap();
-                    if out.status.success() {
+                    let child = resume(&hdr, &dev);
+                    let what = format!("{mode} {resilience}");
+                    let Some(in_hotzone) = kill_later(child, &mut rng, &hdr, &what) else {
                         break;
-                    }
-                    assert!(
-                        out.status.code().is_none(),
-                        "{mode} {resilience}: reencrypt failed: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
+                    };
                     kills += 1;
-                    let b = std::fs::read(&hdr).unwrap();
-                    if String::from_utf8_lossy(&b[4096..16384]).contains("in-reencryption") {
-                        hot += 1;
-                    }
+                    hot += u32::from(in_hotzone);
                     if finished(&hdr) {
                         break;
                     }

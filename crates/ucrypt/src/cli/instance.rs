@@ -515,13 +515,16 @@ fn close_now(s: &Server, now: bool) -> Result<(), String> {
 
 /// Answers one control request.
 fn handle(s: &Arc<Server>, req: Request) -> Value {
+    if matches!(req.op(), "suspend" | "resume" | "resize" | "refresh") {
+        // Asked once: a pass ending between two looks left the answer empty.
+        if let Some(refusal) = online::busy(s) {
+            return refusal;
+        }
+    }
     match req.op() {
         "status" => status(s),
         "reencrypt" => online::start(s, &req),
         "reencrypt_stop" => online::request_stop(s),
-        "suspend" | "resume" | "resize" | "refresh" if online::busy(s).is_some() => {
-            online::busy(s).unwrap_or_default()
-        }
         "close" => {
             // A data pass stops between hotzones first (the header consistent).
             online::stop(s);
