@@ -12,6 +12,7 @@
 mod common;
 
 use common::nbd::require;
+use common::tmux::Tmux;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -910,36 +911,6 @@ fn cryptsetups_per_type_open_commands_open_by_name() {
     assert!(printed.contains("aes-cbc-essiv:sha256"), "{printed}");
 }
 
-/// Text of the tmux pane `s`.
-fn pane(s: &str) -> String {
-    sh_ok(&format!("tmux capture-pane -p -t {s}"))
-}
-
-/// Waits up to `secs` for `needle` in pane `s`.
-fn wait_pane(s: &str, needle: &str, secs: u64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let text = pane(s);
-        if text.contains(needle) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {needle:?} in the pane:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Kills a tmux session on drop.
-struct Tmux(String);
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = sh(&format!("tmux kill-session -t {}", self.0));
-    }
-}
-
 #[test]
 fn ctrl_c_at_a_passphrase_prompt_exits_promptly_with_the_terminal_restored() {
     if !require("cryptsetup") || !require("tmux") {
@@ -948,12 +919,8 @@ fn ctrl_c_at_a_passphrase_prompt_exits_promptly_with_the_terminal_restored() {
     let rt = Runtime::new();
     let (img, _) = luks_image(&rt, "img", 20, "luks2", 512);
     let bin = env!("CARGO_BIN_EXE_ucrypt");
-    let session = Tmux(format!("ucrypt-prompt-{}", std::process::id()));
-    let s = session.0.as_str();
-    sh_ok(&format!(
-        "tmux new-session -d -s {s} -x 200 -y 50 'env -i PATH=/usr/bin:/bin TERM=xterm UCRYPT_RUNTIME_DIR={} bash --norc --noprofile'",
-        rt.dir().display()
-    ));
+    let runtime = rt.dir().display().to_string();
+    let t = Tmux::new("prompt", &[("UCRYPT_RUNTIME_DIR", &runtime)]);
     // A command without a server (luksOpen --test-passphrase), one whose signal thread
     // already blocks SIGINT everywhere else (open serving over NBD in the foreground), and
     // a named open (the background server forks after the prompt).
@@ -963,36 +930,33 @@ fn ctrl_c_at_a_passphrase_prompt_exits_promptly_with_the_terminal_restored() {
         format!("{bin} open {} named --device none", img.display()),
     ];
     for (i, cmd) in cases.iter().enumerate() {
-        sh_ok(&format!("tmux send-keys -t {s} 'clear' Enter"));
         // The previous case's prompt must be gone before this one's is waited for.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while pane(s).contains("Enter passphrase") {
-            assert!(
-                Instant::now() < deadline,
-                "clear did not clear:\n{}",
-                pane(s)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        t.clear("Enter passphrase");
         let mark = format!("done{i}");
         let line =
             format!("{cmd}; echo rc=$? {mark}; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?echo'");
-        let out = Command::new("tmux")
-            .args(["send-keys", "-t", s, &line, "Enter"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        wait_pane(s, "Enter passphrase", 20);
+        t.send(&[&line, "Enter"]);
+        t.wait("Enter passphrase", 20);
         let pressed = Instant::now();
-        sh_ok(&format!("tmux send-keys -t {s} C-c"));
-        let text = wait_pane(s, &format!("{mark}\n"), 5);
+        t.send(&["C-c"]);
+        let text = t.wait(&format!("{mark}\n"), 5);
         let took = pressed.elapsed();
         assert!(text.contains(&format!("rc=1 {mark}")), "{cmd}:\n{text}");
         assert!(text.contains("interrupted"), "{cmd}: no message:\n{text}");
-        let after = text.split(&format!("{mark}\n")).nth(1).unwrap_or("");
-        let echo = wait_pane(s, "echo", 5);
+        // The command line holds "echo" too: wait for stty's own line, after the mark.
+        let after = |text: &str| {
+            text.split(&format!("{mark}\n"))
+                .nth(1)
+                .unwrap_or("")
+                .to_owned()
+        };
+        let echo = t.wait_until("stty's echo line", 5, |text| {
+            after(text)
+                .lines()
+                .any(|l| matches!(l.trim(), "echo" | "-echo"))
+        });
         assert!(
-            echo.lines().any(|l| l.trim() == "echo") && !after.contains("-echo"),
+            after(&echo).lines().any(|l| l.trim() == "echo"),
             "{cmd}: terminal echo not restored:\n{echo}"
         );
         assert!(took < Duration::from_secs(3), "{cmd}: took {took:?}");
@@ -1008,35 +972,17 @@ fn a_wrong_passphrase_at_a_terminal_is_asked_again_tries_times() {
     let rt = Runtime::new();
     let (img, _) = luks_image(&rt, "img", 20, "luks2", 512);
     let bin = env!("CARGO_BIN_EXE_ucrypt");
-    let session = Tmux(format!("ucrypt-tries-{}", std::process::id()));
-    let s = session.0.as_str();
-    sh_ok(&format!(
-        "tmux new-session -d -s {s} -x 200 -y 50 'env -i PATH=/usr/bin:/bin TERM=xterm bash --norc --noprofile'"
-    ));
-    let send = |keys: &[&str]| {
-        let out = Command::new("tmux")
-            .args(["send-keys", "-t", s])
-            .args(keys)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-    };
-    let prompts = |text: &str| text.matches("Enter passphrase").count();
+    let t = Tmux::new("tries", &[]);
     // Default 3 tries: wrong, wrong, right -> 0.
     let cmd = format!(
         "{bin} open {} --test-passphrase; echo rc=$? end",
         img.display()
     );
-    send(&[&cmd, "Enter"]);
+    t.send(&[&cmd, "Enter"]);
     for (n, pass) in ["bad1", "bad2", "pw"].iter().enumerate() {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while prompts(&pane(s)) < n + 1 {
-            assert!(Instant::now() < deadline, "prompt {}:\n{}", n + 1, pane(s));
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        send(&[pass, "Enter"]);
+        t.answer_nth("Enter passphrase", n + 1, pass);
     }
-    let text = wait_pane(s, "rc=0 end", 20);
+    let text = t.wait("rc=0 end", 20);
     assert_eq!(
         text.matches("No key available with this passphrase.")
             .count(),
@@ -1045,25 +991,15 @@ fn a_wrong_passphrase_at_a_terminal_is_asked_again_tries_times() {
     );
     // --tries 1: one wrong passphrase ends it with exit 2. (The first run's prompts must be
     // gone before this one's is waited for.)
-    send(&["clear", "Enter"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pane(s).contains("Enter passphrase") {
-        assert!(
-            Instant::now() < deadline,
-            "clear did not clear:\n{}",
-            pane(s)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    t.clear("Enter passphrase");
     let cmd = format!(
         "{bin} open {} --test-passphrase --tries 1; echo rc=$? end",
         img.display()
     );
-    send(&[&cmd, "Enter"]);
-    wait_pane(s, "Enter passphrase", 20);
-    send(&["bad", "Enter"]);
-    let text = wait_pane(s, "rc=2 end", 20);
-    assert_eq!(prompts(&text), 1, "{text}");
+    t.send(&[&cmd, "Enter"]);
+    t.answer("Enter passphrase", "bad");
+    let text = t.wait("rc=2 end", 20);
+    assert_eq!(text.matches("Enter passphrase").count(), 1, "{text}");
 }
 
 #[test]
@@ -1205,33 +1141,15 @@ fn luks_resume_at_a_terminal_asks_again_tries_times() {
     );
     rt.ok(&["luksSuspend", "s"], b"");
     let bin = env!("CARGO_BIN_EXE_ucrypt");
-    let session = Tmux(format!("ucrypt-resume-{}", std::process::id()));
-    let s = session.0.as_str();
-    sh_ok(&format!(
-        "tmux new-session -d -s {s} -x 200 -y 50 'env -i PATH=/usr/bin:/bin TERM=xterm UCRYPT_RUNTIME_DIR={} bash --norc --noprofile'",
-        rt.dir().display()
-    ));
-    let send = |keys: &[&str]| {
-        let out = Command::new("tmux")
-            .args(["send-keys", "-t", s])
-            .args(keys)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-    };
-    let prompts = |text: &str| text.matches("Enter passphrase").count();
+    let runtime = rt.dir().display().to_string();
+    let t = Tmux::new("resume", &[("UCRYPT_RUNTIME_DIR", &runtime)]);
     // Default 3 tries: wrong, wrong, right -> 0, resumed. (`e""nd`: only the output
     // shows "end".)
-    send(&[&format!("{bin} luksResume s; echo rc=$? e\"\"nd1"), "Enter"]);
+    t.send(&[&format!("{bin} luksResume s; echo rc=$? e\"\"nd1"), "Enter"]);
     for (n, p) in ["bad1", "bad2", "pw"].iter().enumerate() {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while prompts(&pane(s)) < n + 1 {
-            assert!(Instant::now() < deadline, "prompt {}:\n{}", n + 1, pane(s));
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        send(&[p, "Enter"]);
+        t.answer_nth("Enter passphrase", n + 1, p);
     }
-    let text = wait_pane(s, "rc=0 end1", 30);
+    let text = t.wait("rc=0 end1", 30);
     assert_eq!(
         text.matches("No key available with this passphrase.")
             .count(),
@@ -1241,17 +1159,12 @@ fn luks_resume_at_a_terminal_asks_again_tries_times() {
     assert_eq!(rt.status("s")["suspended"], false);
     // --tries 1: one wrong passphrase ends it with exit 2, still suspended.
     rt.ok(&["luksSuspend", "s"], b"");
-    send(&[
+    t.send(&[
         &format!("{bin} luksResume s --tries 1; echo rc=$? e\"\"nd2"),
         "Enter",
     ]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while prompts(&pane(s)) < 4 {
-        assert!(Instant::now() < deadline, "prompt:\n{}", pane(s));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    send(&["bad", "Enter"]);
-    wait_pane(s, "rc=2 end2", 30);
+    t.answer_nth("Enter passphrase", 4, "bad");
+    t.wait("rc=2 end2", 30);
     assert_eq!(rt.status("s")["suspended"], true);
     rt.ok(&["luksResume", "s", "--key-file", pass], b"");
     rt.ok(&["close", "s"], b"");

@@ -7,6 +7,7 @@
 mod common;
 
 use common::require;
+use common::tmux::Tmux;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -105,55 +106,6 @@ fn progress_json_lines_have_cryptsetups_shape() {
     );
 }
 
-/// Text of the tmux pane `s`.
-fn pane(s: &str) -> String {
-    sh_ok(&format!("tmux capture-pane -p -t {s}"))
-}
-
-/// Waits up to `secs` for `needle` in pane `s`.
-fn wait_pane(s: &str, needle: &str, secs: u64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let text = pane(s);
-        if text.contains(needle) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {needle:?} in the pane:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A tmux session with a plain shell, killed on drop.
-struct Tmux(String);
-
-impl Tmux {
-    fn new(tag: &str) -> Tmux {
-        let s = format!("ucrypt-{tag}-{}", std::process::id());
-        sh_ok(&format!(
-            "tmux new-session -d -s {s} -x 200 -y 50 'env -i PATH=/usr/bin:/bin TERM=xterm bash --norc --noprofile'"
-        ));
-        Tmux(s)
-    }
-
-    fn send(&self, keys: &[&str]) {
-        let out = Command::new("tmux")
-            .args(["send-keys", "-t", &self.0])
-            .args(keys)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = sh(&format!("tmux kill-session -t {}", self.0));
-    }
-}
-
 /// Sends `cmd; echo rc=$? end<mark>` and waits for `needle`, then presses Ctrl-C and
 /// returns the pane once the command ended, and how long that took.
 fn interrupt_when(
@@ -166,13 +118,12 @@ fn interrupt_when(
     // The command line shows `e""nd`; only the output shows `end`.
     t.send(&[&format!("{cmd}; echo rc=$? e\"\"nd{mark}"), "Enter"]);
     if let Some(p) = typed {
-        wait_pane(&t.0, "Enter passphrase", 20);
-        t.send(&[p, "Enter"]);
+        t.answer("Enter passphrase", p);
     }
-    wait_pane(&t.0, needle, 20);
+    t.wait(needle, 20);
     let pressed = Instant::now();
     t.send(&["C-c"]);
-    let text = wait_pane(&t.0, &format!("end{mark}\n"), 20);
+    let text = t.wait(&format!("end{mark}\n"), 20);
     (text, pressed.elapsed())
 }
 
@@ -187,7 +138,7 @@ fn ctrl_c_ends_a_tcrypt_search_at_once_and_a_wipe_saying_how_far_it_got() {
     // Random bytes: no passphrase decrypts them, so the search tries every KDF (a minute).
     let junk = common::image_with(d, "junk", &common::random_bytes(1 << 20));
     let before = std::fs::read(&junk).unwrap();
-    let t = Tmux::new("search");
+    let t = Tmux::new("search", &[]);
     let (text, took) = interrupt_when(
         &t,
         &format!("{bin} tcryptDump {}", junk.display()),
@@ -201,11 +152,10 @@ fn ctrl_c_ends_a_tcrypt_search_at_once_and_a_wipe_saying_how_far_it_got() {
     );
     assert!(text.contains("rc=1 end1"), "{text}");
     // The search drew a bar with its combinations and an ETA, not a spinner.
-    let t2 = Tmux::new("searchbar");
+    let t2 = Tmux::new("searchbar", &[]);
     t2.send(&[&format!("{bin} tcryptDump {}", junk.display()), "Enter"]);
-    wait_pane(&t2.0, "Enter passphrase", 20);
-    t2.send(&["wrong", "Enter"]);
-    let bar = wait_pane(&t2.0, "KDF x cipher combinations, ETA", 20);
+    t2.answer("Enter passphrase", "wrong");
+    let bar = t2.wait("KDF x cipher combinations, ETA", 20);
     assert!(bar.contains("Searching TCRYPT/VeraCrypt headers"), "{bar}");
     t2.send(&["C-c"]);
     assert!(took < Duration::from_secs(3), "took {took:?}:\n{text}");
@@ -384,7 +334,7 @@ fn an_unanswered_prompt_times_out_as_cryptsetups() {
         d.join("pw").display(),
         img.display()
     ));
-    let t = Tmux::new("timeout");
+    let t = Tmux::new("timeout", &[]);
     let bin = env!("CARGO_BIN_EXE_ucrypt");
     // The pane's shell has a minimal PATH: cryptsetup by its full path.
     let cs = sh_ok("command -v cryptsetup");
@@ -397,7 +347,7 @@ fn an_unanswered_prompt_times_out_as_cryptsetups() {
             ),
             "Enter",
         ]);
-        let text = wait_pane(&t.0, &format!("end{mark}\n"), 20);
+        let text = t.wait(&format!("end{mark}\n"), 20);
         assert!(text.contains(&format!("rc=1 end{mark}")), "{prog}:\n{text}");
         assert!(
             started.elapsed() >= Duration::from_millis(900),
@@ -405,9 +355,10 @@ fn an_unanswered_prompt_times_out_as_cryptsetups() {
         );
     }
     assert!(
-        pane(&t.0).contains("no passphrase typed within --timeout 1 s"),
+        t.pane()
+            .contains("no passphrase typed within --timeout 1 s"),
         "{}",
-        pane(&t.0)
+        t.pane()
     );
 }
 
@@ -438,7 +389,7 @@ fn a_signal_during_a_keyslot_write_exits_at_once_with_the_header_unchanged() {
     ));
     let before = std::fs::read(&img).unwrap();
     let slow = "--pbkdf pbkdf2 --pbkdf-force-iterations 30000000";
-    let t = Tmux::new("keyslot");
+    let t = Tmux::new("keyslot", &[]);
     let (text, took) = interrupt_when(
         &t,
         &format!("{bin} luksAddKey -q {img} {new} -d {pw} {slow}"),
@@ -573,7 +524,7 @@ fn batch_mode_and_verify_passphrase_decide_the_second_prompt() {
     let d = tmp.path();
     let bin = env!("CARGO_BIN_EXE_ucrypt");
     let cs = sh_ok("command -v cryptsetup");
-    let t = Tmux::new("verify");
+    let t = Tmux::new("verify", &[]);
     let fast = "--pbkdf pbkdf2 --pbkdf-force-iterations 1000";
     for (i, prog) in [bin, cs.trim()].iter().enumerate() {
         let img = d.join(format!("img{i}"));
@@ -582,31 +533,31 @@ fn batch_mode_and_verify_passphrase_decide_the_second_prompt() {
             .set_len(20 << 20)
             .unwrap();
         let mark = format!("q{i}");
+        // The previous command's prompt must be gone before this one's is waited for.
+        t.clear("Enter passphrase");
         t.send(&[
             &format!(
-                "clear; {prog} luksFormat -q {fast} {}; echo rc=$? e\"\"nd{mark}",
+                "{prog} luksFormat -q {fast} {}; echo rc=$? e\"\"nd{mark}",
                 img.display()
             ),
             "Enter",
         ]);
-        wait_pane(&t.0, "Enter passphrase", 20);
-        t.send(&["pw", "Enter"]);
-        let text = wait_pane(&t.0, &format!("end{mark}\n"), 20);
+        t.answer("Enter passphrase", "pw");
+        let text = t.wait(&format!("end{mark}\n"), 20);
         assert!(text.contains(&format!("rc=0 end{mark}")), "{prog}:\n{text}");
         assert!(!text.contains("Verify passphrase"), "{prog}:\n{text}");
     }
     // -y: the existing passphrase is asked twice too.
+    t.clear("Enter passphrase");
     t.send(&[
         &format!(
-            "clear; {bin} -y open --test-passphrase {}; echo rc=$? e\"\"ndy",
+            "{bin} -y open --test-passphrase {}; echo rc=$? e\"\"ndy",
             d.join("img0").display()
         ),
         "Enter",
     ]);
-    wait_pane(&t.0, "Enter passphrase", 20);
-    t.send(&["pw", "Enter"]);
-    wait_pane(&t.0, "Verify passphrase", 20);
-    t.send(&["pw", "Enter"]);
-    let text = wait_pane(&t.0, "endy\n", 20);
+    t.answer("Enter passphrase", "pw");
+    t.answer("Verify passphrase", "pw");
+    let text = t.wait("endy\n", 20);
     assert!(text.contains("rc=0 endy"), "{text}");
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod nbd;
+pub mod tmux;
 
 use std::io::Read;
 use std::path::Path;
