@@ -205,43 +205,121 @@ fn a_client_that_hangs_up_with_requests_in_flight_leaves_the_server_serving() {
     server.stop().unwrap();
 }
 
-/// A client that stops reading its replies with its socket buffer full holds a completion
-/// thread (shared by every connection) only for `reply_timeout`: then its connection is
-/// closed, and another client's requests are answered. Without the bound the second client
-/// waited forever (every completion thread stuck behind the first client's reply).
-#[test]
-fn a_client_that_stops_reading_is_cut_off_and_others_are_answered() {
-    let mem = Arc::new(MemoryBackend::new(64 << 20).unwrap());
+/// Serves `mem` through [`AsyncThreads`] with 2 completion threads and `reply_timeout`.
+fn start_bounded(mem: &Arc<MemoryBackend>, reply_timeout: std::time::Duration) -> Server {
     let a = Arc::new(AsyncThreads::new(mem.clone(), 2));
-    let server = Server::start(
-        a.clone(),
+    Server::start(
+        a,
         ServeOptions {
-            reply_timeout: std::time::Duration::from_millis(300),
+            reply_timeout,
             ..ServeOptions::default()
         },
-    );
-    let mut stuck = server.connect();
-    go(&mut stuck, false);
-    // 1 MiB reads, never read back: far more than any socket buffer.
-    for i in 0..16u64 {
-        request(&mut stuck, NBD_CMD_READ, 0, i, i << 20, 1 << 20, &[]);
-    }
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    )
+}
+
+/// A second client's write and read, on a thread: its replies, or `None` if it was not
+/// answered within 20 s (a hang guard, not a timing claim).
+fn other_client(server: &Server) -> Option<((u32, u64), Vec<u8>)> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let path = server.connect();
+    let mut s = server.connect();
     std::thread::spawn(move || {
-        let mut s = path;
         go(&mut s, false);
         request(&mut s, NBD_CMD_WRITE, 0, 1, 0, 4096, &block(3));
         let w = simple(&mut s);
         let r = read_simple(&mut s, 2, 0, 4096);
         let _ = tx.send((w, r));
     });
-    let (w, r) = rx
-        .recv_timeout(std::time::Duration::from_secs(20))
-        .expect("the other client was never answered");
+    rx.recv_timeout(std::time::Duration::from_secs(20)).ok()
+}
+
+/// Sends 16 reads of 1 MiB (far more than any socket buffer) without reading anything.
+fn sixteen_big_reads(s: &mut std::os::unix::net::UnixStream) {
+    for i in 0..16u64 {
+        request(s, NBD_CMD_READ, 0, i, i << 20, 1 << 20, &[]);
+    }
+}
+
+/// A client that stops reading its replies with its socket buffer full is cut off after
+/// `reply_timeout` (its queued replies dropped), and meanwhile another client's requests
+/// are answered: its replies wait in the connection's queue, not in a completion thread
+/// (shared by every connection, as librbd's). Without the bound the stuck client's
+/// replies would all arrive once it reads again.
+#[test]
+fn a_client_that_stops_reading_is_cut_off_and_others_are_answered() {
+    let mem = Arc::new(MemoryBackend::new(64 << 20).unwrap());
+    let server = start_bounded(&mem, std::time::Duration::from_millis(300));
+    let mut stuck = server.connect();
+    go(&mut stuck, false);
+    sixteen_big_reads(&mut stuck);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (w, r) = other_client(&server).expect("the other client was never answered");
     assert_eq!(w, (0, 1));
     assert!(r == block(3));
+    // Well past the bound: the server has given up on the stuck client. What its socket
+    // still holds arrives, then EOF (or a reset) before the 16 replies are complete.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    stuck
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let mut got = 0usize;
+    let mut b = vec![0u8; 1 << 16];
+    loop {
+        match std::io::Read::read(&mut stuck, &mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    assert!(
+        got < 16 * ((1 << 20) + 16),
+        "the stuck client was not cut off: all {got} bytes of its replies arrived"
+    );
     drop(stuck);
+    server.stop().unwrap();
+}
+
+/// A client that reads its replies slowly (nothing for a while, then a little at a time)
+/// holds up neither the completion threads nor other clients, and gets every reply whole:
+/// the replies the socket would not take wait in its connection's queue. Before the
+/// queue, a completion thread blocked in the slow client's socket: the other client was
+/// answered only once the slow one was cut off (`reply_timeout`), and the slow one lost
+/// its replies.
+#[test]
+fn a_slow_reader_gets_every_reply_and_holds_up_nobody() {
+    let mem = Arc::new(MemoryBackend::new(64 << 20).unwrap());
+    for i in 0..16u64 {
+        mem.write_at(&vec![i as u8 + 1; 1 << 20], i << 20, false)
+            .unwrap();
+    }
+    let server = start_bounded(&mem, std::time::Duration::from_secs(3));
+    let mut slow = server.connect();
+    go(&mut slow, false);
+    sixteen_big_reads(&mut slow);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (w, r) = other_client(&server).expect("the other client was never answered");
+    assert_eq!(w, (0, 1));
+    assert!(r == block(3));
+    // Everything the slow client is owed is queued or in its socket: it reads now, a
+    // piece at a time, for longer than the bound in total (16 x 4 x 60 ms).
+    let mut seen = [false; 16];
+    for _ in 0..16 {
+        let (err, cookie) = simple(&mut slow);
+        assert_eq!(err, 0);
+        let i = usize::try_from(cookie).unwrap();
+        assert!(
+            i < 16 && !seen[i],
+            "cookie {cookie} unknown or answered twice"
+        );
+        seen[i] = true;
+        let mut data = Vec::with_capacity(1 << 20);
+        while data.len() < 1 << 20 {
+            data.extend(read_n(&mut slow, 1 << 18));
+            std::thread::sleep(std::time::Duration::from_millis(60));
+        }
+        assert!(
+            data.iter().all(|&b| b == i as u8 + 1),
+            "read {i} got other data"
+        );
+    }
+    drop(slow);
     server.stop().unwrap();
 }

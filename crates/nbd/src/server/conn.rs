@@ -15,6 +15,12 @@
 //! everything, one request at a time. Memory is bounded by the thread count and [`Budget`]
 //! (`max_in_flight_bytes` of payload between "header read" and "reply sent"; a request
 //! larger than the budget runs alone), and payloads are at most `max_payload`.
+//!
+//! A connection whose reads and writes are answered asynchronously (an export with
+//! [`Backend::supports_async`], plaintext) has a reply queue and one writer thread more:
+//! a reply is sent at once without blocking if the socket takes it whole and nothing waits
+//! before it, else queued and sent by the writer ([`Out::send`], [`Out::write_queued`]), so
+//! no completion thread ever waits for a client.
 
 use super::tls_stream::TlsStream;
 use super::{chain, lock, ExportConfig, Stream};
@@ -47,6 +53,8 @@ trait Transport: Read + Write + Send + 'static {
     fn shut(&self);
     /// A write blocked this long fails (`ServeOptions::reply_timeout`).
     fn bound_writes(&self, t: Duration);
+    /// Writes what the socket takes now, without blocking (`WouldBlock` if nothing).
+    fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
 }
 
 impl Transport for Stream {
@@ -55,6 +63,9 @@ impl Transport for Stream {
     }
     fn bound_writes(&self, t: Duration) {
         self.set_write_timeout(Some(t));
+    }
+    fn try_write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.send_nonblocking(bufs)
     }
 }
 
@@ -65,6 +76,10 @@ impl Transport for TlsStream {
     /// TLS connections answer synchronously, from their own thread: a client that stops
     /// reading holds up only itself.
     fn bound_writes(&self, _t: Duration) {}
+    /// Never used: TLS connections answer synchronously (no reply queue).
+    fn try_write_vectored(&mut self, _bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        Err(io::ErrorKind::WouldBlock.into())
+    }
 }
 
 /// Runs one connection to the end; `entered` is called when transmission starts (the
@@ -317,8 +332,14 @@ struct Shared<'a, R, W> {
 /// asynchronous requests (which may run on the backend's threads, after the connection's
 /// threads stopped: [`transmission`] waits for them through the budget).
 struct Out<W> {
-    /// The write side: a reply is written whole under this lock, so replies never interleave.
+    /// The write side: a reply is written whole under this lock (or queued under it), so
+    /// replies never interleave.
     wr: Mutex<WriteSide<W>>,
+    /// Wakes the connection's writer thread (replies queued, or the connection ending).
+    queued: Condvar,
+    /// Replies that would block go to the queue instead ([`Out::send`]): asynchronous
+    /// connections, whose replies are sent from the backend's shared completion threads.
+    queueing: bool,
     budget: Budget,
     pool: BufPool,
     structured: bool,
@@ -331,8 +352,42 @@ struct ReadSide<R> {
 }
 
 struct WriteSide<W> {
-    wr: W,
+    /// `None` while the writer thread writes a queued reply with it (outside the lock).
+    wr: Option<W>,
     failed: bool,
+    /// Replies waiting for the socket, in completion order; the first may be partly sent.
+    /// Bounded by the [`Budget`]: a reply holds its request's share until it is sent.
+    queue: std::collections::VecDeque<Queued>,
+    /// The connection's threads have stopped and every request is answered: the writer
+    /// thread ends once the queue is empty.
+    closing: bool,
+}
+
+/// A reply on the wire: its header (and, for errors and block status, the rest of the
+/// chunk), then the READ's data from its buffer; `sent` bytes of that are in the socket.
+struct Queued {
+    head: Vec<u8>,
+    reply: Reply,
+    sent: usize,
+}
+
+impl Queued {
+    fn total(&self) -> usize {
+        self.head.len() + payload(&self.reply).len()
+    }
+
+    /// The unsent rest, as at most two slices.
+    fn rest(&self) -> [IoSlice<'_>; 2] {
+        let data = payload(&self.reply);
+        if self.sent < self.head.len() {
+            [IoSlice::new(&self.head[self.sent..]), IoSlice::new(data)]
+        } else {
+            [
+                IoSlice::new(&data[self.sent - self.head.len()..]),
+                IoSlice::new(&[]),
+            ]
+        }
+    }
 }
 
 /// What the read side produced.
@@ -375,7 +430,14 @@ fn transmission<R: Transport, W: Transport>(
     let shared = Shared {
         rd: Mutex::new(ReadSide { rd, ended: None }),
         out: Arc::new(Out {
-            wr: Mutex::new(WriteSide { wr, failed: false }),
+            wr: Mutex::new(WriteSide {
+                wr: Some(wr),
+                failed: false,
+                queue: std::collections::VecDeque::new(),
+                closing: false,
+            }),
+            queued: Condvar::new(),
+            queueing: asynchronous,
             budget: Budget {
                 used: Mutex::new((0, 0, 0)),
                 freed: Condvar::new(),
@@ -401,17 +463,42 @@ fn transmission<R: Transport, W: Transport>(
         asynchronous,
     };
     std::thread::scope(|s| {
-        for t in 1..threads {
-            // Fewer threads if the system refuses more: the connection still works.
-            let _ = std::thread::Builder::new()
-                .name(format!("nbd-c{id}-{t}"))
-                .spawn_scoped(s, || serve_requests(&shared));
+        // The writer of queued replies: it must run until the last reply is sent, so it
+        // is stopped below, after the connection's threads ended and every request was
+        // answered. Without it (the system refused a thread) replies are written inline.
+        if shared.out.queueing {
+            let out = &*shared.out;
+            if let Err(source) = std::thread::Builder::new()
+                .name(format!("nbd-c{id}-w"))
+                .spawn_scoped(s, move || out.write_queued())
+            {
+                // Queued replies would never be sent: the connection ends unserved.
+                lock(&shared.rd).ended = Some(Err(NbdError::Io {
+                    op: "starting the reply writer",
+                    source,
+                }));
+                return;
+            }
         }
+        let servers: Vec<_> = (1..threads)
+            .filter_map(|t| {
+                // Fewer threads if the system refuses more: the connection still works.
+                std::thread::Builder::new()
+                    .name(format!("nbd-c{id}-{t}"))
+                    .spawn_scoped(s, || serve_requests(&shared))
+                    .ok()
+            })
+            .collect();
         serve_requests(&shared);
+        for t in servers {
+            let _ = t.join();
+        }
+        // Asynchronous requests still in the backend's hands answer on its threads: the
+        // socket stays open (and the export in use) until the last has been answered.
+        shared.out.budget.wait_idle();
+        lock(&shared.out.wr).closing = true;
+        shared.out.queued.notify_all();
     });
-    // Asynchronous requests still in the backend's hands answer on its threads: the
-    // socket stays open (and the export in use) until the last has been answered.
-    shared.out.budget.wait_idle();
     let ReadSide { rd, ended } = shared
         .rd
         .into_inner()
@@ -836,18 +923,132 @@ impl<W: Transport> Out<W> {
     /// Writes one reply whole (one `writev` for header and data), then returns its buffer
     /// and budget. After a send failure the client is gone: the socket is shut so the
     /// thread in `read` wakes up and the connection ends.
+    ///
+    /// On a queueing (asynchronous) connection this never blocks: it may run on the
+    /// backend's completion thread, which every connection shares (librbd has one), so a
+    /// client reading its replies slowly must not hold it. The reply goes out at once if
+    /// the socket takes all of it and nothing is queued before it; otherwise (the rest
+    /// of) it is queued for the connection's writer thread ([`Out::write_queued`]).
     fn send(&self, reply: Reply) {
-        {
-            let mut w = lock(&self.wr);
-            if !w.failed && encode(&mut w.wr, &reply, self.structured).is_err() {
-                w.failed = true;
-                w.wr.shut();
+        if !self.queueing {
+            {
+                let mut guard = lock(&self.wr);
+                let w = &mut *guard;
+                if let (false, Some(wr)) = (w.failed, w.wr.as_mut()) {
+                    if encode(wr, &reply, self.structured).is_err() {
+                        w.failed = true;
+                        wr.shut();
+                    }
+                }
+            }
+            self.done(reply);
+            return;
+        }
+        let mut q = Queued {
+            head: frame(&reply, self.structured),
+            reply,
+            sent: 0,
+        };
+        let mut guard = lock(&self.wr);
+        let w = &mut *guard;
+        if w.failed {
+            drop(guard);
+            self.done(q.reply);
+            return;
+        }
+        if w.queue.is_empty() {
+            // The writer is idle (it holds the socket only while the queue is not empty).
+            if let Some(wr) = w.wr.as_mut() {
+                loop {
+                    match wr.try_write_vectored(&q.rest()) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            q.sent += n;
+                            if q.sent == q.total() {
+                                drop(guard);
+                                self.done(q.reply);
+                                return;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(_) => {
+                            w.failed = true;
+                            wr.shut();
+                            drop(guard);
+                            self.done(q.reply);
+                            return;
+                        }
+                    }
+                }
             }
         }
+        w.queue.push_back(q);
+        drop(guard);
+        self.queued.notify_one();
+    }
+
+    /// A reply's end: its buffer back to the pool, its budget released.
+    fn done(&self, reply: Reply) {
         if let Some(b) = reply.buf {
             self.pool.put(b);
         }
         self.budget.release(reply.cost);
+    }
+
+    /// The writer thread of a queueing connection: sends queued replies in order, taking
+    /// the socket out of the lock while it blocks (senders meanwhile only queue). A
+    /// client that reads slowly is served at its pace; one that reads nothing for
+    /// `reply_timeout` (the socket's send timeout) fails the write and is cut off: the
+    /// socket is shut and every queued reply dropped (its budget released).
+    fn write_queued(&self) {
+        let mut w = lock(&self.wr);
+        loop {
+            if w.queue.is_empty() {
+                if w.closing || w.failed {
+                    return;
+                }
+                w = self
+                    .queued
+                    .wait(w)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            if w.failed {
+                let dropped: Vec<Queued> = w.queue.drain(..).collect();
+                drop(w);
+                for q in dropped {
+                    self.done(q.reply);
+                }
+                w = lock(&self.wr);
+                continue;
+            }
+            let (Some(mut wr), Some(mut q)) = (w.wr.take(), w.queue.pop_front()) else {
+                return;
+            };
+            drop(w);
+            let mut ok = true;
+            while q.sent < q.total() {
+                match wr.write_vectored(&q.rest()) {
+                    Ok(0) => {
+                        ok = false;
+                        break;
+                    }
+                    Ok(n) => q.sent += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if !ok {
+                wr.shut();
+            }
+            self.done(q.reply);
+            w = lock(&self.wr);
+            w.wr = Some(wr);
+            w.failed |= !ok;
+        }
     }
 }
 
@@ -864,12 +1065,23 @@ fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::R
     Ok(())
 }
 
-/// Writes one reply: simple, or (READ with structured replies) one chunk with DONE set.
+/// Writes one reply: [`frame`], then [`payload`], in one `writev`.
 fn encode(w: &mut impl Write, r: &Reply, structured: bool) -> io::Result<()> {
-    let data = match (&r.error, &r.buf) {
-        (None, Some(b)) if r.read_offset.is_some() => &b[..r.len],
+    let head = frame(r, structured);
+    write_all_vectored(w, &mut [IoSlice::new(&head), IoSlice::new(payload(r))])
+}
+
+/// The data a reply carries after its [`frame`]: a successful READ's.
+fn payload(r: &Reply) -> &[u8] {
+    match (&r.error, &r.buf) {
+        (None, Some(b)) if r.read_offset.is_some() && r.block_status.is_none() => &b[..r.len],
         _ => &[][..],
-    };
+    }
+}
+
+/// A reply's bytes before its [`payload`]: simple, or (READ with structured replies) one
+/// chunk with DONE set, or one block status chunk.
+fn frame(r: &Reply, structured: bool) -> Vec<u8> {
     if let (true, Some(desc), None) = (structured, &r.block_status, &r.error) {
         // One NBD_REPLY_TYPE_BLOCK_STATUS chunk with DONE: the context id, then the
         // descriptors (length, status flags).
@@ -885,12 +1097,12 @@ fn encode(w: &mut impl Write, r: &Reply, structured: bool) -> io::Result<()> {
             h.extend_from_slice(&l.to_be_bytes());
             h.extend_from_slice(&f.to_be_bytes());
         }
-        return write_all_vectored(w, &mut [IoSlice::new(&h)]);
+        return h;
     }
     if let (true, Some(offset)) = (structured, r.read_offset) {
         // "If structured replies are negotiated ... MUST NOT use a simple reply for
         // NBD_CMD_READ (even for the case of an early EINVAL due to bad flags)".
-        let mut h = [0u8; STRUCTURED_REPLY_BYTES + 8];
+        let mut h = vec![0u8; STRUCTURED_REPLY_BYTES + 8];
         h[..4].copy_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
         h[4..6].copy_from_slice(&NBD_REPLY_FLAG_DONE.to_be_bytes());
         h[8..16].copy_from_slice(&r.cookie.to_be_bytes());
@@ -898,27 +1110,25 @@ fn encode(w: &mut impl Write, r: &Reply, structured: bool) -> io::Result<()> {
             None => {
                 h[6..8].copy_from_slice(&NBD_REPLY_TYPE_OFFSET_DATA.to_be_bytes());
                 // len <= max payload (32 MiB by default), far below 2^32 - 8.
-                h[16..20].copy_from_slice(&((data.len() + 8) as u32).to_be_bytes());
+                h[16..20].copy_from_slice(&((payload(r).len() + 8) as u32).to_be_bytes());
                 h[20..].copy_from_slice(&offset.to_be_bytes());
-                write_all_vectored(w, &mut [IoSlice::new(&h), IoSlice::new(data)])
             }
             Some((errno, msg)) => {
                 h[6..8].copy_from_slice(&NBD_REPLY_TYPE_ERROR.to_be_bytes());
                 h[16..20].copy_from_slice(&((6 + msg.len()) as u32).to_be_bytes());
                 h[20..24].copy_from_slice(&errno.value().to_be_bytes());
                 h[24..26].copy_from_slice(&(msg.len() as u16).to_be_bytes());
-                write_all_vectored(
-                    w,
-                    &mut [IoSlice::new(&h[..26]), IoSlice::new(msg.as_bytes())],
-                )
+                h.truncate(26);
+                h.extend_from_slice(msg.as_bytes());
             }
         }
+        h
     } else {
-        let mut h = [0u8; SIMPLE_REPLY_BYTES];
+        let mut h = vec![0u8; SIMPLE_REPLY_BYTES];
         h[..4].copy_from_slice(&NBD_SIMPLE_REPLY_MAGIC.to_be_bytes());
         let errno = r.error.as_ref().map_or(0, |(e, _)| e.value());
         h[4..8].copy_from_slice(&errno.to_be_bytes());
         h[8..].copy_from_slice(&r.cookie.to_be_bytes());
-        write_all_vectored(w, &mut [IoSlice::new(&h), IoSlice::new(data)])
+        h
     }
 }

@@ -117,11 +117,13 @@ pub struct ServeOptions {
     /// Connections currently open (kept up to date by [`serve`]): a supervisor reads it to
     /// tell whether the export is in use.
     pub connections: Arc<std::sync::atomic::AtomicUsize>,
-    /// Longest a reply may wait to go into the socket of a connection whose requests are
-    /// answered asynchronously (a client that stops reading with its socket buffer full);
-    /// then the connection is closed. Those replies are written by the backend's completion
-    /// threads, which every connection shares (librbd has one): without a bound one such
-    /// client would hold up every other client's requests.
+    /// On a connection whose requests are answered asynchronously: how long its socket may
+    /// take nothing (a client that stops reading with its socket buffer full) before the
+    /// connection is closed. Those replies come from the backend's completion threads,
+    /// which every connection shares (librbd has one), so they never block: what the
+    /// socket does not take at once waits in the connection's reply queue (at most its
+    /// in-flight budget), sent by the connection's writer thread at the client's pace, and
+    /// this bounds only a client that reads nothing at all.
     pub reply_timeout: Duration,
 }
 
@@ -532,6 +534,34 @@ impl Stream {
                 std::ptr::from_ref(&bytes).cast(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             );
+        }
+    }
+
+    /// `sendmsg` with `MSG_DONTWAIT`: what the socket buffer takes now, `WouldBlock` if
+    /// nothing, never blocking (the socket itself stays blocking for its other users).
+    /// std has no per-call non-blocking send, hence libc.
+    pub(crate) fn send_nonblocking(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let fd = match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        };
+        // SAFETY: an all-zero msghdr is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        // IoSlice is ABI-compatible with iovec on Unix (std documents it); sendmsg only
+        // reads the buffers.
+        msg.msg_iov = bufs.as_ptr().cast_mut().cast();
+        msg.msg_iovlen = bufs.len() as _;
+        loop {
+            // SAFETY: fd is an open socket owned by self; msg points at `bufs`, which
+            // outlive the call.
+            let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
 
