@@ -3,29 +3,31 @@
 //!
 //! ```text
 //!  device + secret ──► ucrypt_cryptsetup (libcryptsetup: header, keyslot, volume key)
-//!                             │ HeaderInfo: cipher, data offset, sector size, IV offset,
-//!                             │ persistent flags, requirements
+//!                             │ format::VolumeInfo: cipher, data offset, sector size,
+//!                             │ IV offset, persistent flags; requirements checked here
 //!                             ▼
-//!                      TableLine (the line cryptsetup would give the kernel)
-//!                             │ open::open_parsed
+//!                      format::luks (checks, then the Mapping cryptsetup would load)
+//!                             │ mapping::open_mapping
 //!                             ▼
 //!                      engine::Volume
 //! ```
 //!
-//! The same table line is what `ucrypt table` prints, so a header-opened volume can be
-//! shown (key hidden) and compared with `dmsetup table` output of the kernel mapping.
+//! This module does the I/O, the libcryptsetup calls and the key derivation and passes
+//! values to the format layer, which builds the mapping ([`ucrypt_format::luks`] for LUKS,
+//! each format's own module for the others). The same mapping is what `--print-table`
+//! prints, so a header-opened volume can be shown (key hidden) and compared with `dmsetup
+//! table` output of the kernel mapping.
 
 use crate::mapping::open_mapping;
 use crate::open::{open_parsed, OpenOptions, OpenedTable};
 use anyhow::{bail, Context, Result};
 use std::io::{Seek, SeekFrom};
 use std::path::Path;
-use std::str::FromStr;
 use ucrypt_crypto::VolumeKey;
-use ucrypt_cryptsetup::{self as cs, CryptDevice, HeaderInfo, HeaderType};
+use ucrypt_cryptsetup::{self as cs, CryptDevice, HeaderType, VolumeInfo};
 use ucrypt_format::luks2::{self, Metadata};
 use ucrypt_format::plain::PlainOptions;
-use ucrypt_format::{DeviceRef, FormatError, KeySource, Mapping, OptParam, TableLine, Target};
+use ucrypt_format::{luks, DeviceRef, FormatError, Target};
 
 pub use crate::unlocked::{HeaderOptions, Unlocked, VolumeType};
 
@@ -149,287 +151,14 @@ pub fn check_requirements(cd: &mut CryptDevice) -> Result<(u32, u32)> {
     Ok((act, req))
 }
 
-/// Table-line options from libcryptsetup's persistent activation flag bits (`act`), the
-/// command line's `--allow-discards` and the sector size
-/// ([`luks2::ActivationFlags::table_options`]).
-fn opts_from(act: u32, sector_size: u32, extra_discards: bool) -> Vec<OptParam> {
-    luks2::ActivationFlags {
-        allow_discards: act & cs::ACTIVATE_ALLOW_DISCARDS != 0 || extra_discards,
-        same_cpu_crypt: act & cs::ACTIVATE_SAME_CPU_CRYPT != 0,
-        submit_from_crypt_cpus: act & cs::ACTIVATE_SUBMIT_FROM_CRYPT_CPUS != 0,
-        no_read_workqueue: act & cs::ACTIVATE_NO_READ_WORKQUEUE != 0,
-        no_write_workqueue: act & cs::ACTIVATE_NO_WRITE_WORKQUEUE != 0,
-    }
-    .table_options(sector_size)
-}
-
-/// LUKS2 persistent flags (`config.flags`) ucrypt knows: the first five become table
-/// options ([`opts_from`]); `no-journal` only concerns dm-integrity, whose segments are
-/// refused anyway, so on a plain crypt segment it changes nothing.
-const LUKS2_KNOWN_FLAGS: [&str; 6] = [
-    "allow-discards",
-    "same-cpu-crypt",
-    "submit-from-crypt-cpus",
-    "no-read-workqueue",
-    "no-write-workqueue",
-    "no-journal",
-];
-
-/// What the LUKS2 JSON metadata says about the one data segment ucrypt maps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Luks2Segment {
-    /// Fixed size in bytes, `None` for `dynamic` (to the device end).
-    pub size_bytes: Option<u64>,
-    /// Digests that cover segment 0 (a keyslot must be bound to one of them).
-    pub digest_keyslots: Vec<u32>,
-}
-
-/// Refuses a LUKS2 header whose metadata asks for anything ucrypt does not implement, before
-/// any data is served, naming the JSON field. Every field of the data segment that changes
-/// what a sector decrypts to is checked against the table ucrypt builds from `info`
-/// (libcryptsetup's view): the segment type, `integrity` (dm-integrity / AEAD: tags
-/// interleaved with the data), `flags` (reencryption bookkeeping), `encryption`,
-/// `sector_size`, `offset`, `iv_tweak`, `size`; more than one segment; mandatory
-/// requirements; persistent flags ucrypt does not know; keyslots bound to segment 0 that
-/// are not `luks2` keyslots of the segment's key size.
-///
-/// # Errors
-/// [`FormatError::Refused`] naming the field and its value.
-pub fn check_luks2_metadata(v: &Metadata, info: &HeaderInfo, device: &str) -> Result<Luks2Segment> {
-    use luks2::metadata::quoted;
-    let refuse = |what: String| -> anyhow::Error {
-        FormatError::Refused(format!(
-            "LUKS2 header on {device}: {what}; ucrypt does not implement it and will not map \
-             this volume (serving it as plain dm-crypt would give wrong data)"
-        ))
-        .into()
-    };
-    if let Some(req) = &v.config.requirements {
-        if !req.mandatory.is_empty() {
-            let names: Vec<String> = req.mandatory.iter().map(|n| quoted(n)).collect();
-            return Err(refuse(format!(
-                "config.requirements.mandatory lists {}",
-                names.join(", ")
-            )));
-        }
-    }
-    if let Some(flags) = &v.config.flags {
-        for f in flags {
-            if !LUKS2_KNOWN_FLAGS.contains(&f.as_str()) {
-                return Err(refuse(format!(
-                    "config.flags has the unknown flag {}",
-                    quoted(f)
-                )));
-            }
-        }
-    }
-    let segments = &v.segments;
-    let seg = match segments.get(&0) {
-        Some(seg) if segments.len() == 1 => seg,
-        _ => {
-            let keys: Vec<String> = segments.keys().map(ToString::to_string).collect();
-            return Err(refuse(format!(
-                "{} segments ({}) where ucrypt maps exactly one, segment 0 (several segments \
-                 mean a reencryption or a layout ucrypt does not build)",
-                segments.len(),
-                keys.join(", ")
-            )));
-        }
-    };
-    let ty = seg.kind.as_str();
-    if ty != "crypt" {
-        return Err(refuse(format!(
-            "segments.0.type is \"{ty}\" (only \"crypt\" is implemented)"
-        )));
-    }
-    if let Some(integrity) = &seg.integrity {
-        let kind = integrity.kind.as_deref().unwrap_or("?");
-        return Err(refuse(format!(
-            "segments.0.integrity is {{\"type\": \"{kind}\"}}: authenticated encryption \
-             (dm-integrity tags interleaved with the data, cryptsetup --integrity)"
-        )));
-    }
-    if let Some(flags) = seg.flags.as_ref().filter(|f| !f.is_empty()) {
-        let names: Vec<String> = flags.iter().map(|n| quoted(n)).collect();
-        return Err(refuse(format!(
-            "segments.0.flags is [{}]",
-            names.join(", ")
-        )));
-    }
-    let num = |field: &str, n: Option<&luks2::Number>| -> Result<u64> {
-        n.and_then(luks2::Number::get).ok_or_else(|| {
-            let shown = n.map_or_else(|| "null".to_string(), ToString::to_string);
-            refuse(format!("segments.0.{field} is {shown}, not a number"))
-        })
-    };
-    let enc = seg.encryption.as_deref().unwrap_or("");
-    if enc != info.cipher_spec() {
-        return Err(refuse(format!(
-            "segments.0.encryption \"{enc}\" differs from the cipher libcryptsetup reports \
-             (\"{}\")",
-            info.cipher_spec()
-        )));
-    }
-    let sector = num("sector_size", seg.sector_size.as_ref())?;
-    if ![512, 1024, 2048, 4096].contains(&sector) || sector != u64::from(info.sector_size) {
-        return Err(refuse(format!(
-            "segments.0.sector_size is {sector} (dm-crypt takes 512, 1024, 2048 or 4096)"
-        )));
-    }
-    let offset = num("offset", Some(&seg.offset))?;
-    if offset % sector != 0 || offset != info.data_offset * 512 {
-        return Err(refuse(format!(
-            "segments.0.offset {offset} is not the data offset {} sectors or not aligned to \
-             the sector size {sector}",
-            info.data_offset
-        )));
-    }
-    let tweak = num("iv_tweak", seg.iv_tweak.as_ref())?;
-    if tweak != info.iv_offset {
-        return Err(refuse(format!(
-            "segments.0.iv_tweak {tweak} differs from the IV offset libcryptsetup reports ({})",
-            info.iv_offset
-        )));
-    }
-    let size_bytes = if seg.size.is("dynamic") {
-        None
-    } else {
-        let n = num("size", Some(&seg.size))?;
-        if n == 0 || n % sector != 0 {
-            return Err(refuse(format!(
-                "segments.0.size {n} is not a positive multiple of the sector size {sector}"
-            )));
-        }
-        Some(n)
-    };
-    let digest_keyslots = v.keyslots_of_segment(0);
-    if digest_keyslots.is_empty() {
-        return Err(refuse(
-            "no digest covers segment 0 (no keyslot can hold its volume key)".into(),
-        ));
-    }
-    // Every keyslot that can open segment 0 must hold a key of the segment's size, in the
-    // keyslot format libcryptsetup decrypts for ucrypt.
-    for k in &digest_keyslots {
-        let Some(slot) = v.keyslots.get(k) else {
-            continue; // a digest may name a keyslot since removed; libcryptsetup skips it
-        };
-        if slot.kind != "luks2" {
-            return Err(refuse(format!(
-                "keyslots.{k}.type is {} (only \"luks2\" keyslots hold the volume key)",
-                quoted(&slot.kind)
-            )));
-        }
-        let size = slot.key_size.as_ref().and_then(luks2::Number::get);
-        if size != Some(info.key_bytes as u64) {
-            let shown = slot
-                .key_size
-                .as_ref()
-                .map_or_else(|| "null".to_string(), ToString::to_string);
-            return Err(refuse(format!(
-                "keyslots.{k}.key_size is {shown} but segment 0's key is {} bytes",
-                info.key_bytes
-            )));
-        }
-    }
-    Ok(Luks2Segment {
-        size_bytes,
-        digest_keyslots,
-    })
-}
-
-fn cipher_spec(info: &HeaderInfo, device: &str) -> Result<ucrypt_crypto::CipherSpec> {
-    let spec = info.cipher_spec();
-    if spec.starts_with("capi:") && spec.contains("-generic") {
-        return Err(FormatError::Refused(format!(
-            "header on {device} names a kernel crypto driver (\"{spec}\"), not a cipher; \
-             cryptsetup refuses to activate it and so does ucrypt"
-        ))
-        .into());
-    }
-    spec.parse()
-        .with_context(|| format!("header on {device}: cipher \"{spec}\""))
-}
-
-/// Whether a cryptsetup cipher string means "no encryption" (libcryptsetup's
-/// `crypt_is_cipher_null`: `cipher_null` or `null` as the cipher, any mode).
-fn is_cipher_null(spec: &str) -> bool {
-    let cipher = spec.split('-').next().unwrap_or_default();
-    cipher == "cipher_null" || cipher == "null" || spec.contains("(cipher_null)")
-}
-
-/// Refuses LUKS headers whose ciphers let whoever can write the header decide what the
-/// volume holds, before any keyslot is tried:
-///
-/// * a keyslot or data segment with `cipher_null` (CVE-2025-59054, refused by cryptsetup
-///   2.8.1): a crafted header with a null-cipher keyslot "unlocks" with any passphrase
-///   (or a known one) to a volume key the attacker chose, or maps the data unencrypted,
-///   so a confidential VM that trusts "the disk unlocked" runs the attacker's data.
-///   `allow_null_cipher` (`--insecure-allow-null-cipher`) opens them anyway;
-/// * a LUKS2 keyslot whose cipher is in the kernel crypto API form (`capi:...`), which
-///   cryptsetup never writes and refuses (`LUKS2_keyslot_cipher_incompatible`): such a
-///   string can name a kernel driver instead of a cipher. No option opens these.
-///
-/// `luks2` is the LUKS2 metadata, `None` for LUKS1.
-///
-/// # Errors
-/// [`FormatError::Refused`] naming the keyslot or segment and the cipher.
-pub fn refuse_unsafe_luks_ciphers(
-    luks2: Option<&Metadata>,
-    info: &HeaderInfo,
-    device: &str,
-    allow_null_cipher: bool,
-) -> Result<()> {
-    let null_refused = |what: String, spec: &str| -> anyhow::Error {
-        FormatError::Refused(format!(
-            "LUKS header on {device}: {what} uses the null cipher \"{spec}\" (no encryption): \
-             anyone who can write the header could have chosen the volume key or the data \
-             (CVE-2025-59054); ucrypt refuses it as cryptsetup 2.8.1 does \
-             (--insecure-allow-null-cipher opens it anyway)"
-        ))
-        .into()
-    };
-    let mut used: Vec<(String, String)> = Vec::new();
-    if let Some(v) = luks2 {
-        for (id, slot) in &v.keyslots {
-            let Some(spec) = slot.area.as_ref().and_then(|a| a.encryption.as_deref()) else {
-                continue;
-            };
-            if spec.starts_with("capi:") {
-                return Err(FormatError::Refused(format!(
-                    "LUKS2 header on {device}: keyslot {id} is encrypted with \"{spec}\", \
-                     a kernel crypto API string that cryptsetup never writes for a keyslot \
-                     and refuses (it can name a kernel driver rather than a cipher)"
-                ))
-                .into());
-            }
-            used.push((format!("keyslot {id}"), spec.to_string()));
-        }
-        for (id, seg) in &v.segments {
-            if let Some(spec) = &seg.encryption {
-                used.push((format!("data segment {id}"), spec.clone()));
-            }
-        }
-    } else {
-        // LUKS1: one cipher for the keyslots and the data.
-        used.push(("the keyslots and data".to_string(), info.cipher_spec()));
-    }
-    if !allow_null_cipher {
-        if let Some((what, spec)) = used.into_iter().find(|(_, s)| is_cipher_null(s)) {
-            return Err(null_refused(what, &spec));
-        }
-    }
-    Ok(())
-}
-
-/// [`refuse_unsafe_luks_ciphers`] on the LUKS header loaded in `cd` (any passphrase
+/// [`luks::refuse_unsafe_ciphers`] on the LUKS header loaded in `cd` (any passphrase
 /// check or unlock must come after it).
 ///
 /// # Errors
-/// As [`refuse_unsafe_luks_ciphers`]; the metadata cannot be read.
+/// As [`luks::refuse_unsafe_ciphers`]; the metadata cannot be read.
 pub fn check_luks_ciphers(
     cd: &mut CryptDevice,
-    info: &HeaderInfo,
+    info: &VolumeInfo,
     allow_null_cipher: bool,
 ) -> Result<()> {
     let meta = match info.kind {
@@ -437,7 +166,12 @@ pub fn check_luks_ciphers(
         _ => None,
     };
     let device = cd.device_name().to_string();
-    refuse_unsafe_luks_ciphers(meta.as_ref(), info, &device, allow_null_cipher)
+    Ok(luks::refuse_unsafe_ciphers(
+        meta.as_ref(),
+        info,
+        &device,
+        allow_null_cipher,
+    )?)
 }
 
 /// Reads the header on `device` (or `opts.header`), unlocks the volume key with `secret`
@@ -498,7 +232,7 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
             return unlock_reencrypting(cd, device, pass, opts);
         }
     }
-    let (act, _) = check_requirements(&mut cd)?;
+    check_requirements(&mut cd)?;
     let info = cd.info();
     // The metadata first: an integrity or reencryption header is named as such, not as
     // whatever its cipher string fails on.
@@ -508,16 +242,16 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
         _ => None,
     };
     let luks2 = match &meta {
-        Some(m) => Some(check_luks2_metadata(m, &info, cd.device_name())?),
+        Some(m) => Some(luks::check_luks2_metadata(m, &info, cd.device_name())?),
         None => None,
     };
-    refuse_unsafe_luks_ciphers(
+    luks::refuse_unsafe_ciphers(
         meta.as_ref(),
         &info,
         cd.device_name(),
         opts.allow_null_cipher,
     )?;
-    let cipher = cipher_spec(&info, &device_str)?;
+    let cipher = luks::cipher_spec(&info, &device_str)?;
     let (slot, key) = match how {
         Unlock::Passphrase(secret) => {
             let (slot, key) = cd
@@ -538,50 +272,24 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
         }
     };
     drop(cd);
-    if key.len() != info.key_bytes {
-        bail!(
-            "the volume key of {device_str} is {} bytes but the header says {}",
-            key.len(),
-            info.key_bytes
-        );
-    }
-    if let (Some(seg), Some(slot)) = (&luks2, slot) {
-        if !seg.digest_keyslots.contains(&slot) {
-            return Err(FormatError::Refused(format!(
-                "LUKS2 header on {device_str}: keyslot {slot} is not bound to a digest of \
-                 segment 0; its key does not decrypt the data"
-            ))
-            .into());
-        }
-    }
-    let fixed = luks2.and_then(|s| s.size_bytes);
-    let length = match fixed {
-        Some(b) => b / 512,
-        None => {
-            let total = device_bytes(device)? / 512;
-            if total < info.data_offset {
-                bail!(
-                    "device {device_str} ({total} sectors) ends before the data offset {} sectors",
-                    info.data_offset
-                );
-            }
-            // total == data offset: a header-only device; unlocking works, opening the
-            // (empty) volume is refused by the engine.
-            total - info.data_offset
-        }
+    luks::check_key(&info, &key, luks2.as_ref(), slot, &device_str)?;
+    let segment_bytes = luks2.and_then(|s| s.size_bytes);
+    // The device's size only where the segment runs to its end.
+    let real = match segment_bytes {
+        Some(_) => None,
+        None => Some(device_bytes(device)?),
     };
-    let table = TableLine {
-        start: 0,
-        length,
+    let mapping = luks::segment_mapping(
+        &info,
         cipher,
-        key: KeySource::Hex(key),
-        iv_offset: info.iv_offset,
-        device: DeviceRef::Path(device_str),
-        offset: info.data_offset,
-        opts: opts_from(act, info.sector_size, opts.allow_discards),
-    };
+        key,
+        &device_str,
+        segment_bytes,
+        real,
+        opts.allow_discards,
+    )?;
     Ok(Unlocked {
-        mapping: Mapping::single(table),
+        mapping,
         info,
         slot,
     })
@@ -601,7 +309,7 @@ fn unlock_reencrypting(
 ) -> Result<Unlocked> {
     use ucrypt_format::luks2::reencrypt::{Progress, Reencrypt};
     let device_str = device.display().to_string();
-    let (act, _) = cd.persistent_flags()?;
+    cd.persistent_flags()?;
     let info = cd.info();
     drop(cd);
     // The header (and its keyslots) on the device, or in the detached `--header` file.
@@ -682,37 +390,17 @@ fn unlock_reencrypting(
     let (slot, old_key) = key_of(old_digest)?;
     let (_, new_key) = key_of(new_digest)?;
     st.verify(&header.json, old_key.as_bytes(), new_key.as_bytes())?;
-    let line =
-        |side: &luks2::reencrypt::Side, key: &VolumeKey, from: u64, to: u64| -> Result<TableLine> {
-            Ok(TableLine {
-                start: from / 512,
-                length: (to - from) / 512,
-                cipher: ucrypt_crypto::CipherSpec::from_str(&side.encryption)?,
-                key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
-                iv_offset: side.iv_tweak + from / 512,
-                device: DeviceRef::Path(device_str.clone()),
-                offset: (side.offset + from) / 512,
-                opts: opts_from(act, side.sector_size, opts.allow_discards),
-            })
-        };
-    let mut parts = Vec::new();
-    if done > 0 {
-        parts.push((&st.new, &new_key, 0, done));
-    }
-    if done < size {
-        parts.push((&st.old, &old_key, done, size));
-    }
-    // A header-only device (no data area) still unlocks, as in the one-segment case; the
-    // engine refuses to serve the empty volume.
-    if parts.is_empty() {
-        parts.push((&st.old, &old_key, 0, 0));
-    }
-    let targets = parts
-        .iter()
-        .map(|&(side, key, from, to)| line(side, key, from, to).map(Target::Crypt))
-        .collect::<Result<Vec<_>>>()?;
+    let mapping = luks::reencrypting_mapping(
+        &st,
+        done,
+        size,
+        (&old_key, &new_key),
+        &device_str,
+        info.flags,
+        opts.allow_discards,
+    )?;
     Ok(Unlocked {
-        mapping: Mapping::targets(targets),
+        mapping,
         info,
         slot: Some(slot),
     })
@@ -806,7 +494,7 @@ fn unlock_fvault2(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<
     let info = cd.info();
     drop(cd);
     let md = ucrypt_format::fvault2::Metadata::read(device)?;
-    let cipher = cipher_spec(&info, &device_str)?;
+    let cipher = luks::cipher_spec(&info, &device_str)?;
     let mapping = md.mapping(cipher, key, &device_str, opts.allow_discards);
     Ok(Unlocked {
         mapping,
@@ -837,17 +525,7 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
     } else {
         None
     };
-    let info = HeaderInfo {
-        kind: Some(HeaderType::Plain),
-        cipher: p.cipher.clone(),
-        cipher_mode: String::new(),
-        uuid: None,
-        label: None,
-        data_offset: p.offset,
-        iv_offset: p.skip,
-        key_bytes: key.len(),
-        sector_size: p.sector_size,
-    };
+    let info = p.info(key.len());
     let mapping = p.mapping(cipher, key, &device_str, real, opts.allow_discards)?;
     Ok(Unlocked {
         mapping,
@@ -889,260 +567,4 @@ pub fn open_unlocked(
     opts: OpenOptions,
 ) -> Result<std::sync::Arc<dyn ucrypt_backend::Backend>> {
     open_mapping(unlocked.mapping, opts)
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use serde_json::{json, Value};
-
-    /// The metadata `cryptsetup luksFormat --type luks2 -c aes-xts-plain64 -s 512` writes
-    /// (keyslot area and KDF details trimmed: libcryptsetup owns them).
-    fn base() -> Value {
-        json!({
-            "keyslots": {"0": {"type": "luks2", "key_size": 64,
-                "af": {"type": "luks1", "stripes": 4000, "hash": "sha256"},
-                "area": {"type": "raw", "offset": "32768", "size": "258048",
-                         "encryption": "aes-xts-plain64", "key_size": 64},
-                "kdf": {"type": "pbkdf2", "hash": "sha256", "iterations": 1000, "salt": "AA=="}}},
-            "tokens": {},
-            "segments": {"0": {"type": "crypt", "offset": "557056", "size": "dynamic",
-                "iv_tweak": "0", "encryption": "aes-xts-plain64", "sector_size": 512}},
-            "digests": {"0": {"type": "pbkdf2", "keyslots": ["0"], "segments": ["0"],
-                "hash": "sha256", "iterations": 1000, "salt": "AA==", "digest": "AA=="}},
-            "config": {"json_size": "12288", "keyslots_size": "524288"}
-        })
-    }
-
-    fn info() -> HeaderInfo {
-        HeaderInfo {
-            kind: Some(HeaderType::Luks2),
-            cipher: "aes".into(),
-            cipher_mode: "xts-plain64".into(),
-            uuid: None,
-            label: None,
-            data_offset: 557_056 / 512,
-            iv_offset: 0,
-            key_bytes: 64,
-            sector_size: 512,
-        }
-    }
-
-    /// The typed metadata of `text` (every row below parses; the checks refuse).
-    fn meta(text: &str) -> Metadata {
-        Metadata::parse(text).unwrap()
-    }
-
-    /// Sets `value` at the JSON pointer `path` (creating the last member), or removes it.
-    fn with(path: &str, value: Option<Value>) -> String {
-        let mut v = base();
-        let (parent, last) = path.rsplit_once('/').unwrap();
-        let obj = v.pointer_mut(parent).unwrap().as_object_mut().unwrap();
-        match value {
-            Some(x) => obj.insert(last.to_string(), x),
-            None => obj.remove(last),
-        };
-        v.to_string()
-    }
-
-    /// One row per LUKS2 field that changes what a sector decrypts to: set it to something
-    /// ucrypt does not implement, and the header must be refused naming the field.
-    #[test]
-    fn luks2_fields_ucrypt_does_not_implement_are_refused_by_name() {
-        let info = info();
-        let base_info = self::info();
-        let ok = check_luks2_metadata(&meta(&base().to_string()), &info, "d").unwrap();
-        assert_eq!(ok.size_bytes, None);
-        assert_eq!(ok.digest_keyslots, vec![0]);
-        let rows: Vec<(&str, Option<Value>, &str)> = vec![
-            (
-                "/segments/0/integrity",
-                Some(
-                    json!({"type": "hmac(sha256)", "journal_encryption": "none", "journal_integrity": "none"}),
-                ),
-                "segments.0.integrity is {\"type\": \"hmac(sha256)\"}",
-            ),
-            (
-                "/segments/0/integrity",
-                Some(json!({"type": "aead"})),
-                "authenticated encryption",
-            ),
-            (
-                "/segments/0/type",
-                Some(json!("linear")),
-                "segments.0.type is \"linear\"",
-            ),
-            (
-                "/segments/0/type",
-                Some(json!("hw-opal-crypt")),
-                "segments.0.type is \"hw-opal-crypt\"",
-            ),
-            (
-                "/segments/0/flags",
-                Some(json!(["backup-previous"])),
-                "segments.0.flags",
-            ),
-            (
-                "/segments/0/flags",
-                Some(json!(["in-reencryption"])),
-                "in-reencryption",
-            ),
-            (
-                "/segments/0/encryption",
-                Some(json!("aes-cbc-essiv:sha256")),
-                "segments.0.encryption \"aes-cbc-essiv:sha256\"",
-            ),
-            (
-                "/segments/0/sector_size",
-                Some(json!(8192)),
-                "segments.0.sector_size is 8192",
-            ),
-            (
-                "/segments/0/sector_size",
-                Some(json!(4096)),
-                "segments.0.sector_size is 4096",
-            ),
-            (
-                "/segments/0/sector_size",
-                Some(json!(520)),
-                "segments.0.sector_size is 520",
-            ),
-            (
-                "/segments/0/offset",
-                Some(json!("557057")),
-                "segments.0.offset 557057",
-            ),
-            (
-                "/segments/0/offset",
-                Some(json!("x")),
-                "segments.0.offset is \"x\"",
-            ),
-            (
-                "/segments/0/iv_tweak",
-                Some(json!("8")),
-                "segments.0.iv_tweak 8",
-            ),
-            (
-                "/segments/0/size",
-                Some(json!("1000")),
-                "segments.0.size 1000",
-            ),
-            ("/segments/0/size", Some(json!("0")), "segments.0.size 0"),
-            (
-                "/segments/1",
-                Some(
-                    json!({"type": "crypt", "offset": "0", "size": "dynamic", "iv_tweak": "0", "encryption": "aes-xts-plain64", "sector_size": 512}),
-                ),
-                "2 segments (0, 1)",
-            ),
-            ("/segments/0", None, "0 segments"),
-            (
-                "/config/requirements",
-                Some(json!({"mandatory": ["online-reencrypt-v2"]})),
-                "config.requirements.mandatory lists \"online-reencrypt-v2\"",
-            ),
-            (
-                "/config/requirements",
-                Some(json!({"mandatory": ["opal"]})),
-                "\"opal\"",
-            ),
-            (
-                "/config/flags",
-                Some(json!(["allow-discards", "high-priority-future"])),
-                "unknown flag \"high-priority-future\"",
-            ),
-            (
-                "/digests/0/segments",
-                Some(json!([])),
-                "no digest covers segment 0",
-            ),
-            (
-                "/keyslots/0/key_size",
-                Some(json!(32)),
-                "keyslots.0.key_size is 32",
-            ),
-            (
-                "/keyslots/0/type",
-                Some(json!("reencrypt")),
-                "keyslots.0.type is \"reencrypt\"",
-            ),
-        ];
-        for (path, value, want) in rows {
-            let text = with(path, value.clone());
-            let e = check_luks2_metadata(&meta(&text), &info, "d")
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(want), "{path} = {value:?}: {e}");
-            assert!(e.contains("ucrypt does not implement it"), "{e}");
-        }
-        // Fields that are honoured: a fixed size, known flags, unbound extra digests.
-        let sized = check_luks2_metadata(
-            &meta(&with("/segments/0/size", Some(json!("1048576")))),
-            &info,
-            "d",
-        );
-        assert_eq!(sized.unwrap().size_bytes, Some(1 << 20));
-        let flags = with(
-            "/config/flags",
-            Some(json!(["allow-discards", "no-read-workqueue"])),
-        );
-        check_luks2_metadata(&meta(&flags), &info, "d").unwrap();
-        // A sector size libcryptsetup also reports is honoured (it becomes the table's).
-        let info4k = HeaderInfo {
-            sector_size: 4096,
-            ..base_info
-        };
-        check_luks2_metadata(
-            &meta(&with("/segments/0/sector_size", Some(json!(4096)))),
-            &info4k,
-            "d",
-        )
-        .unwrap();
-    }
-
-    #[test]
-    fn null_ciphers_are_refused_unless_allowed_and_capi_keyslots_always() {
-        let check = |v: &Value, info: &HeaderInfo, allow: bool| {
-            refuse_unsafe_luks_ciphers(Some(&meta(&v.to_string())), info, "d", allow)
-                .map_err(|e| e.to_string())
-        };
-        assert!(check(&base(), &info(), false).is_ok());
-        for null in ["cipher_null-ecb", "null"] {
-            let mut v = base();
-            v["keyslots"]["0"]["area"]["encryption"] = null.into();
-            let e = check(&v, &info(), false).unwrap_err();
-            assert!(e.contains("keyslot 0 uses the null cipher"), "{e}");
-            assert!(check(&v, &info(), true).is_ok());
-        }
-        let mut v = base();
-        v["segments"]["0"]["encryption"] = "capi:ecb(cipher_null)".into();
-        let e = check(&v, &info(), false).unwrap_err();
-        assert!(e.contains("data segment 0 uses the null cipher"), "{e}");
-        let mut v = base();
-        v["segments"]["0"]["encryption"] = "cipher_null-ecb".into();
-        let e = check(&v, &info(), false).unwrap_err();
-        assert!(e.contains("data segment 0 uses the null cipher"), "{e}");
-        assert!(check(&v, &info(), true).is_ok());
-        let mut v = base();
-        v["keyslots"]["0"]["area"]["encryption"] = "capi:xts(aes)-plain64".into();
-        assert!(check(&v, &info(), true)
-            .unwrap_err()
-            .contains("kernel crypto API"));
-        // LUKS1: one cipher for keyslots and data, from the binary header.
-        let luks1 = HeaderInfo {
-            kind: Some(HeaderType::Luks1),
-            cipher: "cipher_null".into(),
-            cipher_mode: "ecb".into(),
-            ..info()
-        };
-        let e = refuse_unsafe_luks_ciphers(None, &luks1, "d", false)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("the keyslots and data uses the null cipher"),
-            "{e}"
-        );
-        assert!(refuse_unsafe_luks_ciphers(None, &luks1, "d", true).is_ok());
-    }
 }

@@ -19,7 +19,6 @@ use crate::unlocked::{HeaderOptions, Unlocked};
 use anyhow::{Context, Result};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use ucrypt_cryptsetup::{HeaderInfo, HeaderType};
 use ucrypt_format::tcrypt::{self, TcryptHeader};
 
 /// Size of a file or block device in bytes.
@@ -95,17 +94,7 @@ pub fn unlock_tcrypt(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Resu
     };
     let area = hdr.data_area(t, &geometry, &device_str)?;
     let mapping = hdr.mapping(&device_str, &area, opts.allow_discards)?;
-    let info = HeaderInfo {
-        kind: Some(HeaderType::Tcrypt),
-        cipher: hdr.chain.long_name.to_string(),
-        cipher_mode: hdr.chain.mode.name().to_string(),
-        uuid: None,
-        label: None,
-        data_offset: area.offset,
-        iv_offset: area.iv_offset,
-        key_bytes: hdr.chain.chain_key_size,
-        sector_size: 512,
-    };
+    let info = hdr.info(&area);
     Ok(Unlocked {
         mapping,
         info,

@@ -6,9 +6,8 @@
 
 use std::path::PathBuf;
 use std::str::FromStr;
-use ucrypt_cryptsetup::HeaderInfo;
 use ucrypt_format::plain::PlainOptions;
-use ucrypt_format::{FormatError, Mapping, TableLine};
+use ucrypt_format::{FormatError, Mapping, TableLine, VolumeInfo};
 
 /// Which kind of volume to expect (cryptsetup's `--type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,7 +69,7 @@ pub struct HeaderOptions {
     /// TCRYPT search and header options (used with [`VolumeType::Tcrypt`]).
     pub tcrypt: ucrypt_format::tcrypt::TcryptOptions,
     /// INSECURE: open LUKS headers whose keyslots or data segment use `cipher_null` (no
-    /// encryption). Off by default, see [`crate::header::refuse_unsafe_luks_ciphers`].
+    /// encryption). Off by default, see [`ucrypt_format::luks::refuse_unsafe_ciphers`].
     pub allow_null_cipher: bool,
     /// A LUKS2 reencryption hotzone that a crash interrupted is recovered (from its
     /// checksums or journal) before the volume is mapped, as cryptsetup's activation does.
@@ -86,7 +85,7 @@ pub struct Unlocked {
     /// stack of tables (TCRYPT cascades).
     pub mapping: Mapping,
     /// What the header says (type, cipher, offsets, UUID).
-    pub info: HeaderInfo,
+    pub info: VolumeInfo,
     /// The keyslot that opened (LUKS).
     pub slot: Option<u32>,
 }

@@ -12,7 +12,8 @@ use std::path::Path;
 use std::ptr::{self, NonNull};
 use std::sync::Once;
 use ucrypt_crypto::VolumeKey;
-use ucrypt_format::FormatError;
+use ucrypt_format::luks2::ActivationFlags;
+use ucrypt_format::{FormatError, HeaderType, VolumeInfo};
 use zeroize::Zeroizing;
 
 thread_local! {
@@ -184,71 +185,34 @@ unsafe fn opt_string(p: *const libc::c_char) -> Option<String> {
     }
 }
 
-/// A header type libcryptsetup knows (`CRYPT_LUKS1`, `CRYPT_LUKS2`, ...).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeaderType {
-    /// LUKS version 1.
-    Luks1,
-    /// LUKS version 2.
-    Luks2,
-    /// Plain dm-crypt (no header).
-    Plain,
-    /// TrueCrypt / VeraCrypt.
-    Tcrypt,
-    /// BitLocker.
-    Bitlk,
-    /// FileVault2.
-    Fvault2,
-}
-
-impl HeaderType {
-    /// libcryptsetup's name (`"LUKS2"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            HeaderType::Luks1 => "LUKS1",
-            HeaderType::Luks2 => "LUKS2",
-            HeaderType::Plain => "PLAIN",
-            HeaderType::Tcrypt => "TCRYPT",
-            HeaderType::Bitlk => "BITLK",
-            HeaderType::Fvault2 => "FVAULT2",
-        }
-    }
-
-    fn c_name(self) -> &'static CStr {
-        match self {
-            HeaderType::Luks1 => c"LUKS1",
-            HeaderType::Luks2 => c"LUKS2",
-            HeaderType::Plain => c"PLAIN",
-            HeaderType::Tcrypt => c"TCRYPT",
-            HeaderType::Bitlk => c"BITLK",
-            HeaderType::Fvault2 => c"FVAULT2",
-        }
-    }
-
-    fn from_name(s: &str) -> Option<Self> {
-        [
-            HeaderType::Luks1,
-            HeaderType::Luks2,
-            HeaderType::Plain,
-            HeaderType::Tcrypt,
-            HeaderType::Bitlk,
-            HeaderType::Fvault2,
-        ]
-        .into_iter()
-        .find(|t| t.name() == s)
-    }
-
-    /// How many keyslots this type has (LUKS1: 8, LUKS2: 32, others 0).
-    pub fn keyslot_max(self) -> u32 {
-        // SAFETY: a static NUL-terminated type name; the call only compares it.
-        let n = unsafe { ffi::crypt_keyslot_max(self.c_name().as_ptr()) };
-        u32::try_from(n).unwrap_or(0)
+/// libcryptsetup's C name of a header type (`CRYPT_LUKS2`...).
+fn c_name(t: HeaderType) -> &'static CStr {
+    match t {
+        HeaderType::Luks1 => c"LUKS1",
+        HeaderType::Luks2 => c"LUKS2",
+        HeaderType::Plain => c"PLAIN",
+        HeaderType::Tcrypt => c"TCRYPT",
+        HeaderType::Bitlk => c"BITLK",
+        HeaderType::Fvault2 => c"FVAULT2",
     }
 }
 
-impl std::fmt::Display for HeaderType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+/// How many keyslots a header type has (`crypt_keyslot_max`: LUKS1 8, LUKS2 32, others 0).
+pub fn keyslot_max(t: HeaderType) -> u32 {
+    // SAFETY: a static NUL-terminated type name; the call only compares it.
+    let n = unsafe { ffi::crypt_keyslot_max(c_name(t).as_ptr()) };
+    u32::try_from(n).unwrap_or(0)
+}
+
+/// The persistent activation flag bits libcryptsetup reports (`CRYPT_ACTIVATE_*`) as the
+/// format layer's [`ActivationFlags`].
+pub fn activation_flags(act: u32) -> ActivationFlags {
+    ActivationFlags {
+        allow_discards: act & crate::ACTIVATE_ALLOW_DISCARDS != 0,
+        same_cpu_crypt: act & crate::ACTIVATE_SAME_CPU_CRYPT != 0,
+        submit_from_crypt_cpus: act & crate::ACTIVATE_SUBMIT_FROM_CRYPT_CPUS != 0,
+        no_read_workqueue: act & crate::ACTIVATE_NO_READ_WORKQUEUE != 0,
+        no_write_workqueue: act & crate::ACTIVATE_NO_WRITE_WORKQUEUE != 0,
     }
 }
 
@@ -330,40 +294,6 @@ impl TokenStatus {
     /// Whether the token id holds a token.
     pub fn in_use(self) -> bool {
         !matches!(self, TokenStatus::Invalid | TokenStatus::Inactive)
-    }
-}
-
-/// Header facts libcryptsetup reports after `crypt_load` / `crypt_format`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeaderInfo {
-    /// Header type.
-    pub kind: Option<HeaderType>,
-    /// Cipher name (`aes`).
-    pub cipher: String,
-    /// Cipher mode with IV (`xts-plain64`).
-    pub cipher_mode: String,
-    /// UUID, if the format has one.
-    pub uuid: Option<String>,
-    /// LUKS2 label.
-    pub label: Option<String>,
-    /// Data area start in 512-byte sectors.
-    pub data_offset: u64,
-    /// IV offset in 512-byte sectors.
-    pub iv_offset: u64,
-    /// Volume key size in bytes.
-    pub key_bytes: usize,
-    /// Encryption sector size in bytes.
-    pub sector_size: u32,
-}
-
-impl HeaderInfo {
-    /// The dm-crypt cipher spec (`aes-xts-plain64`).
-    pub fn cipher_spec(&self) -> String {
-        if self.cipher_mode.is_empty() {
-            self.cipher.clone()
-        } else {
-            format!("{}-{}", self.cipher, self.cipher_mode)
-        }
     }
 }
 
@@ -518,7 +448,7 @@ impl CryptDevice {
     /// # Errors
     /// `EINVAL` when no (valid) header of that type is on the device.
     pub fn load(&mut self, kind: Option<HeaderType>) -> Result<(), FormatError> {
-        let t = kind.map_or(ptr::null(), |k| k.c_name().as_ptr());
+        let t = kind.map_or(ptr::null(), |k| c_name(k).as_ptr());
         // SAFETY: `t` is NULL or a static C string; NULL params is allowed for LUKS.
         self.call("loading the header", |cd| unsafe {
             ffi::crypt_load(cd, t, ptr::null_mut())
@@ -677,7 +607,7 @@ impl CryptDevice {
             }
             ffi::crypt_format(
                 cd,
-                kind.c_name().as_ptr(),
+                c_name(kind).as_ptr(),
                 cipher.as_ptr(),
                 mode.as_ptr(),
                 uuid_p,
@@ -717,7 +647,7 @@ impl CryptDevice {
         self.call("setting up plain mode", |cd| unsafe {
             ffi::crypt_format(
                 cd,
-                HeaderType::Plain.c_name().as_ptr(),
+                c_name(HeaderType::Plain).as_ptr(),
                 c.as_ptr(),
                 m.as_ptr(),
                 ptr::null(),
@@ -1326,14 +1256,26 @@ impl CryptDevice {
         })
     }
 
-    /// Header facts (`crypt_get_*`).
-    pub fn info(&mut self) -> HeaderInfo {
+    /// Header facts (`crypt_get_*`, and for LUKS2 the persistent activation flags of
+    /// `crypt_persistent_flags_get`), as the format layer's [`VolumeInfo`].
+    pub fn info(&mut self) -> VolumeInfo {
         let cd = self.cd.as_ptr();
         // SAFETY: getters on a valid context; returned strings are owned by the context
         // and copied at once.
+        let kind =
+            unsafe { opt_string(ffi::crypt_get_type(cd)) }.and_then(|t| HeaderType::from_name(&t));
+        let mut act = 0u32;
+        if kind == Some(HeaderType::Luks2) {
+            // SAFETY: a valid context and out-pointer; on failure `act` stays 0 (the
+            // flags are read again, with the error reported, by `persistent_flags`).
+            unsafe {
+                ffi::crypt_persistent_flags_get(cd, ffi::CRYPT_FLAGS_ACTIVATION, &mut act);
+            }
+        }
+        // SAFETY: as above.
         unsafe {
-            HeaderInfo {
-                kind: opt_string(ffi::crypt_get_type(cd)).and_then(|t| HeaderType::from_name(&t)),
+            VolumeInfo {
+                kind,
                 cipher: opt_string(ffi::crypt_get_cipher(cd)).unwrap_or_default(),
                 cipher_mode: opt_string(ffi::crypt_get_cipher_mode(cd)).unwrap_or_default(),
                 uuid: opt_string(ffi::crypt_get_uuid(cd)),
@@ -1342,6 +1284,7 @@ impl CryptDevice {
                 iv_offset: ffi::crypt_get_iv_offset(cd),
                 key_bytes: usize::try_from(ffi::crypt_get_volume_key_size(cd)).unwrap_or(0),
                 sector_size: u32::try_from(ffi::crypt_get_sector_size(cd)).unwrap_or(512),
+                flags: activation_flags(act),
             }
         }
     }
@@ -1493,7 +1436,7 @@ impl CryptDevice {
     /// # Errors
     /// What the library refuses (keyslots or features the target format cannot hold).
     pub fn convert(&mut self, to: HeaderType) -> Result<(), FormatError> {
-        let t = to.c_name().as_ptr();
+        let t = c_name(to).as_ptr();
         // SAFETY: a static C string; NULL params is allowed for LUKS conversions.
         self.call(&format!("converting the header to {to}"), |cd| unsafe {
             ffi::crypt_convert(cd, t, ptr::null_mut())
@@ -1507,7 +1450,7 @@ impl CryptDevice {
     /// # Errors
     /// What cannot be repaired.
     pub fn repair(&mut self, kind: Option<HeaderType>) -> Result<(), FormatError> {
-        let t = kind.map_or(ptr::null(), |k| k.c_name().as_ptr());
+        let t = kind.map_or(ptr::null(), |k| c_name(k).as_ptr());
         // SAFETY: NULL or a static C string; NULL params.
         self.call("repairing the header", |cd| unsafe {
             ffi::crypt_repair(cd, t, ptr::null_mut())

@@ -14,7 +14,7 @@
 //! Header and keyslot work goes through the library (`libcryptsetup.h`, 2.6), linked as
 //! `-lcryptsetup` with hand-written declarations ([`ffi`], no bindgen/clang). It works on
 //! image files without device-mapper: `crypt_activate_by_passphrase` with a NULL name only
-//! checks a passphrase. ucrypt does the data path itself from what [`HeaderInfo`] says.
+//! checks a passphrase. ucrypt does the data path itself from what [`VolumeInfo`] says.
 //! The declarations are checked against the installed `libcryptsetup.h` by a test that
 //! compiles a C program printing each struct's size, alignment and field offsets and each
 //! constant ([`ffi`]'s `layout` tests).
@@ -24,10 +24,12 @@ mod ffi;
 pub mod plain;
 
 pub use device::{
-    disable_external_tokens, disable_volume_key_keyring, external_tokens_dir, set_debug,
-    set_external_tokens_path, split_cipher, CryptDevice, HeaderInfo, HeaderType, KeyslotStatus,
+    activation_flags, disable_external_tokens, disable_volume_key_keyring, external_tokens_dir,
+    keyslot_max, set_debug, set_external_tokens_path, split_cipher, CryptDevice, KeyslotStatus,
     LuksFormat, Pbkdf, ReencryptInit, ReencryptMode, TokenStatus,
 };
+/// The header facts [`CryptDevice::info`] reports, in the format layer's own types.
+pub use ucrypt_format::{HeaderType, VolumeInfo};
 
 /// Persistent activation flag `CRYPT_ACTIVATE_ALLOW_DISCARDS`.
 pub const ACTIVATE_ALLOW_DISCARDS: u32 = 1 << 3;

@@ -28,7 +28,9 @@ pub mod bitlk;
 mod bytes;
 mod error;
 pub mod fvault2;
+pub mod info;
 pub mod kdf;
+pub mod luks;
 pub mod luks1;
 pub mod luks2;
 pub mod mapping;
@@ -37,5 +39,6 @@ pub mod table;
 pub mod tcrypt;
 
 pub use error::FormatError;
+pub use info::{HeaderType, VolumeInfo};
 pub use mapping::{Mapping, Table, Target};
 pub use table::{DeviceRef, KeySource, OptParam, TableLine, ValidateOptions};

@@ -59,6 +59,23 @@ impl Default for PlainOptions {
 }
 
 impl PlainOptions {
+    /// What plain mode says about the volume (it has no header: the options are its
+    /// facts), for a volume key of `key_bytes` bytes.
+    pub fn info(&self, key_bytes: usize) -> crate::VolumeInfo {
+        crate::VolumeInfo {
+            kind: Some(crate::HeaderType::Plain),
+            cipher: self.cipher.clone(),
+            cipher_mode: String::new(),
+            uuid: None,
+            label: None,
+            data_offset: self.offset,
+            iv_offset: self.skip,
+            key_bytes,
+            sector_size: self.sector_size,
+            flags: crate::luks2::ActivationFlags::default(),
+        }
+    }
+
     /// The mapping cryptsetup loads in plain mode on `device`: one crypt target from
     /// `--offset` for `--size` sectors, or to the device's end (`--device-size` standing in
     /// for the device's size when given, else `device_bytes`, which the caller reads only

@@ -1180,6 +1180,23 @@ impl TcryptHeader {
         }
     }
 
+    /// What the header says about the volume over `area` (from [`TcryptHeader::data_area`]):
+    /// the chain's cipher and mode, the data and IV offsets, 512-byte sectors.
+    pub fn info(&self, area: &DataArea) -> crate::VolumeInfo {
+        crate::VolumeInfo {
+            kind: Some(crate::HeaderType::Tcrypt),
+            cipher: self.chain.long_name.to_string(),
+            cipher_mode: self.chain.mode.name().to_string(),
+            uuid: None,
+            label: None,
+            data_offset: area.offset,
+            iv_offset: area.iv_offset,
+            key_bytes: self.chain.chain_key_size,
+            sector_size: 512,
+            flags: crate::luks2::ActivationFlags::default(),
+        }
+    }
+
     /// The mapping cryptsetup loads for this volume on `device` over `area` (from
     /// [`TcryptHeader::data_area`]): one crypt table per cipher of the chain, the outermost
     /// on the device at the data offset, each inner one on the table below

@@ -128,7 +128,7 @@ pub(crate) fn erase(a: ConfirmArgs) -> Result<(), CliError> {
             a.dev.device.display()
         ),
     )?;
-    let max = cd.info().kind.map_or(0, HeaderType::keyslot_max);
+    let max = cd.info().kind.map_or(0, ucrypt_cryptsetup::keyslot_max);
     for slot in 0..max {
         if !matches!(
             cd.keyslot_status(slot),

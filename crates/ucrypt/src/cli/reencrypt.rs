@@ -235,7 +235,7 @@ fn key_bytes(bits: Option<u32>, cipher: &str) -> Result<usize, CliError> {
 fn initialise_keep_key(
     a: &Args,
     mut cd: ucrypt_cryptsetup::CryptDevice,
-    info: &ucrypt_cryptsetup::HeaderInfo,
+    info: &ucrypt_cryptsetup::VolumeInfo,
     passphrase: &[u8],
 ) -> Result<(), CliError> {
     let cipher = a.cipher.clone().unwrap_or_else(|| info.cipher_spec());

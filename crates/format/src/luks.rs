@@ -1,0 +1,680 @@
+//! Mapping a LUKS1 or LUKS2 header as cryptsetup does, from what core read and unlocked:
+//! the checks every header field that changes the data must pass
+//! ([`check_luks2_metadata`], [`refuse_unsafe_ciphers`], [`cipher_spec`]), and the table
+//! lines cryptsetup gives the kernel: one crypt segment ([`segment_mapping`]), or the two
+//! targets of a volume in the middle of a reencryption ([`reencrypting_mapping`]).
+//! Pure functions of the parsed header, the volume key and values core passes in (the
+//! device size, only where the mapping runs to the device's end); core keeps the I/O,
+//! libcryptsetup and the key derivation.
+//!
+//! ```text
+//!  VolumeInfo (libcryptsetup's view) + luks2::Metadata ─► check_luks2_metadata ─► Luks2Segment
+//!  VolumeInfo + volume key + segment/device size      ─► segment_mapping      ─► Mapping (1 line)
+//!  luks2::reencrypt::Reencrypt + done + both keys     ─► reencrypting_mapping ─► Mapping (new | old)
+//! ```
+
+use crate::luks2::reencrypt::{Reencrypt, Side};
+use crate::luks2::{self, ActivationFlags, Metadata};
+use crate::{DeviceRef, FormatError, KeySource, Mapping, TableLine, Target, VolumeInfo};
+use ucrypt_crypto::{CipherSpec, VolumeKey};
+
+/// LUKS2 persistent flags (`config.flags`) ucrypt knows: the first five become table
+/// options ([`ActivationFlags::table_options`]); `no-journal` only concerns dm-integrity, whose segments are
+/// refused anyway, so on a plain crypt segment it changes nothing.
+const LUKS2_KNOWN_FLAGS: [&str; 6] = [
+    "allow-discards",
+    "same-cpu-crypt",
+    "submit-from-crypt-cpus",
+    "no-read-workqueue",
+    "no-write-workqueue",
+    "no-journal",
+];
+
+/// What the LUKS2 JSON metadata says about the one data segment ucrypt maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Luks2Segment {
+    /// Fixed size in bytes, `None` for `dynamic` (to the device end).
+    pub size_bytes: Option<u64>,
+    /// Digests that cover segment 0 (a keyslot must be bound to one of them).
+    pub digest_keyslots: Vec<u32>,
+}
+
+/// Refuses a LUKS2 header whose metadata asks for anything ucrypt does not implement, before
+/// any data is served, naming the JSON field. Every field of the data segment that changes
+/// what a sector decrypts to is checked against the table ucrypt builds from `info`
+/// (libcryptsetup's view): the segment type, `integrity` (dm-integrity / AEAD: tags
+/// interleaved with the data), `flags` (reencryption bookkeeping), `encryption`,
+/// `sector_size`, `offset`, `iv_tweak`, `size`; more than one segment; mandatory
+/// requirements; persistent flags ucrypt does not know; keyslots bound to segment 0 that
+/// are not `luks2` keyslots of the segment's key size.
+///
+/// # Errors
+/// [`FormatError::Refused`] naming the field and its value.
+pub fn check_luks2_metadata(
+    v: &Metadata,
+    info: &VolumeInfo,
+    device: &str,
+) -> Result<Luks2Segment, FormatError> {
+    use crate::luks2::metadata::quoted;
+    let refuse = |what: String| -> FormatError {
+        FormatError::Refused(format!(
+            "LUKS2 header on {device}: {what}; ucrypt does not implement it and will not map \
+             this volume (serving it as plain dm-crypt would give wrong data)"
+        ))
+    };
+    if let Some(req) = &v.config.requirements {
+        if !req.mandatory.is_empty() {
+            let names: Vec<String> = req.mandatory.iter().map(|n| quoted(n)).collect();
+            return Err(refuse(format!(
+                "config.requirements.mandatory lists {}",
+                names.join(", ")
+            )));
+        }
+    }
+    if let Some(flags) = &v.config.flags {
+        for f in flags {
+            if !LUKS2_KNOWN_FLAGS.contains(&f.as_str()) {
+                return Err(refuse(format!(
+                    "config.flags has the unknown flag {}",
+                    quoted(f)
+                )));
+            }
+        }
+    }
+    let segments = &v.segments;
+    let seg = match segments.get(&0) {
+        Some(seg) if segments.len() == 1 => seg,
+        _ => {
+            let keys: Vec<String> = segments.keys().map(ToString::to_string).collect();
+            return Err(refuse(format!(
+                "{} segments ({}) where ucrypt maps exactly one, segment 0 (several segments \
+                 mean a reencryption or a layout ucrypt does not build)",
+                segments.len(),
+                keys.join(", ")
+            )));
+        }
+    };
+    let ty = seg.kind.as_str();
+    if ty != "crypt" {
+        return Err(refuse(format!(
+            "segments.0.type is \"{ty}\" (only \"crypt\" is implemented)"
+        )));
+    }
+    if let Some(integrity) = &seg.integrity {
+        let kind = integrity.kind.as_deref().unwrap_or("?");
+        return Err(refuse(format!(
+            "segments.0.integrity is {{\"type\": \"{kind}\"}}: authenticated encryption \
+             (dm-integrity tags interleaved with the data, cryptsetup --integrity)"
+        )));
+    }
+    if let Some(flags) = seg.flags.as_ref().filter(|f| !f.is_empty()) {
+        let names: Vec<String> = flags.iter().map(|n| quoted(n)).collect();
+        return Err(refuse(format!(
+            "segments.0.flags is [{}]",
+            names.join(", ")
+        )));
+    }
+    let num = |field: &str, n: Option<&luks2::Number>| -> Result<u64, FormatError> {
+        n.and_then(luks2::Number::get).ok_or_else(|| {
+            let shown = n.map_or_else(|| "null".to_string(), ToString::to_string);
+            refuse(format!("segments.0.{field} is {shown}, not a number"))
+        })
+    };
+    let enc = seg.encryption.as_deref().unwrap_or("");
+    if enc != info.cipher_spec() {
+        return Err(refuse(format!(
+            "segments.0.encryption \"{enc}\" differs from the cipher libcryptsetup reports \
+             (\"{}\")",
+            info.cipher_spec()
+        )));
+    }
+    let sector = num("sector_size", seg.sector_size.as_ref())?;
+    if ![512, 1024, 2048, 4096].contains(&sector) || sector != u64::from(info.sector_size) {
+        return Err(refuse(format!(
+            "segments.0.sector_size is {sector} (dm-crypt takes 512, 1024, 2048 or 4096)"
+        )));
+    }
+    let offset = num("offset", Some(&seg.offset))?;
+    if offset % sector != 0 || offset != info.data_offset * 512 {
+        return Err(refuse(format!(
+            "segments.0.offset {offset} is not the data offset {} sectors or not aligned to \
+             the sector size {sector}",
+            info.data_offset
+        )));
+    }
+    let tweak = num("iv_tweak", seg.iv_tweak.as_ref())?;
+    if tweak != info.iv_offset {
+        return Err(refuse(format!(
+            "segments.0.iv_tweak {tweak} differs from the IV offset libcryptsetup reports ({})",
+            info.iv_offset
+        )));
+    }
+    let size_bytes = if seg.size.is("dynamic") {
+        None
+    } else {
+        let n = num("size", Some(&seg.size))?;
+        if n == 0 || n % sector != 0 {
+            return Err(refuse(format!(
+                "segments.0.size {n} is not a positive multiple of the sector size {sector}"
+            )));
+        }
+        Some(n)
+    };
+    let digest_keyslots = v.keyslots_of_segment(0);
+    if digest_keyslots.is_empty() {
+        return Err(refuse(
+            "no digest covers segment 0 (no keyslot can hold its volume key)".into(),
+        ));
+    }
+    // Every keyslot that can open segment 0 must hold a key of the segment's size, in the
+    // keyslot format libcryptsetup decrypts for ucrypt.
+    for k in &digest_keyslots {
+        let Some(slot) = v.keyslots.get(k) else {
+            continue; // a digest may name a keyslot since removed; libcryptsetup skips it
+        };
+        if slot.kind != "luks2" {
+            return Err(refuse(format!(
+                "keyslots.{k}.type is {} (only \"luks2\" keyslots hold the volume key)",
+                quoted(&slot.kind)
+            )));
+        }
+        let size = slot.key_size.as_ref().and_then(luks2::Number::get);
+        if size != Some(info.key_bytes as u64) {
+            let shown = slot
+                .key_size
+                .as_ref()
+                .map_or_else(|| "null".to_string(), ToString::to_string);
+            return Err(refuse(format!(
+                "keyslots.{k}.key_size is {shown} but segment 0's key is {} bytes",
+                info.key_bytes
+            )));
+        }
+    }
+    Ok(Luks2Segment {
+        size_bytes,
+        digest_keyslots,
+    })
+}
+
+/// The cipher of the data segment, refused when it names a kernel crypto driver
+/// (`capi:...-generic`) rather than a cipher.
+///
+/// # Errors
+/// [`FormatError::Refused`] for a driver name; the crypto layer's error (after "header on
+/// DEVICE: cipher ...") for a spec it does not implement.
+pub fn cipher_spec(info: &VolumeInfo, device: &str) -> Result<CipherSpec, FormatError> {
+    let spec = info.cipher_spec();
+    if spec.starts_with("capi:") && spec.contains("-generic") {
+        return Err(FormatError::Refused(format!(
+            "header on {device} names a kernel crypto driver (\"{spec}\"), not a cipher; \
+             cryptsetup refuses to activate it and so does ucrypt"
+        )));
+    }
+    spec.parse().map_err(|e| FormatError::At {
+        at: format!("header on {device}: cipher \"{spec}\""),
+        source: Box::new(FormatError::Crypto(e)),
+    })
+}
+
+/// Whether a cryptsetup cipher string means "no encryption" (libcryptsetup's
+/// `crypt_is_cipher_null`: `cipher_null` or `null` as the cipher, any mode).
+fn is_cipher_null(spec: &str) -> bool {
+    let cipher = spec.split('-').next().unwrap_or_default();
+    cipher == "cipher_null" || cipher == "null" || spec.contains("(cipher_null)")
+}
+
+/// Refuses LUKS headers whose ciphers let whoever can write the header decide what the
+/// volume holds, before any keyslot is tried:
+///
+/// * a keyslot or data segment with `cipher_null` (CVE-2025-59054, refused by cryptsetup
+///   2.8.1): a crafted header with a null-cipher keyslot "unlocks" with any passphrase
+///   (or a known one) to a volume key the attacker chose, or maps the data unencrypted,
+///   so a confidential VM that trusts "the disk unlocked" runs the attacker's data.
+///   `allow_null_cipher` (`--insecure-allow-null-cipher`) opens them anyway;
+/// * a LUKS2 keyslot whose cipher is in the kernel crypto API form (`capi:...`), which
+///   cryptsetup never writes and refuses (`LUKS2_keyslot_cipher_incompatible`): such a
+///   string can name a kernel driver instead of a cipher. No option opens these.
+///
+/// `luks2` is the LUKS2 metadata, `None` for LUKS1.
+///
+/// # Errors
+/// [`FormatError::Refused`] naming the keyslot or segment and the cipher.
+pub fn refuse_unsafe_ciphers(
+    luks2: Option<&Metadata>,
+    info: &VolumeInfo,
+    device: &str,
+    allow_null_cipher: bool,
+) -> Result<(), FormatError> {
+    let null_refused = |what: String, spec: &str| -> FormatError {
+        FormatError::Refused(format!(
+            "LUKS header on {device}: {what} uses the null cipher \"{spec}\" (no encryption): \
+             anyone who can write the header could have chosen the volume key or the data \
+             (CVE-2025-59054); ucrypt refuses it as cryptsetup 2.8.1 does \
+             (--insecure-allow-null-cipher opens it anyway)"
+        ))
+    };
+    let mut used: Vec<(String, String)> = Vec::new();
+    if let Some(v) = luks2 {
+        for (id, slot) in &v.keyslots {
+            let Some(spec) = slot.area.as_ref().and_then(|a| a.encryption.as_deref()) else {
+                continue;
+            };
+            if spec.starts_with("capi:") {
+                return Err(FormatError::Refused(format!(
+                    "LUKS2 header on {device}: keyslot {id} is encrypted with \"{spec}\", \
+                     a kernel crypto API string that cryptsetup never writes for a keyslot \
+                     and refuses (it can name a kernel driver rather than a cipher)"
+                )));
+            }
+            used.push((format!("keyslot {id}"), spec.to_string()));
+        }
+        for (id, seg) in &v.segments {
+            if let Some(spec) = &seg.encryption {
+                used.push((format!("data segment {id}"), spec.clone()));
+            }
+        }
+    } else {
+        // LUKS1: one cipher for the keyslots and the data.
+        used.push(("the keyslots and data".to_string(), info.cipher_spec()));
+    }
+    if !allow_null_cipher {
+        if let Some((what, spec)) = used.into_iter().find(|(_, s)| is_cipher_null(s)) {
+            return Err(null_refused(what, &spec));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the volume key a keyslot (`slot`) or the user gave: its size is the header's,
+/// and for LUKS2 (`segment`) the keyslot is bound to a digest of segment 0.
+///
+/// # Errors
+/// [`FormatError::Rule`] for the size, [`FormatError::Refused`] naming an unbound keyslot.
+pub fn check_key(
+    info: &VolumeInfo,
+    key: &VolumeKey,
+    segment: Option<&Luks2Segment>,
+    slot: Option<u32>,
+    device: &str,
+) -> Result<(), FormatError> {
+    if key.len() != info.key_bytes {
+        return Err(FormatError::Rule(format!(
+            "the volume key of {device} is {} bytes but the header says {}",
+            key.len(),
+            info.key_bytes
+        )));
+    }
+    if let (Some(seg), Some(slot)) = (segment, slot) {
+        if !seg.digest_keyslots.contains(&slot) {
+            return Err(FormatError::Refused(format!(
+                "LUKS2 header on {device}: keyslot {slot} is not bound to a digest of \
+                 segment 0; its key does not decrypt the data"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The one crypt line cryptsetup maps for a LUKS1 header or a LUKS2 header of one data
+/// segment: `cipher` and `key` over `device` from the data offset, IVs from the IV offset,
+/// the persistent flags (and `--allow-discards`) as options. Its length is the segment's
+/// fixed size (`segment_bytes`) or, for a `dynamic` segment, the device's size
+/// (`device_bytes`, which core reads only then) less the data offset.
+///
+/// The key is checked by [`check_key`] first.
+///
+/// # Errors
+/// A device that ends before the data offset, a dynamic segment without the device size.
+pub fn segment_mapping(
+    info: &VolumeInfo,
+    cipher: CipherSpec,
+    key: VolumeKey,
+    device: &str,
+    segment_bytes: Option<u64>,
+    device_bytes: Option<u64>,
+    allow_discards: bool,
+) -> Result<Mapping, FormatError> {
+    let length = match (segment_bytes, device_bytes) {
+        (Some(b), _) => b / 512,
+        (None, Some(bytes)) => {
+            let total = bytes / 512;
+            if total < info.data_offset {
+                return Err(FormatError::Rule(format!(
+                    "device {device} ({total} sectors) ends before the data offset {} sectors",
+                    info.data_offset
+                )));
+            }
+            // total == data offset: a header-only device; unlocking works, opening the
+            // (empty) volume is refused by the engine.
+            total - info.data_offset
+        }
+        (None, None) => {
+            return Err(FormatError::Rule(format!(
+                "the data segment of {device} runs to the device's end, whose size is not known"
+            )))
+        }
+    };
+    Ok(Mapping::single(TableLine {
+        start: 0,
+        length,
+        cipher,
+        key: KeySource::Hex(key),
+        iv_offset: info.iv_offset,
+        device: DeviceRef::Path(device.to_string()),
+        offset: info.data_offset,
+        opts: with_discards(info.flags, allow_discards).table_options(info.sector_size),
+    }))
+}
+
+/// The persistent flags, with `--allow-discards` added.
+fn with_discards(flags: ActivationFlags, allow_discards: bool) -> ActivationFlags {
+    ActivationFlags {
+        allow_discards: flags.allow_discards || allow_discards,
+        ..flags
+    }
+}
+
+/// A LUKS2 volume in the middle of a re-keying, mapped as cryptsetup maps it: the part
+/// already done (`done` bytes of the data area of `size` bytes) under the new key, the
+/// rest under the old one, one crypt target each, on `device`. A data area of 0 bytes (a
+/// header-only device) still gives one (empty) target of the old side; the engine refuses
+/// to serve it.
+///
+/// # Errors
+/// A side's cipher the crypto layer does not implement.
+pub fn reencrypting_mapping(
+    st: &Reencrypt,
+    done: u64,
+    size: u64,
+    keys: (&VolumeKey, &VolumeKey),
+    device: &str,
+    flags: ActivationFlags,
+    allow_discards: bool,
+) -> Result<Mapping, FormatError> {
+    let (old_key, new_key) = keys;
+    let flags = with_discards(flags, allow_discards);
+    let line = |side: &Side, key: &VolumeKey, from: u64, to: u64| -> Result<Target, FormatError> {
+        Ok(Target::Crypt(TableLine {
+            start: from / 512,
+            length: (to - from) / 512,
+            cipher: side.encryption.parse()?,
+            key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
+            iv_offset: side.iv_tweak + from / 512,
+            device: DeviceRef::Path(device.to_string()),
+            offset: (side.offset + from) / 512,
+            opts: flags.table_options(side.sector_size),
+        }))
+    };
+    let mut parts = Vec::new();
+    if done > 0 {
+        parts.push((&st.new, new_key, 0, done));
+    }
+    if done < size {
+        parts.push((&st.old, old_key, done, size));
+    }
+    if parts.is_empty() {
+        parts.push((&st.old, old_key, 0, 0));
+    }
+    let targets = parts
+        .iter()
+        .map(|&(side, key, from, to)| line(side, key, from, to))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Mapping::targets(targets))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// The metadata `cryptsetup luksFormat --type luks2 -c aes-xts-plain64 -s 512` writes
+    /// (keyslot area and KDF details trimmed: libcryptsetup owns them).
+    fn base() -> Value {
+        json!({
+            "keyslots": {"0": {"type": "luks2", "key_size": 64,
+                "af": {"type": "luks1", "stripes": 4000, "hash": "sha256"},
+                "area": {"type": "raw", "offset": "32768", "size": "258048",
+                         "encryption": "aes-xts-plain64", "key_size": 64},
+                "kdf": {"type": "pbkdf2", "hash": "sha256", "iterations": 1000, "salt": "AA=="}}},
+            "tokens": {},
+            "segments": {"0": {"type": "crypt", "offset": "557056", "size": "dynamic",
+                "iv_tweak": "0", "encryption": "aes-xts-plain64", "sector_size": 512}},
+            "digests": {"0": {"type": "pbkdf2", "keyslots": ["0"], "segments": ["0"],
+                "hash": "sha256", "iterations": 1000, "salt": "AA==", "digest": "AA=="}},
+            "config": {"json_size": "12288", "keyslots_size": "524288"}
+        })
+    }
+
+    fn info() -> VolumeInfo {
+        VolumeInfo {
+            kind: Some(crate::HeaderType::Luks2),
+            cipher: "aes".into(),
+            cipher_mode: "xts-plain64".into(),
+            uuid: None,
+            label: None,
+            data_offset: 557_056 / 512,
+            iv_offset: 0,
+            key_bytes: 64,
+            sector_size: 512,
+            flags: ActivationFlags::default(),
+        }
+    }
+
+    /// The typed metadata of `text` (every row below parses; the checks refuse).
+    fn meta(text: &str) -> Metadata {
+        Metadata::parse(text).unwrap()
+    }
+
+    /// Sets `value` at the JSON pointer `path` (creating the last member), or removes it.
+    fn with(path: &str, value: Option<Value>) -> String {
+        let mut v = base();
+        let (parent, last) = path.rsplit_once('/').unwrap();
+        let obj = v.pointer_mut(parent).unwrap().as_object_mut().unwrap();
+        match value {
+            Some(x) => obj.insert(last.to_string(), x),
+            None => obj.remove(last),
+        };
+        v.to_string()
+    }
+
+    /// One row per LUKS2 field that changes what a sector decrypts to: set it to something
+    /// ucrypt does not implement, and the header must be refused naming the field.
+    #[test]
+    fn luks2_fields_ucrypt_does_not_implement_are_refused_by_name() {
+        let info = info();
+        let base_info = self::info();
+        let ok = check_luks2_metadata(&meta(&base().to_string()), &info, "d").unwrap();
+        assert_eq!(ok.size_bytes, None);
+        assert_eq!(ok.digest_keyslots, vec![0]);
+        let rows: Vec<(&str, Option<Value>, &str)> = vec![
+            (
+                "/segments/0/integrity",
+                Some(
+                    json!({"type": "hmac(sha256)", "journal_encryption": "none", "journal_integrity": "none"}),
+                ),
+                "segments.0.integrity is {\"type\": \"hmac(sha256)\"}",
+            ),
+            (
+                "/segments/0/integrity",
+                Some(json!({"type": "aead"})),
+                "authenticated encryption",
+            ),
+            (
+                "/segments/0/type",
+                Some(json!("linear")),
+                "segments.0.type is \"linear\"",
+            ),
+            (
+                "/segments/0/type",
+                Some(json!("hw-opal-crypt")),
+                "segments.0.type is \"hw-opal-crypt\"",
+            ),
+            (
+                "/segments/0/flags",
+                Some(json!(["backup-previous"])),
+                "segments.0.flags",
+            ),
+            (
+                "/segments/0/flags",
+                Some(json!(["in-reencryption"])),
+                "in-reencryption",
+            ),
+            (
+                "/segments/0/encryption",
+                Some(json!("aes-cbc-essiv:sha256")),
+                "segments.0.encryption \"aes-cbc-essiv:sha256\"",
+            ),
+            (
+                "/segments/0/sector_size",
+                Some(json!(8192)),
+                "segments.0.sector_size is 8192",
+            ),
+            (
+                "/segments/0/sector_size",
+                Some(json!(4096)),
+                "segments.0.sector_size is 4096",
+            ),
+            (
+                "/segments/0/sector_size",
+                Some(json!(520)),
+                "segments.0.sector_size is 520",
+            ),
+            (
+                "/segments/0/offset",
+                Some(json!("557057")),
+                "segments.0.offset 557057",
+            ),
+            (
+                "/segments/0/offset",
+                Some(json!("x")),
+                "segments.0.offset is \"x\"",
+            ),
+            (
+                "/segments/0/iv_tweak",
+                Some(json!("8")),
+                "segments.0.iv_tweak 8",
+            ),
+            (
+                "/segments/0/size",
+                Some(json!("1000")),
+                "segments.0.size 1000",
+            ),
+            ("/segments/0/size", Some(json!("0")), "segments.0.size 0"),
+            (
+                "/segments/1",
+                Some(
+                    json!({"type": "crypt", "offset": "0", "size": "dynamic", "iv_tweak": "0", "encryption": "aes-xts-plain64", "sector_size": 512}),
+                ),
+                "2 segments (0, 1)",
+            ),
+            ("/segments/0", None, "0 segments"),
+            (
+                "/config/requirements",
+                Some(json!({"mandatory": ["online-reencrypt-v2"]})),
+                "config.requirements.mandatory lists \"online-reencrypt-v2\"",
+            ),
+            (
+                "/config/requirements",
+                Some(json!({"mandatory": ["opal"]})),
+                "\"opal\"",
+            ),
+            (
+                "/config/flags",
+                Some(json!(["allow-discards", "high-priority-future"])),
+                "unknown flag \"high-priority-future\"",
+            ),
+            (
+                "/digests/0/segments",
+                Some(json!([])),
+                "no digest covers segment 0",
+            ),
+            (
+                "/keyslots/0/key_size",
+                Some(json!(32)),
+                "keyslots.0.key_size is 32",
+            ),
+            (
+                "/keyslots/0/type",
+                Some(json!("reencrypt")),
+                "keyslots.0.type is \"reencrypt\"",
+            ),
+        ];
+        for (path, value, want) in rows {
+            let text = with(path, value.clone());
+            let e = check_luks2_metadata(&meta(&text), &info, "d")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{path} = {value:?}: {e}");
+            assert!(e.contains("ucrypt does not implement it"), "{e}");
+        }
+        // Fields that are honoured: a fixed size, known flags, unbound extra digests.
+        let sized = check_luks2_metadata(
+            &meta(&with("/segments/0/size", Some(json!("1048576")))),
+            &info,
+            "d",
+        );
+        assert_eq!(sized.unwrap().size_bytes, Some(1 << 20));
+        let flags = with(
+            "/config/flags",
+            Some(json!(["allow-discards", "no-read-workqueue"])),
+        );
+        check_luks2_metadata(&meta(&flags), &info, "d").unwrap();
+        // A sector size libcryptsetup also reports is honoured (it becomes the table's).
+        let info4k = VolumeInfo {
+            sector_size: 4096,
+            ..base_info
+        };
+        check_luks2_metadata(
+            &meta(&with("/segments/0/sector_size", Some(json!(4096)))),
+            &info4k,
+            "d",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn null_ciphers_are_refused_unless_allowed_and_capi_keyslots_always() {
+        let check = |v: &Value, info: &VolumeInfo, allow: bool| {
+            refuse_unsafe_ciphers(Some(&meta(&v.to_string())), info, "d", allow)
+                .map_err(|e| e.to_string())
+        };
+        assert!(check(&base(), &info(), false).is_ok());
+        for null in ["cipher_null-ecb", "null"] {
+            let mut v = base();
+            v["keyslots"]["0"]["area"]["encryption"] = null.into();
+            let e = check(&v, &info(), false).unwrap_err();
+            assert!(e.contains("keyslot 0 uses the null cipher"), "{e}");
+            assert!(check(&v, &info(), true).is_ok());
+        }
+        let mut v = base();
+        v["segments"]["0"]["encryption"] = "capi:ecb(cipher_null)".into();
+        let e = check(&v, &info(), false).unwrap_err();
+        assert!(e.contains("data segment 0 uses the null cipher"), "{e}");
+        let mut v = base();
+        v["segments"]["0"]["encryption"] = "cipher_null-ecb".into();
+        let e = check(&v, &info(), false).unwrap_err();
+        assert!(e.contains("data segment 0 uses the null cipher"), "{e}");
+        assert!(check(&v, &info(), true).is_ok());
+        let mut v = base();
+        v["keyslots"]["0"]["area"]["encryption"] = "capi:xts(aes)-plain64".into();
+        assert!(check(&v, &info(), true)
+            .unwrap_err()
+            .contains("kernel crypto API"));
+        // LUKS1: one cipher for keyslots and data, from the binary header.
+        let luks1 = VolumeInfo {
+            kind: Some(crate::HeaderType::Luks1),
+            cipher: "cipher_null".into(),
+            cipher_mode: "ecb".into(),
+            ..info()
+        };
+        let e = refuse_unsafe_ciphers(None, &luks1, "d", false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the keyslots and data uses the null cipher"),
+            "{e}"
+        );
+        assert!(refuse_unsafe_ciphers(None, &luks1, "d", true).is_ok());
+    }
+}
