@@ -347,8 +347,9 @@ impl Run {
     /// `passphrase`, checks the reencryption digest.
     ///
     /// # Errors
-    /// Not in reencryption, unsupported kind (encrypt, decrypt, data shift, backward), a
-    /// passphrase that opens neither key, a digest that does not match.
+    /// Not in reencryption, an unsupported kind (a data shift other than `--encrypt
+    /// --reduce-device-size`'s, cryptsetup < 2.4's metadata), a passphrase that opens
+    /// neither key, a digest that does not match.
     pub fn open(path: &Path, passphrase: &[u8]) -> Result<Run> {
         Self::open_with(Box::new(open_rw(path)?), path, passphrase)
     }
@@ -400,6 +401,8 @@ impl Run {
         };
         let data = data.map(|(io, d)| (io, d.display().to_string()));
         let state = Reencrypt::load(&header.json, device_size).map_err(fe)?;
+        // With a data shift the pass covers the data before the moved copy only.
+        let device_size = state.data_length(device_size);
         let meta = Metadata::parse(&header.json.to_compact()).map_err(fe)?;
         let new_key = key_of(path, &meta, state.new.digest, "new", passphrase)?;
         let new = cipher(&state.new, &new_key)?;
@@ -583,6 +586,9 @@ impl Run {
     /// A limit beyond the data area or not a multiple of the sector size; a crashed
     /// hotzone beyond it; a backward run already started.
     pub fn limit_device_size(&mut self, limit: u64) -> Result<()> {
+        if self.state.moved.is_some() {
+            bail!("Options --reduce-device-size and --device-size cannot be combined.");
+        }
         if limit > self.device_size {
             bail!("Reduced data size is larger than real device size.");
         }
@@ -659,6 +665,13 @@ impl Run {
                     bail!("hotzone of {length} bytes is larger than the {area_size}-byte journal");
                 }
                 self.pread(&mut buf, area_at)?;
+                self.rekey(&mut buf, offset);
+                self.data_write(&buf, data_at)?;
+            }
+            Resilience::Datashift { .. } => {
+                // The hotzone's old data is intact (the new lies a shift above it, or the
+                // last hotzone's below the moved copy): do it again.
+                self.data_read(&mut buf, self.state.old_offset(offset))?;
                 self.rekey(&mut buf, offset);
                 self.data_write(&buf, data_at)?;
             }
@@ -836,6 +849,7 @@ impl Run {
         let align = state.old.sector_size.max(state.new.sector_size) as usize;
         let iv_base = iv_base(state);
         let st: &Reencrypt = state;
+        let shifted = matches!(st.resilience, Resilience::Datashift { .. });
         let io_err = |what: &str, e: std::io::Error| anyhow!("{what} on {device}: {e}");
         let (to_io, from_main) = std::sync::mpsc::sync_channel::<Hotzone>(0);
         let (to_main, from_io) = std::sync::mpsc::channel::<Hotzone>();
@@ -845,15 +859,18 @@ impl Run {
                 for z in from_main {
                     let n = z.len as usize;
                     // The commit point: resilience data, synced, then the "hot" header.
-                    match sums_of {
-                        Some(_) => io.write_at(&z.sums, st.area.0),
-                        None => io.write_at(&z.src[..n], st.area.0),
+                    // A data shift has none: the old data stays where it was.
+                    if !shifted {
+                        match sums_of {
+                            Some(_) => io.write_at(&z.sums, st.area.0),
+                            None => io.write_at(&z.src[..n], st.area.0),
+                        }
+                        .map_err(|e| io_err("writing the resilience data", e))?;
+                        // Durable before the header names the hotzone: cryptsetup relies
+                        // on the header's own fsync, which leaves a window where a power
+                        // cut keeps the header and loses part of the checksums or journal.
+                        io.sync().map_err(|e| io_err("syncing", e))?;
                     }
-                    .map_err(|e| io_err("writing the resilience data", e))?;
-                    // Durable before the header names the hotzone: cryptsetup relies on
-                    // the header's own fsync, which leaves a window where a power cut
-                    // keeps the header and loses part of the checksums or journal.
-                    io.sync().map_err(|e| io_err("syncing", e))?;
                     st.set_hot(&mut header.json, z.at, z.len, size);
                     header.write(io, device).map_err(fe)?;
                     let data_at = st.new.offset + z.at;
@@ -916,7 +933,9 @@ impl Run {
                 if let Some((h, bs)) = &sums_of {
                     z.sums.resize(n / bs * h.size(), 0);
                 }
-                let data_at = st.new.offset + at;
+                // The old data: where the new goes, or with a data shift a shift below it
+                // (the moved copy for the last hotzone).
+                let data_at = st.old_offset(at);
                 if let Some(g) = gate {
                     g.hold(at, len);
                 }
@@ -960,7 +979,7 @@ impl Run {
     /// The bytes are a ChaCha20 keystream under a key from `/dev/urandom` (the kernel's
     /// own generator is ChaCha20 too): reading the 16 MiB reencrypt area from
     /// `/dev/urandom` cost 5-7 % of a 512 MiB run's CPU in the kernel.
-    fn wipe_random(&self, at: u64, size: u64) -> Result<()> {
+    fn wipe_random(&self, at: u64, size: u64, on_data: bool) -> Result<()> {
         use chacha20::cipher::{KeyIvInit, StreamCipher};
         use std::io::Read;
         let mut key = Zeroizing::new([0u8; 32]);
@@ -974,21 +993,32 @@ impl Run {
             let n = (size - pos).min(chunk.len() as u64) as usize;
             chunk[..n].fill(0);
             stream.apply_keystream(&mut chunk[..n]);
-            self.pwrite(&chunk[..n], at + pos)?;
+            if on_data {
+                self.data_write(&chunk[..n], at + pos)?;
+            } else {
+                self.pwrite(&chunk[..n], at + pos)?;
+            }
             pos += n as u64;
         }
         Ok(())
     }
 
     /// The end: the old keyslots go one by one, then everything of the reencryption.
+    /// With a data shift the moved copy of the first plaintext bytes is wiped first (as
+    /// cryptsetup's `reencrypt_wipe_unused_device_area`).
     fn finish(&mut self) -> Result<()> {
+        if let Some(m) = &self.state.moved {
+            let (at, size) = (m.offset, m.size);
+            self.wipe_random(at, size, true)?;
+            self.data_sync()?;
+        }
         for (slot, at, size) in self.state.old_keyslots(&self.header.json) {
-            self.wipe_random(at, size)?;
+            self.wipe_random(at, size, false)?;
             Reencrypt::destroy_keyslot(&mut self.header.json, slot);
             self.write_header()?;
         }
         let (at, size) = self.state.area;
-        self.wipe_random(at, size)?;
+        self.wipe_random(at, size, false)?;
         self.state.finish(&mut self.header.json);
         self.write_header()
     }

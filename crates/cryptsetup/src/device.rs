@@ -330,6 +330,13 @@ pub struct ReencryptInit {
     pub max_hotzone_sectors: u64,
     /// `--device-size` in 512-byte sectors (0: the whole data area).
     pub device_size_sectors: u64,
+    /// A data shift in 512-byte sectors (0: none). With it, encryption runs backward
+    /// with resilience `datashift`, as cryptsetup's `--reduce-device-size`.
+    pub data_shift_sectors: u64,
+    /// `CRYPT_REENCRYPT_MOVE_FIRST_SEGMENT`: the library copies the first data-shift
+    /// bytes of the data to the end of the device (their backup while the header is
+    /// written over them) before it writes the metadata.
+    pub move_first_segment: bool,
 }
 
 /// `crypt_reencrypt_mode_info` with the direction cryptsetup's CLI pairs it with (without a
@@ -943,19 +950,24 @@ impl CryptDevice {
                 ReencryptMode::Encrypt => ffi::CRYPT_REENCRYPT_ENCRYPT,
                 ReencryptMode::Decrypt => ffi::CRYPT_REENCRYPT_DECRYPT,
             },
-            direction: if decrypt {
+            direction: if decrypt || p.data_shift_sectors > 0 {
                 ffi::CRYPT_REENCRYPT_BACKWARD
             } else {
                 ffi::CRYPT_REENCRYPT_FORWARD
             },
             resilience: resilience.as_ptr(),
             hash: hash.as_ptr(),
-            data_shift: 0,
+            data_shift: p.data_shift_sectors,
             max_hotzone_size: p.max_hotzone_sectors,
             device_size: p.device_size_sectors,
             // cryptsetup's decryption passes none (the new side has no sector size).
             luks2: if decrypt { ptr::null() } else { &luks2 },
-            flags: ffi::CRYPT_REENCRYPT_INITIALIZE_ONLY,
+            flags: ffi::CRYPT_REENCRYPT_INITIALIZE_ONLY
+                | if p.move_first_segment {
+                    ffi::CRYPT_REENCRYPT_MOVE_FIRST_SEGMENT
+                } else {
+                    0
+                },
         };
         // SAFETY: every pointer (strings, params and the luks2 params they point to, the
         // passphrase) is valid for the duration of the call; the library copies what it
@@ -1413,6 +1425,19 @@ impl CryptDevice {
         // SAFETY: NULL type = any LUKS; path valid during the call.
         self.call("restoring the header", |cd| unsafe {
             ffi::crypt_header_restore(cd, ptr::null(), f.as_ptr())
+        })?;
+        Ok(())
+    }
+
+    /// `crypt_set_data_offset`: the data offset (512-byte sectors) the next
+    /// [`CryptDevice::format_luks`] uses, as cryptsetup's `luksFormat --offset`.
+    ///
+    /// # Errors
+    /// An offset not a multiple of 8 sectors (4 KiB), which the library refuses.
+    pub fn set_data_offset(&mut self, sectors: u64) -> Result<(), FormatError> {
+        // SAFETY: a plain integer argument on a valid context.
+        self.call("setting the data offset", |cd| unsafe {
+            ffi::crypt_set_data_offset(cd, sectors)
         })?;
         Ok(())
     }

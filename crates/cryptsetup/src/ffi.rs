@@ -85,6 +85,8 @@ pub struct crypt_params_reencrypt {
 
 /// `CRYPT_REENCRYPT_INITIALIZE_ONLY`.
 pub const CRYPT_REENCRYPT_INITIALIZE_ONLY: u32 = 1;
+/// `CRYPT_REENCRYPT_MOVE_FIRST_SEGMENT`.
+pub const CRYPT_REENCRYPT_MOVE_FIRST_SEGMENT: u32 = 1 << 1;
 /// `CRYPT_REENCRYPT_REENCRYPT` (`crypt_reencrypt_mode_info`).
 pub const CRYPT_REENCRYPT_REENCRYPT: c_int = 0;
 /// `CRYPT_REENCRYPT_ENCRYPT`.
@@ -277,6 +279,7 @@ extern "C" {
         backup_file: *const c_char,
     ) -> c_int;
     pub fn crypt_set_uuid(cd: *mut crypt_device, uuid: *const c_char) -> c_int;
+    pub fn crypt_set_data_offset(cd: *mut crypt_device, data_offset: u64) -> c_int;
     pub fn crypt_convert(cd: *mut crypt_device, type_: *const c_char, params: *mut c_void)
         -> c_int;
     pub fn crypt_repair(cd: *mut crypt_device, type_: *const c_char, params: *mut c_void) -> c_int;

@@ -11,7 +11,7 @@
 //!   mid-hotzone is recovered by cryptsetup (repair, then resume) and by ucrypt; cryptsetup
 //!   killed at a hotzone's data write is recovered and finished by ucrypt;
 //! - what cryptsetup refuses is refused (no --header, an existing LUKS header, decryption
-//!   with resilience none, a data shift).
+//!   with resilience none); the data shift (`--reduce-device-size`) is `reencrypt_shift.rs`.
 //!
 //! Devices are 24 MiB of data, PBKDF costs minimal, hotzones 4 MiB.
 #![allow(clippy::unwrap_used)]
@@ -567,19 +567,6 @@ fn what_cryptsetup_refuses_is_refused() {
             dev,
         ],
         "not possible without data device size reduction",
-    );
-    refused(
-        &[
-            "reencrypt",
-            "--encrypt",
-            "-q",
-            "--reduce-device-size",
-            "32M",
-            "-d",
-            k,
-            dev,
-        ],
-        "--reduce-device-size",
     );
     refused(
         &[

@@ -20,9 +20,12 @@
 //! `sector_size` block of the old ciphertext, or the old ciphertext itself for `journal`),
 //! the header with the hot segments, the new data (then `fdatasync`), the header with the
 //! post segments. With `none` nothing is written until the run ends or is interrupted.
+//! With `datashift` (`--encrypt --reduce-device-size`, see [`Moved`]) the area holds nothing:
+//! each hotzone is written a shift above its old data, which stays until the post header.
 //! A header with an `in-reencryption` segment is a crash: the hotzone is recovered (checksum:
 //! blocks whose ciphertext still hashes to the stored sum are re-encrypted; journal: the
-//! stored old ciphertext is decrypted and re-encrypted whole) and the post segments written.
+//! stored old ciphertext is decrypted and re-encrypted whole; datashift: the old data is
+//! encrypted again) and the post segments written.
 //! At the end the old key's keyslots are destroyed (area wiped with random bytes, one header
 //! write each), then the backup segments, the requirement, keyslot R and the digests left
 //! without keyslots and segments go in one last header write.
@@ -38,6 +41,7 @@ pub const REQUIREMENT: &str = "online-reencrypt-v2";
 const FLAG_HOT: &str = "in-reencryption";
 const FLAG_PREVIOUS: &str = "backup-previous";
 const FLAG_FINAL: &str = "backup-final";
+const FLAG_MOVED: &str = "backup-moved-segment";
 
 /// How a hotzone survives a crash (`keyslots.R.area.type`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +57,13 @@ pub enum Resilience {
         /// Block size the sums cover.
         sector_size: u32,
     },
+    /// The data moves by `shift` bytes (cryptsetup's `--reduce-device-size`): a hotzone's
+    /// new data never overlaps its old data, so the old data itself is the backup and
+    /// nothing is stored in the area.
+    Datashift {
+        /// `area.shift_size`: the distance the data moves, and every hotzone's length.
+        shift: u64,
+    },
 }
 
 impl Resilience {
@@ -62,6 +73,7 @@ impl Resilience {
             Resilience::None => "none",
             Resilience::Journal => "journal",
             Resilience::Checksum { .. } => "checksum",
+            Resilience::Datashift { .. } => "datashift",
         }
     }
 }
@@ -129,6 +141,30 @@ pub struct Reencrypt {
     /// cryptsetup's fixed-length mode (`--device-size`): the segments after the hotzone
     /// get fixed sizes instead of `dynamic`.
     pub fixed_length: bool,
+    /// Encryption with a data shift (`--reduce-device-size`, the header at the head of the
+    /// device): the `backup-moved-segment`, a copy of the first data-shift bytes of
+    /// plaintext at the device's end, where the header now lies.
+    pub moved: Option<Moved>,
+}
+
+/// The `backup-moved-segment` of an encryption with a data shift.
+///
+/// ```text
+///  device   [header, D bytes][plaintext D..L][  D bytes ][copy of plaintext 0..D]
+///  logical x: old (plaintext) at x (x >= D) or moved.offset + x (x < D); new at D + x
+/// ```
+///
+/// The data pass runs backward, one hotzone of `D` bytes at a time (the first may be
+/// shorter), each written `D` bytes above where it was read, so a hotzone never overwrites
+/// its own old data; the last one (logical `[0, D)`) reads the moved copy.
+#[derive(Debug, Clone)]
+pub struct Moved {
+    /// Byte offset of the copy on the device.
+    pub offset: u64,
+    /// Its length (the data shift, or less for data shorter than it).
+    pub size: u64,
+    /// The segment object as stored (re-added after every segment change).
+    json: Json,
 }
 
 fn bad(reason: String) -> FormatError {
@@ -302,8 +338,8 @@ impl Reencrypt {
     ///
     /// # Errors
     /// [`FormatError::Header`] for metadata that does not have cryptsetup's shape;
-    /// [`FormatError::NotSupported`] for encryption, decryption, data shift or backward
-    /// runs (not implemented yet).
+    /// [`FormatError::NotSupported`] for a data shift other than `--encrypt
+    /// --reduce-device-size`'s (moved segment, backward) and cryptsetup < 2.4's metadata.
     pub fn load(json: &Json, device_size: u64) -> Result<Reencrypt, FormatError> {
         let reqs = requirements(json);
         if !reqs.iter().any(|r| r == REQUIREMENT) {
@@ -364,9 +400,13 @@ impl Reencrypt {
                         })?,
                 }
             }
+            "datashift" => Resilience::Datashift {
+                shift: u64_of(area, "shift_size", &apath)?,
+            },
             other if other.starts_with("datashift") => {
                 return Err(unsupported(format!(
-                    "resilience \"{other}\" (a data shift, --reduce-device-size)"
+                    "resilience \"{other}\" (cryptsetup's decryption of a device whose \
+                     header is attached, with a data shift)"
                 )))
             }
             other => return Err(unsupported(format!("resilience \"{other}\""))),
@@ -374,6 +414,7 @@ impl Reencrypt {
         let segments = field(json, "segments", "")?;
         let mut backup_old = None;
         let mut backup_new = None;
+        let mut moved = None;
         let mut live: Vec<(u32, &Json)> = Vec::new();
         for (k, seg) in segments.members() {
             let id: u32 = k
@@ -383,8 +424,8 @@ impl Reencrypt {
                 backup_old = Some((id, seg));
             } else if has_flag(seg, FLAG_FINAL) {
                 backup_new = Some((id, seg));
-            } else if has_flag(seg, "backup-moved-segment") {
-                return Err(unsupported("a moved segment (data shift)".into()));
+            } else if has_flag(seg, FLAG_MOVED) {
+                moved = Some((id, seg));
             } else {
                 live.push((id, seg));
             }
@@ -393,7 +434,28 @@ impl Reencrypt {
         let (nid, nseg) = backup_new.ok_or_else(|| bad("no backup-final segment".into()))?;
         let old = side_of(json, oid, oseg, mode == "encrypt")?;
         let new = side_of(json, nid, nseg, mode == "decrypt")?;
-        if old.offset != new.offset || (!old.linear && !new.linear && old.iv_tweak != new.iv_tweak)
+        let moved = match (&resilience, moved) {
+            (Resilience::Datashift { shift }, Some((id, seg))) => Some(Self::moved_of(
+                &mode, &direction, *shift, &old, &new, id, seg,
+            )?),
+            (Resilience::Datashift { .. }, None) => {
+                return Err(unsupported(
+                    "a data shift without a moved segment (--reduce-device-size with a \
+                     detached header, or re-keying with a data shift)"
+                        .into(),
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(bad(
+                    "a backup-moved-segment without the datashift resilience".into(),
+                ))
+            }
+            (_, None) => None,
+        };
+        if moved.is_some() {
+            // The data shift's offsets were checked by moved_of.
+        } else if old.offset != new.offset
+            || (!old.linear && !new.linear && old.iv_tweak != new.iv_tweak)
         {
             return Err(unsupported(
                 "old and new data at different offsets (data shift)".into(),
@@ -406,7 +468,10 @@ impl Reencrypt {
         }
         live.sort_by_key(|(id, _)| *id);
         let backward = direction == "backward";
-        let progress = Self::progress_of(json, &live, &old, &new, device_size, backward)?;
+        let progress = match &moved {
+            Some(m) => Self::progress_shifted(json, &live, &new, m, &resilience)?,
+            None => Self::progress_of(json, &live, &old, &new, device_size, backward)?,
+        };
         Ok(Reencrypt {
             keyslot,
             mode,
@@ -419,7 +484,135 @@ impl Reencrypt {
             backup_new: nseg.clone(),
             progress,
             fixed_length: false,
+            moved,
         })
+    }
+
+    /// The moved segment of an encryption with a data shift, checked against the one
+    /// layout cryptsetup's `--encrypt --reduce-device-size` makes (and ucrypt runs).
+    fn moved_of(
+        mode: &str,
+        direction: &str,
+        shift: u64,
+        old: &Side,
+        new: &Side,
+        id: u32,
+        seg: &Json,
+    ) -> Result<Moved, FormatError> {
+        if mode != "encrypt" || direction != "backward" {
+            return Err(unsupported(format!(
+                "a data shift in mode \"{mode}\", direction \"{direction}\" (only \
+                 --encrypt --reduce-device-size is)"
+            )));
+        }
+        let path = format!("segments.{id}");
+        if str_of(seg, "type", &path)? != "linear" {
+            return Err(bad(format!("{path} (the moved segment) is not linear")));
+        }
+        let offset = u64_of(seg, "offset", &path)?;
+        let size = u64_of(seg, "size", &path)?;
+        if shift == 0 || shift % 512 != 0 || size == 0 || size > shift {
+            return Err(bad(format!(
+                "data shift {shift} and moved segment size {size} are not cryptsetup's"
+            )));
+        }
+        if old.offset + shift != new.offset || new.iv_tweak != 0 || offset < shift {
+            return Err(bad(format!(
+                "data shift {shift}: old data at {}, new at {}, moved copy at {offset} do \
+                 not fit together",
+                old.offset, new.offset
+            )));
+        }
+        Ok(Moved {
+            offset,
+            size,
+            json: seg.clone(),
+        })
+    }
+
+    /// The length of the data an encryption with a data shift encrypts: what lay before
+    /// the moved copy, less the shift (the device's last `shift` bytes hold the copy).
+    fn shifted_length(m: &Moved, shift: u64) -> u64 {
+        m.offset - shift
+    }
+
+    /// Where an encryption with a data shift stands: the plaintext left is the sum of the
+    /// live linear segments (the moved copy among them), the hotzone the segment flagged.
+    fn progress_shifted(
+        json: &Json,
+        live: &[(u32, &Json)],
+        new: &Side,
+        m: &Moved,
+        resilience: &Resilience,
+    ) -> Result<Progress, FormatError> {
+        let Resilience::Datashift { shift } = resilience else {
+            return Err(bad("a moved segment without a data shift".into()));
+        };
+        let len = Self::shifted_length(m, *shift);
+        let fixed = |seg: &Json, id: u32| -> Result<u64, FormatError> {
+            u64_of(seg, "size", &format!("segments.{id}"))
+        };
+        if let Some((id, hot)) = live.iter().find(|(_, s)| has_flag(s, FLAG_HOT)) {
+            let path = format!("segments.{id}");
+            let offset = u64_of(hot, "offset", &path)?
+                .checked_sub(new.offset)
+                .ok_or_else(|| bad(format!("{path} starts before the data area")))?;
+            let length = fixed(hot, *id)?;
+            if length == 0 || length > *shift || offset + length > len.max(*shift) {
+                return Err(bad(format!(
+                    "hotzone [{offset}, +{length}) is not one of a {shift}-byte data shift \
+                     over {len} bytes"
+                )));
+            }
+            return Ok(Progress::Crashed { offset, length });
+        }
+        let mut left = 0u64;
+        for (id, seg) in live {
+            match seg.get("type").and_then(Json::as_str) {
+                Some("linear") => left += fixed(seg, *id)?,
+                Some("crypt")
+                    if digests_of_segment(json, *id)
+                        == new.digest.into_iter().collect::<Vec<_>>() => {}
+                _ => {
+                    return Err(bad(format!(
+                        "segments.{id} is neither plaintext nor under the new key"
+                    )))
+                }
+            }
+        }
+        if live.is_empty() || left > len {
+            return Err(bad(format!(
+                "segments {:?} are not one of cryptsetup's data-shift layouts",
+                live.iter().map(|(id, _)| *id).collect::<Vec<_>>()
+            )));
+        }
+        Ok(Progress::Clean { done: len - left })
+    }
+
+    /// The bytes the data pass covers: with a data shift, the data before the moved copy
+    /// less the shift; otherwise `device_size` (the data area).
+    pub fn data_length(&self, device_size: u64) -> u64 {
+        match (&self.moved, &self.resilience) {
+            (Some(m), Resilience::Datashift { shift }) => Self::shifted_length(m, *shift),
+            _ => device_size,
+        }
+    }
+
+    /// The data shift (bytes) and its moved copy, for an encryption with a data shift.
+    fn shifted(&self) -> Option<(u64, &Moved)> {
+        match (&self.resilience, &self.moved) {
+            (Resilience::Datashift { shift }, Some(m)) => Some((*shift, m)),
+            _ => None,
+        }
+    }
+
+    /// The device offset of the old data of data-area byte `at` (the start of a hotzone):
+    /// with a data shift, the moved copy for the hotzone at 0.
+    pub fn old_offset(&self, at: u64) -> u64 {
+        match self.shifted() {
+            Some((_, m)) if at == 0 => m.offset,
+            _ => self.old.offset + at,
+        }
     }
 
     fn progress_of(
@@ -511,6 +704,7 @@ impl Reencrypt {
                 align = align.max(u64::from(*sector_size));
             }
             Resilience::Journal => cap = cap.min(self.area.1),
+            Resilience::Datashift { shift } => cap = *shift,
             Resilience::None => {}
         }
         let cap = (cap / align * align).max(align);
@@ -526,6 +720,19 @@ impl Reencrypt {
     /// `reencrypt_offset` places it (forward: at `done`; backward: ending where the done
     /// part at the end begins).
     pub fn next_hotzone(&self, done: u64, device_size: u64, max: u64) -> (u64, u64) {
+        if let Some((shift, _)) = self.shifted() {
+            // cryptsetup's reencrypt_offset_backward_moved: the hotzone is the shift (the
+            // hotzone size asked for does not apply), the one before the moved copy's may
+            // be shorter, the last is the moved copy's.
+            let left = device_size.saturating_sub(done);
+            return if left <= shift {
+                (0, shift)
+            } else if left - shift < shift {
+                (shift, left - shift)
+            } else {
+                (left - shift, shift)
+            };
+        }
         if self.backward() {
             let left = device_size.saturating_sub(done);
             let len = self.hotzone_length(0, left, max);
@@ -537,6 +744,9 @@ impl Reencrypt {
 
     /// Bytes done once the hotzone `[offset, offset + length)` is.
     pub fn done_after(&self, offset: u64, length: u64, device_size: u64) -> u64 {
+        if self.shifted().is_some() {
+            return device_size.saturating_sub(offset);
+        }
         if self.backward() {
             device_size - offset
         } else {
@@ -546,6 +756,13 @@ impl Reencrypt {
 
     /// Bytes done before the hotzone `[offset, offset + length)`.
     pub fn done_before(&self, offset: u64, length: u64, device_size: u64) -> u64 {
+        if let Some((shift, _)) = self.shifted() {
+            return if offset == 0 {
+                device_size.saturating_sub(shift)
+            } else {
+                device_size.saturating_sub(offset + length)
+            };
+        }
         if self.backward() {
             device_size - offset - length
         } else {
@@ -591,6 +808,10 @@ impl Reencrypt {
         }
         segs.push((n.to_string(), self.backup_old.clone()));
         segs.push(((n + 1).to_string(), self.backup_new.clone()));
+        if let Some(m) = &self.moved {
+            // reencrypt_add_moved_segment: after the other two (linear: no digest).
+            segs.push(((n + 2).to_string(), m.json.clone()));
+        }
         json.set("segments", Json::Obj(segs));
         if let Some(Json::Obj(digests)) = json.get_mut("digests") {
             for (k, d) in digests.iter_mut() {
@@ -617,6 +838,32 @@ impl Reencrypt {
     /// The segments while `[offset, offset + length)` is rewritten.
     pub fn set_hot(&self, json: &mut Json, offset: u64, length: u64, device_size: u64) {
         let mut list = Vec::new();
+        if let Some((shift, _)) = self.shifted() {
+            // reencrypt_make_hot_segments_encrypt_shift: the plaintext left before the
+            // hotzone, the hotzone, the part already encrypted after it.
+            let left = if offset == 0 {
+                device_size.min(shift)
+            } else {
+                offset + length
+            };
+            if offset > 0 {
+                list.extend(self.shifted_plaintext(offset));
+            }
+            let hot = list.len();
+            list.push((
+                crypt_segment(&self.new, offset, Some(length), true),
+                self.new.digest,
+            ));
+            let done = device_size - left;
+            if done > 0 {
+                list.push((
+                    crypt_segment(&self.new, left, Some(done), false),
+                    self.new.digest,
+                ));
+            }
+            self.set_segments(json, list, Some(hot));
+            return;
+        }
         if self.backward() {
             if offset > 0 {
                 list.push((
@@ -672,6 +919,24 @@ impl Reencrypt {
     /// `done` bytes backward).
     pub fn set_done(&self, json: &mut Json, done: u64, device_size: u64) {
         let mut list = Vec::new();
+        if self.shifted().is_some() {
+            // _enc_create_segments_shift_after: the plaintext left, then one segment
+            // under the new key (`dynamic` once nothing is left).
+            let left = device_size - done;
+            if left == 0 {
+                list.push((crypt_segment(&self.new, 0, None, false), self.new.digest));
+            } else {
+                list.extend(self.shifted_plaintext(left));
+                if done > 0 {
+                    list.push((
+                        crypt_segment(&self.new, left, Some(done), false),
+                        self.new.digest,
+                    ));
+                }
+            }
+            self.set_segments(json, list, None);
+            return;
+        }
         if self.backward() && done > 0 && done < device_size {
             let left = device_size - done;
             list.push((
@@ -697,6 +962,26 @@ impl Reencrypt {
             ));
         }
         self.set_segments(json, list, None);
+    }
+
+    /// With a data shift, the linear segments of the first `left` plaintext bytes: the
+    /// moved copy (logical `[0, shift)`), then the rest where it always was.
+    fn shifted_plaintext(&self, left: u64) -> Vec<(Json, Option<u32>)> {
+        let Some((shift, m)) = self.shifted() else {
+            return Vec::new();
+        };
+        let linear = |offset: u64, size: u64| {
+            Json::Obj(vec![
+                ("type".to_string(), Json::str("linear")),
+                ("offset".to_string(), Json::u64_text(offset)),
+                ("size".to_string(), Json::u64_text(size)),
+            ])
+        };
+        let mut out = vec![(linear(m.offset, m.size), None)];
+        if left > shift {
+            out.push((linear(self.old.offset + shift, left - shift), None));
+        }
+        out
     }
 
     /// The keyslots of the old key (destroyed at the end), with their areas.
@@ -787,6 +1072,23 @@ impl Reencrypt {
                 r.set("mandatory", Json::Arr(left));
             }
         }
+        if self.moved.is_some() {
+            // reencrypt_teardown_ok's LUKS2_set_keyslots_size: the keyslots area runs to
+            // the data offset (less both metadata copies, at most 128 MiB, 4 KiB units).
+            let json_size = json
+                .get("config")
+                .and_then(|c| c.get("json_size"))
+                .and_then(Json::as_u64);
+            if let Some(js) = json_size {
+                let min = 2 * (js + 4096);
+                if let Some(size) = self.new.offset.checked_sub(min) {
+                    let size = size.min(0x800_0000);
+                    if let Some(config) = json.get_mut("config") {
+                        config.set("keyslots_size", Json::u64_text(size - size % 4096));
+                    }
+                }
+            }
+        }
         Self::destroy_keyslot(json, self.keyslot);
     }
 
@@ -851,7 +1153,14 @@ impl Reencrypt {
             s(area, "hash", &mut out)?;
             n32(area, "sector_size", &mut out)?;
         }
-        for seg in [&self.backup_old, &self.backup_new] {
+        if let Resilience::Datashift { .. } = self.resilience {
+            n64(area, "shift_size", &mut out)?;
+        }
+        let moved = self.moved.as_ref().map(|m| &m.json);
+        for seg in [Some(&self.backup_old), Some(&self.backup_new), moved]
+            .into_iter()
+            .flatten()
+        {
             s(seg, "type", &mut out)?;
             n64(seg, "offset", &mut out)?;
             n64(seg, "size", &mut out)?;

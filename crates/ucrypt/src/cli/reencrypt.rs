@@ -47,9 +47,10 @@ pub(crate) struct Args {
     /// New encryption sector size (default: the current one).
     #[arg(long)]
     sector_size: Option<u32>,
-    /// How an interrupted hotzone is recovered: checksum, journal or none.
-    #[arg(long, default_value = "checksum", value_parser = ["checksum", "journal", "none"])]
-    resilience: String,
+    /// How an interrupted hotzone is recovered: checksum (the default), journal or none;
+    /// datashift (the only one) with --reduce-device-size.
+    #[arg(long, value_parser = ["checksum", "journal", "none", "datashift"])]
+    resilience: Option<String>,
     /// Hash of the checksum resilience.
     #[arg(long, default_value = "sha256")]
     resilience_hash: String,
@@ -88,9 +89,12 @@ pub(crate) struct Args {
     /// Subsystem label of the new header (--encrypt).
     #[arg(long)]
     subsystem: Option<String>,
-    /// Data shift (not supported yet).
-    #[arg(long, hide = true)]
-    reduce_device_size: Option<String>,
+    /// With --encrypt: put the LUKS2 header at the head of the device, shifting the data
+    /// by half of SIZE (cryptsetup's; at most 1 GiB, 512-byte units, K/M/G suffixes).
+    /// The filesystem must have been shrunk by SIZE first: the device's last SIZE bytes
+    /// are overwritten.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    reduce_device_size: Option<u64>,
     /// Keep the volume key (and keyslots); change the cipher or sector size only.
     #[arg(long)]
     keep_key: bool,
@@ -122,6 +126,13 @@ pub(crate) struct Args {
     /// Do not ask for confirmation.
     #[arg(short = 'q', long = "batch-mode")]
     batch_mode: bool,
+}
+
+impl Args {
+    /// The resilience asked for (cryptsetup's default: checksum).
+    fn resilience(&self) -> String {
+        self.resilience.clone().unwrap_or_else(|| "checksum".into())
+    }
 }
 
 /// `4096`, `8S`, `4K`, `16M`, `1G` (S = 512-byte sectors, binary units, as cryptsetup's
@@ -204,10 +215,12 @@ fn initialise(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
         mode: ReencryptMode::Reencrypt,
         cipher: a.cipher.clone().unwrap_or_else(|| info.cipher_spec()),
         sector_size: a.sector_size.unwrap_or(info.sector_size),
-        resilience: a.resilience.clone(),
+        resilience: a.resilience(),
         hash: Some(a.resilience_hash.clone()),
         max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
         device_size_sectors: a.device_size.unwrap_or(0) / 512,
+        data_shift_sectors: 0,
+        move_first_segment: false,
     };
     if let Err(e) = cd.reencrypt_init(Some(old_slot), Some(new_slot), passphrase, &params) {
         // Leave the header as it was.
@@ -258,10 +271,12 @@ fn initialise_keep_key(
         mode: ReencryptMode::Reencrypt,
         cipher,
         sector_size,
-        resilience: a.resilience.clone(),
+        resilience: a.resilience(),
         hash: Some(a.resilience_hash.clone()),
         max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
         device_size_sectors: a.device_size.unwrap_or(0) / 512,
+        data_shift_sectors: 0,
+        move_first_segment: false,
     };
     cd.reencrypt_init(Some(slot), Some(slot), passphrase, &params)
         .cs()?;
@@ -317,15 +332,98 @@ fn initialise_encrypt(
         mode: ReencryptMode::Encrypt,
         cipher,
         sector_size: a.sector_size.unwrap_or(512),
-        resilience: a.resilience.clone(),
+        resilience: a.resilience(),
         hash: Some(a.resilience_hash.clone()),
         max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
         device_size_sectors: a.device_size.unwrap_or(0) / 512,
+        data_shift_sectors: 0,
+        move_first_segment: false,
     };
     if let Err(e) = cd.reencrypt_init(None, Some(slot), passphrase, &params) {
         let _ = cd.destroy_keyslot(slot);
         return Err(e).cs();
     }
+    Ok(())
+}
+
+/// `--encrypt --reduce-device-size SIZE DEV` (no --header), as cryptsetup's
+/// `encrypt_luks2_init`: a LUKS2 header with its data offset at SIZE/2 is formatted into a
+/// temporary file for DEV, its passphrase keyslot added, then the encryption metadata with
+/// a data shift of SIZE/2 written (libcryptsetup first copies DEV's first SIZE/2 bytes to
+/// its end, the `backup-moved-segment`), and the header restored onto the head of DEV
+/// over those bytes. Mode encrypt, direction backward, resilience datashift.
+fn initialise_encrypt_shift(a: &Args, reduce: u64, passphrase: &[u8]) -> Result<(), CliError> {
+    let cipher = a.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
+    cipher
+        .parse::<ucrypt_crypto::CipherSpec>()
+        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
+        .code(EXIT_PARAMS)?;
+    let key_bytes = key_bytes(a.key_size, &cipher)?;
+    // cryptsetup: the data offset is half the reduction, and so is the shift (sectors).
+    let shift_sectors = reduce / 1024;
+    let device = a.dev.local_device()?;
+    let dir = tempfile::Builder::new()
+        .prefix("ucrypt-LUKS2-temp-")
+        .tempdir()
+        .map_err(|e| anyhow!("creating a directory for the temporary header: {e}"))?;
+    let tmp = dir.path().join("header");
+    // 4 KiB, as cryptsetup's: libcryptsetup grows it; an empty file is refused.
+    std::fs::File::create(&tmp)
+        .and_then(|f| f.set_len(4096))
+        .map_err(|e| anyhow!("creating temporary header file {}: {e}", tmp.display()))?;
+    let staged = DeviceArgs {
+        device: device.clone(),
+        header: Some(tmp.clone()),
+    };
+    let mut cd = staged.header_context()?;
+    a.pbkdf.apply_always(&mut cd)?;
+    cd.set_data_offset(shift_sectors).cs()?;
+    cd.format_luks(
+        &LuksFormat {
+            luks2: true,
+            cipher: cipher.clone(),
+            key_bytes,
+            uuid: a.uuid.clone(),
+            hash: None,
+            sector_size: a.sector_size,
+            label: a.label.clone(),
+            subsystem: a.subsystem.clone(),
+            data_device: Some(device.clone()),
+            align_sectors: None,
+        },
+        None,
+    )
+    .cs()?;
+    let slot = cd
+        .add_keyslot_by_volume_key(a.key_slot, None, passphrase)
+        .cs()?;
+    let params = ReencryptInit {
+        mode: ReencryptMode::Encrypt,
+        cipher,
+        sector_size: a.sector_size.unwrap_or(512),
+        resilience: "datashift".into(),
+        hash: Some(a.resilience_hash.clone()),
+        max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
+        device_size_sectors: 0,
+        data_shift_sectors: shift_sectors,
+        move_first_segment: true,
+    };
+    // Nothing of DEV is overwritten before this returns but its last SIZE/2 bytes (the
+    // copy); a failure leaves the header in the temporary file only.
+    cd.reencrypt_init(None, Some(slot), passphrase, &params)
+        .cs()?;
+    drop(cd);
+    let head = DeviceArgs {
+        device: device.clone(),
+        header: None,
+    };
+    let mut cd = head.header_context()?;
+    cd.header_restore(&tmp).map_err(|e| {
+        anyhow!(
+            "Failed to place new header at head of device {}: {e}",
+            device.display()
+        )
+    })?;
     Ok(())
 }
 
@@ -353,10 +451,12 @@ fn initialise_decrypt(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
         mode: ReencryptMode::Decrypt,
         cipher: String::new(),
         sector_size: 0,
-        resilience: a.resilience.clone(),
+        resilience: a.resilience(),
         hash: Some(a.resilience_hash.clone()),
         max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
         device_size_sectors: a.device_size.unwrap_or(0) / 512,
+        data_shift_sectors: 0,
+        move_first_segment: false,
     };
     cd.reencrypt_init(a.key_slot, None, passphrase, &params)
         .cs()?;
@@ -416,11 +516,58 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.reduce_device_size.is_some() {
+    if a.reduce_device_size == Some(0) {
+        // cryptsetup's: no reduction at all.
+        a.reduce_device_size = None;
+    }
+    if let Some(r) = a.reduce_device_size {
+        // cryptsetup's checks of the option, then what ucrypt does not do with it.
+        let refusal = if r > 1 << 30 {
+            Some("Maximum device reduce size is 1 GiB.".to_string())
+        } else if r % 512 != 0 {
+            Some("Reduce size must be multiple of 512 bytes sector.".into())
+        } else if a.device_size.is_some() {
+            Some("Options --reduce-device-size and --data-size cannot be combined.".into())
+        } else if !a.encrypt {
+            Some(
+                "reencrypt --reduce-device-size is supported with --encrypt (a plaintext \
+                 device gets its LUKS2 header at its head); ucrypt does not re-key with a \
+                 data shift"
+                    .into(),
+            )
+        } else if a.dev.header.is_some() {
+            Some(
+                "reencrypt --encrypt --reduce-device-size puts the LUKS2 header at the head of \
+                 the device; with a detached header (--header) encrypt without \
+                 --reduce-device-size"
+                    .into(),
+            )
+        } else {
+            match a.resilience.as_deref() {
+                Some(x) if x != "datashift" => Some(format!(
+                    "--resilience {x} does not apply to --reduce-device-size: a data shift's \
+                     resilience is datashift (each hotzone is written a shift above its old \
+                     data, which stays until it is done)"
+                )),
+                _ => None,
+            }
+        };
+        if let Some(why) = refusal {
+            return Err(anyhow!(why)).code(EXIT_PARAMS);
+        }
+    } else if a.resilience.as_deref() == Some("datashift") {
         return Err(anyhow!(
-            "reencrypt --reduce-device-size (encryption with a data shift, the header at the \
-             head of the device) is not supported yet; encrypt with a detached header \
-             (--encrypt --header HDR)"
+            "--resilience datashift is the resilience of --encrypt --reduce-device-size"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.decrypt && a.dev.header.as_deref().is_some_and(|h| !h.exists()) && is_luks(&a.dev.device) {
+        // cryptsetup 2.6: the header exported to the new file, the data shifted back to
+        // the head of the device (resilience datashift-checksum, a moved first segment).
+        return Err(anyhow!(
+            "decryption of a device whose LUKS2 header is attached (exported to a new \
+             --header file, the data moved to the head) is not supported by ucrypt; \
+             `cryptsetup reencrypt --decrypt --header NEWFILE` does it"
         ))
         .code(EXIT_PARAMS);
     }
@@ -438,7 +585,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if (a.encrypt || a.decrypt) && a.dev.header.is_none() {
+    let shift_resume = a.encrypt && a.reduce_device_size.is_none() && is_luks(&a.dev.device);
+    if ((a.encrypt && a.reduce_device_size.is_none() && !shift_resume) || a.decrypt)
+        && a.dev.header.is_none()
+    {
         return Err(anyhow!(if a.encrypt {
             "Encryption without detached header (--header) is not possible without data \
              device size reduction (--reduce-device-size)."
@@ -454,7 +604,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.decrypt && a.resilience == "none" {
+    if a.decrypt && a.resilience.as_deref() == Some("none") {
         // cryptsetup 2.6.1 refuses it too (decrypt_verify_and_set_params).
         return Err(anyhow!(
             "Requested --resilience option cannot be applied to current reencryption operation."
@@ -519,14 +669,20 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     }
     let passphrase = if fresh {
         if !a.batch_mode {
-            secret::confirm(
-                a.batch_mode,
-                &format!(
+            let what = match a.reduce_device_size {
+                Some(r) => format!(
+                    "This will put a LUKS2 header at the head of {} and encrypt its data in \
+                     place, shifted by {} bytes (its last {r} bytes are overwritten)",
+                    path.display(),
+                    r / 1024 * 512
+                ),
+                None => format!(
                     "This will create a LUKS2 header in {} and encrypt the data of {} in place",
                     header_path.display(),
                     path.display()
                 ),
-            )?;
+            };
+            secret::confirm(a.batch_mode, &what)?;
         }
         secret::get(
             a.key
@@ -550,7 +706,9 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             return Err(anyhow!("{} is not in LUKS2 reencryption", path.display()))
                 .code(EXIT_PARAMS);
         }
-        if a.encrypt {
+        if let (true, Some(r)) = (a.encrypt, a.reduce_device_size) {
+            initialise_encrypt_shift(&a, r, &passphrase)?;
+        } else if a.encrypt {
             initialise_encrypt(&a, &header_path, &passphrase)?;
         } else if a.decrypt {
             initialise_decrypt(&a, &passphrase)?;
@@ -570,6 +728,14 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     }
     .cs()?;
     drop(passphrase);
+    if let (ucrypt_format::luks2::reencrypt::Resilience::Datashift { shift }, Some(_)) =
+        (r.resilience(), a.hotzone_size)
+    {
+        eprintln!(
+            "With a data shift every hotzone is the shift ({shift} bytes), as with \
+             cryptsetup: --hotzone-size does not apply."
+        );
+    }
     let opts = RunOptions {
         max_hotzone: a.hotzone_size.unwrap_or(DEFAULT_MAX_HOTZONE).max(4096),
         stop_after: a.debug_stop_after,

@@ -1,0 +1,572 @@
+//! `ucrypt reencrypt --encrypt --reduce-device-size SIZE` (a plaintext device encrypted in
+//! place, its LUKS2 header at its head, the data shifted by SIZE/2) against the real
+//! cryptsetup 2.6 (offline, `--force-offline-reencrypt`):
+//!
+//! - the metadata `--init-only` writes has cryptsetup's shape field for field (everything
+//!   but salts, digests and PBKDF costs equal, also with --cipher/-s/--sector-size/--uuid/
+//!   --label/--key-slot): mode encrypt, direction backward, resilience datashift, the first
+//!   SIZE/2 bytes of plaintext copied to the device's end (`backup-moved-segment`);
+//! - from one initialised device, ucrypt's result equals cryptsetup's: the JSON byte for
+//!   byte, the binary headers and keyslots, the data area byte for byte (the reencrypt
+//!   keyslot's area and the moved copy are wiped with random bytes by both, so not
+//!   compared); `ucrypt open`'s table serves the original plaintext, its first SIZE/2 bytes
+//!   (the ones that moved) included;
+//! - a run ucrypt stopped is finished by cryptsetup; ucrypt killed mid-hotzone is
+//!   recovered by cryptsetup (repair, then resume) and by ucrypt; cryptsetup killed at a
+//!   hotzone's data write is recovered and finished by ucrypt;
+//! - geometries: data a multiple of the shift, not a multiple (a shorter hotzone before the
+//!   moved one), shorter than the shift (one hotzone);
+//! - what cryptsetup refuses with a data shift is refused, and what ucrypt does not do
+//!   (a detached header with a shift, re-keying with a shift, cryptsetup 2.6's decryption
+//!   of an attached-header device) is refused with a reason, nothing written.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{require, Rng};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const PASS: &[u8] = b"reencrypt shift passphrase";
+const PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+const MIB: u64 = 1 << 20;
+
+fn ucrypt_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ucrypt")
+}
+
+fn run(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
+}
+
+fn ok(cmd: &str, args: &[&str]) -> Output {
+    let out = run(cmd, args);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn tools() -> bool {
+    require("cryptsetup") && require("strace")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The JSON metadata area of a device's header.
+fn json(dev: &Path) -> String {
+    let b = std::fs::read(dev).unwrap();
+    let area = &b[4096..16384];
+    let end = area.iter().position(|&c| c == 0).unwrap();
+    String::from_utf8(area[..end].to_vec()).unwrap()
+}
+
+/// The metadata with what is random in it (salts, digests, PBKDF costs) blanked.
+fn shape(dev: &Path) -> serde_json::Value {
+    fn blank(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m.iter_mut() {
+                    if ["salt", "digest", "iterations"].contains(&k.as_str()) {
+                        *x = serde_json::Value::Null;
+                    } else {
+                        blank(x);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(blank),
+            _ => {}
+        }
+    }
+    let mut v: serde_json::Value = serde_json::from_str(&json(dev)).unwrap();
+    blank(&mut v);
+    v
+}
+
+/// A device geometry: `data` bytes of plaintext the filesystem uses, the device `reduce`
+/// bytes larger (what `--reduce-device-size` takes away).
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    data: u64,
+    reduce: u64,
+}
+
+impl Geometry {
+    fn shift(&self) -> u64 {
+        self.reduce / 2
+    }
+    fn device(&self) -> u64 {
+        self.data + self.reduce
+    }
+    fn reduce_arg(&self) -> String {
+        format!("{}M", self.reduce / MIB)
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    key: PathBuf,
+    plain: Vec<u8>,
+    g: Geometry,
+}
+
+impl Fixture {
+    fn new(g: Geometry, seed: u64) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("pass");
+        std::fs::write(&key, PASS).unwrap();
+        // The whole device is random: what lies past the data must not matter.
+        let mut plain = vec![0u8; g.device() as usize];
+        Rng::new(seed).fill(&mut plain);
+        Fixture { dir, key, plain, g }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn plain_device(&self, name: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, &self.plain).unwrap();
+        p
+    }
+
+    /// `reencrypt --encrypt --reduce-device-size --init-only` by `tool`.
+    fn init(&self, tool: &str, name: &str, extra: &[&str]) -> PathBuf {
+        let p = self.plain_device(name);
+        let reduce = self.g.reduce_arg();
+        let mut args = vec!["reencrypt", "--encrypt", "--init-only", "-q"];
+        args.extend_from_slice(&["--reduce-device-size", &reduce]);
+        args.extend_from_slice(&["--key-file", s(&self.key)]);
+        args.extend_from_slice(&PBKDF);
+        args.extend_from_slice(extra);
+        if tool == "cryptsetup" {
+            args.extend_from_slice(&["--force-offline-reencrypt", s(&p)]);
+            // cryptsetup writes its temporary header into the working directory.
+            let out = Command::new("cryptsetup")
+                .args(&args)
+                .current_dir(self.dir.path())
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "cryptsetup {args:?}: {out:?}");
+        } else {
+            args.extend_from_slice(&["--disable-locks", s(&p)]);
+            ok(ucrypt_bin(), &args);
+        }
+        p
+    }
+
+    fn copy(&self, p: &Path, name: &str) -> PathBuf {
+        let q = self.path(name);
+        std::fs::copy(p, &q).unwrap();
+        q
+    }
+
+    fn ucrypt_resume_args<'a>(&'a self, p: &'a Path) -> Vec<&'a str> {
+        vec![
+            "reencrypt",
+            "--resume-only",
+            "-q",
+            "-d",
+            s(&self.key),
+            "--disable-locks",
+            s(p),
+        ]
+    }
+
+    fn ucrypt_resume(&self, p: &Path, extra: &[&str]) -> Output {
+        let mut args = self.ucrypt_resume_args(p);
+        args.extend_from_slice(extra);
+        ok(ucrypt_bin(), &args)
+    }
+
+    fn cryptsetup_resume_args<'a>(&'a self, p: &'a Path) -> Vec<&'a str> {
+        vec![
+            "reencrypt",
+            "--resume-only",
+            "--force-offline-reencrypt",
+            "-q",
+            "--key-file",
+            s(&self.key),
+            s(p),
+        ]
+    }
+
+    fn cryptsetup_resume(&self, p: &Path) {
+        if json(p).contains("in-reencryption") {
+            // cryptsetup's CLI recovers a crashed hotzone in `repair`.
+            ok(
+                "cryptsetup",
+                &["repair", "-q", "--key-file", s(&self.key), s(p)],
+            );
+            if !json(p).contains("online-reencrypt-v2") {
+                // The recovered hotzone was the last one: repair finished it.
+                return;
+            }
+        }
+        ok("cryptsetup", &self.cryptsetup_resume_args(p));
+    }
+
+    /// The encrypted device serves the original data (`ucrypt open`'s table, read).
+    fn assert_serves_plain(&self, p: &Path) {
+        let out = ok(
+            ucrypt_bin(),
+            &[
+                "luksOpen",
+                "--print-table",
+                "--showkeys",
+                "-d",
+                s(&self.key),
+                s(p),
+            ],
+        );
+        let t = self.path("table");
+        std::fs::write(&t, &out.stdout).unwrap();
+        let len = self.g.data.to_string();
+        let out = ok(
+            ucrypt_bin(),
+            &["read", "--table-file", s(&t), "--length", &len],
+        );
+        let shift = self.g.shift().min(self.g.data) as usize;
+        assert!(
+            out.stdout[..shift] == self.plain[..shift],
+            "{}: the moved first {shift} bytes do not read back",
+            p.display()
+        );
+        assert!(
+            out.stdout == self.plain[..self.g.data as usize],
+            "{} does not serve the plaintext",
+            p.display()
+        );
+    }
+
+    /// `cmd` run under strace, killed (SIGKILL on entry) at its `nth` `syscall`.
+    fn killed_at(&self, syscall: &str, nth: usize, cmd: &str, args: &[&str]) {
+        let inject = format!("inject={syscall}:signal=SIGKILL:when={nth}");
+        let trace = format!("trace={syscall}");
+        let mut all = vec!["-f", "-o", "/dev/null", "-e", &trace, "-e", &inject, cmd];
+        all.extend_from_slice(args);
+        let out = run("strace", &all);
+        assert!(
+            !out.status.success(),
+            "{cmd} was not killed at {syscall} #{nth}"
+        );
+    }
+
+    /// Same JSON, binary headers and keyslots, same data area; the reencrypt keyslot's
+    /// area (`area` of `init`) and the moved copy are random in both.
+    fn assert_same(&self, area: (usize, usize), a: &Path, b: &Path) {
+        assert_eq!(json(a), json(b), "JSON metadata differs");
+        let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+        for copy in [0usize, 16384] {
+            assert_eq!(x[copy..copy + 16], y[copy..copy + 16]);
+            assert_eq!(x[copy + 24..copy + 448], y[copy + 24..copy + 448]);
+        }
+        let (at, size) = area;
+        assert!(x[32768..at] == y[32768..at], "keyslot areas differ");
+        let shift = self.g.shift() as usize;
+        let end = shift + self.g.data as usize;
+        assert!(x[at + size..shift] == y[at + size..shift]);
+        assert!(
+            x[shift..end] == y[shift..end],
+            "data of {} and {} differ",
+            a.display(),
+            b.display()
+        );
+        // The moved copy of the first plaintext is gone.
+        let copy = &x[end..end + shift.min(self.g.data as usize)];
+        assert!(copy != &self.plain[..copy.len()], "moved copy not wiped");
+    }
+}
+
+/// The reencrypt keyslot's area (offset, size) in `dev`'s metadata.
+fn reencrypt_area(dev: &Path) -> (usize, usize) {
+    let v: serde_json::Value = serde_json::from_str(&json(dev)).unwrap();
+    let ks = v["keyslots"]
+        .as_object()
+        .unwrap()
+        .values()
+        .find(|k| k["type"] == "reencrypt")
+        .unwrap();
+    let n = |k: &str| ks["area"][k].as_str().unwrap().parse().unwrap();
+    (n("offset"), n("size"))
+}
+
+#[test]
+fn shift_init_has_cryptsetups_shape() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new(
+        Geometry {
+            data: 32 * MIB,
+            reduce: 32 * MIB,
+        },
+        0x5eed_5417,
+    );
+    let cases: [&[&str]; 3] = [
+        &[],
+        &["--resilience", "datashift"],
+        &[
+            "-c",
+            "aes-cbc-essiv:sha256",
+            "-s",
+            "256",
+            "--sector-size",
+            "4096",
+            "--uuid",
+            "3f1b2e4c-8f5e-4a2b-9c3d-112233445566",
+            "--label",
+            "shift-test",
+            "--key-slot",
+            "3",
+        ],
+    ];
+    let shift = f.g.shift() as usize;
+    for (i, extra) in cases.iter().enumerate() {
+        let uc = f.init("ucrypt", &format!("uc{i}"), extra);
+        let cs = f.init("cryptsetup", &format!("cs{i}"), extra);
+        assert_eq!(shape(&uc), shape(&cs), "case {extra:?}");
+        let j = json(&uc);
+        assert!(
+            j.contains("\"mode\":\"encrypt\"")
+                && j.contains("\"direction\":\"backward\"")
+                && j.contains("\"type\":\"datashift\"")
+                && j.contains(&format!("\"shift_size\":\"{shift}\""))
+                && j.contains("backup-moved-segment"),
+            "{j}"
+        );
+        let (x, y) = (std::fs::read(&uc).unwrap(), std::fs::read(&cs).unwrap());
+        // Past the header both devices are alike: the plaintext where it was, the first
+        // shift bytes copied to the end.
+        assert!(x[shift..] == y[shift..], "case {extra:?}: data differs");
+        let end = f.plain.len();
+        assert!(x[end - shift..] == f.plain[..shift], "no moved copy");
+        assert!(x[shift..end - shift] == f.plain[shift..end - shift]);
+        // The binary headers' label, UUID and subsystem agree.
+        assert_eq!(x[24..72], y[24..72]);
+        if i == 2 {
+            assert_eq!(x[168..208], y[168..208]);
+            assert!(x[24..72].starts_with(b"shift-test\0"));
+        }
+    }
+}
+
+/// Each geometry: cryptsetup's run and ucrypt's from one initialised device agree; ucrypt
+/// stopped after one hotzone is finished by cryptsetup; ucrypt killed in the second
+/// hotzone's "post" header write is recovered by either tool; cryptsetup killed at the
+/// second hotzone's data write is recovered by ucrypt.
+#[test]
+fn shift_encryption_equals_cryptsetups_and_either_tool_finishes_the_other() {
+    if !tools() {
+        return;
+    }
+    let geometries = [
+        // Data a multiple of the shift: two hotzones, the second the moved copy's.
+        (32 * MIB, 32 * MIB, &[][..]),
+        // Not a multiple: 16 MiB, 8 MiB, then the moved copy's; 4 KiB sectors.
+        (40 * MIB, 32 * MIB, &["--sector-size", "4096"][..]),
+        // Shorter than the shift: the moved copy's hotzone only.
+        (6 * MIB, 16 * MIB, &[][..]),
+    ];
+    for (i, (data, reduce, extra)) in geometries.into_iter().enumerate() {
+        let f = Fixture::new(Geometry { data, reduce }, 0x5eed_0000 + i as u64);
+        let what = format!("{:?}", f.g);
+        let init = f.init("ucrypt", "init", extra);
+        let area = reencrypt_area(&init);
+        let reference = f.copy(&init, "reference");
+        f.cryptsetup_resume(&reference);
+        f.assert_serves_plain(&reference);
+
+        let uc = f.copy(&init, "uc");
+        let out = f.ucrypt_resume(&uc, &[]);
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Finished"),
+            "{what}"
+        );
+        assert!(!json(&uc).contains("reencrypt"), "{what}: {}", json(&uc));
+        f.assert_same(area, &reference, &uc);
+        f.assert_serves_plain(&uc);
+
+        if data <= f.g.shift() {
+            continue;
+        }
+        // ucrypt stops after one hotzone (the last shift of the data: encrypted a shift
+        // higher); cryptsetup finishes.
+        let a = f.copy(&init, "a");
+        f.ucrypt_resume(&a, &["--debug-stop-after", "1M"]);
+        let j = json(&a);
+        let first = data - f.g.shift();
+        assert!(
+            j.contains(&format!(
+                "{{\"type\":\"crypt\",\"offset\":\"{}\",\"size\":\"{}\"",
+                f.g.shift() + first,
+                f.g.shift()
+            )),
+            "{what}: {j}"
+        );
+        f.cryptsetup_resume(&a);
+        f.assert_same(area, &reference, &a);
+
+        // ucrypt killed at hotzone 2's first "post" header write (per hotzone: 6 pwrites
+        // for the "hot" header, one data write, 6 for the "post" header).
+        let crashed = f.copy(&init, "crashed");
+        f.killed_at(
+            "pwrite64",
+            21,
+            ucrypt_bin(),
+            &f.ucrypt_resume_args(&crashed),
+        );
+        assert!(json(&crashed).contains("in-reencryption"), "{what}");
+        let by_cs = f.copy(&crashed, "by-cs");
+        f.cryptsetup_resume(&by_cs);
+        f.assert_same(area, &reference, &by_cs);
+        f.ucrypt_resume(&crashed, &[]);
+        f.assert_same(area, &reference, &crashed);
+
+        // cryptsetup killed at its second hotzone's data write (a traced run on a scratch
+        // copy says which write() that is: the second larger than the 1 MiB of its wipe).
+        let scratch = f.copy(&init, "scratch");
+        let log = f.path("writes.log");
+        let mut args = vec![
+            "-f",
+            "-s",
+            "0",
+            "-e",
+            "trace=write",
+            "-o",
+            s(&log),
+            "cryptsetup",
+        ];
+        let cs_args = f.cryptsetup_resume_args(&scratch);
+        args.extend_from_slice(&cs_args);
+        ok("strace", &args);
+        let big: Vec<usize> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("write("))
+            .enumerate()
+            .filter(|(_, l)| {
+                l.rsplit("= ")
+                    .next()
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .is_some_and(|n| n > MIB)
+            })
+            .map(|(i, _)| i + 1)
+            .collect();
+        assert!(big.len() >= 2, "{what}: {big:?}");
+        let cs_crashed = f.copy(&init, "cs-crashed");
+        f.killed_at(
+            "write",
+            big[1],
+            "cryptsetup",
+            &f.cryptsetup_resume_args(&cs_crashed),
+        );
+        assert!(json(&cs_crashed).contains("in-reencryption"), "{what}");
+        f.ucrypt_resume(&cs_crashed, &[]);
+        f.assert_same(area, &reference, &cs_crashed);
+    }
+}
+
+#[test]
+fn what_ucrypt_does_not_do_with_a_shift_is_refused() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new(
+        Geometry {
+            data: 16 * MIB,
+            reduce: 16 * MIB,
+        },
+        0x5eed_0bad,
+    );
+    let dev = f.plain_device("plain");
+    let k = s(&f.key);
+    let d = s(&dev);
+    let hdr = f.path("hdr");
+    let refused = |args: &[&str], why: &str| {
+        let mut all = vec!["reencrypt", "-q", "-d", k, "--disable-locks"];
+        all.extend_from_slice(args);
+        let out = run(ucrypt_bin(), &all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+        assert!(std::fs::read(&dev).unwrap() == f.plain, "{args:?} wrote");
+        assert!(!hdr.exists());
+    };
+    let h = s(&hdr);
+    let e = ["--encrypt", "--reduce-device-size", "16M"];
+    refused(
+        &["--reduce-device-size", "16M", d],
+        "supported with --encrypt",
+    );
+    refused(&[&e[..], &["--header", h, d]].concat(), "detached header");
+    refused(
+        &[&e[..], &["--device-size", "8M", d]].concat(),
+        "cannot be combined",
+    );
+    refused(
+        &[&e[..], &["--resilience", "journal", d]].concat(),
+        "does not apply",
+    );
+    refused(&["--encrypt", "--reduce-device-size", "2G", d], "1 GiB");
+    refused(
+        &["--encrypt", "--reduce-device-size", "1000", d],
+        "multiple of 512",
+    );
+    refused(
+        &["--encrypt", "--resilience", "datashift", "--header", h, d],
+        "datashift",
+    );
+    // cryptsetup 2.6's decryption of an attached-header device exports the header and
+    // shifts the data back; ucrypt says so and writes nothing.
+    let luks = f.init("ucrypt", "luks", &[]);
+    f.ucrypt_resume(&luks, &[]);
+    let before = std::fs::read(&luks).unwrap();
+    let out = run(
+        ucrypt_bin(),
+        &[
+            "reencrypt",
+            "--decrypt",
+            "-q",
+            "-d",
+            k,
+            "--header",
+            s(&hdr),
+            "--disable-locks",
+            s(&luks),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported by ucrypt"));
+    assert!(std::fs::read(&luks).unwrap() == before && !hdr.exists());
+    // A finished shift encryption is a LUKS device: not encrypted again.
+    let out = run(
+        ucrypt_bin(),
+        &[
+            "reencrypt",
+            "--encrypt",
+            "-q",
+            "--reduce-device-size",
+            "16M",
+            "-d",
+            k,
+            "--disable-locks",
+            s(&luks),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already LUKS device"));
+    assert!(std::fs::read(&luks).unwrap() == before);
+}
