@@ -10,6 +10,9 @@
 //!   whose recovery decides per block), then a resume: the data area equals a run that was
 //!   never interrupted.
 //!
+//! - `kill -9` of an encryption with a data shift (`--reduce-device-size`), resumed until
+//!   it finishes: the device serves the original plaintext.
+//!
 //! Rounds scale with `UCRYPT_CRASH_ROUNDS` (default 50 per mode); the seed is printed and
 //! taken from `UCRYPT_CRASH_SEED`.
 #![allow(clippy::unwrap_used)]
@@ -668,6 +671,66 @@ fn kill_9_during_encryption_and_decryption_loses_nothing() {
             );
         }
     }
+}
+
+/// `kill -9` at random moments of `ucrypt reencrypt --encrypt --reduce-device-size` (the
+/// header at the head of the device, the data shifted, resilience datashift), resumed
+/// until it finishes: the device then serves the original plaintext, the first shift of it
+/// (moved to the device's end meanwhile, then encrypted from there) included. 4 MiB of
+/// data, a 512 KiB shift (8 hotzones).
+#[test]
+fn kill_9_during_encryption_with_a_data_shift_loses_nothing() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let (mut rng, seed) = Rng::from_env("UCRYPT_CRASH_SEED");
+    eprintln!("seed {seed} (UCRYPT_CRASH_SEED)");
+    let f = Fx::new(seed ^ 3);
+    const REDUCE: usize = 1 << 20;
+    // The device: the data, then the REDUCE bytes the filesystem gave up (random too).
+    let mut device = f.plain.clone();
+    device.extend_from_slice(&f.plain[..REDUCE]);
+    device[DATA..].reverse();
+    let init = f.path("shift-init.img");
+    std::fs::write(&init, &device).unwrap();
+    let mut args = vec!["reencrypt", "--encrypt", "--init-only", "-q"];
+    args.extend_from_slice(&["--reduce-device-size", "1M", "-d", s(&f.key)]);
+    args.extend_from_slice(&["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]);
+    args.extend_from_slice(&["--disable-locks", s(&init)]);
+    ok(bin(), &args);
+    let img = f.path("shift.img");
+    let resume = || {
+        Command::new(bin())
+            .args(["reencrypt", "--resume-only", "-q", "-d", s(&f.key)])
+            .args(["--disable-locks", s(&img)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (mut kills, mut images, mut hot) = (0u32, 0u32, 0u32);
+    while kills < rounds() {
+        images += 1;
+        std::fs::copy(&init, &img).unwrap();
+        while let Some(in_hotzone) = kill_later(resume(), &mut rng, &img, "datashift") {
+            kills += 1;
+            hot += u32::from(in_hotzone);
+            if Fx::finished(&img) {
+                break;
+            }
+        }
+        assert!(Fx::finished(&img), "datashift: not finished (seed {seed})");
+        let got = f.read_all(&img);
+        assert!(
+            got[..REDUCE / 2] == f.plain[..REDUCE / 2],
+            "datashift: the moved first sectors differ (seed {seed})"
+        );
+        assert!(got == f.plain, "datashift: plaintext differs (seed {seed})");
+    }
+    eprintln!(
+        "datashift: {kills} kill -9 mid-run ({hot} inside a hotzone) over {images} devices, all data verified"
+    );
 }
 
 /// Starts `ucrypt open IMG NAME --device none` in the runtime directory `run`; returns the
