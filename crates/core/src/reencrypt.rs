@@ -401,6 +401,19 @@ impl Run {
         };
         let data = data.map(|(io, d)| (io, d.display().to_string()));
         let state = Reencrypt::load(&header.json, device_size).map_err(fe)?;
+        if let Some(m) = &state.moved {
+            // The last hotzone reads a whole shift from the moved copy: the device must
+            // still end where it did when the encryption started.
+            let shift = state.new.offset - state.old.offset;
+            let len = device_size + state.new.offset;
+            if len < m.offset + shift {
+                bail!(
+                    "{device} ({len} bytes) is smaller than when its encryption with a data \
+                     shift started ({} bytes); its moved data would be lost",
+                    m.offset + shift
+                );
+            }
+        }
         // With a data shift the pass covers the data before the moved copy only.
         let device_size = state.data_length(device_size);
         let meta = Metadata::parse(&header.json.to_compact()).map_err(fe)?;

@@ -472,6 +472,23 @@ fn reencrypt_mode(json: &ucrypt_format::luks2::json::Json) -> Option<String> {
         .and_then(|(_, k)| k.get("mode")?.as_str().map(str::to_string))
 }
 
+/// Whether the reencryption in `header`'s metadata has the datashift resilience.
+fn header_is_shifted(header: &std::path::Path) -> bool {
+    std::fs::File::open(header)
+        .ok()
+        .and_then(|f| ucrypt_format::luks2::disk::Header::read(&f, "header").ok())
+        .is_some_and(|h| {
+            h.json.get("keyslots").is_some_and(|k| {
+                k.members().iter().any(|(_, ks)| {
+                    ks.get("area")
+                        .and_then(|a| a.get("type"))
+                        .and_then(|t| t.as_str())
+                        .is_some_and(|t| t.starts_with("datashift"))
+                })
+            })
+        })
+}
+
 /// Whether `path` starts with a LUKS header (either version).
 fn is_luks(path: &std::path::Path) -> bool {
     use std::io::Read;
@@ -641,6 +658,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             reencrypt_mode(&h.json),
         )
     };
+    let shifted = in_progress && header_is_shifted(&header_path);
     if a.encrypt {
         if !in_progress && !fresh {
             return Err(anyhow!(
@@ -658,6 +676,16 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         }
     }
     if in_progress {
+        // A data shift's resilience cannot change (cryptsetup refuses it too).
+        if let (Some(r), true) = (a.resilience.as_deref(), shifted) {
+            if r != "datashift" {
+                return Err(anyhow!(
+                    "Requested --resilience option cannot be applied to current \
+                     reencryption operation."
+                ))
+                .code(EXIT_PARAMS);
+            }
+        }
         for (flag, want) in [(a.encrypt, "encrypt"), (a.decrypt, "decrypt")] {
             if flag && mode.as_deref() != Some(want) {
                 return Err(anyhow!(
