@@ -3,7 +3,7 @@
 # bluestore on a sparse file) and one image: every number is only comparable with the others
 # of the same run (see BENCHMARKING.md).
 #
-#   bench/rbd.sh            REPS=3 RUNTIME=5 SIZE=1G UCRYPT=target/release/ucrypt CACHE=on|off  UCRYPT_BASE=
+#   bench/rbd.sh            REPS=3 RUNTIME=5 SIZE=1G UCRYPT=target/release/ucrypt CACHE=on|off  UCRYPT_BASE=  NICE=-20
 #                           ONLY='4k' (grep -E on workload names)  CONFIGS_ONLY='ucrypt-rbd librbd-luks2'
 #
 # The image is formatted once as LUKS2 (aes-xts-plain64, 512-bit key, 4096-byte sectors,
@@ -22,6 +22,11 @@
 #                 the same run: a change's before/after side by side
 #   ucrypt-rbd-noflush  (only with CONFIGS_ONLY) ucrypt-rbd without the flush before the runs:
 #                 librbd stays in writethrough, as this script measured before 2026-11-25 evening
+#   ucrypt-rbd-null  (only with CONFIGS_ONLY) ucrypt-rbd with cipher_null (a table line over the
+#                 same data area and 4096-byte sectors): ucrypt's NBD export of librbd without
+#                 the cipher, the ceiling of any encryption served over NBD by ucrypt
+# NICE=-20 runs everything (cluster, servers, fio) at that nice level, for runs on a machine
+# others share.
 # librbd's cache mode is the same in every column. librbd (16.2, rbd_cache=true by default) starts
 # each image handle in writethrough (a write completes when the OSD has it) and switches to
 # write-around at the handle's first flush: a write then completes when it is sent (at most
@@ -34,9 +39,16 @@
 # engine (it sets rbd_cache itself).
 # Workloads: 4k randread and randwrite at depth 32, 1M sequential read and write at depth 32.
 # Each repetition runs every configuration in turn (round robin against drift); printed are
-# medians of REPS runs, ratios against librbd-raw and librbd-luks2, and the spread.
+# medians of REPS runs, ratios against librbd-raw and librbd-luks2, and the spread; then the
+# CPU time per request of each side (median): fio (with librbd for librbd-raw, the nbd engine
+# otherwise), the server process(es) (ucrypt, qemu-nbd) and the OSD, from /proc (utime+stime
+# of the servers and the OSD before and after, fio's through its parent's cutime+cstime). On a
+# machine whose CPUs the OSD shares, the sums bound what each column can reach.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${NICE:-}" ] && [ -z "${RBD_BENCH_NICED:-}" ]; then
+  RBD_BENCH_NICED=1 exec nice -n "$NICE" "$0" "$@"
+fi
 
 REPS=${REPS:-3}
 RUNTIME=${RUNTIME:-5}
@@ -59,6 +71,10 @@ cleanup() {
   rm -rf "$W"
 }
 trap cleanup EXIT
+# bluestore allocates fresh extents for overwrites, so its sparse block file grows towards its
+# full size over a run's writes (some 20 GiB of 1 MiB writes): 8 GiB keeps a run within the
+# host's free disk (the default 20 GiB filled it on 2026-11-26 and the OSD aborted, ENOSPC).
+export CEPH_OSD_SIZE_MB=${CEPH_OSD_SIZE_MB:-8192}
 eval "$(CEPH_WATCH_PID=$$ tests/ceph/cluster.sh start)"
 QEMU_CACHE=()
 RAW_DIRECT=()
@@ -106,6 +122,14 @@ ucrypt_open() {  # device [binary]
   SERVER_PIDS+=($!)
   wait_sock "$SOCK" $!
 }
+ucrypt_open_null() {  # cipher_null over the LUKS data area, as the LUKS2 mapping lays it out
+  rm -f "$SOCK"
+  "$UCRYPT" open --nbd-workers 32 --socket "$SOCK" --table \
+    "0 $((DATA / 512)) crypt cipher_null-ecb - 0 rbd:rbd/$IMG 32768 1 sector_size:4096" \
+    >/dev/null 2>"$W/server.err" &
+  SERVER_PIDS+=($!)
+  wait_sock "$SOCK" $!
+}
 start() {
   case $1 in
     librbd-raw) ;;
@@ -113,6 +137,7 @@ start() {
     librbd-luks2) qemu_nbd "$SOCK" ",encrypt.format=luks2,encrypt.key-secret=s0" ;;
     ucrypt-rbd|ucrypt-rbd-noflush) ucrypt_open "rbd:rbd/$IMG" ;;
     ucrypt-rbd-base) ucrypt_open "rbd:rbd/$IMG" "$UCRYPT_BASE" ;;
+    ucrypt-rbd-null) ucrypt_open_null ;;
     ucrypt-nbd) qemu_nbd "$SOCK2" ""; ucrypt_open "nbd+unix:///?socket=$SOCK2" ;;
   esac
   # One flush through the export (see the top: librbd's cache mode); for ucrypt-nbd it reaches
@@ -152,6 +177,14 @@ if [ -n "${ONLY:-}" ]; then
   WORKLOADS=("${kept[@]}")
 fi
 : > "$W/results"
+OSD_PID=$(cat "$CEPH_TEST_DIR/run/osd.0.pid")
+ticks() {  # pids...: their utime+stime in clock ticks, summed (0 for none)
+  local p t=0 s
+  for p in "$@"; do
+    read -r -a s < "/proc/$p/stat" && t=$(( t + s[13] + s[14] ))
+  done
+  echo "$t"
+}
 for rep in $(seq "$REPS"); do
   for c in "${CONFIGS[@]}"; do
     start "$c"
@@ -166,28 +199,39 @@ for rep in $(seq "$REPS"); do
       else
         eng=(--ioengine=nbd --uri="nbd+unix:///?socket=$SOCK")
       fi
-      fio --name="$1" "${eng[@]}" --rw="$2" --bs="$3" --iodepth="$4" --time_based \
-        --runtime="$RUNTIME" --output-format=json > "$W/fio.json"
-      /usr/bin/python3 - "$c" "$1" "$W/fio.json" >> "$W/results" <<'PY'
+      srv0=$(ticks "${SERVER_PIDS[@]}"); osd0=$(ticks "$OSD_PID")
+      # fio's CPU time (librbd's threads included) is its parent shell's cutime+cstime
+      FIO_OUT=$W/fio.json FIO_CPU=$W/fio.cpu bash -c '"$@" > "$FIO_OUT"
+        read -r -a s < /proc/$$/stat; echo $(( s[15] + s[16] )) > "$FIO_CPU"' _ \
+        fio --name="$1" "${eng[@]}" --rw="$2" --bs="$3" --iodepth="$4" --time_based \
+        --runtime="$RUNTIME" --output-format=json
+      srv=$(( $(ticks "${SERVER_PIDS[@]}") - srv0 )); osd=$(( $(ticks "$OSD_PID") - osd0 ))
+      /usr/bin/python3 - "$c" "$1" "$W/fio.json" "$(cat "$W/fio.cpu")" "$srv" "$osd" \
+        >> "$W/results" <<'PY'
 import json, sys
 text = open(sys.argv[3]).read()  # the nbd engine prints "fio: connected to NBD server" first
 j = json.loads(text[text.index("{"):])["jobs"][0]
 iops = j["read"]["iops"] + j["write"]["iops"]
 bw = j["read"]["bw_bytes"] + j["write"]["bw_bytes"]
-print(f"{sys.argv[1]} {sys.argv[2]} {iops:.0f} {bw / 2**20:.1f}")
+ios = j["read"]["total_ios"] + j["write"]["total_ios"]
+print(f"{sys.argv[1]} {sys.argv[2]} {iops:.0f} {bw / 2**20:.1f} {ios} {' '.join(sys.argv[4:7])}")
 PY
-      echo "  rep $rep $c $1: $(tail -1 "$W/results" | cut -d' ' -f3-) (IOPS MiB/s), load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+      echo "  rep $rep $c $1: $(tail -1 "$W/results" | cut -d' ' -f3-4) (IOPS MiB/s), load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     done
     stop
   done
 done
 
-/usr/bin/python3 - "$W/results" "$RUNTIME" "$SIZE" "$REPS" "$CACHE" <<'PY'
+/usr/bin/python3 - "$W/results" "$RUNTIME" "$SIZE" "$REPS" "$CACHE" "$(getconf CLK_TCK)" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 runs = {}
-for c, w, i, m in rows:
+cpu = {}
+tick_us = 1e6 / int(sys.argv[6])
+for c, w, i, m, ios, f, s, o in rows:
     runs.setdefault((c, w), []).append((float(i), float(m)))
+    n = max(int(ios), 1)
+    cpu.setdefault((c, w), []).append(tuple(int(t) * tick_us / n for t in (f, s, o)))
 configs = list(dict.fromkeys(r[0] for r in rows))
 loads = list(dict.fromkeys(r[1] for r in rows))
 def med(c, w):
@@ -226,4 +270,18 @@ for base in ("librbd-raw", "librbd-luks2"):
         cells = [f"{med(c, w)[1] / b[1]:.2f}x" if med(c, w) and b and b[1] else "-" for c in others]
         print(f"| {w} | " + " | ".join(cells) + " |")
     print()
+print("CPU time per request, microseconds, medians: fio + server + OSD = sum")
+print()
+print("| workload | " + " | ".join(configs) + " |")
+print("|---" * (len(configs) + 1) + "|")
+for w in loads:
+    cells = []
+    for c in configs:
+        v = cpu.get((c, w))
+        if not v:
+            cells.append("-")
+            continue
+        f, s, o = (statistics.median(x[k] for x in v) for k in range(3))
+        cells.append(f"{f:.0f} + {s:.0f} + {o:.0f} = {f + s + o:.0f}")
+    print(f"| {w} | " + " | ".join(cells) + " |")
 PY
