@@ -123,7 +123,7 @@ const SCENARIOS: &[(u32, &str, Replay)] = &[
         "Offline decryption with fixed device size",
         Skipped(ELSEWHERE),
     ),
-    (22, "Multi-keyslot device reencryption", Skipped(ELSEWHERE)),
+    (22, "Multi-keyslot device reencryption", Runs(multi_keyslot)),
     (
         23,
         "Reencryption with specified new volume key",
@@ -132,7 +132,10 @@ const SCENARIOS: &[(u32, &str, Replay)] = &[
     (
         24,
         "Reencryption with initial cipher_null",
-        Skipped(ELSEWHERE),
+        Skipped(
+            "cryptsetup's luksFormat with cipher_null checks it through device-mapper, \
+             missing here (the setup fails before any reencryption)",
+        ),
     ),
     (
         25,
@@ -493,6 +496,31 @@ fn write_through(f: &Fx, dev: &Path, hdr: Option<&Path>, data: &[u8]) {
     let input = f.path("input-w");
     std::fs::write(&input, data).unwrap();
     ucrypt_ok(&["write", "--table-file", s(&t), "--input", s(&input)]);
+}
+
+/// [22], in part: with several keyslots the one kept must be named (`-S`); with it the run
+/// succeeds and the volume keeps its data. Not replayed: cryptsetup's re-keying of every
+/// keyslot, each with its own passphrase (ucrypt keeps the named keyslot and removes the
+/// others, as `cryptsetup reencrypt --key-slot` does).
+fn multi_keyslot(f: &Fx) {
+    let (dev, _) = f.device("multi22", 17);
+    f.cryptsetup(&[
+        "luksFormat",
+        "--type",
+        "luks2",
+        "--offset",
+        "32768",
+        s(&dev),
+    ]);
+    let key2 = f.path("key22");
+    std::fs::write(&key2, b"another passphrase").unwrap();
+    f.cryptsetup(&["luksAddKey", s(&dev), s(&key2)]);
+    let mut data = vec![0u8; MIB];
+    f.rng.borrow_mut().fill(&mut data);
+    write_through(f, &dev, None, &data);
+    f.fails(&dev, None, &[]);
+    f.ok(&dev, &["-S", "0"]);
+    assert!(f.head(&dev, None, MIB) == data);
 }
 
 /// [3]: encryption under a detached header keeps the data (aes-cbc-essiv 128-bit, journal,
