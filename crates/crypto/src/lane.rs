@@ -143,42 +143,18 @@ pub(crate) struct VaesXtsPlain64Lane {
     pub sector_bytes: usize,
 }
 
-impl VaesXtsPlain64Lane {
-    #[inline]
-    fn run(&self, iv_first: u64, iv_step: u64, data: &mut [u8], encrypt: bool) {
-        let mut iv = [0u8; 16];
-        let mut n = iv_first;
-        for sector in data.chunks_exact_mut(self.sector_bytes) {
-            iv[..8].copy_from_slice(&n.to_le_bytes());
-            if encrypt {
-                self.xts.encrypt_unit(&iv, sector);
-            } else {
-                self.xts.decrypt_unit(&iv, sector);
-            }
-            n = n.wrapping_add(iv_step);
-        }
-    }
-}
-
 impl Lane for VaesXtsPlain64Lane {
     fn encrypt(&self, iv_first: u64, iv_step: u64, data: &mut [u8]) {
-        self.run(iv_first, iv_step, data, true);
+        self.xts
+            .plain64_units(iv_first, iv_step, data, self.sector_bytes, false);
     }
     fn decrypt(&self, iv_first: u64, iv_step: u64, data: &mut [u8]) {
-        self.run(iv_first, iv_step, data, false);
+        self.xts
+            .plain64_units(iv_first, iv_step, data, self.sector_bytes, true);
     }
     fn decrypt_from(&self, iv_first: u64, iv_step: u64, src: &[u8], dst: &mut [u8]) {
-        assert_eq!(src.len(), dst.len(), "BUG: decrypt_from lengths differ");
-        let mut iv = [0u8; 16];
-        let mut n = iv_first;
-        for (s, d) in src
-            .chunks_exact(self.sector_bytes)
-            .zip(dst.chunks_exact_mut(self.sector_bytes))
-        {
-            iv[..8].copy_from_slice(&n.to_le_bytes());
-            self.xts.decrypt_unit_to(&iv, s, d);
-            n = n.wrapping_add(iv_step);
-        }
+        self.xts
+            .plain64_units_decrypt_to(iv_first, iv_step, src, dst, self.sector_bytes);
     }
 }
 

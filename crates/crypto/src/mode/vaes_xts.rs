@@ -151,6 +151,88 @@ impl VaesXts {
         unsafe { self.run(iv, src.as_ptr(), dst.as_mut_ptr(), src.len(), true) }
     }
 
+    /// Encrypts (or decrypts) consecutive data units of `unit_len` bytes of `data` in place,
+    /// unit i with dm-crypt's plain64 IV of `first + i * step`.
+    #[inline]
+    pub fn plain64_units(
+        &self,
+        first: u64,
+        step: u64,
+        data: &mut [u8],
+        unit_len: usize,
+        decrypt: bool,
+    ) {
+        let p = data.as_mut_ptr();
+        // SAFETY: `data` is readable and writable for its length; in place is allowed.
+        unsafe { self.run_plain64(first, step, p, p, data.len(), unit_len, decrypt) }
+    }
+
+    /// Decrypts consecutive data units from `src` into `dst` (same length), as
+    /// [`VaesXts::plain64_units`].
+    #[inline]
+    pub fn plain64_units_decrypt_to(
+        &self,
+        first: u64,
+        step: u64,
+        src: &[u8],
+        dst: &mut [u8],
+        unit_len: usize,
+    ) {
+        assert_eq!(src.len(), dst.len(), "BUG: XTS run lengths differ");
+        // SAFETY: `src` readable, `dst` writable for the length; distinct borrows cannot
+        // overlap.
+        unsafe {
+            self.run_plain64(
+                first,
+                step,
+                src.as_ptr(),
+                dst.as_mut_ptr(),
+                src.len(),
+                unit_len,
+                true,
+            )
+        }
+    }
+
+    /// # Safety
+    /// `src` readable and `dst` writable for `len` bytes, equal or disjoint.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    unsafe fn run_plain64(
+        &self,
+        first: u64,
+        step: u64,
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+        unit_len: usize,
+        decrypt: bool,
+    ) {
+        assert!(
+            unit_len % 16 == 0 && unit_len > 0 && len % unit_len == 0,
+            "BUG: XTS run of {len} bytes in units of {unit_len}"
+        );
+        if len == 0 {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `run`.
+        unsafe {
+            let f = match (self.rounds, decrypt) {
+                (10, false) => xts_plain64::<10, false>,
+                (10, true) => xts_plain64::<10, true>,
+                (12, false) => xts_plain64::<12, false>,
+                (12, true) => xts_plain64::<12, true>,
+                (14, false) => xts_plain64::<14, false>,
+                (14, true) => xts_plain64::<14, true>,
+                _ => unreachable!("BUG: AES with {} rounds", self.rounds),
+            };
+            f(self, first, step, src, dst, len, unit_len)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("BUG: VaesXts built without x86_64");
+    }
+
     /// # Safety
     /// `src` readable and `dst` writable for `len` bytes, equal or disjoint.
     #[inline]
@@ -199,7 +281,20 @@ macro_rules! mul_x {
     }};
 }
 
-/// One XTS data unit of `len` bytes (a multiple of 16) with `R` AES rounds.
+/// Multiplies each 128-bit lane of `v` by x^(8·B) (B bytes; `C` = 16 - B): the lane shifted
+/// left by B bytes, plus the B bytes shifted out times 0x87 (at most 8·B + 7 bits, so
+/// valid for 1 <= B <= 15). Four instructions against `mul_x`'s five.
+#[cfg(target_arch = "x86_64")]
+macro_rules! mul_x_bytes {
+    ($v:expr, $b:literal, $c:literal, $poly:expr) => {{
+        let v = $v;
+        let carry = _mm512_bsrli_epi128::<$c>(v);
+        let reduced = _mm512_clmulepi64_epi128::<0x00>(carry, $poly);
+        _mm512_xor_si512(_mm512_bslli_epi128::<$b>(v), reduced)
+    }};
+}
+
+/// One XTS data unit of `len` bytes with `R` AES rounds.
 ///
 /// # Safety
 /// The CPU must have VAES, VPCLMULQDQ, AVX-512F/BW and AES-NI; `src` readable and `dst`
@@ -215,38 +310,116 @@ unsafe fn xts<const R: usize, const DEC: bool>(
 ) {
     // The tweak: E_K2(iv), one block.
     let tk = &k.keys.tweak.0;
-    let load = |row: &[u8; 16]| {
-        // SAFETY: a RoundKeys row is 16 readable bytes; the load is unaligned.
-        unsafe { _mm_loadu_si128(row.as_ptr().cast()) }
-    };
     let mut t = _mm_xor_si128(load(iv), load(&tk[0]));
     for row in &tk[1..R] {
         t = _mm_aesenc_si128(t, load(row));
     }
     t = _mm_aesenclast_si128(t, load(&tk[R]));
+    let rk = broadcast_keys::<R>(if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 });
+    // SAFETY: the caller's contract.
+    unsafe { unit::<R, DEC>(&rk, t, src, dst, len) };
+}
 
-    // Tweaks of blocks 0..4 in one register: T, T·x, T·x², T·x³.
-    let mut first = [0u8; 16];
-    // SAFETY: `first` is 16 writable bytes.
-    unsafe { _mm_storeu_si128(first.as_mut_ptr().cast(), t) };
-    let t0 = u128::from_le_bytes(first);
-    let mul = |t: u128| (t << 1) ^ (((t >> 127) as u8 as u128) * 0x87);
-    let (t1, t2) = (mul(t0), mul(mul(t0)));
-    let t3 = mul(t2);
-    let mut lanes = [0u8; 64];
-    for (i, ti) in [t0, t1, t2, t3].iter().enumerate() {
-        lanes[16 * i..16 * i + 16].copy_from_slice(&ti.to_le_bytes());
+/// Consecutive data units of `unit_len` bytes each (`len` in all, a multiple of it), unit
+/// i's tweak input being dm-crypt's plain64 IV of `first + i * step` (the number,
+/// little-endian, in the first 8 of 16 bytes). Encrypts four units' tweaks in one register,
+/// and broadcasts the round keys once per call instead of once per unit: at 4 KiB units
+/// that per-unit work was a tenth of the time.
+///
+/// # Safety
+/// As [`xts`]; `unit_len` a non-zero multiple of 16 dividing `len`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,sse2")]
+unsafe fn xts_plain64<const R: usize, const DEC: bool>(
+    k: &VaesXts,
+    first: u64,
+    step: u64,
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+    unit_len: usize,
+) {
+    let tk = broadcast_keys::<R>(&k.keys.tweak.0);
+    let rk = broadcast_keys::<R>(if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 });
+    let mut n = first;
+    let mut off = 0;
+    while off < len {
+        // Four tweaks: lane j is E_K2(plain64(n + j * step)).
+        let ivs = _mm512_set_epi64(
+            0,
+            n.wrapping_add(step.wrapping_mul(3)) as i64,
+            0,
+            n.wrapping_add(step.wrapping_mul(2)) as i64,
+            0,
+            n.wrapping_add(step) as i64,
+            0,
+            n as i64,
+        );
+        let mut t4 = _mm512_xor_si512(ivs, tk[0]);
+        for r in tk.iter().take(R).skip(1) {
+            t4 = _mm512_aesenc_epi128(t4, *r);
+        }
+        t4 = _mm512_aesenclast_epi128(t4, tk[R]);
+        for j in 0..4u32 {
+            if off == len {
+                break;
+            }
+            // Lane j's two quadwords moved to the bottom.
+            let t = _mm512_castsi512_si128(_mm512_maskz_compress_epi64(0b11 << (2 * j), t4));
+            // SAFETY: off + unit_len <= len (unit_len divides len); the caller's contract.
+            unsafe { unit::<R, DEC>(&rk, t, src.add(off), dst.add(off), unit_len) };
+            off += unit_len;
+        }
+        n = n.wrapping_add(step.wrapping_mul(4));
     }
-    // SAFETY: `lanes` is 64 readable bytes.
-    let mut tw = unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) };
-    let poly = _mm512_set_epi64(0, 0x87, 0, 0x87, 0, 0x87, 0, 0x87);
+}
 
-    // Round keys, broadcast to all four lanes.
-    let sched = if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 };
+/// A 16-byte row as a register (unaligned load).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn load(row: &[u8; 16]) -> __m128i {
+    // SAFETY: a row is 16 readable bytes; SSE2 is baseline on x86_64.
+    unsafe { _mm_loadu_si128(row.as_ptr().cast()) }
+}
+
+/// Rounds 0..=R of a schedule, each broadcast to the four lanes of a register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn broadcast_keys<const R: usize>(sched: &[[u8; 16]; 15]) -> [__m512i; 15] {
     let mut rk = [_mm512_setzero_si512(); 15];
     for (r, row) in rk.iter_mut().zip(sched.iter()).take(R + 1) {
         *r = _mm512_broadcast_i32x4(load(row));
     }
+    rk
+}
+
+/// One data unit whose first tweak `t` (E_K2(iv)) is known.
+///
+/// # Safety
+/// As [`xts`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,vaes,vpclmulqdq,aes,sse2")]
+#[inline]
+unsafe fn unit<const R: usize, const DEC: bool>(
+    rk: &[__m512i; 15],
+    t: __m128i,
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+) {
+    // Tweaks of blocks 0..4 in one register: T, T·x, T·x², T·x³ (lane k shifted by k
+    // bits; the bits shifted out of each half carried as in `mul_x`). Built in registers:
+    // no copy of the tweak is left in memory.
+    let poly = _mm512_set_epi64(0, 0x87, 0, 0x87, 0, 0x87, 0, 0x87);
+    let tw = {
+        let b = _mm512_broadcast_i32x4(t);
+        let carry = _mm512_srlv_epi64(b, _mm512_set_epi64(61, 61, 62, 62, 63, 63, 64, 64));
+        let shifted = _mm512_sllv_epi64(b, _mm512_set_epi64(3, 3, 2, 2, 1, 1, 0, 0));
+        let reduced = _mm512_clmulepi64_epi128::<0x01>(carry, poly);
+        let crossed = _mm512_bslli_epi128::<8>(carry);
+        _mm512_ternarylogic_epi64::<0x96>(shifted, reduced, crossed)
+    };
 
     #[inline(always)]
     fn round<const DEC: bool>(x: __m512i, k: __m512i) -> __m512i {
@@ -273,18 +446,19 @@ unsafe fn xts<const R: usize, const DEC: bool>(
 
     let mut off = 0;
     // Eight registers (32 blocks, 512 bytes) per step: enough independent rounds in flight
-    // to cover the vaesenc latency.
+    // to cover the vaesenc latency. Each step's eight tweak registers are the previous
+    // step's times x^32 (a 4-byte lane shift plus one carry-less product: `mul_x_bytes`).
+    let mut tws = [
+        tw,
+        mul_x!(tw, 4, poly),
+        mul_x!(tw, 8, poly),
+        mul_x!(tw, 12, poly),
+        mul_x!(tw, 16, poly),
+        mul_x!(tw, 20, poly),
+        mul_x!(tw, 24, poly),
+        mul_x!(tw, 28, poly),
+    ];
     while len - off >= 512 {
-        let tws = [
-            tw,
-            mul_x!(tw, 4, poly),
-            mul_x!(tw, 8, poly),
-            mul_x!(tw, 12, poly),
-            mul_x!(tw, 16, poly),
-            mul_x!(tw, 20, poly),
-            mul_x!(tw, 24, poly),
-            mul_x!(tw, 28, poly),
-        ];
         let mut x = [_mm512_setzero_si512(); 8];
         for j in 0..8 {
             // SAFETY: off + 64j + 64 <= len; src readable for len bytes.
@@ -300,10 +474,11 @@ unsafe fn xts<const R: usize, const DEC: bool>(
             let y = _mm512_xor_si512(last::<DEC>(x[j], rk[R]), tws[j]);
             // SAFETY: off + 64j + 64 <= len; dst writable for len bytes.
             unsafe { _mm512_storeu_si512(dst.add(off + 64 * j).cast(), y) };
+            tws[j] = mul_x_bytes!(tws[j], 4, 12, poly);
         }
-        tw = mul_x!(tw, 32, poly);
         off += 512;
     }
+    let mut tw = tws[0];
     // The rest, one register (4 blocks) at a time; a last partial register (1-3 blocks)
     // with masked loads and stores.
     while off < len {
@@ -321,8 +496,6 @@ unsafe fn xts<const R: usize, const DEC: bool>(
         tw = mul_x!(tw, 4, poly);
         off += n;
     }
-    lanes.zeroize();
-    first.zeroize();
 }
 
 impl Mode for VaesXts {
@@ -346,6 +519,43 @@ mod tests {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
             .collect()
+    }
+
+    /// The multi-unit entry point (four tweaks per register) equals one unit at a time with
+    /// plain64 IVs: every count of units around the groups of four, both unit sizes, IV
+    /// steps 1 and 8, a sector number wrapping past 2^64, in place and out of place.
+    #[test]
+    fn plain64_units_match_one_unit_at_a_time() {
+        if !available() {
+            eprintln!("skipped: no VAES/AVX-512 on this CPU");
+            return;
+        }
+        for key_len in [32usize, 48, 64] {
+            let x = VaesXts::with_any_aes_key(&pattern(key_len, 9)).unwrap();
+            for unit in [512usize, 4096] {
+                for count in 1..=9 {
+                    for (first, step) in [(0u64, 1u64), (77, 8), (u64::MAX - 2, 1)] {
+                        let plain = pattern(unit * count, count as u8);
+                        let mut want = plain.clone();
+                        for (i, u) in want.chunks_exact_mut(unit).enumerate() {
+                            let mut iv = [0u8; 16];
+                            let n = first.wrapping_add(step.wrapping_mul(i as u64));
+                            iv[..8].copy_from_slice(&n.to_le_bytes());
+                            x.encrypt_unit(&iv, u);
+                        }
+                        let mut got = plain.clone();
+                        x.plain64_units(first, step, &mut got, unit, false);
+                        let what = format!("key {key_len} unit {unit} count {count} first {first}");
+                        assert!(got == want, "encrypt: {what}");
+                        let mut back = vec![0u8; got.len()];
+                        x.plain64_units_decrypt_to(first, step, &got, &mut back, unit);
+                        assert!(back == plain, "decrypt_to: {what}");
+                        x.plain64_units(first, step, &mut got, unit, true);
+                        assert!(got == plain, "decrypt: {what}");
+                    }
+                }
+            }
+        }
     }
 
     /// IEEE 1619-2007 Annex B, vector 4 (XTS-AES-128, one 512-byte data unit, number 0):
