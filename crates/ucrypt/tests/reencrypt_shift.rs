@@ -11,7 +11,8 @@
 //!   keyslot's area and the moved copy are wiped with random bytes by both, so not
 //!   compared); `ucrypt open`'s table serves the original plaintext, its first SIZE/2 bytes
 //!   (the ones that moved) included;
-//! - a run ucrypt stopped is finished by cryptsetup; ucrypt killed mid-hotzone is
+//! - a run ucrypt stopped after one hotzone has the header cryptsetup has at that point
+//!   (byte for byte) and is finished by cryptsetup; ucrypt killed mid-hotzone is
 //!   recovered by cryptsetup (repair, then resume) and by ucrypt; cryptsetup killed at a
 //!   hotzone's data write is recovered and finished by ucrypt;
 //! - geometries: data a multiple of the shift, not a multiple (a shorter hotzone before the
@@ -416,6 +417,16 @@ fn shift_encryption_equals_cryptsetups_and_either_tool_finishes_the_other() {
             )),
             "{what}: {j}"
         );
+        // cryptsetup killed as it starts hotzone 2 (its 14th write(): per hotzone two
+        // header writes of three write()s each and one data write) left the same header.
+        let cs_one = f.copy(&init, "cs-one");
+        f.killed_at(
+            "write",
+            14,
+            "cryptsetup",
+            &f.cryptsetup_resume_args(&cs_one),
+        );
+        assert_eq!(json(&cs_one), j, "{what}: header after one hotzone differs");
         f.cryptsetup_resume(&a);
         f.assert_same(area, &reference, &a);
 

@@ -1206,3 +1206,58 @@ fn requirements_json(config: &Json) -> Vec<Json> {
         _ => Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// cryptsetup 2.6.1's `--encrypt --reduce-device-size 32M --init-only` of a 64 MiB
+    /// device (salts and digests as it wrote them).
+    const SHIFT_INIT: &str = r#"{"keyslots":{"0":{"type":"luks2","key_size":64,"af":{"type":"luks1","stripes":4000,"hash":"sha256"},"area":{"type":"raw","offset":"32768","size":"258048","encryption":"aes-xts-plain64","key_size":64},"kdf":{"type":"pbkdf2","hash":"sha256","iterations":1000,"salt":"tEy1HxkIcmasl2c96PnWeRqQ+Js31+Atl5ljQjs94p8="}},"1":{"area":{"offset":"290816","size":"4096","type":"datashift","shift_size":"16777216"},"type":"reencrypt","key_size":1,"mode":"encrypt","direction":"backward","priority":0}},"tokens":{},"segments":{"0":{"type":"linear","offset":"50331648","size":"16777216"},"1":{"type":"linear","offset":"16777216","size":"16777216"},"2":{"type":"linear","offset":"50331648","size":"16777216","flags":["backup-moved-segment"]},"3":{"type":"linear","offset":"0","size":"33554432","flags":["backup-previous"]},"4":{"type":"crypt","offset":"16777216","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":512,"flags":["backup-final"]}},"digests":{"0":{"type":"pbkdf2","keyslots":["0"],"segments":["4"],"hash":"sha256","iterations":1000,"salt":"dL9EwjAoE6PayRYg4lbGswnrEBYvkCKF9ASqZizN/W4=","digest":"wAYFppCYNTU50gQH4c+oEHt59GpoqbluV+IOi++GdIQ="},"1":{"type":"pbkdf2","keyslots":["1"],"segments":[],"hash":"sha256","iterations":1000,"salt":"Tdn07qfZIJpFWLQ9ZzRbcTglIM2TpgDeBcon12tDL4k=","digest":"Xm5dAoXS9XfVihSpt/DoBOT8tIIGC9v/7P9qyQWQ3aY="}},"config":{"json_size":"12288","keyslots_size":"16744448","requirements":{"mandatory":["online-reencrypt-v2"]}}}"#;
+    const M: u64 = 1 << 20;
+
+    #[test]
+    fn a_data_shift_walks_cryptsetups_hotzones_and_segments() {
+        let mut json = Json::parse(SHIFT_INIT).unwrap();
+        // The data area as ucrypt measures it: the device less the data offset.
+        let st = Reencrypt::load(&json, 48 * M).unwrap();
+        assert_eq!(st.resilience, Resilience::Datashift { shift: 16 * M });
+        let len = st.data_length(48 * M);
+        assert_eq!(len, 32 * M);
+        assert_eq!(st.progress, Progress::Clean { done: 0 });
+        // Backward, a shift at a time, the last one from the moved copy.
+        assert_eq!(st.next_hotzone(0, len, 4 * M), (16 * M, 16 * M));
+        assert_eq!(st.old_offset(16 * M), 16 * M);
+        assert_eq!(st.next_hotzone(16 * M, len, 4 * M), (0, 16 * M));
+        assert_eq!(st.old_offset(0), 48 * M);
+        // Data not a multiple of the shift: a shorter hotzone before the moved one.
+        assert_eq!(st.next_hotzone(0, 40 * M, 0), (24 * M, 16 * M));
+        assert_eq!(st.next_hotzone(16 * M, 40 * M, 0), (16 * M, 8 * M));
+        assert_eq!(st.next_hotzone(24 * M, 40 * M, 0), (0, 16 * M));
+        // The first hotzone's "post" segments (as cryptsetup's header after it), which
+        // load back as 16 MiB done.
+        st.set_done(&mut json, 16 * M, len);
+        let text = json.to_compact();
+        assert!(
+            text.contains(r#""segments":{"0":{"type":"linear","offset":"50331648","size":"16777216"},"1":{"type":"crypt","offset":"33554432","size":"16777216","iv_tweak":"32768","encryption":"aes-xts-plain64","sector_size":512},"2":{"type":"linear","offset":"0","size":"33554432","flags":["backup-previous"]},"3":{"type":"crypt","offset":"16777216","size":"dynamic""#),
+            "{text}"
+        );
+        assert!(text.contains(r#""segments":["3","1"]"#), "{text}");
+        let back = Reencrypt::load(&json, 48 * M).unwrap();
+        assert_eq!(back.progress, Progress::Clean { done: 16 * M });
+        // The moved copy's hotzone: a crash there loads as that hotzone.
+        st.set_hot(&mut json, 0, 16 * M, len);
+        let crashed = Reencrypt::load(&json, 48 * M).unwrap();
+        assert_eq!(
+            crashed.progress,
+            Progress::Crashed {
+                offset: 0,
+                length: 16 * M
+            }
+        );
+        assert_eq!(crashed.done_before(0, 16 * M, len), 16 * M);
+        // A moved segment with any other mode is refused.
+        let other = SHIFT_INIT.replace(r#""mode":"encrypt""#, r#""mode":"reencrypt""#);
+        assert!(Reencrypt::load(&Json::parse(&other).unwrap(), 48 * M).is_err());
+    }
+}
