@@ -18,9 +18,9 @@
 //! prints, so a header-opened volume can be shown (key hidden) and compared with `dmsetup
 //! table` output of the kernel mapping.
 
+use crate::error::{bail, Context, Result};
 use crate::mapping::open_mapping;
 use crate::open::{open_parsed, OpenOptions, OpenedTable};
-use anyhow::{bail, Context, Result};
 use std::io::{Seek, SeekFrom};
 use std::path::Path;
 use ucrypt_crypto::VolumeKey;
@@ -320,7 +320,7 @@ fn unlock_reencrypting(
     let probe = Reencrypt::load(&header.json, u64::MAX)?;
     let total = device_bytes(device)?;
     let size = total.checked_sub(probe.new.offset).ok_or_else(|| {
-        anyhow::anyhow!(
+        crate::error::anyhow!(
             "device {device_str} ends before its data offset {}",
             probe.new.offset
         )

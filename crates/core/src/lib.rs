@@ -9,9 +9,14 @@
 //!                                                                    ▼
 //!                                                           engine::Volume
 //! ```
+//!
+//! Every operation fails with a typed [`Error`] (what failed: the format layer's, the
+//! backend's, the engine's error..., under `Context` links saying what was being done), so
+//! callers choose by type, never by message text.
 
 pub mod bench;
 pub mod config;
+pub mod error;
 pub mod header;
 pub mod instance;
 pub mod mapping;
@@ -22,5 +27,6 @@ pub mod secure;
 pub mod tcrypt;
 pub mod unlocked;
 
+pub use error::{Error, Result};
 pub use header::{open_header, open_unlocked, unlock, HeaderOptions, Unlocked, VolumeType};
 pub use open::{open_parsed, open_table, OpenOptions, OpenedTable};

@@ -12,8 +12,8 @@
 //!  Table 0: crypt serpent … on disk.img ─► Volume ─► Table 1: crypt twofish … on Layer(0) ─► Volume …
 //! ```
 
+use crate::error::{bail, Context, Result};
 use crate::open::{open_device, open_parsed_with, OpenOptions};
-use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 use ucrypt_backend::{Backend, LinearBackend, ZeroBackend};
 use ucrypt_format::{DeviceRef, Mapping, Target};

@@ -2,7 +2,7 @@
 //! the line goes (cipher and key → crypto, device → backend, offsets and flags → engine).
 
 use crate::config::{engine_options, PerfOptions};
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use std::sync::Arc;
 use ucrypt_backend::file::{FileBackend, FileOptions};
 use ucrypt_backend::Backend;
@@ -48,7 +48,7 @@ pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
 pub fn open_parsed(table: TableLine, opts: OpenOptions) -> Result<OpenedTable> {
     open_parsed_with(table, opts, |t| match &t.device {
         DeviceRef::Path(p) => open_device(p, opts.read_only, opts.direct),
-        DeviceRef::Layer(j) => anyhow::bail!(
+        DeviceRef::Layer(j) => crate::error::bail!(
             "the line sits on table {j} of a mapping: open the whole mapping \
              (crate::mapping::open_mapping)"
         ),

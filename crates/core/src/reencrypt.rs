@@ -16,7 +16,7 @@
 //! Offline only: the caller holds the image (ucrypt's image locks); nothing else may
 //! write the data area meanwhile.
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{anyhow, bail, Context, Result};
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -95,8 +95,8 @@ pub trait Gate: Sync {
     fn release(&self, at: u64, len: u64);
 }
 
-fn fe(e: FormatError) -> anyhow::Error {
-    anyhow::Error::new(e)
+fn fe(e: FormatError) -> crate::error::Error {
+    crate::error::Error::Format(e)
 }
 
 /// The data area's size: the device less the data offset, checked against both sector

@@ -40,7 +40,7 @@
 //! once is as unsafe as with cryptsetup on a shared disk; the changed-meanwhile check only
 //! catches changes to the copied ranges.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -108,7 +108,7 @@ pub fn header_bytes(
         let json = read(4096, (hdr_size - 4096) as usize)?;
         let json = &json[..json.iter().position(|&b| b == 0).unwrap_or(json.len())];
         let meta = std::str::from_utf8(json)
-            .map_err(|e| anyhow::anyhow!("not UTF-8: {e}"))
+            .map_err(|e| crate::error::anyhow!("not UTF-8: {e}"))
             .and_then(|j| Ok(Metadata::parse(j)?))
             .context("LUKS2 JSON metadata does not parse")?;
         let mut end = 2 * hdr_size;

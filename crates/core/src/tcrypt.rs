@@ -15,8 +15,8 @@
 //! builds each as an engine `Volume` on the one below, the way cryptsetup stacks its
 //! `name_2`, `name_1`, `name` dm-crypt devices.
 
+use crate::error::{Context, Result};
 use crate::unlocked::{HeaderOptions, Unlocked};
-use anyhow::{Context, Result};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use ucrypt_format::tcrypt::{self, TcryptHeader};

@@ -162,10 +162,7 @@ fn check(e: &serde_json::Value, dir: &Path) -> Result<String, String> {
             let err = ucrypt::unlock(&img, p.as_bytes(), &opts(kind))
                 .err()
                 .ok_or(format!("{} must fail", n["label"]))?;
-            let code = err
-                .chain()
-                .find_map(|c| c.downcast_ref::<ucrypt_format::FormatError>())
-                .map(|f| f.exit_code());
+            let code = err.format().map(ucrypt_format::FormatError::exit_code);
             if code != Some(2) {
                 return Err(format!("{}: exit code {code:?}, expected 2", n["label"]));
             }

@@ -173,10 +173,7 @@ fn luks_made_by_cryptsetup_opens_with_the_same_volume_key() {
             "{case}"
         );
         let wrong = ucrypt::unlock(&img, b"wrong", &hdr(VolumeType::Luks)).unwrap_err();
-        let f = wrong
-            .chain()
-            .find_map(|c| c.downcast_ref::<ucrypt_format::FormatError>())
-            .expect("a FormatError");
+        let f = wrong.format().expect("a FormatError");
         assert_eq!(
             f.exit_code(),
             2,

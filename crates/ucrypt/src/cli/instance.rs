@@ -249,7 +249,7 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
             };
             dev.load(ucrypt::VolumeType::Luks2)?
                 .set_persistent_activation_flags(flags)
-                .map_err(|e| super::luks::cs_error(e.into()))?;
+                .map_err(super::luks::cs_error)?;
         }
         let kind_name = u
             .info

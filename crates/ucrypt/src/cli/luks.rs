@@ -103,7 +103,7 @@ pub(crate) fn write_back_remote() -> Result<(), CliError> {
     let mut first = None;
     for r in staged {
         if let Err(e) = r.write_back() {
-            first.get_or_insert(e);
+            first.get_or_insert(anyhow::Error::from(e));
         }
     }
     match first {
@@ -139,8 +139,10 @@ pub(crate) fn luks_type(s: &str) -> Result<VolumeType, String> {
 
 /// Maps an error to cryptsetup's exit code from its type: [`FormatError::exit_code`]
 /// (libcryptsetup's errno: EPERM → 2, ENOMEM → 3, ENODEV/ENOTBLK → 4, EBUSY → 5; a device
-/// that cannot be opened → 4), backend and engine errors → 4, anything else → 1.
-pub(crate) fn cs_error(e: anyhow::Error) -> CliError {
+/// that cannot be opened → 4), backend and engine errors → 4, anything else → 1. The
+/// library's errors ([`ucrypt::Error`]) are classified by what is under their contexts.
+pub(crate) fn cs_error(e: impl Into<anyhow::Error>) -> CliError {
+    let e = e.into();
     if super::in_use(&e) {
         return CliError {
             code: super::instance::EXIT_BUSY,
@@ -149,6 +151,16 @@ pub(crate) fn cs_error(e: anyhow::Error) -> CliError {
     }
     let mut code = None;
     for c in e.chain() {
+        if let Some(u) = c.downcast_ref::<ucrypt::Error>() {
+            if let Some(f) = u.format() {
+                code = Some(f.exit_code());
+                break;
+            }
+            if u.is_device() {
+                code = Some(EXIT_DEVICE);
+                break;
+            }
+        }
         if let Some(f) = c.downcast_ref::<FormatError>() {
             code = Some(f.exit_code());
             break;
@@ -174,7 +186,7 @@ pub(crate) trait CsResult<T> {
 
 impl<T, E: Into<anyhow::Error>> CsResult<T> for Result<T, E> {
     fn cs(self) -> Result<T, CliError> {
-        self.map_err(|e| cs_error(e.into()))
+        self.map_err(cs_error)
     }
 }
 

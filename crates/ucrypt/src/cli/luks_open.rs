@@ -80,7 +80,7 @@ pub(crate) fn unlock_inputs(
         match key.key_file.as_deref().filter(|p| p.as_os_str() != "-") {
             Some(p) => {
                 hopts.plain_raw_key = true;
-                let bytes = hopts.plain.key_bytes().map_err(|e| cs_error(e.into()))?;
+                let bytes = hopts.plain.key_bytes().map_err(cs_error)?;
                 secret::read_key_file(p, key.keyfile_offset, bytes as u64)?
             }
             None => secret::existing(key, &dev.device)?,

@@ -542,9 +542,12 @@ impl PerfArgs {
 }
 
 /// Classifies an open error: device problems exit 4, everything else 1.
-pub(crate) fn open_error(e: anyhow::Error) -> CliError {
+pub(crate) fn open_error(e: impl Into<anyhow::Error>) -> CliError {
+    let e = e.into();
     let device = e.chain().any(|c| {
-        c.downcast_ref::<ucrypt_backend::BackendError>().is_some()
+        c.downcast_ref::<ucrypt::Error>()
+            .is_some_and(ucrypt::Error::is_device)
+            || c.downcast_ref::<ucrypt_backend::BackendError>().is_some()
             || c.downcast_ref::<ucrypt_engine::EngineError>().is_some()
     });
     CliError {
@@ -563,11 +566,13 @@ pub(crate) fn open_error(e: anyhow::Error) -> CliError {
 /// open as busy (an RBD image whose exclusive lock another client holds).
 pub(crate) fn in_use(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
-        matches!(
-            c.downcast_ref::<ucrypt_backend::BackendError>(),
-            Some(ucrypt_backend::BackendError::Open { source, .. })
-                if source.kind() == std::io::ErrorKind::ResourceBusy
-        )
+        c.downcast_ref::<ucrypt::Error>()
+            .is_some_and(ucrypt::Error::is_busy)
+            || matches!(
+                c.downcast_ref::<ucrypt_backend::BackendError>(),
+                Some(ucrypt_backend::BackendError::Open { source, .. })
+                    if source.kind() == std::io::ErrorKind::ResourceBusy
+            )
     })
 }
 

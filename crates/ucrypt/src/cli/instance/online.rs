@@ -229,7 +229,7 @@ pub(super) fn start(s: &Arc<Server>, req: &Request) -> Value {
                     Err(e) => {
                         view.fail_held();
                         p.state = "failed";
-                        p.error = Some(crate::cli::error_line(&e));
+                        p.error = Some(crate::cli::error_line(&anyhow::Error::from(e)));
                     }
                 }
             })
