@@ -14,9 +14,11 @@
 
 mod common;
 
+use common::cmd::{ok, run};
+
 use common::{require, Rng};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 const PASS: &[u8] = b"reencrypt test passphrase";
 const DATA_OFFSET: u64 = 16 << 20;
@@ -24,26 +26,6 @@ const DATA: usize = 24 << 20;
 
 fn ucrypt_bin() -> &'static str {
     env!("CARGO_BIN_EXE_ucrypt")
-}
-
-fn run(cmd: &str, args: &[&str]) -> Output {
-    Command::new(cmd)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
-}
-
-fn ok(cmd: &str, args: &[&str]) -> Output {
-    let out = run(cmd, args);
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 fn tools() -> bool {

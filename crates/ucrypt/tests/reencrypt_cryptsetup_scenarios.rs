@@ -11,9 +11,11 @@
 
 mod common;
 
+use common::cmd::{run, s};
+
 use common::{require, Rng};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 const MIB: usize = 1 << 20;
 
@@ -211,18 +213,6 @@ struct Fx {
     dir: tempfile::TempDir,
     key: PathBuf,
     rng: std::cell::RefCell<Rng>,
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn run(cmd: &str, args: &[&str]) -> Output {
-    Command::new(cmd)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
 }
 
 const PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];

@@ -18,9 +18,11 @@
 
 mod common;
 
+use common::cmd::{ok, run, s};
+
 use common::{require, Rng};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 const PASS: &[u8] = b"reencrypt modes passphrase";
 const DATA: usize = 24 << 20;
@@ -29,32 +31,8 @@ fn ucrypt_bin() -> &'static str {
     env!("CARGO_BIN_EXE_ucrypt")
 }
 
-fn run(cmd: &str, args: &[&str]) -> Output {
-    Command::new(cmd)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
-}
-
-fn ok(cmd: &str, args: &[&str]) -> Output {
-    let out = run(cmd, args);
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 fn tools() -> bool {
     require("cryptsetup") && require("strace")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// A pair: detached header file and data device.

@@ -1,6 +1,7 @@
 //! Shared helpers for the CLI tests: golden manifest, the binary, temp images.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod cmd;
 pub mod nbd;
 pub mod tmux;
 
