@@ -283,6 +283,51 @@ fn initialise_keep_key(
     Ok(())
 }
 
+/// The new header's cipher for `--encrypt` (`--cipher`, default aes-xts-plain64) and its
+/// key length in bytes (`--key-size`). The data path is ucrypt's: a cipher it cannot serve
+/// is refused before anything is written.
+fn new_cipher(a: &Args) -> Result<(String, usize), CliError> {
+    let cipher = a.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
+    cipher
+        .parse::<ucrypt_crypto::CipherSpec>()
+        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
+        .code(EXIT_PARAMS)?;
+    let key_bytes = key_bytes(a.key_size, &cipher)?;
+    Ok((cipher, key_bytes))
+}
+
+/// luksFormat of the new LUKS2 header of `--encrypt` in `cd` (a random volume key; UUID,
+/// label, subsystem and sector size as given: a malformed --uuid is refused by
+/// crypt_format, EINVAL, before anything is written), then the passphrase's keyslot
+/// (--key-slot or the first free); the keyslot number.
+fn format_new_header(
+    a: &Args,
+    cd: &mut ucrypt_cryptsetup::CryptDevice,
+    cipher: &str,
+    key_bytes: usize,
+    data_device: std::path::PathBuf,
+    passphrase: &[u8],
+) -> Result<u32, CliError> {
+    cd.format_luks(
+        &LuksFormat {
+            luks2: true,
+            cipher: cipher.to_owned(),
+            key_bytes,
+            uuid: a.uuid.clone(),
+            hash: None,
+            sector_size: a.sector_size,
+            label: a.label.clone(),
+            subsystem: a.subsystem.clone(),
+            data_device: Some(data_device),
+            align_sectors: None,
+        },
+        None,
+    )
+    .cs()?;
+    cd.add_keyslot_by_volume_key(a.key_slot, None, passphrase)
+        .cs()
+}
+
 /// `--encrypt --header HDR DEV`, as cryptsetup's `encrypt_luks2_init`: a LUKS2 header on
 /// HDR for DEV (luksFormat with the options given, a random volume key, the passphrase in
 /// --key-slot or 0), then the encryption metadata (mode encrypt, direction forward, the
@@ -292,14 +337,7 @@ fn initialise_encrypt(
     header: &std::path::Path,
     passphrase: &[u8],
 ) -> Result<(), CliError> {
-    let cipher = a.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
-    // The data path is ucrypt's: refuse a cipher it cannot serve before writing anything.
-    cipher
-        .parse::<ucrypt_crypto::CipherSpec>()
-        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
-        .code(EXIT_PARAMS)?;
-    // A malformed --uuid is refused by crypt_format (EINVAL) before anything is written.
-    let key_bytes = key_bytes(a.key_size, &cipher)?;
+    let (cipher, key_bytes) = new_cipher(a)?;
     if !header.exists() {
         // Sized for the default LUKS2 header area: libcryptsetup writes up to 16 MiB.
         let f = std::fs::File::create(header)
@@ -309,25 +347,14 @@ fn initialise_encrypt(
     }
     let mut cd = a.dev.header_context()?;
     a.pbkdf.apply_always(&mut cd)?;
-    cd.format_luks(
-        &LuksFormat {
-            luks2: true,
-            cipher: cipher.clone(),
-            key_bytes,
-            uuid: a.uuid.clone(),
-            hash: None,
-            sector_size: a.sector_size,
-            label: a.label.clone(),
-            subsystem: a.subsystem.clone(),
-            data_device: Some(a.dev.local_device()?),
-            align_sectors: None,
-        },
-        None,
-    )
-    .cs()?;
-    let slot = cd
-        .add_keyslot_by_volume_key(a.key_slot, None, passphrase)
-        .cs()?;
+    let slot = format_new_header(
+        a,
+        &mut cd,
+        &cipher,
+        key_bytes,
+        a.dev.local_device()?,
+        passphrase,
+    )?;
     let params = ReencryptInit {
         mode: ReencryptMode::Encrypt,
         cipher,
@@ -353,12 +380,7 @@ fn initialise_encrypt(
 /// its end, the `backup-moved-segment`), and the header restored onto the head of DEV
 /// over those bytes. Mode encrypt, direction backward, resilience datashift.
 fn initialise_encrypt_shift(a: &Args, reduce: u64, passphrase: &[u8]) -> Result<(), CliError> {
-    let cipher = a.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
-    cipher
-        .parse::<ucrypt_crypto::CipherSpec>()
-        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
-        .code(EXIT_PARAMS)?;
-    let key_bytes = key_bytes(a.key_size, &cipher)?;
+    let (cipher, key_bytes) = new_cipher(a)?;
     // cryptsetup: the data offset is half the reduction, and so is the shift (sectors).
     let shift_sectors = reduce / 1024;
     let device = a.dev.local_device()?;
@@ -378,25 +400,7 @@ fn initialise_encrypt_shift(a: &Args, reduce: u64, passphrase: &[u8]) -> Result<
     let mut cd = staged.header_context()?;
     a.pbkdf.apply_always(&mut cd)?;
     cd.set_data_offset(shift_sectors).cs()?;
-    cd.format_luks(
-        &LuksFormat {
-            luks2: true,
-            cipher: cipher.clone(),
-            key_bytes,
-            uuid: a.uuid.clone(),
-            hash: None,
-            sector_size: a.sector_size,
-            label: a.label.clone(),
-            subsystem: a.subsystem.clone(),
-            data_device: Some(device.clone()),
-            align_sectors: None,
-        },
-        None,
-    )
-    .cs()?;
-    let slot = cd
-        .add_keyslot_by_volume_key(a.key_slot, None, passphrase)
-        .cs()?;
+    let slot = format_new_header(a, &mut cd, &cipher, key_bytes, device.clone(), passphrase)?;
     let params = ReencryptInit {
         mode: ReencryptMode::Encrypt,
         cipher,
