@@ -424,6 +424,9 @@ fn unlock_reencrypting(
 /// ([`crate::remote_header`]) for libcryptsetup, and the table maps the URI itself.
 fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let uri = device.display().to_string();
+    if crate::open::is_ram(&uri) && opts.kind != VolumeType::Plain && opts.header.is_none() {
+        bail!("{}", ram_holds_no_header(&uri));
+    }
     let kind = match opts.kind {
         VolumeType::Bitlk => Some("bitlk"),
         VolumeType::Fvault2 => Some("fvault2"),
@@ -457,6 +460,14 @@ fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<U
         }
     }
     Ok(u)
+}
+
+/// Why a memory device (`ram:SIZE`) cannot be unlocked from its own header.
+pub fn ram_holds_no_header(device: &str) -> String {
+    format!(
+        "{device} is a memory device: it starts empty in every process, so it holds no \
+         header; open it with --type plain, a table line, or a detached --header"
+    )
 }
 
 /// Loads a non-LUKS header of `kind` through libcryptsetup (which unwraps its key).

@@ -5,7 +5,7 @@ use crate::config::{engine_options, PerfOptions};
 use crate::error::{Context, Result};
 use std::sync::Arc;
 use ucrypt_backend::file::{FileBackend, FileOptions};
-use ucrypt_backend::Backend;
+use ucrypt_backend::{Backend, MemoryBackend};
 use ucrypt_engine::{Volume, VolumeConfig};
 use ucrypt_format::{DeviceRef, OptParam, TableLine, ValidateOptions};
 
@@ -90,14 +90,17 @@ pub fn open_parsed_with(
     })
 }
 
-/// Opens a device that is not a local path: an NBD URI or an RBD image (`rbd:POOL/IMAGE`),
-/// as its backend ([`is_remote`] tells which devices these are). A read-write RBD open
-/// takes the image's exclusive lock (`ucrypt_backend::rbd`).
+/// Opens a device that is not a local path: an NBD URI, an RBD image (`rbd:POOL/IMAGE`) or
+/// a memory device (`ram:SIZE`), as its backend ([`is_remote`] tells which devices these
+/// are). A read-write RBD open takes the image's exclusive lock (`ucrypt_backend::rbd`).
 ///
 /// # Errors
 /// Connection or open failures, with the device named; an RBD image another client holds
 /// fails with `EBUSY` in its [`ucrypt_backend::BackendError::Open`].
 pub fn open_remote(device: &str, read_only: bool) -> Result<Box<dyn Backend>> {
+    if is_ram(device) {
+        return Ok(Box::new(open_ram(device)?));
+    }
     if ucrypt_backend::rbd::is_rbd(device) {
         let rbd =
             ucrypt_backend::RbdBackend::open(device, ucrypt_backend::RbdOptions { read_only })
@@ -115,14 +118,64 @@ pub fn open_remote(device: &str, read_only: bool) -> Result<Box<dyn Backend>> {
     Ok(Box::new(remote))
 }
 
-/// Whether `device` names a remote device ([`open_remote`]) rather than a local path.
+/// Whether `device` names a device that is not a local path ([`open_remote`]): an NBD URI,
+/// an RBD image or a memory device.
 pub fn is_remote(device: &str) -> bool {
-    ucrypt_nbd::remote::is_nbd_uri(device) || ucrypt_backend::rbd::is_rbd(device)
+    ucrypt_nbd::remote::is_nbd_uri(device) || ucrypt_backend::rbd::is_rbd(device) || is_ram(device)
+}
+
+/// The prefix of ucrypt's memory device, `ram:SIZE` (`ram:64M`, `ram:1G`; sizes as
+/// cryptsetup's size arguments, [`ucrypt_format::size::parse_size`]).
+pub const RAM_PREFIX: &str = "ram:";
+
+/// Whether `device` names a memory device (`ram:SIZE`).
+pub fn is_ram(device: &str) -> bool {
+    device.starts_with(RAM_PREFIX)
+}
+
+/// Memory devices alive in this process, by the string that names them.
+static RAM_DEVICES: std::sync::Mutex<Vec<(String, std::sync::Weak<MemoryBackend>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// The memory device `ram:SIZE`: a sparse ramdisk ([`MemoryBackend`], like the kernel's
+/// brd) that reads as zeros until written and lives as long as this process holds it, so
+/// ciphertext can sit in memory only (scratch space, tests, benchmarks). Within one process
+/// the same string names the same device (two table lines on `ram:1G` share it, as two
+/// lines on `/dev/ram0` would); once nothing holds it, its memory is freed.
+///
+/// # Errors
+/// A size that is not cryptsetup's size syntax, zero, not a multiple of 512 bytes, or above
+/// [`ucrypt_backend::memory::MAX_SIZE_BYTES`].
+pub fn open_ram(device: &str) -> Result<Arc<MemoryBackend>> {
+    let spec = device.strip_prefix(RAM_PREFIX).unwrap_or(device);
+    let size = ucrypt_format::size::parse_size(spec)
+        .map_err(|e| crate::Error::Invalid(format!("memory device {device}: {e}")))?;
+    if size == 0 || size % 512 != 0 {
+        return Err(crate::Error::Invalid(format!(
+            "memory device {device}: the size must be a non-zero multiple of 512 bytes"
+        )));
+    }
+    let mut live = RAM_DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+    live.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(ram) = live
+        .iter()
+        .find(|(n, _)| n == device)
+        .and_then(|(_, w)| w.upgrade())
+    {
+        return Ok(ram);
+    }
+    let ram = Arc::new(
+        MemoryBackend::new(size)
+            .map_err(|e| crate::Error::Invalid(format!("memory device {device}: {e}")))?,
+    );
+    live.push((device.to_string(), Arc::downgrade(&ram)));
+    Ok(ram)
 }
 
 /// Opens a table's device: a file or block device, a remote NBD export
-/// (`nbd+unix:///EXPORT?socket=PATH`, `nbd://HOST[:PORT]/EXPORT`) or a Ceph RBD image
-/// (`rbd:POOL/IMAGE`), so ciphertext can live on another server while the key stays here.
+/// (`nbd+unix:///EXPORT?socket=PATH`, `nbd://HOST[:PORT]/EXPORT`), a Ceph RBD image
+/// (`rbd:POOL/IMAGE`), so ciphertext can live on another server while the key stays here,
+/// or memory (`ram:SIZE`, [`open_ram`]).
 ///
 /// # Errors
 /// Open or connection failures, with the device named.
@@ -151,4 +204,78 @@ pub fn open_device(device: &str, read_only: bool, direct: bool) -> Result<Arc<dy
         file.use_io_uring(true);
     }
     Ok(Arc::new(file))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\
+                       202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f";
+
+    fn line(device: &str) -> String {
+        format!("0 64 crypt aes-xts-plain64 {KEY} 0 {device} 8 1 sector_size:4096")
+    }
+
+    #[test]
+    fn a_memory_device_holds_the_ciphertext_a_file_would() {
+        let plain: Vec<u8> = (0..32 * 1024u32)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        std::fs::write(&img, vec![0u8; 72 * 512]).unwrap();
+        let file = open_table(&line(img.to_str().unwrap()), OpenOptions::default()).unwrap();
+        file.volume.write_at(&plain, 0, false).unwrap();
+        file.volume.flush().unwrap();
+        let ram = open_table(&line("ram:36K"), OpenOptions::default()).unwrap();
+        ram.volume.write_at(&plain, 0, false).unwrap();
+        // The same string names the same device while the volume holds it.
+        let mem = open_ram("ram:36K").unwrap();
+        let mut in_memory = vec![0u8; 72 * 512];
+        mem.read_at(&mut in_memory, 0).unwrap();
+        assert!(
+            in_memory == std::fs::read(&img).unwrap(),
+            "memory and file devices hold different ciphertext for the same line"
+        );
+        assert_ne!(
+            in_memory[4096..8192],
+            plain[..4096],
+            "memory holds plaintext"
+        );
+        assert_eq!(in_memory[..4096], [0; 4096], "the offset was not honoured");
+        let mut back = vec![0u8; plain.len()];
+        ram.volume.read_at(&mut back, 0).unwrap();
+        assert!(back == plain);
+    }
+
+    #[test]
+    fn a_memory_device_lives_while_held_and_starts_empty() {
+        let a = open_ram("ram:8S").unwrap();
+        a.write_at(&[0xa5; 512], 0, false).unwrap();
+        let mut b = [0u8; 512];
+        open_ram("ram:8S").unwrap().read_at(&mut b, 0).unwrap();
+        assert_eq!(
+            b, [0xa5; 512],
+            "a second open of the same name is another device"
+        );
+        drop(a);
+        open_ram("ram:8S").unwrap().read_at(&mut b, 0).unwrap();
+        assert_eq!(b, [0; 512], "a device nothing holds kept its data");
+        assert!(is_remote("ram:1G") && is_ram("ram:1G") && !is_ram("/dev/ram0"));
+    }
+
+    #[test]
+    fn bad_memory_sizes_are_named() {
+        for (spec, why) in [
+            ("ram:", "not a size"),
+            ("ram:12Q", "unknown size unit"),
+            ("ram:1000", "multiple of 512"),
+            ("ram:0", "multiple of 512"),
+            ("ram:4096T", "larger than the maximum"),
+        ] {
+            let e = open_ram(spec).unwrap_err().to_string();
+            assert!(e.contains(spec) && e.contains(why), "{spec}: {e}");
+        }
+    }
 }

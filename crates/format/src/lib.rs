@@ -35,6 +35,7 @@ pub mod luks1;
 pub mod luks2;
 pub mod mapping;
 pub mod plain;
+pub mod size;
 pub mod table;
 pub mod tcrypt;
 

@@ -238,6 +238,57 @@ fn nbdcopy_round_trips_random_data_over_several_connections() {
 }
 
 #[test]
+fn memory_device_serves_nbd_clients_and_holds_no_header() {
+    if !require("nbdcopy") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let key = hex::encode(random_bytes(64));
+    let t = tmp.path().join("ram.table");
+    std::fs::write(
+        &t,
+        format!("0 32768 crypt aes-xts-plain64 {key} 0 ram:16M 0 1 sector_size:4096"),
+    )
+    .unwrap();
+    let data = random_bytes(16 * MIB as usize);
+    let src = tmp.path().join("src.bin");
+    std::fs::write(&src, &data).unwrap();
+    let back = tmp.path().join("back.bin");
+    let cmd = format!(
+        r#"nbdcopy --connections=4 {src} "$uri" && nbdcopy "$uri" {back}"#,
+        src = src.display(),
+        back = back.display()
+    );
+    run_ok(
+        &open_run(&t, &cmd, &[]),
+        "nbdcopy round trip through ram:16M",
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "ram:16M read back other bytes"
+    );
+    // Header commands: the device starts empty in every process, so nothing can be there.
+    for args in [&["luksDump", "ram:16M"][..], &["open", "ram:16M"][..]] {
+        let out = ucrypt(args, b"pw\n");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("ram:16M is a memory device"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = ucrypt(
+        &["luksOpen", "--type", "plain", "ram:16X", "--print-table"],
+        b"pw\n",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("memory device ram:16X: unknown size unit"),
+        "{err}"
+    );
+}
+
+#[test]
 fn raw_export_serves_the_device_bytes_unencrypted() {
     if !require("nbdcopy") {
         return;

@@ -82,6 +82,13 @@ pub(crate) fn local_path(path: &Path, copy: bool) -> Result<PathBuf, CliError> {
         return Ok(path.to_path_buf());
     }
     let uri = path.display().to_string();
+    if copy && ucrypt::open::is_ram(&uri) {
+        return Err(anyhow::anyhow!(
+            "{}",
+            ucrypt::header::ram_holds_no_header(&uri)
+        ))
+        .code(super::EXIT_PARAMS);
+    }
     let mut staged = STAGED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(r) = staged.iter().find(|r| r.uri() == uri) {
         return Ok(r.path().to_path_buf());

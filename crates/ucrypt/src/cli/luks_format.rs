@@ -51,10 +51,10 @@ pub(crate) struct Args {
     #[command(flatten)]
     keyslot_cipher: super::luks_add_key::KeyslotCipherArgs,
     /// LUKS2 JSON metadata area size (bytes; K/M suffixes): 16K..4M, a power of two.
-    #[arg(long, value_name = "BYTES", value_parser = super::reencrypt::parse_size)]
+    #[arg(long, value_name = "BYTES", value_parser = ucrypt_format::size::parse_size)]
     luks2_metadata_size: Option<u64>,
     /// LUKS2 keyslots area size (bytes; K/M suffixes): a multiple of 4 KiB, at most 128M.
-    #[arg(long, value_name = "BYTES", value_parser = super::reencrypt::parse_size)]
+    #[arg(long, value_name = "BYTES", value_parser = ucrypt_format::size::parse_size)]
     luks2_keyslots_size: Option<u64>,
     /// Take the volume key from /dev/random (blocking until the kernel's pool is ready).
     #[arg(long, conflicts_with = "use_urandom")]

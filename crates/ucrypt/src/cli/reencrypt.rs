@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use ucrypt::reencrypt::{Outcome, Run, RunOptions, DEFAULT_MAX_HOTZONE};
 use ucrypt_cryptsetup::{HeaderType, KeyslotStatus, LuksFormat, ReencryptInit, ReencryptMode};
+use ucrypt_format::size::parse_size;
 
 /// Arguments of `ucrypt reencrypt`.
 #[derive(clap::Args)]
@@ -133,31 +134,6 @@ impl Args {
     fn resilience(&self) -> String {
         self.resilience.clone().unwrap_or_else(|| "checksum".into())
     }
-}
-
-/// `4096`, `8S`, `4K`, `16M`, `1G` (S = 512-byte sectors, binary units, as cryptsetup's
-/// size arguments).
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'S' => 512u64,
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(format!("unknown size unit in \"{s}\"")),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("\"{s}\" is not a size (bytes, or K/M/G)"))?;
-    n.checked_mul(mul)
-        .ok_or_else(|| format!("\"{s}\" is too large"))
 }
 
 /// Writes the initial metadata through libcryptsetup.
