@@ -305,20 +305,21 @@ impl RemoteHeader {
     /// # Errors
     /// Connection or read failures, an implausible header.
     pub fn stage(uri: &str, copy: bool) -> Result<RemoteHeader> {
-        let remote: Box<dyn Backend> = if ucrypt_backend::rbd::is_rbd(uri) {
-            crate::open::open_remote(uri, true)?
-        } else {
-            Box::new(
-                ucrypt_nbd::NbdBackend::connect(
-                    uri,
-                    ucrypt_nbd::RemoteOptions {
-                        connections: 1,
-                        read_only: false,
-                    },
+        let remote: Box<dyn Backend> =
+            if ucrypt_backend::rbd::is_rbd(uri) || crate::open::is_ram(uri) {
+                crate::open::open_remote(uri, true)?
+            } else {
+                Box::new(
+                    ucrypt_nbd::NbdBackend::connect(
+                        uri,
+                        ucrypt_nbd::RemoteOptions {
+                            connections: 1,
+                            read_only: false,
+                        },
+                    )
+                    .with_context(|| format!("connecting to NBD device {uri}"))?,
                 )
-                .with_context(|| format!("connecting to NBD device {uri}"))?,
-            )
-        };
+            };
         let size = remote.info().size_bytes;
         let mut read = |at: u64, len: usize| -> Result<Vec<u8>> {
             let len = len.min(size.saturating_sub(at) as usize);

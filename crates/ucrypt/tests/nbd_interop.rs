@@ -277,6 +277,45 @@ fn memory_device_serves_nbd_clients_and_holds_no_header() {
             "{args:?}: {err}"
         );
     }
+    // A detached header may describe a memory device.
+    let hdr = tmp.path().join("hdr.img");
+    std::fs::write(&hdr, vec![0u8; 4 * MIB as usize]).unwrap();
+    let pw = tmp.path().join("pw");
+    std::fs::write(&pw, b"pw").unwrap();
+    let (h, p) = (hdr.to_str().unwrap(), pw.to_str().unwrap());
+    let fmt = ["luksFormat", "-q", "--type", "luks2", "--pbkdf", "pbkdf2"];
+    let fast = [
+        "--pbkdf-force-iterations",
+        "1000",
+        "--header",
+        h,
+        "--key-file",
+        p,
+    ];
+    let out = ucrypt(&[&fmt[..], &fast[..], &["ram:16M"]].concat(), b"");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ucrypt(
+        &[
+            "luksOpen",
+            "--header",
+            h,
+            "--key-file",
+            p,
+            "ram:16M",
+            "--print-table",
+        ],
+        b"",
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && table.contains(" 0 ram:16M 0 "),
+        "{table} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = ucrypt(
         &["luksOpen", "--type", "plain", "ram:16X", "--print-table"],
         b"pw\n",
