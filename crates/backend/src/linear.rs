@@ -1,7 +1,10 @@
-//! Backends placed end to end, like device-mapper's linear concatenation of a table's
-//! targets (`drivers/md/dm-linear.c` maps one range; a table of several targets is their
-//! concatenation). ucrypt joins a table's targets with it: BitLocker's crypt and zero
-//! targets, or several crypt targets of one device.
+//! Ranges of backends placed end to end: device-mapper's `linear` target
+//! (`drivers/md/dm-linear.c`: `START LEN linear DEV OFFSET` maps `LEN` sectors of `DEV` from
+//! `OFFSET`) and a table of several targets, which is their concatenation. ucrypt serves a
+//! table's `linear` targets with it ([`LinearBackend::ranges`]: a window of a device) and
+//! joins a table's targets with it ([`LinearBackend::new`]: whole backends): BitLocker's
+//! crypt and zero targets, several crypt targets of one device, a LUKS2 volume in the
+//! middle of an encryption or decryption (crypt and linear targets).
 //!
 //! Flushes go to every piece that has a cache; requests are split at piece boundaries.
 //! Discard and write-zeroes are not offered (pieces differ in what they support).
@@ -11,8 +14,8 @@ use std::sync::Arc;
 
 /// Backends placed end to end (dm's linear concatenation of a table's targets).
 pub struct LinearBackend {
-    /// (start byte, backend), sorted and contiguous.
-    pieces: Vec<(u64, Arc<dyn Backend>)>,
+    /// (start byte, backend, its byte offset, length), sorted and contiguous.
+    pieces: Vec<(u64, Arc<dyn Backend>, u64, u64)>,
     info: BackendInfo,
 }
 
@@ -26,27 +29,59 @@ impl std::fmt::Debug for LinearBackend {
 }
 
 impl LinearBackend {
-    /// Concatenates `pieces` in order.
+    /// Concatenates `pieces` in order, each whole.
     ///
     /// # Errors
     /// [`BackendError::Other`] for no pieces.
     pub fn new(pieces: Vec<Arc<dyn Backend>>) -> Result<Self, BackendError> {
-        if pieces.is_empty() {
+        Self::ranges(
+            pieces
+                .into_iter()
+                .map(|p| {
+                    let size = p.info().size_bytes;
+                    (p, 0, size)
+                })
+                .collect(),
+        )
+    }
+
+    /// Concatenates `(backend, offset, length)` ranges in order (bytes): each serves
+    /// `length` bytes of its backend from `offset`, as a dm `linear` target serves `LEN`
+    /// sectors of `DEV` from `OFFSET`.
+    ///
+    /// # Errors
+    /// [`BackendError::Other`] for no ranges, an empty one, or one that runs past its
+    /// backend's end (dm refuses such a table: the device is too small for the target).
+    pub fn ranges(ranges: Vec<(Arc<dyn Backend>, u64, u64)>) -> Result<Self, BackendError> {
+        if ranges.is_empty() {
             return Err(BackendError::Other(
                 "a linear mapping needs at least one target".into(),
             ));
         }
-        let mut at = 0;
-        let mut placed = Vec::with_capacity(pieces.len());
+        let mut at = 0u64;
+        let mut placed = Vec::with_capacity(ranges.len());
         let mut logical = 512;
         let mut read_only = false;
-        for p in pieces {
+        for (p, offset, len) in ranges {
             let i = p.info();
+            if len == 0 {
+                return Err(BackendError::Other(format!(
+                    "a linear range at byte {at} is empty"
+                )));
+            }
+            if offset.checked_add(len).is_none_or(|end| end > i.size_bytes) {
+                return Err(BackendError::Other(format!(
+                    "a linear range of {len} bytes from byte {offset} runs past the end of \
+                     its {}-byte device",
+                    i.size_bytes
+                )));
+            }
             logical = logical.max(i.logical_block);
             read_only |= i.caps.read_only;
-            let size = i.size_bytes;
-            placed.push((at, p));
-            at += size;
+            placed.push((at, p, offset, len));
+            at = at
+                .checked_add(len)
+                .ok_or_else(|| BackendError::Other("linear range lengths overflow".into()))?;
         }
         Ok(LinearBackend {
             pieces: placed,
@@ -75,8 +110,8 @@ impl LinearBackend {
     ) -> Result<(), BackendError> {
         check_range(offset, len as u64, self.info.size_bytes)?;
         let end = offset + len as u64;
-        for (start, p) in &self.pieces {
-            let pend = start + p.info().size_bytes;
+        for (start, p, base, len) in &self.pieces {
+            let pend = start + len;
             if pend <= offset || *start >= end {
                 continue;
             }
@@ -84,7 +119,7 @@ impl LinearBackend {
             let b = end.min(pend);
             f(
                 p.as_ref(),
-                a - start,
+                base + (a - start),
                 (a - offset) as usize..(b - offset) as usize,
             )?;
         }
@@ -110,7 +145,7 @@ impl Backend for LinearBackend {
     }
 
     fn flush(&self) -> Result<(), BackendError> {
-        for (_, p) in &self.pieces {
+        for (_, p, _, _) in &self.pieces {
             if p.info().caps.flush != Support::None {
                 p.flush()?;
             }
@@ -150,8 +185,55 @@ mod tests {
         testing::conformance_concurrent(&l, 4);
     }
 
+    /// Windows of devices (dm `linear` targets), one of them in the middle of a device
+    /// shared with another window, pass the suite, and each byte lands where its range
+    /// says: outside the windows the devices are untouched.
     #[test]
-    fn no_pieces_is_an_error() {
+    fn ranges_pass_conformance_and_land_at_their_offsets() {
+        const M: u64 = 1024 * 1024;
+        let a = Arc::new(MemoryBackend::new(4 * M).unwrap());
+        let b = Arc::new(MemoryBackend::new(3 * M).unwrap());
+        let (ad, bd): (Arc<dyn Backend>, Arc<dyn Backend>) = (a.clone(), b.clone());
+        let l = LinearBackend::ranges(vec![
+            (ad.clone(), M + 4096, M + 12 * 1024),
+            (bd, 512, 2 * M),
+            (ad, 3 * M, M),
+        ])
+        .unwrap();
+        assert_eq!(l.info().size_bytes, 4 * M + 12 * 1024);
+        testing::conformance(&l);
+        testing::conformance_concurrent(&l, 4);
+        // A mark at the start of each window is at the device offset the range names.
+        l.write_at(&[7u8; 512], 0, false).unwrap();
+        l.write_at(&[8u8; 512], M + 12 * 1024, false).unwrap();
+        l.write_at(&[9u8; 512], 3 * M + 12 * 1024, false).unwrap();
+        let at = |d: &MemoryBackend, off: u64| {
+            let mut buf = [0u8; 512];
+            d.read_at(&mut buf, off).unwrap();
+            buf
+        };
+        assert_eq!(at(&a, M + 4096), [7u8; 512]);
+        assert_eq!(at(&b, 512), [8u8; 512]);
+        assert_eq!(at(&a, 3 * M), [9u8; 512]);
+        // Nothing before the first window or between the windows of `a` was written.
+        let mut head = vec![1u8; (M + 4096) as usize];
+        a.read_at(&mut head, 0).unwrap();
+        assert!(head.iter().all(|&x| x == 0));
+        let mut gap = vec![1u8; (3 * M - (2 * M + 16 * 1024)) as usize];
+        a.read_at(&mut gap, 2 * M + 16 * 1024).unwrap();
+        assert!(gap.iter().all(|&x| x == 0));
+        let mut b0 = [1u8; 512];
+        b.read_at(&mut b0, 0).unwrap();
+        assert_eq!(b0, [0u8; 512]);
+    }
+
+    #[test]
+    fn no_pieces_or_bad_ranges_are_errors() {
         assert!(LinearBackend::new(Vec::new()).is_err());
+        let m: Arc<dyn Backend> = Arc::new(MemoryBackend::new(4096).unwrap());
+        for (off, len) in [(0, 0), (512, 4096), (4096, 512), (u64::MAX, 512)] {
+            let e = LinearBackend::ranges(vec![(m.clone(), off, len)]).unwrap_err();
+            assert!(e.to_string().contains("linear range"), "{off} {len}: {e}");
+        }
     }
 }

@@ -27,7 +27,7 @@ use ucrypt_crypto::VolumeKey;
 use ucrypt_cryptsetup::{self as cs, CryptDevice, HeaderType, VolumeInfo};
 use ucrypt_format::luks2::{self, Metadata};
 use ucrypt_format::plain::PlainOptions;
-use ucrypt_format::{luks, DeviceRef, FormatError, Target};
+use ucrypt_format::{luks, DeviceRef, FormatError};
 
 pub use crate::unlocked::{HeaderOptions, Unlocked, VolumeType};
 
@@ -451,12 +451,10 @@ fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<U
     let mut u = unlock(staged.path(), secret, &local)
         .with_context(|| format!("remote device {uri} (header read into a memfd)"))?;
     // Every target names the remote device, not the staged copy (a volume mid-reencryption
-    // maps as two crypt targets).
+    // maps as two targets, crypt or linear).
     for t in u.mapping.tables.iter_mut().flat_map(|t| &mut t.targets) {
-        if let Target::Crypt(line) = t {
-            if let DeviceRef::Path(_) = line.device {
-                line.device = DeviceRef::Path(uri.clone());
-            }
+        if let Some(device @ DeviceRef::Path(_)) = t.device_mut() {
+            *device = DeviceRef::Path(uri.clone());
         }
     }
     Ok(u)

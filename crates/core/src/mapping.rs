@@ -1,13 +1,17 @@
 //! Assembling backends from a volume's mapping ([`ucrypt_format::Mapping`], the one model
 //! every table input and every header format produces): each crypt target becomes its own
-//! [`ucrypt_engine::Volume`], a zero target a [`ZeroBackend`], several targets of one table
-//! are joined end to end by [`LinearBackend`], and a table on a lower table
+//! [`ucrypt_engine::Volume`], a zero target a [`ZeroBackend`], a linear target a window of
+//! its device ([`LinearBackend::ranges`]), several targets of one table are joined end to
+//! end by [`LinearBackend`], and a table on a lower table
 //! ([`ucrypt_format::DeviceRef::Layer`]) is built on that table's backend.
 //!
 //! ```text
 //!  Target::Crypt(0 16 crypt ... 70592) ─► Volume ┐
 //!  Target::Crypt(16 68760 crypt ... 16) ─► Volume ├─► LinearBackend (one Backend, served over NBD)
 //!  Target::Zero(68776 128)              ─► zeros  ┘
+//!
+//!  Target::Crypt(0 2048 crypt ... 0)    ─► Volume              ┐
+//!  Target::Linear(2048 14336 linear disk.img 2048) ─► window of disk.img ┴─► LinearBackend
 //!
 //!  Table 0: crypt serpent … on disk.img ─► Volume ─► Table 1: crypt twofish … on Layer(0) ─► Volume …
 //! ```
@@ -47,22 +51,40 @@ fn open_table_targets(
     lower: &[Arc<dyn Backend>],
 ) -> Result<Arc<dyn Backend>> {
     let single = targets.len() == 1;
+    let below = |device: &DeviceRef| -> Result<Arc<dyn Backend>> {
+        match device {
+            DeviceRef::Layer(j) => match lower.get(*j) {
+                Some(b) => Ok(b.clone()),
+                None => bail!("a target sits on table {j}, which is not below it"),
+            },
+            DeviceRef::Path(p) => open_device(p, opts.read_only, opts.direct),
+        }
+    };
     let mut pieces: Vec<Arc<dyn Backend>> = Vec::with_capacity(targets.len());
     for t in targets {
         pieces.push(match t {
             Target::Crypt(mut line) => {
                 // Each target is its own volume; its place comes from the concatenation.
                 line.start = 0;
-                open_parsed_with(line, opts, |l| match &l.device {
-                    DeviceRef::Layer(j) => match lower.get(*j) {
-                        Some(b) => Ok(b.clone()),
-                        None => bail!("a crypt target sits on table {j}, which is not below it"),
-                    },
-                    DeviceRef::Path(p) => open_device(p, opts.read_only, opts.direct),
-                })?
-                .volume
+                open_parsed_with(line, opts, |l| below(&l.device))?.volume
             }
             Target::Zero { length, .. } => Arc::new(ZeroBackend::new(length * 512)),
+            Target::Linear {
+                start,
+                length,
+                device,
+                offset,
+            } => {
+                let dev = below(&device)?;
+                let (off, len) = (offset.checked_mul(512), length.checked_mul(512));
+                let (Some(off), Some(len)) = (off, len) else {
+                    bail!("linear target at sector {start}: offset or length overflows");
+                };
+                Arc::new(
+                    LinearBackend::ranges(vec![(dev, off, len)])
+                        .with_context(|| format!("linear target at sector {start} on {device}"))?,
+                )
+            }
         });
     }
     if single {
@@ -114,5 +136,25 @@ mod tests {
         ));
         assert_eq!(&halves[..16 * 512], &one[..]);
         assert!(halves[16 * 512..].iter().all(|&b| b == 0));
+        // A linear target serves its window of the device as it is, next to a crypt target
+        // (a LUKS2 volume in the middle of an encryption), and writes land there.
+        let mixed = format!("0 8 crypt aes-xts-plain64 {K} 0 {dev} 0\n8 6 linear {dev} 10");
+        let got = read(&mixed);
+        assert_eq!(&got[..8 * 512], &one[..8 * 512]);
+        assert_eq!(&got[8 * 512..], &data[10 * 512..16 * 512]);
+        let v = open_mapping(Mapping::parse(&mixed).unwrap(), OpenOptions::default()).unwrap();
+        v.write_at(&[0xa5; 512], 9 * 512, false).unwrap();
+        v.flush().unwrap();
+        let disk = std::fs::read(&img).unwrap();
+        assert_eq!(&disk[11 * 512..12 * 512], &[0xa5; 512][..]);
+        assert_eq!(&disk[..11 * 512], &data[..11 * 512]);
+        // A window past the device's end is refused, as dm refuses the table.
+        let e = open_mapping(
+            Mapping::parse(&format!("0 8 linear {dev} 10")).unwrap(),
+            OpenOptions::default(),
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("runs past the end"), "{e:#}");
     }
 }

@@ -10,12 +10,16 @@
 //!   Table { name, targets: [Target, …] }            contiguous from sector 0, like a dm table
 //!   Target::Crypt(TableLine { device: DeviceRef::Path("disk.img") | DeviceRef::Layer(0), … })
 //!   Target::Zero { start, length }                  reads zeros, drops writes
+//!   Target::Linear { start, length, device, offset } `length` sectors of `device` from
+//!                                                   `offset`, as they are (dm-linear)
 //! ```
 //!
 //! Shapes in use:
 //! - one table of one crypt target: plain, LUKS, FileVault2, a one-line table input;
 //! - one table of several targets: BitLocker (crypt targets around zeroed metadata), LUKS2
-//!   in the middle of a reencryption (new key, then old key);
+//!   in the middle of a reencryption (one target per data segment, as cryptsetup maps it:
+//!   new key then old key for a re-keying, crypt and linear for an encryption or
+//!   decryption);
 //! - a stack of one-target tables, each on the one below ([`DeviceRef::Layer`]): a TCRYPT
 //!   cipher cascade (outermost cipher on the disk), a stacked table input.
 //!
@@ -43,6 +47,19 @@ pub enum Target {
         /// Length.
         length: u64,
     },
+    /// A dm-linear target (`<start> <length> linear <device> <offset>`): `length` sectors
+    /// of `device` from sector `offset`, read and written as they are (the plaintext part
+    /// of a LUKS2 volume in the middle of an encryption or decryption).
+    Linear {
+        /// Start in the mapped device.
+        start: u64,
+        /// Length.
+        length: u64,
+        /// The device.
+        device: DeviceRef,
+        /// Start on the device, in 512-byte sectors.
+        offset: u64,
+    },
 }
 
 fn rule(msg: String) -> FormatError {
@@ -54,7 +71,7 @@ impl Target {
     pub fn start(&self) -> u64 {
         match self {
             Target::Crypt(t) => t.start,
-            Target::Zero { start, .. } => *start,
+            Target::Zero { start, .. } | Target::Linear { start, .. } => *start,
         }
     }
 
@@ -62,12 +79,30 @@ impl Target {
     pub fn length(&self) -> u64 {
         match self {
             Target::Crypt(t) => t.length,
-            Target::Zero { length, .. } => *length,
+            Target::Zero { length, .. } | Target::Linear { length, .. } => *length,
         }
     }
 
-    /// The line as `dmsetup table` prints it (key hidden unless `show_keys`); a crypt
-    /// target on a lower table shows `device` in its device field.
+    /// The device a crypt or linear target reads.
+    pub fn device(&self) -> Option<&DeviceRef> {
+        match self {
+            Target::Crypt(t) => Some(&t.device),
+            Target::Linear { device, .. } => Some(device),
+            Target::Zero { .. } => None,
+        }
+    }
+
+    /// [`Target::device`], mutable.
+    pub fn device_mut(&mut self) -> Option<&mut DeviceRef> {
+        match self {
+            Target::Crypt(t) => Some(&mut t.device),
+            Target::Linear { device, .. } => Some(device),
+            Target::Zero { .. } => None,
+        }
+    }
+
+    /// The line as `dmsetup table` prints it (key hidden unless `show_keys`); a crypt or
+    /// linear target on a lower table shows `device` in its device field.
     fn to_line_on(&self, show_keys: bool, device: Option<&str>) -> String {
         match self {
             Target::Crypt(t) => match device {
@@ -75,6 +110,15 @@ impl Target {
                 None => t.to_line(show_keys),
             },
             Target::Zero { start, length } => format!("{start} {length} zero"),
+            Target::Linear {
+                start,
+                length,
+                device: dev,
+                offset,
+            } => match device {
+                Some(d) => format!("{start} {length} linear {d} {offset}"),
+                None => format!("{start} {length} linear {dev} {offset}"),
+            },
         }
     }
 
@@ -83,14 +127,23 @@ impl Target {
         self.to_line_on(show_keys, None)
     }
 
-    /// Parses one target line: `crypt` (all of dm-crypt's syntax, see [`TableLine`]) or
-    /// `zero` (`<start> <length> zero`). Every other target type is refused by name:
-    /// serving it as something else would give wrong data.
+    /// Parses one target line: `crypt` (all of dm-crypt's syntax, see [`TableLine`]),
+    /// `zero` (`<start> <length> zero`) or `linear` (`<start> <length> linear <device>
+    /// <offset>`). Every other target type is refused by name: serving it as something
+    /// else would give wrong data.
     ///
     /// # Errors
     /// The line's own error, or the unsupported target type.
     pub fn parse(line: &str) -> Result<Self, FormatError> {
         let fields: Vec<&str> = line.split_whitespace().collect();
+        let num = |i: usize, kind: &str, what: &str| -> Result<u64, FormatError> {
+            fields[i].parse().map_err(|e| {
+                rule(format!(
+                    "{kind} target {what} \"{}\" is not a number of sectors: {e}",
+                    crate::table::shown(fields[i])
+                ))
+            })
+        };
         match fields.get(2).copied() {
             Some("crypt") => Ok(Target::Crypt(line.parse()?)),
             Some("zero") => {
@@ -99,17 +152,22 @@ impl Target {
                         "a zero target is \"<start> <length> zero\" with no arguments".into(),
                     ));
                 }
-                let num = |i: usize, what: &str| -> Result<u64, FormatError> {
-                    fields[i].parse().map_err(|e| {
-                        rule(format!(
-                            "zero target {what} \"{}\" is not a number of sectors: {e}",
-                            fields[i]
-                        ))
-                    })
-                };
                 Ok(Target::Zero {
-                    start: num(0, "start")?,
-                    length: num(1, "length")?,
+                    start: num(0, "zero", "start")?,
+                    length: num(1, "zero", "length")?,
+                })
+            }
+            Some("linear") => {
+                if fields.len() != 5 {
+                    return Err(rule(
+                        "a linear target is \"<start> <length> linear <device> <offset>\"".into(),
+                    ));
+                }
+                Ok(Target::Linear {
+                    start: num(0, "linear", "start")?,
+                    length: num(1, "linear", "length")?,
+                    device: DeviceRef::Path(fields[3].to_string()),
+                    offset: num(4, "linear", "offset")?,
                 })
             }
             Some(other) => {
@@ -124,8 +182,8 @@ impl Target {
                     "(not shown)".to_string()
                 };
                 Err(rule(format!(
-                    "target type {shown} is not supported: ucrypt serves crypt and zero \
-                     targets only (a linear, integrity, verity, error... target would be \
+                    "target type {shown} is not supported: ucrypt serves crypt, linear \
+                     and zero targets only (an integrity, verity, error... target would be \
                      served as something it is not)"
                 )))
             }
@@ -271,12 +329,12 @@ impl Mapping {
         let names: Vec<Option<String>> = tables.iter().map(|t| t.name.clone()).collect();
         for t in &mut tables {
             for target in &mut t.targets {
-                if let Target::Crypt(l) = target {
+                if let Some(device) = target.device_mut() {
                     if let Some(j) = names
                         .iter()
-                        .position(|n| n.as_deref().is_some_and(|n| l.device == *mapper_path(n)))
+                        .position(|n| n.as_deref().is_some_and(|n| *device == *mapper_path(n)))
                     {
-                        l.device = DeviceRef::Layer(j);
+                        *device = DeviceRef::Layer(j);
                     }
                 }
             }
@@ -324,11 +382,7 @@ impl Mapping {
             }
             Self::check_contiguous(t)?;
             for target in &t.targets {
-                if let Target::Crypt(TableLine {
-                    device: DeviceRef::Layer(j),
-                    ..
-                }) = target
-                {
+                if let Some(DeviceRef::Layer(j)) = target.device() {
                     if *j >= i {
                         return Err(rule(format!(
                             "table {i} of the mapping sits on table {j}, which is not below it"
@@ -342,9 +396,9 @@ impl Mapping {
 
     /// Indices of the input's devices that `d` sits on (before references are resolved).
     fn lower<'a>(d: &'a Table, names: &'a [String]) -> impl Iterator<Item = usize> + 'a {
-        d.targets.iter().filter_map(move |t| match t {
-            Target::Crypt(l) => names.iter().position(|n| l.device == *mapper_path(n)),
-            Target::Zero { .. } => None,
+        d.targets.iter().filter_map(move |t| {
+            let device = t.device()?;
+            names.iter().position(|n| *device == *mapper_path(n))
         })
     }
 
@@ -454,11 +508,10 @@ impl Mapping {
         let mut out = Vec::new();
         for (t, name) in self.tables.iter().zip(names) {
             for target in &t.targets {
-                let below = match target {
-                    Target::Crypt(TableLine {
-                        device: DeviceRef::Layer(j),
-                        ..
-                    }) => names.get(*j).cloned().flatten().map(|n| mapper_path(&n)),
+                let below = match target.device() {
+                    Some(DeviceRef::Layer(j)) => {
+                        names.get(*j).cloned().flatten().map(|n| mapper_path(&n))
+                    }
                     _ => None,
                 };
                 let line = target.to_line_on(show_keys, below.as_deref());
@@ -478,7 +531,7 @@ impl Mapping {
             .flat_map(|d| &d.targets)
             .filter_map(|t| match t {
                 Target::Crypt(l) => Some(l),
-                Target::Zero { .. } => None,
+                Target::Zero { .. } | Target::Linear { .. } => None,
             })
     }
 
@@ -488,7 +541,7 @@ impl Mapping {
     pub fn first_crypt(&self) -> Option<&TableLine> {
         self.tables.first()?.targets.iter().find_map(|t| match t {
             Target::Crypt(l) => Some(l),
-            Target::Zero { .. } => None,
+            Target::Zero { .. } | Target::Linear { .. } => None,
         })
     }
 
@@ -579,6 +632,18 @@ mod tests {
                 vec![(None, 3)],
             ),
             (
+                format!("{}\n8 8 linear /d 16", crypt(0, 8, "/d")),
+                vec![(None, 2)],
+            ),
+            (
+                format!(
+                    "v: {}\nv: 8 8 linear /dev/mapper/low 0\nlow: {}",
+                    crypt(0, 8, "/dev/mapper/low"),
+                    crypt(0, 8, "/d")
+                ),
+                vec![(Some("low"), 1), (Some("v"), 2)],
+            ),
+            (
                 format!(
                     "v: {}\nv_1: {}\nv_2: {}",
                     crypt(0, 8, "/dev/mapper/v_1"),
@@ -634,8 +699,13 @@ mod tests {
             ),
             (crypt(1, 8, "/d"), "should start at 0"),
             (
-                format!("{}\n8 8 linear /d 0", crypt(0, 8, "/d")),
-                "target type \"linear\" is not supported",
+                format!("{}\n8 8 striped 2 8 /d 0 /e 0", crypt(0, 8, "/d")),
+                "target type \"striped\" is not supported",
+            ),
+            (format!("{}\n8 8 linear /d", crypt(0, 8, "/d")), "<offset>"),
+            (
+                format!("{}\n8 8 linear /d x", crypt(0, 8, "/d")),
+                "linear target offset \"x\" is not a number",
             ),
             (
                 "0 8 integrity /d 0 32 J 0".into(),
@@ -688,6 +758,41 @@ mod tests {
             assert!(e.contains(want), "{text:?}: {e}");
             assert!(!e.contains(K), "the key leaked into: {e}");
         }
+    }
+
+    /// A linear target prints as dm prints it (`START LEN linear DEV OFFSET`), on a path
+    /// or on a lower table (by its `/dev/mapper/` name), and reads back as itself.
+    #[test]
+    fn linear_targets_print_as_dm_prints_them() {
+        let text = format!("{}\n8 24 linear /d 2048", crypt(0, 8, "/d"));
+        let m = Mapping::parse(&text).unwrap();
+        let Target::Linear {
+            start,
+            length,
+            device,
+            offset,
+        } = &m.tables[0].targets[1]
+        else {
+            panic!("linear")
+        };
+        assert_eq!((*start, *length, *offset), (8, 24, 2048));
+        assert_eq!(*device, DeviceRef::Path("/d".into()));
+        assert_eq!(m.size_bytes(), 32 * 512);
+        assert_eq!(
+            m.to_lines(false),
+            vec![
+                "0 8 crypt aes-xts-plain64 <key:32-bytes> 0 /d 0".to_string(),
+                "8 24 linear /d 2048".to_string()
+            ]
+        );
+        assert_eq!(m.to_lines(true).join("\n"), text);
+        let m = Mapping::parse(&format!(
+            "top: 0 8 linear /dev/mapper/low 8\nlow: {}",
+            crypt(0, 16, "/d")
+        ))
+        .unwrap();
+        assert_eq!(m.tables[1].targets[0].device(), Some(&DeviceRef::Layer(0)));
+        assert_eq!(m.to_lines(false)[1], "top: 0 8 linear /dev/mapper/low 8");
     }
 
     /// A stack built by a format (TCRYPT) prints as cryptsetup names its devices, the

@@ -215,8 +215,8 @@ fn malformed_multi_line_tables_are_refused_with_the_rule() {
             "without gaps or overlaps",
         ),
         (
-            format!("{}\n8 8 linear {d} 0", line(0, 8, d)),
-            "\"linear\" is not supported",
+            format!("{}\n8 8 striped 2 8 {d} 0 {d} 8", line(0, 8, d)),
+            "\"striped\" is not supported",
         ),
         (
             format!("a: {}\nb: {}", line(0, 8, d), line(0, 8, d)),
