@@ -86,6 +86,7 @@ pub fn load_luks(cd: &mut CryptDevice, kind: VolumeType) -> Result<()> {
         VolumeType::Fvault2 => Some(HeaderType::Fvault2),
         VolumeType::Luks => None,
         VolumeType::Plain => bail!("plain mode has no header to load"),
+        VolumeType::Loopaes => bail!("loop-AES volumes have no header to load"),
         VolumeType::Tcrypt => bail!(
             "TCRYPT headers are decrypted by ucrypt itself (ucrypt_format::tcrypt), not loaded \
              through libcryptsetup"
@@ -219,6 +220,7 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
     let device_str = device.display().to_string();
     match opts.kind {
         VolumeType::Plain => return unlock_plain(device, secret, opts),
+        VolumeType::Loopaes => return unlock_loopaes(device, secret, opts),
         VolumeType::Bitlk => return unlock_bitlk(device, secret, opts),
         VolumeType::Fvault2 => return unlock_fvault2(device, secret, opts),
         VolumeType::Tcrypt => return crate::tcrypt::unlock_tcrypt(device, secret, opts),
@@ -424,7 +426,8 @@ fn unlock_reencrypting(
 /// ([`crate::remote_header`]) for libcryptsetup, and the table maps the URI itself.
 fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
     let uri = device.display().to_string();
-    if crate::open::is_ram(&uri) && opts.kind != VolumeType::Plain && opts.header.is_none() {
+    let headerless = matches!(opts.kind, VolumeType::Plain | VolumeType::Loopaes);
+    if crate::open::is_ram(&uri) && !headerless && opts.header.is_none() {
         bail!("{}", ram_holds_no_header(&uri));
     }
     let kind = match opts.kind {
@@ -440,7 +443,7 @@ fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<U
         );
     }
     // Plain mode and a detached header need only the device's size from the remote.
-    let copy = opts.header.is_none() && opts.kind != VolumeType::Plain;
+    let copy = opts.header.is_none() && !headerless;
     let staged = crate::remote_header::stage(&uri, copy)?;
     // The staged copy holds the metadata only: a crashed reencryption hotzone cannot be
     // recovered there (its data is on the remote), so it is refused as on a read-only open.
@@ -550,6 +553,29 @@ fn unlock_plain(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Un
     };
     let info = p.info(key.len());
     let mapping = p.mapping(cipher, key, &device_str, real, opts.allow_discards)?;
+    Ok(Unlocked {
+        mapping,
+        info,
+        slot: None,
+    })
+}
+
+/// loop-AES: the keys from the key file `secret`, one crypt target from `--offset` to the
+/// device's end ([`ucrypt_format::loopaes`]).
+fn unlock_loopaes(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<Unlocked> {
+    if opts.header.is_some() {
+        bail!("loop-AES volumes have no header: --header does not apply");
+    }
+    let o = &opts.loopaes;
+    let key = o.volume_key(secret)?;
+    let spec = o.cipher_spec(key.keys)?;
+    let info = o.info(&spec, key.key.as_bytes().len());
+    let mapping = o.mapping(
+        key,
+        &device.display().to_string(),
+        device_bytes(device)?,
+        opts.allow_discards,
+    )?;
     Ok(Unlocked {
         mapping,
         info,

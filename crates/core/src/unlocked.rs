@@ -29,6 +29,9 @@ pub enum VolumeType {
     /// TrueCrypt / VeraCrypt (`--type tcrypt`): header decrypted in Rust, cascades served
     /// as stacked volumes (see [`crate::tcrypt`]).
     Tcrypt,
+    /// loop-AES (`--type loopaes`): no header, the keys from a key file
+    /// ([`ucrypt_format::loopaes`]).
+    Loopaes,
 }
 
 impl FromStr for VolumeType {
@@ -43,8 +46,9 @@ impl FromStr for VolumeType {
             "bitlk" => Ok(VolumeType::Bitlk),
             "fvault2" => Ok(VolumeType::Fvault2),
             "tcrypt" => Ok(VolumeType::Tcrypt),
+            "loopaes" => Ok(VolumeType::Loopaes),
             _ => Err(FormatError::Rule(format!(
-                "unknown device type \"{s}\" (expected luks, luks1, luks2, plain, bitlk, fvault2 or tcrypt)"
+                "unknown device type \"{s}\" (expected luks, luks1, luks2, plain, loopaes, bitlk, fvault2 or tcrypt)"
             ))),
         }
     }
@@ -61,6 +65,8 @@ pub struct HeaderOptions {
     pub key_slot: Option<u32>,
     /// Plain-mode parameters (used with [`VolumeType::Plain`]).
     pub plain: PlainOptions,
+    /// loop-AES parameters (used with [`VolumeType::Loopaes`]; the secret is the key file).
+    pub loopaes: ucrypt_format::loopaes::LoopaesOptions,
     /// For plain mode: the secret is a key file read as the raw key (cryptsetup does not
     /// hash key files other than stdin in plain mode).
     pub plain_raw_key: bool,

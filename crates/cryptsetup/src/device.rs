@@ -194,6 +194,7 @@ fn c_name(t: HeaderType) -> &'static CStr {
         HeaderType::Tcrypt => c"TCRYPT",
         HeaderType::Bitlk => c"BITLK",
         HeaderType::Fvault2 => c"FVAULT2",
+        HeaderType::Loopaes => c"LOOPAES",
     }
 }
 

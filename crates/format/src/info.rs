@@ -22,17 +22,20 @@ pub enum HeaderType {
     Bitlk,
     /// FileVault2.
     Fvault2,
+    /// loop-AES (no header: keys from a key file).
+    Loopaes,
 }
 
 impl HeaderType {
     /// Every type, in libcryptsetup's order.
-    pub const ALL: [HeaderType; 6] = [
+    pub const ALL: [HeaderType; 7] = [
         HeaderType::Luks1,
         HeaderType::Luks2,
         HeaderType::Plain,
         HeaderType::Tcrypt,
         HeaderType::Bitlk,
         HeaderType::Fvault2,
+        HeaderType::Loopaes,
     ];
 
     /// libcryptsetup's name (`"LUKS2"`).
@@ -44,6 +47,7 @@ impl HeaderType {
             HeaderType::Tcrypt => "TCRYPT",
             HeaderType::Bitlk => "BITLK",
             HeaderType::Fvault2 => "FVAULT2",
+            HeaderType::Loopaes => "LOOPAES",
         }
     }
 

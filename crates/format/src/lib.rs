@@ -30,6 +30,7 @@ mod error;
 pub mod fvault2;
 pub mod info;
 pub mod kdf;
+pub mod loopaes;
 pub mod luks;
 pub mod luks1;
 pub mod luks2;

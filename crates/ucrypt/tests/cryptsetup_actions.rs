@@ -62,7 +62,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("tcryptOpen", Runs("open")),
     ("bitlkOpen", Runs("open")),
     ("fvault2Open", Runs("open")),
-    ("loopaesOpen", Refused("loop-AES volumes are not supported")),
+    ("loopaesOpen", Runs("open")),
     ("remove", Runs("close")),
     ("plainClose", Runs("close")),
     ("luksClose", Runs("close")),
@@ -122,10 +122,6 @@ const ACTIONS: &[(&str, Does)] = &[
     ("reencrypt --keep-key", Runs("reencrypt")),
     ("reencrypt --device-size", Runs("reencrypt")),
     // Features that cannot make sense for ucrypt.
-    (
-        "open --type loopaes",
-        Refused("loop-AES volumes are not supported"),
-    ),
     (
         "luksFormat --hw-opal",
         Refused("OPAL self-encrypting drives"),

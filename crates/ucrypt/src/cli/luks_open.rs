@@ -19,7 +19,7 @@ pub(crate) struct Args {
     /// Mapping name (nothing is mapped; with --print-table it names the devices of a
     /// cascade, as cryptsetup names them: NAME_2, NAME_1, NAME; default "ucrypt").
     name: Option<String>,
-    /// Device type: luks (any), luks1, luks2, plain, bitlk, fvault2, tcrypt.
+    /// Device type: luks (any), luks1, luks2, plain, loopaes, bitlk, fvault2, tcrypt.
     #[arg(long = "type", short = 'M', default_value = "luks")]
     kind: String,
     /// Only check the passphrase.
@@ -68,6 +68,7 @@ pub(crate) fn unlock_inputs(
         header: dev.header.clone(),
         key_slot,
         plain: plain.options(),
+        loopaes: plain.loopaes_options(),
         plain_raw_key: false,
         allow_discards,
         tcrypt: Default::default(),
@@ -85,6 +86,16 @@ pub(crate) fn unlock_inputs(
             }
             None => secret::existing(key, &dev.device)?,
         }
+    } else if kind == VolumeType::Loopaes {
+        // loop-AES keys are a key file's lines, never a typed passphrase.
+        let Some(p) = key.key_file.as_deref() else {
+            return Err(anyhow::anyhow!(
+                "loop-AES volumes open with --key-file (their key file's lines are the keys; \
+                 `--key-file -` reads standard input, e.g. from `gpg --decrypt KEYFILE`)"
+            ))
+            .code(EXIT_PARAMS);
+        };
+        secret::read_key_file(p, key.keyfile_offset, key.keyfile_size)?
     } else {
         secret::existing(key, &dev.device)?
     };

@@ -599,16 +599,6 @@ const RENAMED: &[(&str, &str)] = &[
 /// reason: (action or option as typed, reason).
 pub(crate) const REFUSED: &[(&str, &str)] = &[
     (
-        "loopaesOpen",
-        "loop-AES volumes are not supported: ucrypt opens LUKS1/LUKS2, plain, \
-         TrueCrypt/VeraCrypt, BitLocker and FileVault2 (open loop-AES with cryptsetup)",
-    ),
-    (
-        "--type=loopaes",
-        "loop-AES volumes are not supported: ucrypt opens LUKS1/LUKS2, plain, \
-         TrueCrypt/VeraCrypt, BitLocker and FileVault2 (open loop-AES with cryptsetup)",
-    ),
-    (
         "--hw-opal",
         "OPAL self-encrypting drives are locked and unlocked by the drive through the \
          kernel's sed-opal ioctls; ucrypt encrypts in userspace and cannot set them up \
@@ -729,7 +719,7 @@ fn place_global_flags(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStri
 
 /// Parses the command line, runs the command, prints any error as one line on stderr.
 /// cryptsetup's per-type open commands: `luksOpen`, `tcryptOpen`, `bitlkOpen`,
-/// `plainOpen` and `fvault2Open DEV NAME` are `open --type T DEV NAME`. With
+/// `plainOpen`, `loopaesOpen` and `fvault2Open DEV NAME` are `open --type T DEV NAME`. With
 /// `--test-passphrase` or `--print-table` they stay (or become) `luksOpen --type T`, which
 /// checks or prints without serving. `create NAME DEV` is `plainOpen DEV NAME`; the
 /// [`RENAMED`] actions are renamed.
@@ -749,6 +739,7 @@ fn expand_open_aliases(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStr
         "tcryptOpen",
         "bitlkOpen",
         "plainOpen",
+        "loopaesOpen",
         "fvault2Open",
     ];
     if opens.iter().any(|o| args[pos] == *o) && args[pos + 1..].iter().any(|a| a == "--refresh") {
@@ -799,6 +790,7 @@ fn expand_open_aliases(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStr
         Some("tcryptOpen") => "tcrypt",
         Some("bitlkOpen") => "bitlk",
         Some("plainOpen") => "plain",
+        Some("loopaesOpen") => "loopaes",
         Some("fvault2Open") => "fvault2",
         _ => return args,
     };

@@ -25,9 +25,9 @@ pub(crate) struct HeaderArgs {
     /// `status`, `close`, `luksSuspend`, `luksResume`, `resize`, `refresh` find it by name.
     #[arg(value_name = "NAME")]
     pub(crate) name: Option<String>,
-    /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, bitlk, fvault2,
-    /// tcrypt. Default: LUKS, or BitLocker/FileVault2 when the device carries their
-    /// signature (TCRYPT and plain volumes have none: name them).
+    /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, loopaes, bitlk,
+    /// fvault2, tcrypt. Default: LUKS, or BitLocker/FileVault2 when the device carries their
+    /// signature (TCRYPT, loop-AES and plain volumes have none: name them).
     #[arg(long = "type", short = 'M', requires = "device")]
     pub(crate) kind: Option<String>,
     /// A detached LUKS header file.
@@ -183,6 +183,7 @@ fn unlock_once(
             header: h.header.clone(),
             key_slot: None,
             plain: h.plain.options(),
+            loopaes: h.plain.loopaes_options(),
             plain_raw_key: false,
             allow_discards: h.allow_discards,
             tcrypt: Default::default(),

@@ -158,7 +158,7 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
         key_size: None,
         hash: a.hash.clone(),
         offset: 0,
-        skip: 0,
+        skip: None,
         size: 0,
         sector_size: 512,
         iv_large_sectors: false,
