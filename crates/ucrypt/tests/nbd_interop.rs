@@ -202,6 +202,26 @@ fn nbdcopy_matches_kernel_ciphertext_for_every_golden_case() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Writes `len` random bytes through `ucrypt open --table-file t` with nbdcopy over 4
+/// connections, reads them back with nbdcopy and checks they are the same: the bytes.
+fn nbdcopy_round_trip(dir: &std::path::Path, t: &std::path::Path, len: usize) -> Vec<u8> {
+    let data = random_bytes(len);
+    let src = dir.join("src.bin");
+    std::fs::write(&src, &data).unwrap();
+    let back = dir.join("back.bin");
+    let cmd = format!(
+        r#"nbdcopy --connections=4 {src} "$uri" && nbdcopy "$uri" {back}"#,
+        src = src.display(),
+        back = back.display()
+    );
+    run_ok(&open_run(t, &cmd, &[]), "nbdcopy round trip");
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "nbdcopy read back other bytes"
+    );
+    data
+}
+
 #[test]
 fn nbdcopy_round_trips_random_data_over_several_connections() {
     if !require("nbdcopy") {
@@ -210,21 +230,7 @@ fn nbdcopy_round_trips_random_data_over_several_connections() {
     let tmp = tempfile::tempdir().unwrap();
     let img = image(tmp.path(), "disk.img", 32 * MIB);
     let (_, t) = xts_table(tmp.path(), &img, 4096, &[]);
-    let data = random_bytes(32 * MIB as usize);
-    let src = tmp.path().join("src.bin");
-    std::fs::write(&src, &data).unwrap();
-    let back = tmp.path().join("back.bin");
-    // nbdcopy uses 4 connections by default when the server offers multi-conn.
-    let cmd = format!(
-        r#"nbdcopy --connections=4 {src} "$uri" && nbdcopy "$uri" {back}"#,
-        src = src.display(),
-        back = back.display()
-    );
-    run_ok(&open_run(&t, &cmd, &[]), "nbdcopy round trip");
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "nbdcopy read back other bytes"
-    );
+    let data = nbdcopy_round_trip(tmp.path(), &t, 32 * MIB as usize);
     assert!(
         ucrypt_read(&t) == data,
         "ucrypt's offline read disagrees with what NBD wrote"
@@ -250,23 +256,7 @@ fn memory_device_serves_nbd_clients_and_holds_no_header() {
         format!("0 32768 crypt aes-xts-plain64 {key} 0 ram:16M 0 1 sector_size:4096"),
     )
     .unwrap();
-    let data = random_bytes(16 * MIB as usize);
-    let src = tmp.path().join("src.bin");
-    std::fs::write(&src, &data).unwrap();
-    let back = tmp.path().join("back.bin");
-    let cmd = format!(
-        r#"nbdcopy --connections=4 {src} "$uri" && nbdcopy "$uri" {back}"#,
-        src = src.display(),
-        back = back.display()
-    );
-    run_ok(
-        &open_run(&t, &cmd, &[]),
-        "nbdcopy round trip through ram:16M",
-    );
-    assert!(
-        std::fs::read(&back).unwrap() == data,
-        "ram:16M read back other bytes"
-    );
+    nbdcopy_round_trip(tmp.path(), &t, 16 * MIB as usize);
     // Header commands: the device starts empty in every process, so nothing can be there.
     for args in [&["luksDump", "ram:16M"][..], &["open", "ram:16M"][..]] {
         let out = ucrypt(args, b"pw\n");
