@@ -25,6 +25,14 @@
 #   ucrypt-rbd-null  (only with CONFIGS_ONLY) ucrypt-rbd with cipher_null (a table line over the
 #                 same data area and 4096-byte sectors): ucrypt's NBD export of librbd without
 #                 the cipher, the ceiling of any encryption served over NBD by ucrypt
+#   inproc-raw, inproc-ucrypt  no NBD hop on either side: `ucrypt bench --table` runs the
+#                 workload in one process with one load generator (a queue kept full from one
+#                 thread, as fio's rbd engine does) against librbd over the data area
+#                 (inproc-raw) and against ucrypt's engine over its RBD backend
+#                 (inproc-ucrypt: aes-xts-plain64, 512-bit random key, 4096-byte sectors,
+#                 the same data area): what encryption costs over librbd with no hop. Their
+#                 CPU column is the bench process's own (librbd's threads included), measured
+#                 inside the timed window. Evidence beside the NBD columns, not a substitute.
 # NICE=-20 runs everything (cluster, servers, fio) at that nice level, for runs on a machine
 # others share.
 # librbd's cache mode is the same in every column. librbd (16.2, rbd_cache=true by default) starts
@@ -72,9 +80,8 @@ cleanup() {
 }
 trap cleanup EXIT
 # bluestore allocates fresh extents for overwrites, so its sparse block file grows towards its
-# full size over a run's writes (some 20 GiB of 1 MiB writes): 8 GiB keeps a run within the
-# host's free disk (the default 20 GiB filled it on 2026-11-26 and the OSD aborted, ENOSPC).
-export CEPH_OSD_SIZE_MB=${CEPH_OSD_SIZE_MB:-8192}
+# full size over a run's writes (some 20 GiB of 1 MiB writes): cluster.sh's default 8 GiB
+# keeps a run within the host's free disk (20 GiB filled it on 2026-11-26, the OSD aborted).
 eval "$(CEPH_WATCH_PID=$$ tests/ceph/cluster.sh start)"
 QEMU_CACHE=()
 RAW_DIRECT=()
@@ -99,6 +106,9 @@ echo "rbd.sh: filling the ${SIZE} image's data area (runtime ${RUNTIME}s per cel
 fio --name=fill --ioengine=rbd --pool=rbd --rbdname="$IMG" --clientname=admin --rw=write \
   --bs=1M --iodepth=16 --offset=16M --size="$DATA" --output=/dev/null
 
+# The in-process columns' table line: a random throw-away key over the benchmark's data
+# area (what it decrypts to does not matter; the cost of AES-XTS does).
+INPROC_TABLE="0 $((DATA / 512)) crypt aes-xts-plain64 $(od -An -tx1 -N64 /dev/urandom | tr -d ' \n') 0 rbd:rbd/$IMG 32768 1 sector_size:4096"
 SOCK=$W/s.sock
 SOCK2=$W/raw.sock
 wait_sock() {  # socket pid (qemu-nbd binds its socket before the image is open: connect)
@@ -132,7 +142,7 @@ ucrypt_open_null() {  # cipher_null over the LUKS data area, as the LUKS2 mappin
 }
 start() {
   case $1 in
-    librbd-raw) ;;
+    librbd-raw|inproc-raw|inproc-ucrypt) ;;
     qemu-nbd-raw) qemu_nbd "$SOCK" "" ;;
     librbd-luks2) qemu_nbd "$SOCK" ",encrypt.format=luks2,encrypt.key-secret=s0" ;;
     ucrypt-rbd|ucrypt-rbd-noflush) ucrypt_open "rbd:rbd/$IMG" ;;
@@ -142,7 +152,7 @@ start() {
   esac
   # One flush through the export (see the top: librbd's cache mode); for ucrypt-nbd it reaches
   # the qemu-nbd under ucrypt as ucrypt's own flush.
-  if [ "$1" != librbd-raw ] && [ "$1" != ucrypt-rbd-noflush ]; then
+  if [ "$1" != librbd-raw ] && [ "$1" != ucrypt-rbd-noflush ] && [ "${1#inproc-}" = "$1" ]; then
     qemu-io -f raw "nbd+unix:///?socket=$SOCK" -c flush >/dev/null 2>"$W/flush.err" ||
       { echo "rbd.sh: flushing $1 failed:" >&2; cat "$W/flush.err" >&2; exit 1; }
   fi
@@ -165,7 +175,7 @@ WORKLOADS=(
   "1M-read-qd32 read 1M 32"
   "1M-write-qd32 write 1M 32"
 )
-CONFIGS=(librbd-raw qemu-nbd-raw librbd-luks2 ucrypt-rbd ucrypt-nbd)
+CONFIGS=(librbd-raw qemu-nbd-raw librbd-luks2 ucrypt-rbd ucrypt-nbd inproc-raw inproc-ucrypt)
 if [ -n "${UCRYPT_BASE:-}" ]; then
   [ -x "$UCRYPT_BASE" ] || { echo "rbd.sh: UCRYPT_BASE=$UCRYPT_BASE is not executable" >&2; exit 1; }
   UCRYPT_BASE=$(realpath "$UCRYPT_BASE")
@@ -198,6 +208,24 @@ for rep in $(seq "$REPS"); do
         eng=(--ioengine=nbd --uri="nbd+unix:///?socket=$SOCK" --offset=16M --size="$DATA")
       else
         eng=(--ioengine=nbd --uri="nbd+unix:///?socket=$SOCK")
+      fi
+      if [ "${c#inproc-}" != "$c" ]; then
+        # In process: the bench flushes the image once itself (librbd's write-around, as
+        # fio's rbd engine), and measures its own CPU inside the timed window.
+        bs=$(( ${3%[kM]} << $([ "${3: -1}" = M ] && echo 20 || echo 10) ))
+        osd0=$(ticks "$OSD_PID")
+        "$UCRYPT" bench --table "$INPROC_TABLE" --side "${c#inproc-}" --rw "$2" --block "$bs" \
+          --depth "$4" --seconds "$RUNTIME" --repeat 1 --json > "$W/inproc.json" 2>"$W/inproc.err" ||
+          { echo "rbd.sh: ucrypt bench failed:" >&2; cat "$W/inproc.err" >&2; exit 1; }
+        osd=$(( $(ticks "$OSD_PID") - osd0 ))
+        /usr/bin/python3 - "$c" "$1" "$W/inproc.json" "$osd" "$(getconf CLK_TCK)" >> "$W/results" <<'PY'
+import json, sys
+j = json.loads(open(sys.argv[3]).read().splitlines()[-1])
+ticks = j["cpu_us_per_op"] * j["ops"] * int(sys.argv[5]) / 1e6
+print(f"{sys.argv[1]} {sys.argv[2]} {j['iops']:.0f} {j['mib_s']:.1f} {j['ops']} {ticks:.0f} 0 {sys.argv[4]}")
+PY
+        echo "  rep $rep $c $1: $(tail -1 "$W/results" | cut -d' ' -f3-4) (IOPS MiB/s), load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+        continue
       fi
       srv0=$(ticks "${SERVER_PIDS[@]}"); osd0=$(ticks "$OSD_PID")
       # fio's CPU time (librbd's threads included) is its parent shell's cutime+cstime
@@ -257,10 +285,14 @@ for w in loads:
             cells.append(f"{m[1]:.0f} MiB/s ({m[2]:.0f}-{m[3]:.0f})")
     print(f"| {w} | " + " | ".join(cells) + " |")
 print()
-for base in ("librbd-raw", "librbd-luks2"):
+for base in ("librbd-raw", "librbd-luks2", "inproc-raw"):
     if base not in configs:
         continue
     others = [c for c in configs if c != base]
+    if base == "inproc-raw":  # the in-process pair only: one load generator, no hop
+        others = [c for c in others if c.startswith("inproc-")]
+    if not others:
+        continue
     print(f"Ratios of medians against {base}:")
     print()
     print("| workload | " + " | ".join(others) + " |")
@@ -270,7 +302,7 @@ for base in ("librbd-raw", "librbd-luks2"):
         cells = [f"{med(c, w)[1] / b[1]:.2f}x" if med(c, w) and b and b[1] else "-" for c in others]
         print(f"| {w} | " + " | ".join(cells) + " |")
     print()
-print("CPU time per request, microseconds, medians: fio + server + OSD = sum")
+print("CPU time per request, microseconds, medians: fio (inproc: the bench process) + server + OSD = sum")
 print()
 print("| workload | " + " | ".join(configs) + " |")
 print("|---" * (len(configs) + 1) + "|")

@@ -13,7 +13,11 @@
 #   CEPH_OSD_STORE=bluestore|memstore   default bluestore (memstore keeps data in the OSD's
 #                                       heap, loses it when the OSD is killed, and never gives
 #                                       freed memory back)
-#   CEPH_OSD_SIZE_MB=N                  bluestore file / memstore capacity (20480 / 4096)
+#   CEPH_OSD_SIZE_MB=N                  bluestore file / memstore capacity (8192 / 4096;
+#                                       the sparse file grows with overwrites, since bluestore
+#                                       allocates fresh extents: 20 GiB filled the host's disk
+#                                       during bench/rbd.sh's 1 MiB writes; the tests' images
+#                                       are 8-64 MiB)
 #   CEPH_WATCH_PID=PID                  a detached watchdog stops the cluster once PID exits
 #                                       (the test process: a crashed run leaks nothing)
 #   CEPH_START_TIMEOUT=S                per wait step (default 120)
@@ -102,7 +106,7 @@ restart_osd() {
 
 start() {
   local store=${CEPH_OSD_STORE:-bluestore} b
-  local size_mb=${CEPH_OSD_SIZE_MB:-$([ "$store" = memstore ] && echo 4096 || echo 20480)}
+  local size_mb=${CEPH_OSD_SIZE_MB:-$([ "$store" = memstore ] && echo 4096 || echo 8192)}
   for b in ceph-mon ceph-osd monmaptool ceph-authtool uuidgen timeout /usr/bin/python3; do
     command -v "$b" >/dev/null || { log "missing $b (apt-get install ceph-mon ceph-osd ceph-common python3-rados uuid-runtime)"; exit 1; }
   done

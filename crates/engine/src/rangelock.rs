@@ -220,6 +220,54 @@ impl RangeLocks {
         }
     }
 
+    /// Holds `[start, end)` only if that needs no wait: no held range shares a stripe with
+    /// it and no read is running in its regions; otherwise holds nothing and returns
+    /// `None`. For a submitter that must not block (the asynchronous path's one thread
+    /// reading a connection): it hands the write to a thread that may wait in
+    /// [`RangeLocks::lock`]. Readers that see the bits in the moment they are set and
+    /// taken back only take their own slow path (a false conflict, never a missed one).
+    pub(crate) fn try_lock(&self, start: u64, end: u64) -> Option<RangeGuard<'_>> {
+        let (mut held, mut free) = (0usize, true);
+        for_each_word(start, end, |w, mask| {
+            if !free {
+                return;
+            }
+            let word = &self.words[w].0;
+            let mut cur = word.load(Ordering::Relaxed);
+            loop {
+                if cur & mask != 0 {
+                    free = false;
+                    return;
+                }
+                // Sequentially consistent, as in `lock`.
+                match word.compare_exchange_weak(
+                    cur,
+                    cur | mask,
+                    Ordering::SeqCst,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(now) => cur = now,
+                }
+            }
+            held += 1;
+        });
+        if free && slots_of(start, end).all(|i| self.slots[i].readers.load(Ordering::SeqCst) == 0) {
+            return Some(RangeGuard {
+                locks: self,
+                range: (start, end),
+            });
+        }
+        let mut i = 0;
+        for_each_word(start, end, |w, mask| {
+            if i < held {
+                self.words[w].0.fetch_and(!mask, Ordering::Release);
+            }
+            i += 1;
+        });
+        None
+    }
+
     /// Announces a read of `[start, end)` and returns its guard, or `None` when a writer
     /// holds one of its stripes (the caller then reads under [`RangeLocks::lock`]).
     /// While the guard lives no writer of this process changes the range.
@@ -331,6 +379,40 @@ mod tests {
         );
         drop(w);
         assert!(locks.try_read(4096, 8193).is_some());
+    }
+
+    /// `try_lock` holds a free range, and gives up (holding nothing) on a range a write
+    /// holds in any of its stripes or a read is running in.
+    #[test]
+    fn try_lock_takes_free_ranges_only_and_leaves_nothing_behind() {
+        let locks = RangeLocks::default();
+        let span = WORDS as u64 * 64 * 4096;
+        let a = locks.lock(70 * 4096, 71 * 4096);
+        // Crossing words: the first word is free, the second is not: rolled back.
+        assert!(locks.try_lock(60 * 4096, 71 * 4096).is_none());
+        assert!(
+            locks.try_lock(60 * 4096, 70 * 4096).is_some(),
+            "first word left held"
+        );
+        // The alias 256 MiB on shares the stripe's bit.
+        assert!(locks.try_lock(span + 70 * 4096, span + 71 * 4096).is_none());
+        drop(a);
+        let b = locks
+            .try_lock(60 * 4096, 71 * 4096)
+            .expect("free range refused");
+        assert!(locks.try_read(64 * 4096, 65 * 4096).is_none(), "not held");
+        drop(b);
+        let r = locks.try_read(0, 4096).unwrap();
+        assert!(
+            locks.try_lock(8192, 12288).is_none(),
+            "a read runs in the region"
+        );
+        drop(r);
+        assert!(
+            locks.try_read(8192, 12288).is_some(),
+            "the refused lock left its bits"
+        );
+        assert!(locks.try_lock(8192, 12288).is_some());
     }
 
     /// A writer on an overlapping range waits for the holder, including when the two

@@ -4,11 +4,15 @@
 //! ```text
 //! experiments.rs  cells × variants (placements, write orders, pools, sector sizes)
 //!      │ measure(): raw and every variant, interleaved, repeated → medians, spread, ratio
-//! load.rs         iodepth threads of synchronous random I/O over a memory backend
+//! load.rs         iodepth threads of synchronous random I/O over a memory backend; or one
+//!                 thread keeping a queue full (asynchronous where the device allows)
 //! report.rs       table │ JSON lines │ SVG chart
+//! device.rs       --table LINE: the line's volume against its own device (e.g. librbd),
+//!                 in process, one load generator for both
 //! ```
 
 pub mod chart;
+pub mod device;
 pub mod experiments;
 pub mod load;
 pub mod report;
