@@ -483,7 +483,15 @@ impl Run {
         };
         let data = data.map(|(io, d)| (io, d.display().to_string()));
         let state = Reencrypt::load(&header.json, device_size).map_err(fe)?;
-        if let Some(m) = &state.moved {
+        if let Some((shift, s)) = state.decrypt_shifted() {
+            // The data area is the device less the shift, the moved segment its start.
+            if device_size < shift + s {
+                bail!(
+                    "{device} ({device_size} bytes) is smaller than its data shift ({shift} \
+                     bytes) and moved segment ({s} bytes)"
+                );
+            }
+        } else if let Some(m) = &state.moved {
             // The last hotzone reads a whole shift from the moved copy: the device must
             // still end where it did when the encryption started.
             let shift = state.new.offset - state.old.offset;
@@ -735,7 +743,8 @@ impl Run {
         let (area_at, area_size) = self.state.area;
         let len = usize::try_from(length)?;
         let mut buf = Zeroizing::new(vec![0u8; len]);
-        match self.state.resilience.clone() {
+        // A decryption's moved segment is rewritten in place: its own resilience.
+        match self.state.resilience_at(offset).clone() {
             Resilience::Checksum { hash, sector_size } => {
                 let h = Hash::from_name(&hash).map_err(fe)?;
                 let bs = sector_size as usize;
@@ -827,11 +836,20 @@ impl Run {
         let start = self.done();
         let size = self.device_size;
         progress(start, size);
-        let reached = if self.state.resilience == Resilience::None {
+        let mut reached = if self.state.resilience == Resilience::None {
             self.pass_none(start, opts, stop, progress, gate)?
         } else {
             self.pass_resilient(start, opts, stop, progress, gate)?
         };
+        if reached == self.state.shifted_part(size)
+            && reached < size
+            && !stop.load(Ordering::Relaxed)
+            && opts.stop_after.is_none_or(|n| reached - start < n)
+        {
+            // A decryption with a data shift ends with its moved segment, in place.
+            reached = self.moved_hotzone()?;
+            progress(reached, size);
+        }
         if reached < size {
             return Ok(Outcome::Interrupted);
         }
@@ -1002,7 +1020,10 @@ impl Run {
                 progress(*done, size);
                 free.push(z);
             };
-            while next < size
+            // A decryption with a data shift stops before its moved segment's hotzone
+            // ([`Run::moved_hotzone`]).
+            let end = st.shifted_part(size);
+            while next < end
                 && !stop.load(Ordering::Relaxed)
                 && opts.stop_after.is_none_or(|n| next - start < n)
             {
@@ -1074,6 +1095,59 @@ impl Run {
         Ok(done)
     }
 
+    /// The last hotzone of a decryption with a data shift: the moved segment (the first
+    /// ciphertext, copied to the device's head at the start), decrypted in place under its
+    /// own resilience (`datashift-checksum`: the old ciphertext's block checksums;
+    /// `datashift-journal`: the old ciphertext itself) in cryptsetup's order: resilience
+    /// data (synced), "hot" header, plaintext (synced), "post" header. Returns the bytes
+    /// done (all).
+    fn moved_hotzone(&mut self) -> Result<u64> {
+        let size = self.device_size;
+        let (at, len) = self
+            .state
+            .next_hotzone(self.state.shifted_part(size), size, 0);
+        let n = usize::try_from(len)?;
+        let mut buf = Zeroizing::new(vec![0u8; n]);
+        self.data_read(&mut buf, self.state.old_offset(at))?;
+        let (area_at, area_size) = self.state.area;
+        match self.state.resilience_at(at).clone() {
+            Resilience::Checksum { hash, sector_size } => {
+                let h = Hash::from_name(&hash).map_err(fe)?;
+                let mut sums = Vec::with_capacity(n / sector_size as usize * h.size());
+                for block in buf.chunks(sector_size as usize) {
+                    sums.extend_from_slice(&h.digest(&[block]));
+                }
+                if sums.len() as u64 > area_size {
+                    bail!("the moved segment's checksums ({} bytes) exceed the {area_size}-byte area", sums.len());
+                }
+                self.pwrite(&sums, area_at)?;
+            }
+            Resilience::Journal => {
+                if len > area_size {
+                    bail!("the moved segment ({len} bytes) exceeds the {area_size}-byte journal");
+                }
+                self.pwrite(&buf, area_at)?;
+            }
+            other => bail!(
+                "the moved segment's hotzone has resilience \"{}\"; cryptsetup writes checksum or journal",
+                other.name()
+            ),
+        }
+        self.file
+            .sync()
+            .with_context(|| format!("syncing {}", self.device))?;
+        self.state.set_hot(&mut self.header.json, at, len, size);
+        self.write_header()?;
+        self.rekey(&mut buf, at);
+        self.data_write(&buf, self.state.new.offset + at)?;
+        self.data_sync()?;
+        let done = self.state.done_after(at, len, size);
+        self.state.set_done(&mut self.header.json, done, size);
+        self.write_header()?;
+        self.state.progress = Progress::Clean { done };
+        Ok(done)
+    }
+
     /// Wipes `size` bytes at `at` with random bytes (as `crypt_keyslot_destroy` does on a
     /// non-rotational device). Not synced on its own: the header write that follows (which
     /// drops the keyslot) syncs the file, and either order of the two reaching the disk is
@@ -1110,7 +1184,12 @@ impl Run {
     /// With a data shift the moved copy of the first plaintext bytes is wiped first (as
     /// cryptsetup's `reencrypt_wipe_unused_device_area`).
     fn finish(&mut self) -> Result<()> {
-        if let Some(m) = &self.state.moved {
+        if let Some((shift, _)) = self.state.decrypt_shifted() {
+            // reencrypt_wipe_unused_device_area: the device's last `shift` bytes, where
+            // the old data's end lay.
+            self.wipe_random(self.state.new.offset + self.device_size, shift, true)?;
+            self.data_sync()?;
+        } else if let Some(m) = &self.state.moved {
             let (at, size) = (m.offset, m.size);
             self.wipe_random(at, size, true)?;
             self.data_sync()?;

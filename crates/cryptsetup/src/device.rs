@@ -951,7 +951,12 @@ impl CryptDevice {
                 ReencryptMode::Encrypt => ffi::CRYPT_REENCRYPT_ENCRYPT,
                 ReencryptMode::Decrypt => ffi::CRYPT_REENCRYPT_DECRYPT,
             },
-            direction: if decrypt || p.data_shift_sectors > 0 {
+            // cryptsetup's: decryption backward, except with a moved first segment
+            // (the header exported, the data shifted towards the start: forward);
+            // encryption with a data shift backward.
+            direction: if (decrypt && !p.move_first_segment)
+                || (!decrypt && p.data_shift_sectors > 0)
+            {
                 ffi::CRYPT_REENCRYPT_BACKWARD
             } else {
                 ffi::CRYPT_REENCRYPT_FORWARD

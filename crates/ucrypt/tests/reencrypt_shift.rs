@@ -518,11 +518,27 @@ fn what_ucrypt_does_not_do_with_a_shift_is_refused() {
         &["--encrypt", "--resilience", "datashift", "--header", h, d],
         "datashift",
     );
-    // cryptsetup 2.6's decryption of an attached-header device exports the header and
-    // shifts the data back; ucrypt says so and writes nothing.
+    // The decryption of an attached-header device (the header exported, the data shifted
+    // back) takes no datashift or none resilience (cryptsetup's message), nor
+    // --device-size; nothing is written, no header file is left.
     let luks = f.init("ucrypt", "luks", &[]);
     f.ucrypt_resume(&luks, &[]);
     let before = std::fs::read(&luks).unwrap();
+    for extra in [
+        &["--resilience", "none"][..],
+        &["--resilience", "datashift"][..],
+        &["--device-size", "4M"][..],
+    ] {
+        let mut args = vec!["reencrypt", "--decrypt", "-q", "-d", k, "--header", h];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--disable-locks", s(&luks)]);
+        let out = run(ucrypt_bin(), &args);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {out:?}");
+        assert!(std::fs::read(&luks).unwrap() == before && !hdr.exists());
+    }
+    // A wrong passphrase: refused before the header is exported.
+    let bad = f.path("bad");
+    std::fs::write(&bad, b"not the passphrase").unwrap();
     let out = run(
         ucrypt_bin(),
         &[
@@ -530,15 +546,14 @@ fn what_ucrypt_does_not_do_with_a_shift_is_refused() {
             "--decrypt",
             "-q",
             "-d",
-            k,
+            s(&bad),
             "--header",
-            s(&hdr),
+            h,
             "--disable-locks",
             s(&luks),
         ],
     );
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported by ucrypt"));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(std::fs::read(&luks).unwrap() == before && !hdr.exists());
     // A finished shift encryption is a LUKS device: not encrypted again.
     let out = run(
@@ -558,4 +573,372 @@ fn what_ucrypt_does_not_do_with_a_shift_is_refused() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("already LUKS device"));
     assert!(std::fs::read(&luks).unwrap() == before);
+}
+
+/// A device whose header was attached and the header file its decryption exports.
+struct Exported {
+    hdr: PathBuf,
+    dev: PathBuf,
+}
+
+impl Fixture {
+    /// The plaintext encrypted with a data shift (ucrypt's `--encrypt
+    /// --reduce-device-size`, finished): a LUKS2 device whose header is attached.
+    fn encrypted(&self, name: &str, extra: &[&str]) -> PathBuf {
+        let p = self.init("ucrypt", name, extra);
+        self.ucrypt_resume(&p, &[]);
+        assert!(!json(&p).contains("reencrypt"));
+        p
+    }
+
+    /// `reencrypt --decrypt --header NAME.hdr --init-only` of a copy of `enc` by `tool`.
+    fn init_decrypt(&self, tool: &str, enc: &Path, name: &str, extra: &[&str]) -> Exported {
+        let e = Exported {
+            hdr: self.path(&format!("{name}.hdr")),
+            dev: self.copy(enc, &format!("{name}.dev")),
+        };
+        let _ = std::fs::remove_file(&e.hdr);
+        let mut args = vec!["reencrypt", "--decrypt", "--init-only", "-q"];
+        args.extend_from_slice(&["--header", s(&e.hdr), "--key-file", s(&self.key)]);
+        args.extend_from_slice(extra);
+        if tool == "cryptsetup" {
+            args.extend_from_slice(&["--force-offline-reencrypt", s(&e.dev)]);
+            ok("cryptsetup", &args);
+        } else {
+            args.extend_from_slice(&["--disable-locks", s(&e.dev)]);
+            ok(ucrypt_bin(), &args);
+        }
+        e
+    }
+
+    fn copy_pair(&self, e: &Exported, name: &str) -> Exported {
+        let hdr = self.path(&format!("{name}.hdr"));
+        std::fs::copy(&e.hdr, &hdr).unwrap();
+        Exported {
+            hdr,
+            dev: self.copy(&e.dev, &format!("{name}.dev")),
+        }
+    }
+
+    fn ucrypt_decrypt_args<'a>(&'a self, e: &'a Exported) -> Vec<&'a str> {
+        vec![
+            "reencrypt",
+            "--resume-only",
+            "-q",
+            "-d",
+            s(&self.key),
+            "--header",
+            s(&e.hdr),
+            "--disable-locks",
+            s(&e.dev),
+        ]
+    }
+
+    fn cryptsetup_decrypt_args<'a>(&'a self, e: &'a Exported) -> Vec<&'a str> {
+        vec![
+            "reencrypt",
+            "--resume-only",
+            "--force-offline-reencrypt",
+            "-q",
+            "--key-file",
+            s(&self.key),
+            "--header",
+            s(&e.hdr),
+            s(&e.dev),
+        ]
+    }
+
+    /// cryptsetup finishes `e` (`repair` first when a hotzone was interrupted).
+    fn cryptsetup_finish(&self, e: &Exported) {
+        if json(&e.hdr).contains("in-reencryption") {
+            ok(
+                "cryptsetup",
+                &[
+                    "repair",
+                    "-q",
+                    "--key-file",
+                    s(&self.key),
+                    "--header",
+                    s(&e.hdr),
+                    s(&e.dev),
+                ],
+            );
+            if !json(&e.hdr).contains("online-reencrypt") {
+                return;
+            }
+        }
+        ok("cryptsetup", &self.cryptsetup_decrypt_args(e));
+    }
+
+    /// A finished decryption equals the reference: the same JSON (and binary header
+    /// fields but the sequence id, which counts cryptsetup's extra header write at each
+    /// resume), the same device up to its last shift bytes (random in both), the
+    /// plaintext back at the device's head.
+    fn assert_decrypted(&self, reference: &Exported, e: &Exported) {
+        assert_eq!(json(&reference.hdr), json(&e.hdr), "JSON metadata differs");
+        let (x, y) = (
+            std::fs::read(&reference.hdr).unwrap(),
+            std::fs::read(&e.hdr).unwrap(),
+        );
+        for copy in [0usize, 16384] {
+            assert_eq!(x[copy..copy + 16], y[copy..copy + 16]);
+            assert_eq!(x[copy + 24..copy + 448], y[copy + 24..copy + 448]);
+        }
+        let (a, b) = (
+            std::fs::read(&reference.dev).unwrap(),
+            std::fs::read(&e.dev).unwrap(),
+        );
+        let len = (self.g.device() - self.g.shift()) as usize;
+        assert!(a[..len] == b[..len], "{}: data differs", e.dev.display());
+        assert!(
+            b[..self.g.data as usize] == self.plain[..self.g.data as usize],
+            "{}: not the plaintext at the head",
+            e.dev.display()
+        );
+        assert!(
+            b[len..] != a[len..],
+            "the device's last shift bytes not wiped"
+        );
+    }
+
+    /// `ucrypt open --header` of `e` (its table printed) fails naming `why`, and changes
+    /// nothing.
+    fn assert_open_refused(&self, e: &Exported, why: &str) {
+        let before = (
+            std::fs::read(&e.hdr).unwrap(),
+            std::fs::read(&e.dev).unwrap(),
+        );
+        let out = run(
+            ucrypt_bin(),
+            &[
+                "luksOpen",
+                "--print-table",
+                "-d",
+                s(&self.key),
+                "--header",
+                s(&e.hdr),
+                s(&e.dev),
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{err}");
+        assert!(
+            before
+                == (
+                    std::fs::read(&e.hdr).unwrap(),
+                    std::fs::read(&e.dev).unwrap()
+                )
+        );
+    }
+
+    /// The JSON `segments` object of a header.
+    fn segments(&self, hdr: &Path) -> serde_json::Value {
+        let v: serde_json::Value = serde_json::from_str(&json(hdr)).unwrap();
+        v["segments"].clone()
+    }
+}
+
+/// cryptsetup 2.6's `reencrypt --decrypt --header NEWFILE` of a device whose header is
+/// attached (the header exported, the data moved to the head of the device: mode decrypt,
+/// direction forward, `datashift-checksum` or `datashift-journal`, requirement
+/// `online-reencrypt-v3`), against ucrypt's, for three geometries: ucrypt's init equals
+/// cryptsetup's (metadata shape, the device byte for byte: the first ciphertext copied to
+/// the head); from one initialised pair both tools' results are equal; ucrypt stopped after
+/// one hotzone is finished by cryptsetup; ucrypt killed at a hotzone's "post" header, in
+/// the moved segment's hotzone before and after its data write, is recovered by either
+/// tool; cryptsetup killed at the moved segment's data write is recovered by ucrypt; a
+/// journal run; `open` of a half-done device is refused with a reason.
+#[test]
+fn attached_header_decryption_equals_cryptsetups_and_either_tool_finishes_the_other() {
+    if !tools() {
+        return;
+    }
+    let geometries = [
+        // 48 MiB to decrypt: moved 16 MiB, then [16, 32), [32, 48), then the moved one.
+        (32 * MIB, 32 * MIB, &[][..]),
+        // 56 MiB, 4 KiB sectors: the last shift hotzone 8 MiB.
+        (40 * MIB, 32 * MIB, &["--sector-size", "4096"][..]),
+        // 14 MiB: moved 8 MiB, one 6 MiB hotzone.
+        (6 * MIB, 16 * MIB, &[][..]),
+    ];
+    for (i, (data, reduce, extra)) in geometries.into_iter().enumerate() {
+        let f = Fixture::new(Geometry { data, reduce }, 0x5eed_de00 + i as u64);
+        let what = format!("{:?}", f.g);
+        let enc = f.encrypted("enc", extra);
+        let uc = f.init_decrypt("ucrypt", &enc, "uc", &[]);
+        let cs = f.init_decrypt("cryptsetup", &enc, "cs", &[]);
+        assert_eq!(shape(&uc.hdr), shape(&cs.hdr), "{what}");
+        let j = json(&uc.hdr);
+        assert!(
+            j.contains("\"mode\":\"decrypt\",\"direction\":\"forward\"")
+                && j.contains("\"type\":\"datashift-checksum\"")
+                && j.contains("online-reencrypt-v3")
+                && j.contains("backup-moved-segment"),
+            "{what}: {j}"
+        );
+        assert!(
+            std::fs::read(&uc.dev).unwrap() == std::fs::read(&cs.dev).unwrap(),
+            "{what}: the devices differ after init"
+        );
+        assert!(
+            std::fs::metadata(&uc.hdr).unwrap().len() == std::fs::metadata(&cs.hdr).unwrap().len()
+        );
+
+        let reference = f.copy_pair(&cs, "reference");
+        ok("cryptsetup", &f.cryptsetup_decrypt_args(&reference));
+        let out = ok(ucrypt_bin(), &f.ucrypt_decrypt_args(&uc));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Finished"));
+        f.assert_decrypted(&reference, &uc);
+        // ucrypt finishes cryptsetup's init.
+        let b = f.copy_pair(&cs, "b");
+        ok(ucrypt_bin(), &f.ucrypt_decrypt_args(&b));
+        f.assert_decrypted(&reference, &b);
+
+        // Hotzones after the moved segment, each a shift long at most.
+        let len = f.g.device() - f.g.shift();
+        let moved = f.g.shift().min(len).min(20 * MIB);
+        let k = (len - moved).div_ceil(f.g.shift()) as usize;
+        // ucrypt stopped after one hotzone: cryptsetup's segments at that point (its run
+        // killed as it starts hotzone 2: 3 writes per header copy, 2 copies, per hotzone a
+        // hot and a post header and one data write; cryptsetup writes one header more at
+        // its start), then cryptsetup finishes.
+        if k > 1 {
+            let a = f.copy_pair(&uc_init(&f, &enc), "a");
+            ok(
+                ucrypt_bin(),
+                &[
+                    &f.ucrypt_decrypt_args(&a)[..],
+                    &["--debug-stop-after", "1M"],
+                ]
+                .concat(),
+            );
+            let cs_one = f.copy_pair(&cs, "cs-one");
+            f.killed_at(
+                "write",
+                6 + 13 + 1,
+                "cryptsetup",
+                &f.cryptsetup_decrypt_args(&cs_one),
+            );
+            assert_eq!(f.segments(&a.hdr), f.segments(&cs_one.hdr), "{what}");
+            // Half plaintext: not opened (ucrypt has no linear target yet), with a reason.
+            f.assert_open_refused(&a, "in the middle of a LUKS2 decryption");
+            f.cryptsetup_finish(&a);
+            f.assert_decrypted(&reference, &a);
+        }
+        // ucrypt killed at a shift hotzone's post header (its I/O thread's pwrites: per
+        // hotzone hot header 6, data 1, post 6), and before and after the moved segment's
+        // data write (its main thread's: the checksums, the hot header, the data, the post
+        // header; strace counts a thread's own calls, so only the main thread is traced).
+        let mut kills = vec![(8, false), (9, false)];
+        if k > 1 {
+            kills.push((13 + 8, true));
+        }
+        for (nth, io_thread) in kills {
+            let crashed = f.copy_pair(&uc_init(&f, &enc), &format!("crashed{nth}"));
+            let args = f.ucrypt_decrypt_args(&crashed);
+            if io_thread {
+                f.killed_at("pwrite64", nth, ucrypt_bin(), &args);
+            } else {
+                killed_in_main_thread(nth, &args);
+            }
+            assert!(
+                json(&crashed.hdr).contains("in-reencryption"),
+                "{what}: kill at {nth}"
+            );
+            f.assert_open_refused(&crashed, "interrupted by a crash");
+            let by_cs = f.copy_pair(&crashed, &format!("by-cs{nth}"));
+            f.cryptsetup_finish(&by_cs);
+            f.assert_decrypted(&reference, &by_cs);
+            ok(ucrypt_bin(), &f.ucrypt_decrypt_args(&crashed));
+            f.assert_decrypted(&reference, &crashed);
+        }
+        // cryptsetup killed at the moved segment's data write (its (k+1)th write larger
+        // than the 1 MiB of its wipes, found by a traced run on a scratch copy).
+        let scratch = f.copy_pair(&cs, "scratch");
+        let log = f.path("writes.log");
+        let mut args = vec![
+            "-f",
+            "-s",
+            "0",
+            "-e",
+            "trace=write",
+            "-o",
+            s(&log),
+            "cryptsetup",
+        ];
+        let cs_args = f.cryptsetup_decrypt_args(&scratch);
+        args.extend_from_slice(&cs_args);
+        ok("strace", &args);
+        let big: Vec<usize> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("write("))
+            .enumerate()
+            .filter(|(_, l)| {
+                l.rsplit("= ")
+                    .next()
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .is_some_and(|n| n > MIB)
+            })
+            .map(|(i, _)| i + 1)
+            .collect();
+        // The hotzones' data writes, then the wipe of the reencrypt keyslot's area.
+        assert_eq!(big.len(), k + 2, "{what}: {big:?}");
+        let cs_crashed = f.copy_pair(&cs, "cs-crashed");
+        f.killed_at(
+            "write",
+            big[k],
+            "cryptsetup",
+            &f.cryptsetup_decrypt_args(&cs_crashed),
+        );
+        assert!(json(&cs_crashed.hdr).contains("in-reencryption"), "{what}");
+        ok(ucrypt_bin(), &f.ucrypt_decrypt_args(&cs_crashed));
+        f.assert_decrypted(&reference, &cs_crashed);
+    }
+    // datashift-journal: the moved segment (here 8 MiB, --hotzone-size) journaled.
+    let f = Fixture::new(
+        Geometry {
+            data: 32 * MIB,
+            reduce: 32 * MIB,
+        },
+        0x5eed_de10,
+    );
+    let enc = f.encrypted("enc", &[]);
+    let j = ["--resilience", "journal", "--hotzone-size", "8M"];
+    let uc = f.init_decrypt("ucrypt", &enc, "uc", &j);
+    let cs = f.init_decrypt("cryptsetup", &enc, "cs", &j);
+    assert_eq!(shape(&uc.hdr), shape(&cs.hdr));
+    assert!(json(&uc.hdr).contains("\"type\":\"datashift-journal\""));
+    let reference = f.copy_pair(&cs, "reference");
+    ok("cryptsetup", &f.cryptsetup_decrypt_args(&reference));
+    // Killed after the moved segment's journal, hot header and data write (16 MiB moved
+    // 8: hotzones [8, 24), [24, 40), [40, 48)).
+    let crashed = f.copy_pair(&uc, "crashed");
+    killed_in_main_thread(9, &f.ucrypt_decrypt_args(&crashed));
+    assert!(json(&crashed.hdr).contains("in-reencryption"));
+    let by_cs = f.copy_pair(&crashed, "by-cs");
+    f.cryptsetup_finish(&by_cs);
+    f.assert_decrypted(&reference, &by_cs);
+    ok(ucrypt_bin(), &f.ucrypt_decrypt_args(&crashed));
+    f.assert_decrypted(&reference, &crashed);
+    ok(ucrypt_bin(), &f.ucrypt_decrypt_args(&uc));
+    f.assert_decrypted(&reference, &uc);
+}
+
+/// ucrypt (`args`) killed (SIGKILL on entry) at its main thread's `nth` pwrite64.
+fn killed_in_main_thread(nth: usize, args: &[&str]) {
+    let inject = format!("inject=pwrite64:signal=SIGKILL:when={nth}");
+    let mut all = vec!["-o", "/dev/null", "-e", "trace=pwrite64", "-e", &inject];
+    all.push(ucrypt_bin());
+    all.extend_from_slice(args);
+    let out = run("strace", &all);
+    assert!(
+        !out.status.success(),
+        "ucrypt was not killed at pwrite64 #{nth}"
+    );
+}
+
+/// A fresh ucrypt `--decrypt --init-only` of a copy of `enc`.
+fn uc_init(f: &Fixture, enc: &Path) -> Exported {
+    f.init_decrypt("ucrypt", enc, "fresh", &[])
 }

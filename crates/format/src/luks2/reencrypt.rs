@@ -37,6 +37,10 @@ use zeroize::Zeroizing;
 
 /// The mandatory requirement cryptsetup 2.4+ sets while a reencryption is unfinished.
 pub const REQUIREMENT: &str = "online-reencrypt-v2";
+/// The requirement of cryptsetup 2.6's decryption of a device whose header was attached
+/// (`LUKS2_DECRYPT_DATASHIFT_REQ_VERSION`): the header exported, the data moved to the
+/// device's head (resilience `datashift-checksum` or `datashift-journal`).
+pub const REQUIREMENT_V3: &str = "online-reencrypt-v3";
 /// Segment flags.
 const FLAG_HOT: &str = "in-reencryption";
 const FLAG_PREVIOUS: &str = "backup-previous";
@@ -138,6 +142,13 @@ pub struct Reencrypt {
     backup_new: Json,
     /// Where it stands.
     pub progress: Progress,
+    /// The resilience of the moved segment's hotzone, which is rewritten in place: the
+    /// `checksum` of `datashift-checksum` or the `journal` of `datashift-journal` (a
+    /// decryption with a data shift); `None` otherwise.
+    pub moved_resilience: Option<Resilience>,
+    /// The requirement's version (2, or 3 for a decryption with a data shift): the
+    /// reencryption digest's version byte.
+    pub version: u8,
     /// cryptsetup's fixed-length mode (`--device-size`): the segments after the hotzone
     /// get fixed sizes instead of `dynamic`.
     pub fixed_length: bool,
@@ -227,9 +238,11 @@ fn digests_of_segment(json: &Json, seg: u32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Whether the header carries the reencryption requirement.
+/// Whether the header carries the reencryption requirement (either version).
 pub fn in_reencryption(json: &Json) -> bool {
-    requirements(json).iter().any(|r| r == REQUIREMENT)
+    requirements(json)
+        .iter()
+        .any(|r| r == REQUIREMENT || r == REQUIREMENT_V3)
 }
 
 fn requirements(json: &Json) -> Vec<String> {
@@ -342,7 +355,12 @@ impl Reencrypt {
     /// --reduce-device-size`'s (moved segment, backward) and cryptsetup < 2.4's metadata.
     pub fn load(json: &Json, device_size: u64) -> Result<Reencrypt, FormatError> {
         let reqs = requirements(json);
-        if !reqs.iter().any(|r| r == REQUIREMENT) {
+        let version = if reqs.iter().any(|r| r == REQUIREMENT_V3) {
+            3
+        } else {
+            2
+        };
+        if !in_reencryption(json) {
             if reqs.iter().any(|r| r == "online-reencrypt") {
                 return Err(unsupported(
                     "the requirement \"online-reencrypt\" of cryptsetup < 2.4 (resume it with that cryptsetup)".into(),
@@ -384,32 +402,18 @@ impl Reencrypt {
         let resilience = match str_of(area, "type", &apath)? {
             "none" => Resilience::None,
             "journal" => Resilience::Journal,
-            "checksum" => {
-                let hash = str_of(area, "hash", &apath)?.to_string();
-                Hash::from_name(&hash)?;
-                let ss = u64_of(area, "sector_size", &apath)?;
-                Resilience::Checksum {
-                    hash,
-                    sector_size: u32::try_from(ss)
-                        .ok()
-                        .filter(|s| s.is_power_of_two() && *s >= 512)
-                        .ok_or_else(|| {
-                            bad(format!(
-                                "{apath}.sector_size {ss} is not a power of two >= 512"
-                            ))
-                        })?,
-                }
-            }
-            "datashift" => Resilience::Datashift {
+            "checksum" => Self::checksum_of(area, &apath)?,
+            "datashift" | "datashift-checksum" | "datashift-journal" => Resilience::Datashift {
                 shift: u64_of(area, "shift_size", &apath)?,
             },
-            other if other.starts_with("datashift") => {
-                return Err(unsupported(format!(
-                    "resilience \"{other}\" (cryptsetup's decryption of a device whose \
-                     header is attached, with a data shift)"
-                )))
-            }
             other => return Err(unsupported(format!("resilience \"{other}\""))),
+        };
+        // The moved segment's hotzone of a decryption with a data shift is rewritten in
+        // place: cryptsetup's secondary resilience.
+        let moved_resilience = match str_of(area, "type", &apath)? {
+            "datashift-checksum" => Some(Self::checksum_of(area, &apath)?),
+            "datashift-journal" => Some(Resilience::Journal),
+            _ => None,
         };
         let segments = field(json, "segments", "")?;
         let mut backup_old = None;
@@ -436,7 +440,7 @@ impl Reencrypt {
         let new = side_of(json, nid, nseg, mode == "decrypt")?;
         let moved = match (&resilience, moved) {
             (Resilience::Datashift { shift }, Some((id, seg))) => Some(Self::moved_of(
-                &mode, &direction, *shift, &old, &new, id, seg,
+                json, &mode, &direction, *shift, &old, &new, id, seg,
             )?),
             (Resilience::Datashift { .. }, None) => {
                 return Err(unsupported(
@@ -468,7 +472,16 @@ impl Reencrypt {
         }
         live.sort_by_key(|(id, _)| *id);
         let backward = direction == "backward";
+        if moved_resilience.is_some() != (moved.is_some() && mode == "decrypt") {
+            return Err(bad(format!(
+                "resilience \"{}\" with mode \"{mode}\"",
+                str_of(area, "type", &apath)?
+            )));
+        }
         let progress = match &moved {
+            Some(m) if mode == "decrypt" => {
+                Self::progress_decrypt_shifted(&live, &new, m, &resilience, device_size)?
+            }
             Some(m) => Self::progress_shifted(json, &live, &new, m, &resilience)?,
             None => Self::progress_of(json, &live, &old, &new, device_size, backward)?,
         };
@@ -483,14 +496,101 @@ impl Reencrypt {
             backup_old: oseg.clone(),
             backup_new: nseg.clone(),
             progress,
+            moved_resilience,
+            version,
             fixed_length: false,
             moved,
         })
     }
 
-    /// The moved segment of an encryption with a data shift, checked against the one
-    /// layout cryptsetup's `--encrypt --reduce-device-size` makes (and ucrypt runs).
+    /// Where a decryption with a data shift stands (`device_size` is the whole data
+    /// device: the new side starts at 0). Bytes done count the plaintext written after
+    /// the moved segment (`[S, S + done)`), then the moved segment itself last: the sum of
+    /// the live linear segments, `dynamic` meaning all of it.
+    fn progress_decrypt_shifted(
+        live: &[(u32, &Json)],
+        new: &Side,
+        m: &Moved,
+        resilience: &Resilience,
+        device_size: u64,
+    ) -> Result<Progress, FormatError> {
+        let Resilience::Datashift { shift } = resilience else {
+            return Err(bad("a moved segment without a data shift".into()));
+        };
+        let len = device_size.saturating_sub(*shift);
+        if let Some((id, hot)) = live.iter().find(|(_, s)| has_flag(s, FLAG_HOT)) {
+            let path = format!("segments.{id}");
+            let offset = u64_of(hot, "offset", &path)?
+                .checked_sub(new.offset)
+                .ok_or_else(|| bad(format!("{path} starts before the data area")))?;
+            let length = u64_of(hot, "size", &path)?;
+            let fits = if offset == 0 {
+                length == m.size
+            } else {
+                offset >= m.size && length <= *shift && offset + length <= len
+            };
+            if length == 0 || !fits {
+                return Err(bad(format!(
+                    "hotzone [{offset}, +{length}) is not one of a {shift}-byte data shift \
+                     over {len} bytes"
+                )));
+            }
+            return Ok(Progress::Crashed { offset, length });
+        }
+        let mut done = 0u64;
+        for (id, seg) in live {
+            if seg.get("type").and_then(Json::as_str) != Some("linear") {
+                continue;
+            }
+            let path = format!("segments.{id}");
+            done += match field(seg, "size", &path)? {
+                Json::Str(t) if t == "dynamic" => {
+                    // Everything from the linear segment's start to the end.
+                    let at = u64_of(seg, "offset", &path)?.saturating_sub(new.offset);
+                    if at == 0 {
+                        len
+                    } else {
+                        len.saturating_sub(m.size)
+                    }
+                }
+                _ => u64_of(seg, "size", &path)?,
+            };
+        }
+        if done > len {
+            return Err(bad(format!(
+                "segments {:?} are not one of cryptsetup's data-shift layouts",
+                live.iter().map(|(id, _)| *id).collect::<Vec<_>>()
+            )));
+        }
+        Ok(Progress::Clean { done })
+    }
+
+    /// The `checksum` resilience of a keyslot area (`hash`, `sector_size`).
+    fn checksum_of(area: &Json, apath: &str) -> Result<Resilience, FormatError> {
+        let hash = str_of(area, "hash", apath)?.to_string();
+        Hash::from_name(&hash)?;
+        let ss = u64_of(area, "sector_size", apath)?;
+        Ok(Resilience::Checksum {
+            hash,
+            sector_size: u32::try_from(ss)
+                .ok()
+                .filter(|s| s.is_power_of_two() && *s >= 512)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "{apath}.sector_size {ss} is not a power of two >= 512"
+                    ))
+                })?,
+        })
+    }
+
+    /// The moved segment of a data shift, checked against the two layouts cryptsetup
+    /// makes (and ucrypt runs): `--encrypt --reduce-device-size` (mode encrypt, backward,
+    /// a linear copy of the first plaintext at the device's end) and cryptsetup 2.6's
+    /// `--decrypt` of a device whose header is attached (mode decrypt, forward, the first
+    /// ciphertext copied to the device's head, a crypt segment under the old key).
+    #[allow(clippy::too_many_arguments)]
     fn moved_of(
+        json: &Json,
         mode: &str,
         direction: &str,
         shift: u64,
@@ -499,13 +599,45 @@ impl Reencrypt {
         id: u32,
         seg: &Json,
     ) -> Result<Moved, FormatError> {
+        let path = format!("segments.{id}");
+        if mode == "decrypt" && direction == "forward" {
+            // [moved ciphertext, size S][gap][old data from `shift`] -> plaintext from 0.
+            let offset = u64_of(seg, "offset", &path)?;
+            let size = u64_of(seg, "size", &path)?;
+            let same = str_of(seg, "type", &path)? == "crypt"
+                && u64_of(seg, "iv_tweak", &path)? == old.iv_tweak
+                && str_of(seg, "encryption", &path)? == old.encryption
+                && u64_of(seg, "sector_size", &path)? == u64::from(old.sector_size)
+                && digests_of_segment(json, id) == old.digest.into_iter().collect::<Vec<_>>();
+            if !same {
+                return Err(bad(format!(
+                    "{path} (the moved segment) is not the old key's first data"
+                )));
+            }
+            if shift == 0 || shift % 512 != 0 || size == 0 || size > shift {
+                return Err(bad(format!(
+                    "data shift {shift} and moved segment size {size} are not cryptsetup's"
+                )));
+            }
+            if new.offset + shift != old.offset || offset != new.offset {
+                return Err(bad(format!(
+                    "data shift {shift}: old data at {}, new at {}, moved copy at {offset} do \
+                     not fit together",
+                    old.offset, new.offset
+                )));
+            }
+            return Ok(Moved {
+                offset,
+                size,
+                json: seg.clone(),
+            });
+        }
         if mode != "encrypt" || direction != "backward" {
             return Err(unsupported(format!(
                 "a data shift in mode \"{mode}\", direction \"{direction}\" (only \
-                 --encrypt --reduce-device-size is)"
+                 --encrypt --reduce-device-size and --decrypt of an attached header are)"
             )));
         }
-        let path = format!("segments.{id}");
         if str_of(seg, "type", &path)? != "linear" {
             return Err(bad(format!("{path} (the moved segment) is not linear")));
         }
@@ -592,6 +724,10 @@ impl Reencrypt {
     /// The bytes the data pass covers: with a data shift, the data before the moved copy
     /// less the shift; otherwise `device_size` (the data area).
     pub fn data_length(&self, device_size: u64) -> u64 {
+        if let Some((shift, _)) = self.decrypt_shifted() {
+            // The device less the shift: its last `shift` bytes held nothing.
+            return device_size.saturating_sub(shift);
+        }
         match (&self.moved, &self.resilience) {
             (Some(m), Resilience::Datashift { shift }) => Self::shifted_length(m, *shift),
             _ => device_size,
@@ -601,8 +737,46 @@ impl Reencrypt {
     /// The data shift (bytes) and its moved copy, for an encryption with a data shift.
     fn shifted(&self) -> Option<(u64, &Moved)> {
         match (&self.resilience, &self.moved) {
-            (Resilience::Datashift { shift }, Some(m)) => Some((*shift, m)),
+            (Resilience::Datashift { shift }, Some(m)) if self.mode == "encrypt" => {
+                Some((*shift, m))
+            }
             _ => None,
+        }
+    }
+
+    /// The data shift (bytes) and its moved segment, for a decryption with a data shift
+    /// (cryptsetup 2.6's `--decrypt` of a device whose header was attached).
+    ///
+    /// ```text
+    ///  device  [old ciphertext 0..S (moved)][gap][old ciphertext S.. from `shift` + S]
+    ///  hotzones [S, S + shift), [S + shift, ...) forward: plaintext at x from old at
+    ///           shift + x; then [0, S) in place (the moved segment's own resilience)
+    /// ```
+    pub fn decrypt_shifted(&self) -> Option<(u64, u64)> {
+        match (&self.resilience, &self.moved) {
+            (Resilience::Datashift { shift }, Some(m)) if self.mode == "decrypt" => {
+                Some((*shift, m.size))
+            }
+            _ => None,
+        }
+    }
+
+    /// The resilience that protects the hotzone at `offset`: the moved segment's own
+    /// (checksum or journal) for a decryption's last hotzone, rewritten in place.
+    pub fn resilience_at(&self, offset: u64) -> &Resilience {
+        match (&self.moved_resilience, self.decrypt_shifted()) {
+            (Some(r), Some(_)) if offset == 0 => r,
+            _ => &self.resilience,
+        }
+    }
+
+    /// The bytes a decryption with a data shift covers before its moved segment's hotzone
+    /// (which [`Reencrypt::next_hotzone`] gives once they are done); the data length
+    /// otherwise.
+    pub fn shifted_part(&self, device_size: u64) -> u64 {
+        match self.decrypt_shifted() {
+            Some((_, s)) => device_size.saturating_sub(s),
+            None => device_size,
         }
     }
 
@@ -611,7 +785,10 @@ impl Reencrypt {
     pub fn old_offset(&self, at: u64) -> u64 {
         match self.shifted() {
             Some((_, m)) if at == 0 => m.offset,
-            _ => self.old.offset + at,
+            _ => match &self.moved {
+                Some(m) if at == 0 && self.mode == "decrypt" => m.offset,
+                _ => self.old.offset + at,
+            },
         }
     }
 
@@ -720,6 +897,16 @@ impl Reencrypt {
     /// `reencrypt_offset` places it (forward: at `done`; backward: ending where the done
     /// part at the end begins).
     pub fn next_hotzone(&self, done: u64, device_size: u64, max: u64) -> (u64, u64) {
+        if let Some((shift, s)) = self.decrypt_shifted() {
+            // reencrypt_offset_forward_moved and reencrypt_context_update: a shift at a
+            // time after the moved segment (the last one shorter), then the moved one.
+            return if done + s >= device_size {
+                (0, s)
+            } else {
+                let at = s + done;
+                (at, shift.min(device_size - at))
+            };
+        }
         if let Some((shift, _)) = self.shifted() {
             // cryptsetup's reencrypt_offset_backward_moved: the hotzone is the shift (the
             // hotzone size asked for does not apply), the one before the moved copy's may
@@ -744,6 +931,13 @@ impl Reencrypt {
 
     /// Bytes done once the hotzone `[offset, offset + length)` is.
     pub fn done_after(&self, offset: u64, length: u64, device_size: u64) -> u64 {
+        if let Some((_, s)) = self.decrypt_shifted() {
+            return if offset == 0 {
+                device_size
+            } else {
+                offset + length - s
+            };
+        }
         if self.shifted().is_some() {
             return device_size.saturating_sub(offset);
         }
@@ -756,6 +950,13 @@ impl Reencrypt {
 
     /// Bytes done before the hotzone `[offset, offset + length)`.
     pub fn done_before(&self, offset: u64, length: u64, device_size: u64) -> u64 {
+        if let Some((_, s)) = self.decrypt_shifted() {
+            return if offset == 0 {
+                device_size - s
+            } else {
+                offset - s
+            };
+        }
         if let Some((shift, _)) = self.shifted() {
             return if offset == 0 {
                 device_size.saturating_sub(shift)
@@ -784,6 +985,10 @@ impl Reencrypt {
                 bind.push((n, self.old.digest));
             } else {
                 bind.push((n + 1, self.new.digest));
+            }
+            if self.decrypt_shifted().is_some() {
+                // reencrypt_add_moved_segment: the moved segment (crypt, old key) next.
+                bind.push((n + 2, self.old.digest));
             }
             let key = self.old.digest.or(self.new.digest);
             for (i, (seg, _)) in list.into_iter().enumerate() {
@@ -838,6 +1043,32 @@ impl Reencrypt {
     /// The segments while `[offset, offset + length)` is rewritten.
     pub fn set_hot(&self, json: &mut Json, offset: u64, length: u64, device_size: u64) {
         let mut list = Vec::new();
+        if let Some((_, s)) = self.decrypt_shifted() {
+            // reencrypt_make_hot_segments_decrypt_shift: the moved segment and the
+            // plaintext done before the hotzone, the hotzone, the old data after it (a
+            // shift higher); for the moved segment's hotzone, the plaintext after it.
+            if offset > 0 {
+                list.push((self.moved_crypt(), self.old.digest));
+                if offset > s {
+                    list.push((self.linear_new(s, Some(offset - s)), None));
+                }
+            }
+            let hot = list.len();
+            list.push((crypt_segment(&self.new, offset, Some(length), true), None));
+            if offset == 0 {
+                if device_size > s {
+                    list.push((self.linear_new(s, None), None));
+                }
+            } else if offset + length < device_size {
+                let at = offset + length;
+                list.push((
+                    crypt_segment(&self.old, at, self.rest(at, device_size), false),
+                    self.old.digest,
+                ));
+            }
+            self.set_segments(json, list, Some(hot));
+            return;
+        }
         if let Some((shift, _)) = self.shifted() {
             // reencrypt_make_hot_segments_encrypt_shift: the plaintext left before the
             // hotzone, the hotzone, the part already encrypted after it.
@@ -919,6 +1150,30 @@ impl Reencrypt {
     /// `done` bytes backward).
     pub fn set_done(&self, json: &mut Json, done: u64, device_size: u64) {
         let mut list = Vec::new();
+        if let Some((_, s)) = self.decrypt_shifted() {
+            // _dec_create_segments_shift_after: the moved segment, the plaintext done
+            // after it (`dynamic` once it reaches the end), the old data left; once the
+            // moved segment is done, one linear segment.
+            if done >= device_size {
+                list.push((self.linear_new(0, None), None));
+            } else {
+                list.push((self.moved_crypt(), self.old.digest));
+                let left = device_size - s - done;
+                if done > 0 {
+                    let size = (left > 0).then_some(done);
+                    list.push((self.linear_new(s, size), None));
+                }
+                if left > 0 {
+                    let at = s + done;
+                    list.push((
+                        crypt_segment(&self.old, at, self.rest(at, device_size), false),
+                        self.old.digest,
+                    ));
+                }
+            }
+            self.set_segments(json, list, None);
+            return;
+        }
         if self.shifted().is_some() {
             // _enc_create_segments_shift_after: the plaintext left, then one segment
             // under the new key (`dynamic` once nothing is left).
@@ -962,6 +1217,31 @@ impl Reencrypt {
             ));
         }
         self.set_segments(json, list, None);
+    }
+
+    /// The moved segment of a decryption with a data shift as a live segment: its backup
+    /// without the flag.
+    fn moved_crypt(&self) -> Json {
+        let mut seg = self
+            .moved
+            .as_ref()
+            .map(|m| m.json.clone())
+            .unwrap_or(Json::Null);
+        seg.remove("flags");
+        seg
+    }
+
+    /// A linear segment of the new side from data-area byte `at` (`dynamic` without a
+    /// size).
+    fn linear_new(&self, at: u64, size: Option<u64>) -> Json {
+        Json::Obj(vec![
+            ("type".to_string(), Json::str("linear")),
+            ("offset".to_string(), Json::u64_text(self.new.offset + at)),
+            (
+                "size".to_string(),
+                size.map_or_else(|| Json::str("dynamic"), Json::u64_text),
+            ),
+        ])
     }
 
     /// With a data shift, the linear segments of the first `left` plaintext bytes: the
@@ -1064,7 +1344,7 @@ impl Reencrypt {
         if let Some(config) = json.get_mut("config") {
             let left: Vec<Json> = requirements_json(config)
                 .into_iter()
-                .filter(|r| r.as_str() != Some(REQUIREMENT))
+                .filter(|r| r.as_str() != Some(REQUIREMENT) && r.as_str() != Some(REQUIREMENT_V3))
                 .collect();
             if left.is_empty() {
                 config.remove("requirements");
@@ -1072,7 +1352,7 @@ impl Reencrypt {
                 r.set("mandatory", Json::Arr(left));
             }
         }
-        if self.moved.is_some() {
+        if self.shifted().is_some() {
             // reencrypt_teardown_ok's LUKS2_set_keyslots_size: the keyslots area runs to
             // the data offset (less both metadata copies, at most 128 MiB, 4 KiB units).
             let json_size = json
@@ -1103,7 +1383,7 @@ impl Reencrypt {
         old_key: &[u8],
         new_key: &[u8],
     ) -> Result<Zeroizing<Vec<u8>>, FormatError> {
-        let mut out = Zeroizing::new(vec![b'v', b'2']);
+        let mut out = Zeroizing::new(vec![b'v', b'0' + self.version]);
         if self.old.digest.is_some() {
             out.extend_from_slice(old_key);
         }
@@ -1149,7 +1429,10 @@ impl Reencrypt {
         s(area, "type", &mut out)?;
         n64(area, "offset", &mut out)?;
         n64(area, "size", &mut out)?;
-        if let Resilience::Checksum { .. } = self.resilience {
+        // Both of datashift-checksum: the checksum's fields, then the shift.
+        if matches!(self.resilience, Resilience::Checksum { .. })
+            || matches!(self.moved_resilience, Some(Resilience::Checksum { .. }))
+        {
             s(area, "hash", &mut out)?;
             n32(area, "sector_size", &mut out)?;
         }
@@ -1259,5 +1542,153 @@ mod tests {
         // A moved segment with any other mode is refused.
         let other = SHIFT_INIT.replace(r#""mode":"encrypt""#, r#""mode":"reencrypt""#);
         assert!(Reencrypt::load(&Json::parse(&other).unwrap(), 48 * M).is_err());
+    }
+    /// cryptsetup 2.6.1's `--decrypt --header NEW --init-only` of a 64 MiB device whose
+    /// LUKS2 header (16 MiB data offset) was attached: the header exported, the first
+    /// 16 MiB of ciphertext moved to the device's head.
+    const DECRYPT_SHIFT_INIT: &str = r#"{"keyslots":{"0":{"type":"luks2","key_size":64,"af":{"type":"luks1","stripes":4000,"hash":"sha256"},"area":{"type":"raw","offset":"32768","size":"258048","encryption":"aes-xts-plain64","key_size":64},"kdf":{"type":"pbkdf2","hash":"sha256","iterations":1000,"salt":"l2FTBLCfBTgE8manvblN57J+XT7SCCQNgXig8os6HTQ="}},"1":{"area":{"offset":"290816","size":"16486400","type":"datashift-checksum","hash":"sha256","sector_size":4096,"shift_size":"16777216"},"type":"reencrypt","key_size":1,"mode":"decrypt","direction":"forward","priority":0}},"tokens":{},"segments":{"0":{"type":"crypt","offset":"0","size":"16777216","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":512},"1":{"type":"crypt","offset":"33554432","size":"dynamic","iv_tweak":"32768","encryption":"aes-xts-plain64","sector_size":512},"2":{"type":"crypt","offset":"0","size":"16777216","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":512,"flags":["backup-moved-segment"]},"3":{"type":"crypt","offset":"16777216","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":512,"flags":["backup-previous"]},"4":{"type":"linear","offset":"0","size":"dynamic","flags":["backup-final"]}},"digests":{"0":{"type":"pbkdf2","keyslots":["0"],"segments":["0","1","2","3"],"hash":"sha256","iterations":1000,"salt":"6JzJMvMv/TwIrIzWjMlxuRSnToRLTkYf7dMLkZrz9wM=","digest":"p76G6HDw/uXtLV+lqHv51y+LWXc8E45SeUkcf9nBL1I="},"1":{"type":"pbkdf2","keyslots":["1"],"segments":[],"hash":"sha256","iterations":66601,"salt":"j28YJCbv/DH4pbSX7Lf3dbiah9p+aPBUhxH4iHAIFEo=","digest":"wPXwwm35RqhMA5r9N95c9EasUTE85FfjExZVBfrM6hE="}},"config":{"json_size":"12288","keyslots_size":"16744448","requirements":{"mandatory":["online-reencrypt-v3"]}}}"#;
+
+    #[test]
+    fn an_attached_header_decryption_walks_cryptsetups_hotzones_and_segments() {
+        let mut json = Json::parse(DECRYPT_SHIFT_INIT).unwrap();
+        // The data area is the whole device (the plaintext starts at 0).
+        let st = Reencrypt::load(&json, 64 * M).unwrap();
+        assert_eq!(st.version, 3);
+        assert_eq!(st.resilience, Resilience::Datashift { shift: 16 * M });
+        assert_eq!(
+            st.moved_resilience,
+            Some(Resilience::Checksum {
+                hash: "sha256".into(),
+                sector_size: 4096
+            })
+        );
+        let len = st.data_length(64 * M);
+        assert_eq!(len, 48 * M);
+        assert_eq!(st.progress, Progress::Clean { done: 0 });
+        assert_eq!(st.shifted_part(len), 32 * M);
+        // Forward a shift at a time after the moved 16 MiB, then the moved segment.
+        assert_eq!(st.next_hotzone(0, len, 0), (16 * M, 16 * M));
+        assert_eq!(st.old_offset(16 * M), 32 * M);
+        assert_eq!(st.next_hotzone(16 * M, len, 0), (32 * M, 16 * M));
+        assert_eq!(st.next_hotzone(32 * M, len, 0), (0, 16 * M));
+        assert_eq!(st.old_offset(0), 0);
+        assert_eq!(st.resilience_at(0), st.moved_resilience.as_ref().unwrap());
+        assert_eq!(st.resilience_at(16 * M), &st.resilience);
+        assert_eq!(st.done_after(32 * M, 16 * M, len), 32 * M);
+        assert_eq!(st.done_after(0, 16 * M, len), len);
+        // Data not a multiple of the shift: the last hotzone before the moved one shorter.
+        assert_eq!(st.next_hotzone(16 * M, 40 * M, 0), (32 * M, 8 * M));
+        // The headers cryptsetup writes at each step (read from its killed runs).
+        let segs = |j: &Json| {
+            let t = j.to_compact();
+            let a = t.find("\"segments\":{").unwrap();
+            let b = t.find(",\"digests\"").unwrap();
+            let d = t.find("\"digests\":{\"0\":").unwrap();
+            let e = t[d..].find("\"hash\"").unwrap();
+            format!("{} {}", &t[a..b], &t[d..d + e])
+        };
+        let moved = r#""type":"crypt","offset":"0","size":"16777216","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":512"#;
+        let backups = format!(
+            r#"{{"type":"crypt","offset":"16777216","size":"dynamic","iv_tweak":"0","encryption":"aes-xts-plain64","sector_size":512,"flags":["backup-previous"]}},"{{}}":{{"type":"linear","offset":"0","size":"dynamic","flags":["backup-final"]}},"{{}}":{{{moved},"flags":["backup-moved-segment"]}}}}"#
+        );
+        let tail = |n: u32| {
+            backups
+                .replacen("{}", &(n + 1).to_string(), 1)
+                .replacen("{}", &(n + 2).to_string(), 1)
+        };
+        st.set_hot(&mut json, 16 * M, 16 * M, len);
+        assert_eq!(
+            segs(&json),
+            format!(
+                r#""segments":{{"0":{{{moved}}},"1":{{"type":"linear","offset":"16777216","size":"16777216","flags":["in-reencryption"]}},"2":{{"type":"crypt","offset":"50331648","size":"dynamic","iv_tweak":"65536","encryption":"aes-xts-plain64","sector_size":512}},"3":{} "digests":{{"0":{{"type":"pbkdf2","keyslots":["0"],"segments":["3","5","0","2"],"#,
+                tail(3)
+            )
+        );
+        assert_eq!(
+            Reencrypt::load(&json, 64 * M).unwrap().progress,
+            Progress::Crashed {
+                offset: 16 * M,
+                length: 16 * M
+            }
+        );
+        st.set_done(&mut json, 16 * M, len);
+        assert!(segs(&json).starts_with(&format!(
+            r#""segments":{{"0":{{{moved}}},"1":{{"type":"linear","offset":"16777216","size":"16777216"}},"2":{{"type":"crypt","offset":"50331648","size":"dynamic","iv_tweak":"65536""#
+        )));
+        assert_eq!(
+            Reencrypt::load(&json, 64 * M).unwrap().progress,
+            Progress::Clean { done: 16 * M }
+        );
+        st.set_hot(&mut json, 32 * M, 16 * M, len);
+        assert_eq!(
+            segs(&json),
+            format!(
+                r#""segments":{{"0":{{{moved}}},"1":{{"type":"linear","offset":"16777216","size":"16777216"}},"2":{{"type":"linear","offset":"33554432","size":"16777216","flags":["in-reencryption"]}},"3":{} "digests":{{"0":{{"type":"pbkdf2","keyslots":["0"],"segments":["3","5","0"],"#,
+                tail(3)
+            )
+        );
+        st.set_done(&mut json, 32 * M, len);
+        assert_eq!(
+            segs(&json),
+            format!(
+                r#""segments":{{"0":{{{moved}}},"1":{{"type":"linear","offset":"16777216","size":"dynamic"}},"2":{} "digests":{{"0":{{"type":"pbkdf2","keyslots":["0"],"segments":["2","4","0"],"#,
+                tail(2)
+            )
+        );
+        assert_eq!(
+            Reencrypt::load(&json, 64 * M).unwrap().progress,
+            Progress::Clean { done: 32 * M }
+        );
+        st.set_hot(&mut json, 0, 16 * M, len);
+        assert_eq!(
+            segs(&json),
+            format!(
+                r#""segments":{{"0":{{"type":"linear","offset":"0","size":"16777216","flags":["in-reencryption"]}},"1":{{"type":"linear","offset":"16777216","size":"dynamic"}},"2":{} "digests":{{"0":{{"type":"pbkdf2","keyslots":["0"],"segments":["2","4"],"#,
+                tail(2)
+            )
+        );
+        let crashed = Reencrypt::load(&json, 64 * M).unwrap();
+        assert_eq!(
+            crashed.progress,
+            Progress::Crashed {
+                offset: 0,
+                length: 16 * M
+            }
+        );
+        assert_eq!(crashed.done_before(0, 16 * M, len), 32 * M);
+        st.set_done(&mut json, len, len);
+        assert_eq!(
+            segs(&json),
+            format!(
+                r#""segments":{{"0":{{"type":"linear","offset":"0","size":"dynamic"}},"1":{} "digests":{{"0":{{"type":"pbkdf2","keyslots":["0"],"segments":["1","3"],"#,
+                tail(1)
+            )
+        );
+        assert_eq!(
+            Reencrypt::load(&json, 64 * M).unwrap().progress,
+            Progress::Clean { done: len }
+        );
+        st.finish(&mut json);
+        let t = json.to_compact();
+        assert!(
+            t.contains(r#""segments":{"0":{"type":"linear","offset":"0","size":"dynamic"}}"#)
+                && !t.contains("online-reencrypt")
+                && t.contains(r#""keyslots_size":"16744448""#),
+            "{t}"
+        );
+        // The checksum's fields, then the shift, in the digest's data, version 3.
+        let st = Reencrypt::load(&Json::parse(DECRYPT_SHIFT_INIT).unwrap(), 64 * M).unwrap();
+        let data = st
+            .verification_data(&Json::parse(DECRYPT_SHIFT_INIT).unwrap(), &[7; 64], &[])
+            .unwrap();
+        assert_eq!(&data[..2], b"v3");
+        let area = b"decryptforwarddatashift-checksum";
+        let at = 2 + 64;
+        assert_eq!(&data[at..at + area.len()], area);
+        let rest = &data[at + area.len() + 16..];
+        assert!(
+            rest.starts_with(b"sha256\0\0\x10\0\0\0\0\0\x01\0\0\0crypt"),
+            "{rest:?}"
+        );
     }
 }

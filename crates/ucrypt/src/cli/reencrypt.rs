@@ -443,6 +443,142 @@ fn initialise_decrypt(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `--decrypt --header NEWFILE DEV` of a device whose LUKS2 header is attached, as
+/// cryptsetup 2.6's `decrypt_luks2_datashift_init`: the header is exported to NEWFILE
+/// (`crypt_header_backup`), the LUKS signatures on DEV are wiped, then libcryptsetup
+/// writes the decryption metadata into NEWFILE (mode decrypt, direction forward,
+/// resilience `datashift-checksum` or with `--resilience journal` `datashift-journal`, a
+/// data shift of the data offset) after copying the first ciphertext (the data offset,
+/// at most 20 MiB, or `--hotzone-size`) to the head of DEV: the moved segment. A failure
+/// before that restores the header onto DEV and removes NEWFILE.
+fn initialise_decrypt_shift(
+    a: &Args,
+    header: &std::path::Path,
+    passphrase: &[u8],
+) -> Result<(), CliError> {
+    let device = a.dev.local_device()?;
+    let on_device = DeviceArgs {
+        device: device.clone(),
+        header: None,
+    };
+    let mut cd = on_device.load(ucrypt::header::VolumeType::Luks2)?;
+    let info = cd.info();
+    if info.kind != Some(HeaderType::Luks2) {
+        return Err(anyhow!(
+            "{} is not LUKS2 (decryption needs LUKS2)",
+            device.display()
+        ))
+        .code(EXIT_PARAMS);
+    }
+    let (_, req) = cd.persistent_flags().cs()?;
+    if req != 0 {
+        return Err(anyhow!(
+            "the LUKS2 header of {} has requirements (an unfinished reencryption?); \
+             decryption needs a clean header",
+            device.display()
+        ))
+        .code(EXIT_PARAMS);
+    }
+    cd.check_passphrase(a.key_slot, passphrase).cs()?;
+    cd.header_backup(header).cs()?;
+    drop(cd);
+    let restore = |e: CliError| -> CliError {
+        // Back as it was: the header onto the device, the exported file gone.
+        let restored = on_device
+            .header_context()
+            .and_then(|mut cd| cd.header_restore(header).cs());
+        match restored {
+            Ok(()) => {
+                let _ = std::fs::remove_file(header);
+                e
+            }
+            Err(_) => {
+                eprintln!(
+                    "Reencryption initialization failed. Header backup is available in {}.",
+                    header.display()
+                );
+                e
+            }
+        }
+    };
+    {
+        // crypt_header_backup leaves the file read-only; cryptsetup adds u+rw.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(header)
+            .map(|m| m.permissions().mode())
+            .unwrap_or(0o400);
+        std::fs::set_permissions(header, std::fs::Permissions::from_mode(mode | 0o600)).map_err(
+            |e| {
+                restore(
+                    anyhow!("Failed to add read/write permissions to exported header file ({e}).")
+                        .into(),
+                )
+            },
+        )?;
+    }
+    wipe_luks_signatures(&device).map_err(restore)?;
+    let mut cd = a
+        .dev
+        .load(ucrypt::header::VolumeType::Luks2)
+        .map_err(restore)?;
+    let params = ReencryptInit {
+        mode: ReencryptMode::Decrypt,
+        cipher: String::new(),
+        sector_size: 0,
+        resilience: match a.resilience.as_deref() {
+            Some("journal") => "datashift-journal".into(),
+            _ => "datashift-checksum".into(),
+        },
+        hash: Some(a.resilience_hash.clone()),
+        max_hotzone_sectors: a.hotzone_size.unwrap_or(0) / 512,
+        device_size_sectors: 0,
+        data_shift_sectors: info.data_offset,
+        move_first_segment: true,
+    };
+    if let Err(e) = cd.reencrypt_init(a.key_slot, None, passphrase, &params) {
+        drop(cd);
+        // Nothing was moved unless the metadata says a decryption is in progress.
+        if header_shift_type(header).is_none() {
+            return Err(e).cs().map_err(restore);
+        }
+        return Err(e).cs();
+    }
+    Ok(())
+}
+
+/// Wipes the LUKS signatures of `device` (the magic of the primary header at 0 and of the
+/// secondary at its `hdr_size`), as cryptsetup's `tools_wipe_all_signatures` (libblkid)
+/// does before moving the data over them: a device left half-way is not taken for the
+/// LUKS volume whose header was exported.
+fn wipe_luks_signatures(device: &std::path::Path) -> Result<(), CliError> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(device)
+        .map_err(|e| anyhow!("opening {}: {e}", device.display()))?;
+    let mut head = [0u8; 16];
+    f.read_exact_at(&mut head, 0)
+        .map_err(|e| anyhow!("reading {}: {e}", device.display()))?;
+    let hdr_size = u64::from_be_bytes(head[8..16].try_into().unwrap_or_default());
+    let mut at = vec![0u64];
+    if (16384..=4 << 20).contains(&hdr_size) {
+        at.push(hdr_size);
+    }
+    for off in at {
+        let mut magic = [0u8; 6];
+        if f.read_exact_at(&mut magic, off).is_ok()
+            && (magic == *b"LUKS\xba\xbe" || magic == *b"SKUL\xba\xbe")
+        {
+            f.write_all_at(&[0u8; 6], off)
+                .map_err(|e| anyhow!("wiping the LUKS signature of {}: {e}", device.display()))?;
+        }
+    }
+    f.sync_all()
+        .map_err(|e| anyhow!("syncing {}: {e}", device.display()))?;
+    Ok(())
+}
+
 /// The `mode` of the header's reencrypt keyslot.
 fn reencrypt_mode(json: &ucrypt_format::luks2::json::Json) -> Option<String> {
     json.get("keyslots")?
@@ -452,21 +588,19 @@ fn reencrypt_mode(json: &ucrypt_format::luks2::json::Json) -> Option<String> {
         .and_then(|(_, k)| k.get("mode")?.as_str().map(str::to_string))
 }
 
-/// Whether the reencryption in `header`'s metadata has the datashift resilience.
-fn header_is_shifted(header: &std::path::Path) -> bool {
-    std::fs::File::open(header)
-        .ok()
-        .and_then(|f| ucrypt_format::luks2::disk::Header::read(&f, "header").ok())
-        .is_some_and(|h| {
-            h.json.get("keyslots").is_some_and(|k| {
-                k.members().iter().any(|(_, ks)| {
-                    ks.get("area")
-                        .and_then(|a| a.get("type"))
-                        .and_then(|t| t.as_str())
-                        .is_some_and(|t| t.starts_with("datashift"))
-                })
-            })
-        })
+/// The resilience (`datashift`, `datashift-checksum`, `datashift-journal`) of the
+/// reencryption in `header`'s metadata when it has a data shift.
+fn header_shift_type(header: &std::path::Path) -> Option<String> {
+    let f = std::fs::File::open(header).ok()?;
+    let h = ucrypt_format::luks2::disk::Header::read(&f, "header").ok()?;
+    let keyslots = h.json.get("keyslots")?;
+    keyslots.members().iter().find_map(|(_, ks)| {
+        ks.get("area")
+            .and_then(|a| a.get("type"))
+            .and_then(|t| t.as_str())
+            .filter(|t| t.starts_with("datashift"))
+            .map(str::to_string)
+    })
 }
 
 /// Whether `path` starts with a LUKS header (either version).
@@ -558,15 +692,27 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.decrypt && a.dev.header.as_deref().is_some_and(|h| !h.exists()) && is_luks(&a.dev.device) {
-        // cryptsetup 2.6: the header exported to the new file, the data shifted back to
-        // the head of the device (resilience datashift-checksum, a moved first segment).
-        return Err(anyhow!(
-            "decryption of a device whose LUKS2 header is attached (exported to a new \
-             --header file, the data moved to the head) is not supported by ucrypt; \
-             `cryptsetup reencrypt --decrypt --header NEWFILE` does it"
-        ))
-        .code(EXIT_PARAMS);
+    // cryptsetup 2.6: `--decrypt --header NEWFILE` of a device whose LUKS2 header is
+    // attached exports the header to NEWFILE and moves the data to the device's head.
+    let export =
+        a.decrypt && a.dev.header.as_deref().is_some_and(|h| !h.exists()) && is_luks(&a.dev.device);
+    if export {
+        let refusal = match a.resilience.as_deref() {
+            Some("datashift") | Some("none") => Some(
+                "Requested --resilience option cannot be applied to current reencryption \
+                 operation."
+                    .to_string(),
+            ),
+            _ if a.device_size.is_some() => Some(
+                "reencrypt --decrypt of a device whose header is attached (exported to \
+                 --header) with --device-size is not supported by ucrypt"
+                    .into(),
+            ),
+            _ => None,
+        };
+        if let Some(why) = refusal {
+            return Err(anyhow!(why)).code(EXIT_PARAMS);
+        }
     }
     if a.kind.as_deref().is_some_and(|t| t != "luks2") {
         return Err(anyhow!(
@@ -623,8 +769,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     };
     let path = a.dev.device.clone();
     let header_path = a.dev.header_path().to_path_buf();
-    // A header to be created by --encrypt is not read.
-    let fresh = a.encrypt && !is_luks(&header_path);
+    // A header to be created by --encrypt (or exported by --decrypt) is not read.
+    let fresh = (a.encrypt && !is_luks(&header_path)) || export;
     let (in_progress, mode) = if fresh {
         (false, None)
     } else {
@@ -638,7 +784,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             reencrypt_mode(&h.json),
         )
     };
-    let shifted = in_progress && header_is_shifted(&header_path);
+    let shifted = if in_progress {
+        header_shift_type(&header_path)
+    } else {
+        None
+    };
     if a.encrypt {
         if !in_progress && !fresh {
             return Err(anyhow!(
@@ -657,8 +807,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     }
     if in_progress {
         // A data shift's resilience cannot change (cryptsetup refuses it too).
-        if let (Some(r), true) = (a.resilience.as_deref(), shifted) {
-            if r != "datashift" {
+        // A decryption with a data shift keeps its moved segment's resilience too
+        // (`--resilience checksum` names datashift-checksum, as with cryptsetup).
+        if let (Some(r), Some(t)) = (a.resilience.as_deref(), shifted.as_deref()) {
+            let same = r == t || t.strip_prefix("datashift-") == Some(r);
+            if !same {
                 return Err(anyhow!(
                     "Requested --resilience option cannot be applied to current \
                      reencryption operation."
@@ -675,7 +828,19 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             }
         }
     }
-    let passphrase = if fresh {
+    let passphrase = if export {
+        secret::confirm(
+            a.batch_mode,
+            &format!(
+                "Header file {} does not exist. Do you want to initialize LUKS2 decryption of \
+                 device {} and export LUKS2 header to file {}?",
+                header_path.display(),
+                path.display(),
+                header_path.display()
+            ),
+        )?;
+        secret::existing(&a.key, &a.dev.device)?
+    } else if fresh {
         if !a.batch_mode {
             let what = match a.reduce_device_size {
                 Some(r) => format!(
@@ -718,6 +883,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             initialise_encrypt_shift(&a, r, &passphrase)?;
         } else if a.encrypt {
             initialise_encrypt(&a, &header_path, &passphrase)?;
+        } else if export {
+            initialise_decrypt_shift(&a, &header_path, &passphrase)?;
         } else if a.decrypt {
             initialise_decrypt(&a, &passphrase)?;
         } else {
