@@ -2,7 +2,8 @@
 # Kernel-lab checks of ucrypt's block-device front ends (issue 12, point 6). Runs as root
 # inside ../shared/kernel-lab (Debian's 6.12 kernel: ublk_drv, nbd, dm-crypt), started by
 # crates/device/tests/lab.rs:
-#   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk nbd recovery nbd-recovery)
+#   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk nbd recovery nbd-recovery,
+#                                                and reencrypt=PATH of tests/lab/reencrypt.sh)
 # UCRYPT is the ucrypt binary, ATTACH the crates/device `attach` example, or `cli` to go
 # through `ucrypt open IMAGE NAME --device ublk|nbd` / `ucrypt close NAME` (what users
 # type; then `close` must also refuse with exit code 5 while mounted). Prints one
@@ -186,6 +187,9 @@ for f in $FRONTENDS; do
     ublk|nbd) frontend_round "$f" ;;
     recovery) recovery_round ublk ;;
     nbd-recovery) recovery_round nbd ;;
+    # Reencryption interplay with cryptsetup's online mode (tests/lab/reencrypt.sh), in the
+    # same guest boot.
+    reencrypt=*) . "${f#reencrypt=}"; reencrypt_round ;;
   esac
 done
 dmesg | grep -iE "ublk|nbd|EXT4-fs error|I/O error" | tail -20 | sed 's/^/# dmesg: /'

@@ -9,6 +9,10 @@
 //! recovery) and kernel NBD (`NBD_CMD_RECONFIGURE`): `kill -9` of the server under a
 //! mounted filesystem doing fsync'd writes, `ucrypt open --recover` (the front end found
 //! by the instance's name), every fsync'd file intact, and dm-crypt reads them too.
+//! In the same boot, LUKS2 reencryption against cryptsetup's online mode
+//! (`tests/lab/reencrypt.sh`): cryptsetup's online pass killed mid-way and finished by
+//! ucrypt; ucrypt's pass stopped, or killed, mid-way and finished by cryptsetup online; each
+//! time dm-crypt and ucrypt read back the pattern written before.
 //!
 //! Skipped with a message when `CI` is unset and the lab cannot start; fails when `CI` is
 //! set.
@@ -48,6 +52,10 @@ fn open_by_name_as_ublk_and_kernel_nbd_on_a_real_kernel() {
         .arg(env!("CARGO_BIN_EXE_ucrypt"))
         .arg("cli")
         .args(["ublk", "nbd", "recovery", "nbd-recovery"])
+        .arg(format!(
+            "reencrypt={}",
+            root.join("tests/lab/reencrypt.sh").display()
+        ))
         .current_dir(&root)
         .env("KLAB_TIMEOUT", "1500")
         .output()

@@ -99,8 +99,9 @@ pub(crate) struct Args {
     /// Keep the volume key (and keyslots); change the cipher or sector size only.
     #[arg(long)]
     keep_key: bool,
-    /// Online reencryption of an active mapping (not supported: re-encrypt offline).
-    #[arg(long, hide = true, value_name = "NAME")]
+    /// Online reencryption of the volume the named instance serves (`ucrypt open DEV NAME`):
+    /// its clients keep reading and writing meanwhile; DEVICE may then be left out.
+    #[arg(long, value_name = "NAME")]
     active_name: Option<String>,
     /// Re-encrypt only this much of the data area (bytes; K, M, G suffixes), as
     /// cryptsetup's: the rest is left as it is, yet the finished header's segment covers
