@@ -437,6 +437,17 @@ impl CryptDevice {
         op: &str,
         f: impl FnOnce(*mut ffi::crypt_device) -> i32,
     ) -> Result<i32, FormatError> {
+        self.call_logged(op, f).map(|(r, _)| r)
+    }
+
+    /// As [`CryptDevice::call`], also returning what the library logged at its normal
+    /// level (what cryptsetup prints on stdout, e.g. luksFormat's warning that the
+    /// keyslots area is very small).
+    fn call_logged(
+        &mut self,
+        op: &str,
+        f: impl FnOnce(*mut ffi::crypt_device) -> i32,
+    ) -> Result<(i32, Vec<String>), FormatError> {
         take_log();
         let r = f(self.cd.as_ptr());
         let log = take_log();
@@ -448,7 +459,12 @@ impl CryptDevice {
                 detail: errors_of(&log),
             });
         }
-        Ok(r)
+        let normal = log
+            .into_iter()
+            .filter(|(l, _)| *l == ffi::CRYPT_LOG_NORMAL)
+            .map(|(_, m)| m)
+            .collect();
+        Ok((r, normal))
     }
 
     /// `crypt_load`: reads the header. `None` accepts LUKS1 or LUKS2.
@@ -609,7 +625,7 @@ impl CryptDevice {
         let key_bytes = f.key_bytes;
         // SAFETY: every pointer is NULL or points to data alive until the call returns;
         // `params` matches `kind`'s struct; `vk` has `key_bytes` bytes when non-NULL.
-        self.call("formatting", |cd| unsafe {
+        let (_, notes) = self.call_logged("formatting", |cd| unsafe {
             if volume_key.is_some_and(|k| k.len() != key_bytes) {
                 return -libc::EINVAL;
             }
@@ -624,6 +640,10 @@ impl CryptDevice {
                 params,
             )
         })?;
+        // cryptsetup prints the library's notes (log_std) on stdout.
+        for n in notes {
+            print!("{n}");
+        }
         Ok(())
     }
 

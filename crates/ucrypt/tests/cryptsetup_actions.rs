@@ -121,6 +121,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("reencrypt --reduce-device-size", Runs("reencrypt")),
     ("reencrypt --keep-key", Runs("reencrypt")),
     ("reencrypt --device-size", Runs("reencrypt")),
+    ("reencrypt --offset", Runs("reencrypt")),
     // Features that cannot make sense for ucrypt.
     (
         "luksFormat --hw-opal",

@@ -942,3 +942,149 @@ fn killed_in_main_thread(nth: usize, args: &[&str]) {
 fn uc_init(f: &Fixture, enc: &Path) -> Exported {
     f.init_decrypt("ucrypt", enc, "fresh", &[])
 }
+
+/// `reencrypt -o/--offset SECTORS` as cryptsetup 2.6.1 takes it: with `--encrypt --header`
+/// the data segment starts at the offset (the header file sized to it, with libcryptsetup's
+/// "keyslots area is very small" warning on stdout) and the device's first SECTORS stay as
+/// they are; with `--reduce-device-size` an offset below half the reduction adjusts the
+/// reduction to twice the offset (cryptsetup's line on stdout), one above it is refused
+/// (rc 1, nothing written); without `--encrypt` it is ignored (a re-key runs, rc 0). From
+/// one initialised device both tools' runs are equal, and a run ucrypt stopped is finished
+/// by cryptsetup.
+#[test]
+fn offset_equals_cryptsetups() {
+    if !tools() {
+        return;
+    }
+    // --encrypt --header -o 4096: 2 MiB left as it is, the header file 2 MiB.
+    let f = Fixture::new(
+        Geometry {
+            data: 32 * MIB,
+            reduce: 0,
+        },
+        0x5eed_0ff5,
+    );
+    let mut outs = Vec::new();
+    for tool in ["ucrypt", "cryptsetup"] {
+        let dev = f.plain_device(&format!("{tool}.dev"));
+        let hdr = f.path(&format!("{tool}.hdr"));
+        let mut args = vec!["reencrypt", "--encrypt", "--init-only", "-q", "-o", "4096"];
+        args.extend_from_slice(&["--header", s(&hdr), "--key-file", s(&f.key)]);
+        args.extend_from_slice(&PBKDF);
+        let out = if tool == "ucrypt" {
+            args.extend_from_slice(&["--disable-locks", s(&dev)]);
+            ok(ucrypt_bin(), &args)
+        } else {
+            args.extend_from_slice(&["--force-offline-reencrypt", s(&dev)]);
+            ok("cryptsetup", &args)
+        };
+        assert!(
+            String::from_utf8_lossy(&out.stdout)
+                .contains("keyslots area (2064384 bytes) is very small"),
+            "{tool}: {out:?}"
+        );
+        assert_eq!(std::fs::metadata(&hdr).unwrap().len(), 2 * MIB, "{tool}");
+        outs.push(Exported { hdr, dev });
+    }
+    assert_eq!(shape(&outs[0].hdr), shape(&outs[1].hdr));
+    assert!(json(&outs[0].hdr).contains(r#""segments":{"0":{"type":"linear","offset":"2097152""#));
+    let uc = &outs[0];
+    let reference = f.copy_pair(uc, "reference");
+    // (The resume arguments of a detached header, whichever the mode.)
+    ok("cryptsetup", &f.cryptsetup_decrypt_args(&reference));
+    let stopped = f.copy_pair(uc, "stopped");
+    let mut uc_args = f.ucrypt_decrypt_args(uc);
+    ok(ucrypt_bin(), &uc_args);
+    uc_args = f.ucrypt_decrypt_args(&stopped);
+    uc_args.extend_from_slice(&["--hotzone-size", "4M", "--debug-stop-after", "4M"]);
+    ok(ucrypt_bin(), &uc_args);
+    assert!(json(&stopped.hdr).contains("online-reencrypt-v2"));
+    ok("cryptsetup", &f.cryptsetup_decrypt_args(&stopped));
+    for e in [uc, &stopped] {
+        assert_eq!(json(&reference.hdr), json(&e.hdr));
+        let (a, b) = (
+            std::fs::read(&reference.dev).unwrap(),
+            std::fs::read(&e.dev).unwrap(),
+        );
+        assert!(a == b, "{}: data differs", e.dev.display());
+        assert!(
+            b[..2 * MIB as usize] == f.plain[..2 * MIB as usize],
+            "the first 2 MiB changed"
+        );
+    }
+
+    // --reduce-device-size 8M -o 4096: adjusted to 4M (a 2 MiB shift).
+    let f = Fixture::new(
+        Geometry {
+            data: 28 * MIB,
+            reduce: 4 * MIB,
+        },
+        0x5eed_0ff6,
+    );
+    let shifted = |tool: &str, name: &str, offset: &str| -> (PathBuf, Output) {
+        let p = f.plain_device(name);
+        let mut args = vec!["reencrypt", "--encrypt", "--init-only", "-q"];
+        args.extend_from_slice(&["--reduce-device-size", "8M", "--offset", offset]);
+        args.extend_from_slice(&["--key-file", s(&f.key)]);
+        args.extend_from_slice(&PBKDF);
+        let out = if tool == "cryptsetup" {
+            args.extend_from_slice(&["--force-offline-reencrypt", s(&p)]);
+            Command::new("cryptsetup")
+                .args(&args)
+                .current_dir(f.dir.path())
+                .stdin(Stdio::null())
+                .output()
+                .unwrap()
+        } else {
+            args.extend_from_slice(&["--disable-locks", s(&p)]);
+            run(ucrypt_bin(), &args)
+        };
+        (p, out)
+    };
+    let (uc, uc_out) = shifted("ucrypt", "uc-shift", "4096");
+    let (cs, cs_out) = shifted("cryptsetup", "cs-shift", "4096");
+    for out in [&uc_out, &cs_out] {
+        assert!(out.status.success(), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains(
+            "Adjusting --reduce-device-size value to twice the --offset 8192 (sectors)."
+        ));
+    }
+    assert_eq!(shape(&uc), shape(&cs));
+    assert!(json(&uc).contains(r#""shift_size":"2097152""#));
+    let area = reencrypt_area(&uc);
+    let reference = f.copy(&uc, "shift-reference");
+    f.cryptsetup_resume(&reference);
+    f.ucrypt_resume(&uc, &[]);
+    f.assert_same(area, &reference, &uc);
+    f.assert_serves_plain(&uc);
+    // An offset beyond half the reduction: refused by both, nothing written.
+    for tool in ["ucrypt", "cryptsetup"] {
+        let (p, out) = shifted(tool, &format!("{tool}-big"), "16384");
+        assert_eq!(out.status.code(), Some(1), "{tool}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(
+            "Requested data offset must be less than or equal to half of --reduce-device-size parameter."
+        ));
+        assert!(std::fs::read(&p).unwrap() == f.plain, "{tool} wrote");
+    }
+    // Without --encrypt: ignored, the re-key runs (rc 0) for both.
+    for tool in ["ucrypt", "cryptsetup"] {
+        let p = f.copy(&reference, &format!("{tool}-rekey"));
+        let mut args = vec![
+            "reencrypt",
+            "-q",
+            "--offset",
+            "4096",
+            "--key-file",
+            s(&f.key),
+        ];
+        args.extend_from_slice(&PBKDF);
+        if tool == "ucrypt" {
+            args.extend_from_slice(&["--disable-locks", s(&p)]);
+            ok(ucrypt_bin(), &args);
+        } else {
+            args.extend_from_slice(&["--force-offline-reencrypt", s(&p)]);
+            ok("cryptsetup", &args);
+        }
+        f.assert_serves_plain(&p);
+    }
+}

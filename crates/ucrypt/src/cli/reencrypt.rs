@@ -96,6 +96,12 @@ pub(crate) struct Args {
     /// are overwritten.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     reduce_device_size: Option<u64>,
+    /// With --encrypt: the new header's data offset in 512-byte sectors (cryptsetup's
+    /// `-o`). With --header the data segment starts there on the device (the header file
+    /// is sized to it); with --reduce-device-size at most half the reduction, which is
+    /// then adjusted to twice the offset.
+    #[arg(short = 'o', long, value_name = "SECTORS")]
+    offset: Option<u64>,
     /// Keep the volume key (and keyslots); change the cipher or sector size only.
     #[arg(long)]
     keep_key: bool,
@@ -316,14 +322,24 @@ fn initialise_encrypt(
 ) -> Result<(), CliError> {
     let (cipher, key_bytes) = new_cipher(a)?;
     if !header.exists() {
-        // Sized for the default LUKS2 header area: libcryptsetup writes up to 16 MiB.
-        let f = std::fs::File::create(header)
+        // 4 KiB, as cryptsetup's luksFormat creates it: libcryptsetup grows it to the
+        // header's size (16 MiB by default, the data offset with --offset).
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(header)
             .map_err(|e| anyhow!("creating header file {}: {e}", header.display()))?;
-        f.set_len(16 << 20)
+        f.set_len(4096)
             .map_err(|e| anyhow!("sizing header file {}: {e}", header.display()))?;
     }
     let mut cd = a.dev.header_context()?;
     a.pbkdf.apply_always(&mut cd)?;
+    if let Some(o) = a.offset.filter(|&o| o > 0) {
+        // cryptsetup's luksFormat --offset: the data segment starts there.
+        cd.set_data_offset(o).cs()?;
+    }
     let slot = format_new_header(
         a,
         &mut cd,
@@ -652,6 +668,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         // cryptsetup's: no reduction at all.
         a.reduce_device_size = None;
     }
+    if let (Some(o), false) = (a.offset, a.encrypt) {
+        // cryptsetup 2.6.1 takes the option and does nothing with it.
+        eprintln!("--offset {o} applies to --encrypt only; ignored, as by cryptsetup.");
+    }
     if let Some(r) = a.reduce_device_size {
         // cryptsetup's checks of the option, then what ucrypt does not do with it.
         let refusal = if r > 1 << 30 {
@@ -686,6 +706,24 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         };
         if let Some(why) = refusal {
             return Err(anyhow!(why)).code(EXIT_PARAMS);
+        }
+        // cryptsetup's encrypt_luks2_init: an offset beyond half the reduction is refused,
+        // one below it shrinks the reduction to twice the offset.
+        if let Some(o) = a.offset.filter(|&o| o > 0) {
+            if o > r / 1024 {
+                return Err(anyhow!(
+                    "Requested data offset must be less than or equal to half of \
+                     --reduce-device-size parameter."
+                ))
+                .code(EXIT_PARAMS);
+            }
+            if o < r / 1024 {
+                a.reduce_device_size = Some(o * 1024);
+                println!(
+                    "Adjusting --reduce-device-size value to twice the --offset {} (sectors).",
+                    o * 2
+                );
+            }
         }
     } else if a.resilience.as_deref() == Some("datashift") {
         return Err(anyhow!(
