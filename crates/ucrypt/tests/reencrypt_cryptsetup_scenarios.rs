@@ -122,12 +122,12 @@ const SCENARIOS: &[(u32, &str, Replay)] = &[
     (
         20,
         "Offline encryption with fixed device size",
-        Skipped(ELSEWHERE),
+        Runs(encryption_with_fixed_device_size),
     ),
     (
         21,
         "Offline decryption with fixed device size",
-        Skipped(ELSEWHERE),
+        Runs(decryption_with_fixed_device_size),
     ),
     (22, "Multi-keyslot device reencryption", Runs(multi_keyslot)),
     (
@@ -587,6 +587,168 @@ fn decryption_with_detached_header(f: &Fx) {
             );
         } else {
             f.fails(&dev, Some(&hdr), &args);
+        }
+    }
+}
+
+/// [20]: encryption under a detached header with `--device-size` (the script's 60 MiB
+/// device; a subset of its sector size × resilience × size grid: 512/checksum/28 MiB,
+/// 4096/journal/1 MiB, 4096/none/31 MiB): the volume's first SIZE bytes are the data; a
+/// size one encryption sector beyond the device, and (4 KiB sectors) one not a multiple of
+/// the sector, fail on an initialised header and leave it and the device as they were.
+fn encryption_with_fixed_device_size(f: &Fx) {
+    for (sector, resilience, mib) in [
+        ("512", "checksum", 28usize),
+        ("4096", "journal", 1),
+        ("4096", "none", 31),
+    ] {
+        let hdr = f.path("enc20.hdr");
+        let _ = std::fs::remove_file(&hdr);
+        let h = s(&hdr).to_string();
+        let (dev, data) = f.device("enc20", 60);
+        let size = format!("{}", mib * MIB);
+        f.ok(
+            &dev,
+            &[
+                "--encrypt",
+                "--header",
+                &h,
+                "--sector-size",
+                sector,
+                "--device-size",
+                &size,
+                "--resilience",
+                resilience,
+            ],
+        );
+        assert!(
+            f.head(&dev, Some(&hdr), mib * MIB) == data[..mib * MIB],
+            "{sector}/{resilience}/{mib}M: the volume's head is not the data"
+        );
+        let _ = std::fs::remove_file(&hdr);
+        let (dev, _) = f.device("enc20", 60);
+        f.ok(
+            &dev,
+            &[
+                "--encrypt",
+                "--header",
+                &h,
+                "--sector-size",
+                sector,
+                "--init-only",
+            ],
+        );
+        let ss: usize = sector.parse().unwrap();
+        let beyond = format!("{}", 60 * MIB + ss);
+        f.fails(
+            &dev,
+            Some(&hdr),
+            &[
+                "--header",
+                &h,
+                "--device-size",
+                &beyond,
+                "--resilience",
+                resilience,
+            ],
+        );
+        if ss > 512 {
+            let misaligned = format!("{}", mib * MIB + ss - 512);
+            f.fails(
+                &dev,
+                Some(&hdr),
+                &[
+                    "--header",
+                    &h,
+                    "--device-size",
+                    &misaligned,
+                    "--resilience",
+                    resilience,
+                ],
+            );
+        }
+    }
+}
+
+/// [21]: decryption of a detached-header volume with `--device-size` (the script's 60 MiB
+/// device, a subset of its grid: 512/checksum/28 MiB, 4096/journal/1 MiB): the device's
+/// first SIZE bytes are the plaintext written through the volume; on an initialised header
+/// a size one sector beyond the device, and (4 KiB sectors) a misaligned one, fail and
+/// leave header and device as they were.
+fn decryption_with_fixed_device_size(f: &Fx) {
+    for (sector, resilience, mib) in [("512", "checksum", 28usize), ("4096", "journal", 1)] {
+        let hdr = f.path("dec21.hdr");
+        let h = s(&hdr).to_string();
+        let k = s(&f.key).to_string();
+        let format = |dev: &Path| {
+            let _ = std::fs::remove_file(&hdr);
+            let mut args = vec![
+                "luksFormat",
+                "-q",
+                "--type",
+                "luks2",
+                "--header",
+                &h,
+                "-d",
+                &k,
+            ];
+            args.extend_from_slice(&PBKDF);
+            args.extend_from_slice(&["--sector-size", sector, s(dev)]);
+            ucrypt_ok(&args);
+        };
+        let (dev, _) = f.device("dec21", 60);
+        format(&dev);
+        let mut data = vec![0u8; 60 * MIB];
+        f.rng.borrow_mut().fill(&mut data);
+        write_through(f, &dev, Some(&hdr), &data);
+        let size = format!("{}", mib * MIB);
+        f.ok(
+            &dev,
+            &[
+                "--decrypt",
+                "--header",
+                &h,
+                "--device-size",
+                &size,
+                "--resilience",
+                resilience,
+            ],
+        );
+        assert!(
+            std::fs::read(&dev).unwrap()[..mib * MIB] == data[..mib * MIB],
+            "{sector}/{resilience}/{mib}M: not the plaintext"
+        );
+        let (dev, _) = f.device("dec21", 60);
+        format(&dev);
+        f.ok(&dev, &["--decrypt", "--header", &h, "--init-only"]);
+        let ss: usize = sector.parse().unwrap();
+        let beyond = format!("{}", 60 * MIB + ss);
+        f.fails(
+            &dev,
+            Some(&hdr),
+            &[
+                "--header",
+                &h,
+                "--device-size",
+                &beyond,
+                "--resilience",
+                resilience,
+            ],
+        );
+        if ss > 512 {
+            let misaligned = format!("{}", mib * MIB + ss - 512);
+            f.fails(
+                &dev,
+                Some(&hdr),
+                &[
+                    "--header",
+                    &h,
+                    "--device-size",
+                    &misaligned,
+                    "--resilience",
+                    resilience,
+                ],
+            );
         }
     }
 }
