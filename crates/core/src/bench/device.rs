@@ -197,13 +197,18 @@ mod tests {
         );
         let sides = open_sides(&line, OpenOptions::default()).unwrap();
         assert_eq!((sides.data_offset, sides.length), (1 << 20, 4 << 20));
+        // CPU time is read from getrusage around a 20 ms window: on a loaded machine one
+        // window can see none of it, so the cost is asserted over all of them.
+        let mut cpu_us = 0.0;
         for w in rbd_workloads(4) {
             for side in [Side::Raw, Side::Ucrypt] {
                 let q = measure(&sides, side, &w, 0.02).unwrap();
                 assert!(q.sample.ops > 0, "{} {}", side.name(), w.name());
-                assert!(q.cpu_us > 0.0, "{} {}", side.name(), w.name());
+                assert!(q.cpu_us >= 0.0, "{} {}", side.name(), w.name());
+                cpu_us += q.cpu_us;
             }
         }
+        assert!(cpu_us > 0.0, "no CPU time measured in any window");
         // The raw side stays inside the data area: the header's first MiB is untouched.
         let img = std::fs::read(&path).unwrap();
         assert!(img[..1 << 20].iter().all(|&b| b == 0));
