@@ -10,14 +10,29 @@
 # --resume-only --force-offline-reencrypt` of the same initialised images (cryptsetup
 # 2.6.1 re-encrypts through the kernel crypto API offline; a row is left out when it fails).
 #
+# With UCRYPT_BASE=BINARY each round also runs the same reencryptions with that binary (an
+# older build: before/after rows from one run, the two binaries' runs alternating in order
+# from round to round). MODES="checksum journal" limits the modes; HOTZONE=SIZE passes
+# --hotzone-size SIZE to every reencrypt (both binaries).
+#
 #   bench/reencrypt.sh [SIZE_MIB] [ROUNDS]        (defaults 512, 5)
-#   UCRYPT=path/to/ucrypt  BENCH_DIR=dir (default: a temp dir under /var/tmp)  CRYPTSETUP=0
+#   UCRYPT=path/to/ucrypt  UCRYPT_BASE=path/to/old/ucrypt  MODES="none checksum journal"
+#   HOTZONE=  BENCH_DIR=dir (default: a temp dir under /var/tmp)  CRYPTSETUP=0
 set -euo pipefail
 size=${1:-512}
 rounds=${2:-5}
 here=$(cd "$(dirname "$0")/.." && pwd)
 U=${UCRYPT:-$here/target/release/ucrypt}
 [ -x "$U" ] || { echo "build first: cargo build --release -p ucrypt (or set UCRYPT)" >&2; exit 1; }
+B=${UCRYPT_BASE:-}
+if [ -n "$B" ]; then
+  [ -x "$B" ] || { echo "UCRYPT_BASE=$B is not executable" >&2; exit 1; }
+  B=$(realpath "$B")
+fi
+U=$(realpath "$U")
+modes=${MODES:-none checksum journal}
+hz=()
+[ -z "${HOTZONE:-}" ] || hz=(--hotzone-size "$HOTZONE")
 command -v cryptsetup >/dev/null || { echo "needs cryptsetup (scripts/setup.sh)" >&2; exit 1; }
 dir=$(mktemp -d "${BENCH_DIR:-/var/tmp}/ucrypt-reenc-bench.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
@@ -33,7 +48,7 @@ cp fresh.img written.img
 "$U" write --table-file table --input plain.bin
 sed "s#fresh.img#written.img#" table > table-written
 "$U" write --table-file table-written --input plain.bin
-for mode in none checksum journal; do
+for mode in $modes; do
   cp written.img "init-$mode.img"
   "$U" reencrypt --init-only -q -d pass --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
     --resilience "$mode" --disable-locks "init-$mode.img"
@@ -49,10 +64,15 @@ for r in $(seq "$rounds"); do
   sed "s#fresh.img#w.img#" table > table-w
   read -r wall c < <(secs "$U" write --table-file table-w --input plain.bin)
   times[write]+="$wall "; cpu[write]+="$c "
-  for mode in none checksum journal; do
-    cp "init-$mode.img" r.img; sync
-    read -r wall c < <(secs "$U" reencrypt --resume-only -q -d pass --disable-locks r.img)
-    times[$mode]+="$wall "; cpu[$mode]+="$c "
+  for mode in $modes; do
+    # The two binaries in alternating order from round to round.
+    bins=(new); [ -z "$B" ] || { if [ $((r % 2)) = 1 ]; then bins=(base new); else bins=(new base); fi; }
+    for b in "${bins[@]}"; do
+      bin=$U key=$mode; [ "$b" = new ] || { bin=$B; key=base-$mode; }
+      cp "init-$mode.img" r.img; sync
+      read -r wall c < <(secs "$bin" reencrypt --resume-only -q -d pass --disable-locks "${hz[@]}" r.img)
+      times[$key]+="$wall "; cpu[$key]+="$c "
+    done
     if [ "${csok[$mode]}" = 1 ]; then
       cp "init-$mode.img" r.img; sync
       if read -r wall c < <(secs cryptsetup reencrypt --resume-only --force-offline-reencrypt \
@@ -76,11 +96,15 @@ row() { # name wall cpu runs
     "$(echo "$w / $2" | bc -l)" "$3" "$(echo "$wc / $3" | bc -l)" "$4"
 }
 row "ucrypt write" "$w" "$wc" "${times[write]}"
-for mode in none checksum journal; do
+for mode in $modes; do
+  if [ -n "$B" ]; then
+    row "base $mode" "$(echo "${times[base-$mode]}" | median)" "$(echo "${cpu[base-$mode]}" | median)" "${times[base-$mode]}"
+  fi
   row "reencrypt $mode" "$(echo "${times[$mode]}" | median)" "$(echo "${cpu[$mode]}" | median)" "${times[$mode]}"
 done
-for mode in none checksum journal; do
+for mode in $modes; do
   [ "${csok[$mode]}" = 1 ] || continue
   row "cryptsetup $mode" "$(echo "${times[cs-$mode]}" | median)" "$(echo "${cpu[cs-$mode]}" | median)" "${times[cs-$mode]}"
 done
+[ -z "$B" ] || echo "(base = $B, the other rows $U${HOTZONE:+; --hotzone-size $HOTZONE})"
 echo "(medians; ratio = write / reencrypt for the same size, wall and CPU (user+system) time: >= 0.8 is issue 16's target; $size MiB, $rounds rounds, load $(cut -d' ' -f1-3 /proc/loadavg))"
