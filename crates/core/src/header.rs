@@ -298,11 +298,13 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
 }
 
 /// A LUKS2 volume in the middle of a reencryption (cryptsetup's or ucrypt's): mapped as
-/// cryptsetup maps it, the part already done under the new key and the rest under the old
-/// one, one crypt target each. The reencryption metadata is read and checked by
-/// [`ucrypt_format::luks2::reencrypt`] (both keys unlocked with the passphrase, the
-/// reencryption digest verified); a hotzone left by a crash is refused until
-/// `ucrypt reencrypt --resume-only` (or `cryptsetup repair`) has recovered it.
+/// cryptsetup maps it, one target per data segment ([`luks::reencrypting_mapping`]): a
+/// re-keying's parts under the new and the old key, an encryption's or decryption's
+/// encrypted part (crypt) and plaintext part (linear). The reencryption metadata is read
+/// and checked by [`ucrypt_format::luks2::reencrypt`] (the keys of the sides that have one
+/// unlocked with the passphrase, the reencryption digest verified); a hotzone left by a
+/// crash is recovered first on a read-write open (`recover_reencryption`), else refused
+/// until `ucrypt reencrypt --resume-only` (or `cryptsetup repair`) has recovered it.
 fn unlock_reencrypting(
     mut cd: CryptDevice,
     device: &Path,
@@ -388,40 +390,48 @@ fn unlock_reencrypting(
             })
             .into())
     };
-    let (Some(old_digest), Some(new_digest)) = (st.old.digest, st.new.digest) else {
-        return Err(FormatError::NotSupported(format!(
-            "opening {device_str} in the middle of a LUKS2 {} (part of it plaintext); finish \
-             it first with `ucrypt reencrypt --resume-only`",
-            if st.old.linear {
-                "encryption"
-            } else {
-                "decryption"
-            }
-        ))
-        .into());
+    // The keys of the sides that have one (an encryption's old side and a decryption's new
+    // side are plaintext: linear segments, no digest).
+    let unlock_side = |digest: Option<u32>| -> Result<Option<(u32, VolumeKey)>> {
+        digest.map(key_of).transpose()
     };
-    let (slot, old_key, new_key) = match key_of(old_digest) {
-        Ok((slot, old_key)) => {
-            let (_, new_key) = key_of(new_digest)?;
-            st.verify(&header.json, old_key.as_bytes(), new_key.as_bytes())?;
-            (slot, old_key, new_key)
+    let (slot, keys) = match unlock_side(st.old.digest) {
+        Ok(old) => {
+            let new = unlock_side(st.new.digest)?;
+            let none = VolumeKey::new(Vec::new());
+            st.verify(
+                &header.json,
+                old.as_ref().map_or(&none, |(_, k)| k).as_bytes(),
+                new.as_ref().map_or(&none, |(_, k)| k).as_bytes(),
+            )?;
+            let slot = old.as_ref().or(new.as_ref()).map(|(s, _)| *s);
+            let keys: Vec<(u32, VolumeKey)> = [(st.old.digest, old), (st.new.digest, new)]
+                .into_iter()
+                .filter_map(|(d, k)| Some((d?, k?.1)))
+                .collect();
+            (slot, keys)
         }
         // All data is under the new key and the clean-up has begun: the old key's keyslot
         // may be wiped already (a crash, or kill -9, inside the clean-up). The old side
         // maps nothing, so the new key alone serves the volume, as cryptsetup activates it
         // (by the data segments' digests); the reencryption digest needs both keys and is
         // not checked. `reencrypt --resume-only` finishes the clean-up the same way.
-        Err(_) if done == size => {
-            let (slot, new_key) = key_of(new_digest)?;
-            (slot, VolumeKey::new(new_key.as_bytes().to_vec()), new_key)
+        Err(_) if done == size && st.new.digest.is_some() => {
+            let Some((slot, new_key)) = unlock_side(st.new.digest)? else {
+                unreachable!("the new side has a digest")
+            };
+            (
+                Some(slot),
+                st.new.digest.map(|d| (d, new_key)).into_iter().collect(),
+            )
         }
         Err(e) => return Err(e),
     };
+    let keys: Vec<(u32, &VolumeKey)> = keys.iter().map(|(d, k)| (*d, k)).collect();
     let mapping = luks::reencrypting_mapping(
-        &st,
-        done,
+        &meta,
         size,
-        (&old_key, &new_key),
+        &keys,
         &device_str,
         info.flags,
         opts.allow_discards,
@@ -429,7 +439,7 @@ fn unlock_reencrypting(
     Ok(Unlocked {
         mapping,
         info,
-        slot: Some(slot),
+        slot,
     })
 }
 

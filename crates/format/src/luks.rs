@@ -1,8 +1,9 @@
 //! Mapping a LUKS1 or LUKS2 header as cryptsetup does, from what core read and unlocked:
 //! the checks every header field that changes the data must pass
 //! ([`check_luks2_metadata`], [`refuse_unsafe_ciphers`], [`cipher_spec`]), and the table
-//! lines cryptsetup gives the kernel: one crypt segment ([`segment_mapping`]), or the two
-//! targets of a volume in the middle of a reencryption ([`reencrypting_mapping`]).
+//! lines cryptsetup gives the kernel: one crypt segment ([`segment_mapping`]), or the
+//! targets of a volume in the middle of a reencryption, one per data segment, crypt or
+//! linear ([`reencrypting_mapping`]).
 //! Pure functions of the parsed header, the volume key and values core passes in (the
 //! device size, only where the mapping runs to the device's end); core keeps the I/O,
 //! libcryptsetup and the key derivation.
@@ -10,10 +11,9 @@
 //! ```text
 //!  VolumeInfo (libcryptsetup's view) + luks2::Metadata ─► check_luks2_metadata ─► Luks2Segment
 //!  VolumeInfo + volume key + segment/device size      ─► segment_mapping      ─► Mapping (1 line)
-//!  luks2::reencrypt::Reencrypt + done + both keys     ─► reencrypting_mapping ─► Mapping (new | old)
+//!  luks2::Metadata's data segments + unlocked keys    ─► reencrypting_mapping ─► Mapping (crypt | linear)
 //! ```
 
-use crate::luks2::reencrypt::{Reencrypt, Side};
 use crate::luks2::{self, ActivationFlags, Metadata};
 use crate::{DeviceRef, FormatError, KeySource, Mapping, TableLine, Target, VolumeInfo};
 use ucrypt_crypto::{CipherSpec, VolumeKey};
@@ -374,51 +374,143 @@ fn with_discards(flags: ActivationFlags, allow_discards: bool) -> ActivationFlag
     }
 }
 
-/// A LUKS2 volume in the middle of a re-keying, mapped as cryptsetup maps it: the part
-/// already done (`done` bytes of the data area of `size` bytes) under the new key, the
-/// rest under the old one, one crypt target each, on `device`. A data area of 0 bytes (a
-/// header-only device) still gives one (empty) target of the old side; the engine refuses
-/// to serve it.
+/// A LUKS2 volume in the middle of a reencryption, mapped as cryptsetup maps it
+/// (`LUKS2_assembly_multisegment_dmd`): one target per data segment (the segments without
+/// a `backup-*` flag), in segment order, end to end from sector 0, on `device`. A `crypt`
+/// segment becomes a crypt target with the key of its digest (from `keys`: digest id and
+/// key), its cipher, `iv_tweak`, offset and sector size; a `linear` segment (the plaintext
+/// of an encryption or decryption, the moved copy of a data shift) a linear target at its
+/// offset. A fixed size is the segment's own; `dynamic` (the last segment only) runs to the
+/// end of the data area of `data_bytes` bytes.
+///
+/// ```text
+///  re-keying:   0: crypt new key [0, P)  1: crypt old key [P, end) dynamic
+///  encryption:  0: crypt new key [0, P)  1: linear [P, end)             (forward)
+///  decryption:  0: crypt old key [0, L)  1: linear [L, end)             (backward)
+///  data shift:  0: linear moved copy  [1: linear rest]  2: crypt new key (fixed sizes)
+/// ```
 ///
 /// # Errors
-/// A side's cipher the crypto layer does not implement.
+/// A hotzone segment (a crash not recovered), segment ids that are not 0, 1, ... in
+/// order, a `dynamic` segment that is not the last, a segment type other than crypt and
+/// linear, a crypt segment without a key in `keys`, a cipher the crypto layer does not
+/// implement.
 pub fn reencrypting_mapping(
-    st: &Reencrypt,
-    done: u64,
-    size: u64,
-    keys: (&VolumeKey, &VolumeKey),
+    meta: &Metadata,
+    data_bytes: u64,
+    keys: &[(u32, &VolumeKey)],
     device: &str,
     flags: ActivationFlags,
     allow_discards: bool,
 ) -> Result<Mapping, FormatError> {
-    let (old_key, new_key) = keys;
     let flags = with_discards(flags, allow_discards);
-    let line = |side: &Side, key: &VolumeKey, from: u64, to: u64| -> Result<Target, FormatError> {
-        Ok(Target::Crypt(TableLine {
-            start: from / 512,
-            length: (to - from) / 512,
-            cipher: side.encryption.parse()?,
-            key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
-            iv_offset: side.iv_tweak + from / 512,
-            device: DeviceRef::Path(device.to_string()),
-            offset: (side.offset + from) / 512,
-            opts: flags.table_options(side.sector_size),
-        }))
+    let bad = |reason: String| FormatError::Header {
+        what: "LUKS2 reencryption segments".into(),
+        reason,
     };
-    let mut parts = Vec::new();
-    if done > 0 {
-        parts.push((&st.new, new_key, 0, done));
-    }
-    if done < size {
-        parts.push((&st.old, old_key, done, size));
-    }
-    if parts.is_empty() {
-        parts.push((&st.old, old_key, 0, 0));
-    }
-    let targets = parts
+    let live: Vec<(u32, &luks2::metadata::Segment)> = meta
+        .segments
         .iter()
-        .map(|&(side, key, from, to)| line(side, key, from, to))
-        .collect::<Result<Vec<_>, _>>()?;
+        .filter(|(_, s)| !s.flags.iter().flatten().any(|f| f.starts_with("backup-")))
+        .map(|(id, s)| (*id, s))
+        .collect();
+    if live.is_empty() {
+        return Err(bad("no data segment".into()));
+    }
+    let mut targets = Vec::with_capacity(live.len());
+    let mut at = 0u64; // bytes
+    for (i, &(id, seg)) in live.iter().enumerate() {
+        let path = format!("segments.{id}");
+        if id as usize != i {
+            return Err(bad(format!(
+                "{path} is data segment {i}: the data segments are not numbered 0, 1, ..."
+            )));
+        }
+        if seg.flags.iter().flatten().any(|f| f == "in-reencryption") {
+            return Err(bad(format!(
+                "{path} is a hotzone left by an interrupted reencryption (not recovered)"
+            )));
+        }
+        let offset = seg.offset.get().filter(|o| o % 512 == 0).ok_or_else(|| {
+            bad(format!(
+                "{path}.offset {} is not a sector offset",
+                seg.offset
+            ))
+        })?;
+        let last = i + 1 == live.len();
+        let size = match seg.size.get() {
+            Some(n) if n % 512 == 0 => n,
+            None if seg.size.is("dynamic") && last => {
+                data_bytes.checked_sub(at).ok_or_else(|| {
+                    bad(format!(
+                        "{path} starts at byte {at}, past the {data_bytes}-byte data area"
+                    ))
+                })?
+            }
+            _ => {
+                return Err(bad(format!(
+                    "{path}.size {} is not a sector count{}",
+                    seg.size,
+                    if last {
+                        ""
+                    } else {
+                        " (only the last segment may be dynamic)"
+                    }
+                )))
+            }
+        };
+        let (start, length) = (at / 512, size / 512);
+        targets.push(match seg.kind.as_str() {
+            "crypt" => {
+                let key = meta
+                    .digests
+                    .iter()
+                    .filter(|(_, d)| d.segments.contains(&id))
+                    .find_map(|(d, _)| keys.iter().find(|(k, _)| k == d).map(|(_, key)| *key))
+                    .ok_or_else(|| bad(format!("no key unlocked for the crypt {path}")))?;
+                let cipher = seg
+                    .encryption
+                    .as_deref()
+                    .ok_or_else(|| bad(format!("{path} has no encryption")))?;
+                let sector_size = seg
+                    .sector_size
+                    .as_ref()
+                    .and_then(luks2::metadata::Number::get)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| bad(format!("{path} has no sector_size")))?;
+                let iv_tweak = seg
+                    .iv_tweak
+                    .as_ref()
+                    .and_then(luks2::metadata::Number::get)
+                    .ok_or_else(|| bad(format!("{path} has no iv_tweak")))?;
+                Target::Crypt(TableLine {
+                    start,
+                    length,
+                    cipher: cipher.parse()?,
+                    key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
+                    iv_offset: iv_tweak,
+                    device: DeviceRef::Path(device.to_string()),
+                    offset: offset / 512,
+                    opts: flags.table_options(sector_size),
+                })
+            }
+            "linear" => Target::Linear {
+                start,
+                length,
+                device: DeviceRef::Path(device.to_string()),
+                offset: offset / 512,
+            },
+            other => {
+                return Err(bad(format!(
+                    "{path} is of type {}, neither crypt nor linear",
+                    luks2::metadata::quoted(other)
+                )))
+            }
+        });
+        at = at
+            .checked_add(size)
+            .ok_or_else(|| bad("segment sizes overflow".into()))?;
+    }
     Ok(Mapping::targets(targets))
 }
 
@@ -676,5 +768,126 @@ mod tests {
             "{e}"
         );
         assert!(refuse_unsafe_ciphers(None, &luks1, "d", true).is_ok());
+    }
+
+    /// A volume mid-reencryption maps as cryptsetup's `LUKS2_assembly_multisegment_dmd`:
+    /// one target per data segment (backups skipped), crypt with its digest's key, linear
+    /// at its offset, `dynamic` to the data area's end; what it cannot map is refused.
+    #[test]
+    fn reencrypting_mapping_has_one_target_per_data_segment() {
+        let m = 1u64 << 20;
+        let crypt = |off: u64, size: Value, iv: u64, flags: Value| {
+            json!({"type": "crypt", "offset": off.to_string(), "size": size,
+                   "iv_tweak": iv.to_string(), "encryption": "aes-xts-plain64",
+                   "sector_size": 4096, "flags": flags})
+        };
+        let linear = |off: u64, size: Value, flags: Value| json!({"type": "linear", "offset": off.to_string(), "size": size, "flags": flags});
+        let doc = |segments: Value, digests: Value| {
+            let mut v = base();
+            v["segments"] = segments;
+            v["digests"] = digests;
+            meta(&v.to_string())
+        };
+        let digest = |segs: &[&str]| {
+            json!({"type": "pbkdf2", "keyslots": ["0"], "segments": segs, "hash": "sha256",
+                   "iterations": 1000, "salt": "AA==", "digest": "AA=="})
+        };
+        let (old, new) = (VolumeKey::new(vec![1; 64]), VolumeKey::new(vec![2; 64]));
+        let keys = [(0, &old), (1, &new)];
+        let lines = |md: &Metadata, keys: &[(u32, &VolumeKey)]| {
+            reencrypting_mapping(md, 16 * m, keys, "d", ActivationFlags::default(), false)
+                .map(|mp| mp.to_lines(false))
+        };
+        let none = json!([]);
+        // Re-keying, 8 MiB done (data at 16 MiB): new key, then old key to the end.
+        let rekey = doc(
+            json!({"0": crypt(16 * m, json!("8388608"), 0, none.clone()),
+                   "1": crypt(24 * m, json!("dynamic"), 16384, none.clone()),
+                   "2": crypt(16 * m, json!("dynamic"), 0, json!(["backup-previous"])),
+                   "3": crypt(16 * m, json!("dynamic"), 0, json!(["backup-final"]))}),
+            json!({"0": digest(&["1", "2"]), "1": digest(&["0", "3"])}),
+        );
+        let mp = reencrypting_mapping(
+            &rekey,
+            16 * m,
+            &keys,
+            "d",
+            ActivationFlags::default(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            mp.to_lines(false),
+            [
+                "0 16384 crypt aes-xts-plain64 <key:64-bytes> 0 d 32768 1 sector_size:4096",
+                "16384 16384 crypt aes-xts-plain64 <key:64-bytes> 16384 d 49152 1 sector_size:4096"
+            ]
+        );
+        let shown = mp.to_lines(true);
+        assert!(shown[0].contains(&"02".repeat(64)) && shown[1].contains(&"01".repeat(64)));
+        // Encryption (forward) and decryption (backward): crypt, then linear.
+        let enc = doc(
+            json!({"0": crypt(0, json!("4194304"), 0, none.clone()),
+                   "1": linear(4 * m, json!("dynamic"), none.clone()),
+                   "2": linear(0, json!("dynamic"), json!(["backup-previous"])),
+                   "3": crypt(0, json!("dynamic"), 0, json!(["backup-final"]))}),
+            json!({"0": digest(&["0", "3"])}),
+        );
+        assert_eq!(
+            lines(&enc, &[(0, &new)]).unwrap(),
+            [
+                "0 8192 crypt aes-xts-plain64 <key:64-bytes> 0 d 0 1 sector_size:4096",
+                "8192 24576 linear d 8192"
+            ]
+        );
+        // A data shift: all sizes fixed, linear parts first.
+        let shift = doc(
+            json!({"0": linear(20 * m, json!("4194304"), none.clone()),
+                   "1": linear(4 * m, json!("4194304"), none.clone()),
+                   "2": crypt(12 * m, json!("8388608"), 16384, none.clone()),
+                   "3": linear(20 * m, json!("4194304"), json!(["backup-moved-segment"]))}),
+            json!({"0": digest(&["2"])}),
+        );
+        assert_eq!(
+            lines(&shift, &[(0, &new)]).unwrap(),
+            [
+                "0 8192 linear d 40960",
+                "8192 8192 linear d 8192",
+                "16384 16384 crypt aes-xts-plain64 <key:64-bytes> 16384 d 24576 1 sector_size:4096"
+            ]
+        );
+        // Refused: a crypt segment without its key, a hotzone, a dynamic segment before
+        // the last, ids with a hole, another type.
+        let e = lines(&enc, &[(5, &new)]).unwrap_err().to_string();
+        assert!(
+            e.contains("no key unlocked for the crypt segments.0"),
+            "{e}"
+        );
+        let bad = [
+            (
+                json!({"0": crypt(0, json!("4194304"), 0, json!(["in-reencryption"])),
+                       "1": linear(4 * m, json!("dynamic"), none.clone())}),
+                "hotzone",
+            ),
+            (
+                json!({"0": crypt(0, json!("dynamic"), 0, none.clone()),
+                       "1": linear(4 * m, json!("dynamic"), none.clone())}),
+                "only the last segment may be dynamic",
+            ),
+            (
+                json!({"0": crypt(0, json!("4194304"), 0, none.clone()),
+                       "2": linear(4 * m, json!("dynamic"), none.clone())}),
+                "not numbered",
+            ),
+            (
+                json!({"0": json!({"type": "hw-opal", "offset": "0", "size": "dynamic"})}),
+                "neither crypt nor linear",
+            ),
+        ];
+        for (segs, want) in bad {
+            let md = doc(segs, json!({"0": digest(&["0"])}));
+            let e = lines(&md, &[(0, &new)]).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
     }
 }
