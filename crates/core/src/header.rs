@@ -430,7 +430,7 @@ fn unlock_reencrypting(
     let keys: Vec<(u32, &VolumeKey)> = keys.iter().map(|(d, k)| (*d, k)).collect();
     let mapping = luks::reencrypting_mapping(
         &meta,
-        size,
+        total,
         &keys,
         &device_str,
         info.flags,

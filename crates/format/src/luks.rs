@@ -381,7 +381,9 @@ fn with_discards(flags: ActivationFlags, allow_discards: bool) -> ActivationFlag
 /// key), its cipher, `iv_tweak`, offset and sector size; a `linear` segment (the plaintext
 /// of an encryption or decryption, the moved copy of a data shift) a linear target at its
 /// offset. A fixed size is the segment's own; `dynamic` (the last segment only) runs to the
-/// end of the data area of `data_bytes` bytes.
+/// end of the device of `device_bytes` bytes (the data area's end as cryptsetup computes
+/// it, also where the data moved: a decryption with a data shift maps its part still
+/// encrypted where it always was).
 ///
 /// ```text
 ///  re-keying:   0: crypt new key [0, P)  1: crypt old key [P, end) dynamic
@@ -397,7 +399,7 @@ fn with_discards(flags: ActivationFlags, allow_discards: bool) -> ActivationFlag
 /// implement.
 pub fn reencrypting_mapping(
     meta: &Metadata,
-    data_bytes: u64,
+    device_bytes: u64,
     keys: &[(u32, &VolumeKey)],
     device: &str,
     flags: ActivationFlags,
@@ -441,9 +443,10 @@ pub fn reencrypting_mapping(
         let size = match seg.size.get() {
             Some(n) if n % 512 == 0 => n,
             None if seg.size.is("dynamic") && last => {
-                data_bytes.checked_sub(at).ok_or_else(|| {
+                device_bytes.checked_sub(offset).ok_or_else(|| {
                     bad(format!(
-                        "{path} starts at byte {at}, past the {data_bytes}-byte data area"
+                        "{path} starts at byte {offset}, past the end of the \
+                         {device_bytes}-byte device"
                     ))
                 })?
             }
@@ -809,7 +812,7 @@ mod tests {
         );
         let mp = reencrypting_mapping(
             &rekey,
-            16 * m,
+            32 * m,
             &keys,
             "d",
             ActivationFlags::default(),
@@ -855,6 +858,27 @@ mod tests {
                 "8192 8192 linear d 8192",
                 "16384 16384 crypt aes-xts-plain64 <key:64-bytes> 16384 d 24576 1 sector_size:4096"
             ]
+        );
+        // A decryption with a data shift (attached header exported): the part still
+        // encrypted is where it always was, its dynamic segment runs to the device's end.
+        let unshift = doc(
+            json!({"0": crypt(0, json!("8388608"), 0, none.clone()),
+                   "1": linear(8 * m, json!("8388608"), none.clone()),
+                   "2": crypt(24 * m, json!("dynamic"), 32768, none.clone())}),
+            json!({"0": digest(&["0", "2"])}),
+        );
+        assert_eq!(
+            reencrypting_mapping(
+                &unshift,
+                48 * m,
+                &[(0, &old)],
+                "d",
+                ActivationFlags::default(),
+                false
+            )
+            .unwrap()
+            .to_lines(false)[2],
+            "32768 49152 crypt aes-xts-plain64 <key:64-bytes> 32768 d 49152 1 sector_size:4096"
         );
         // Refused: a crypt segment without its key, a hotzone, a dynamic segment before
         // the last, ids with a hole, another type.

@@ -1,9 +1,11 @@
 //! `ucrypt open` of a LUKS2 volume in the middle of an encryption or decryption, mapped as
 //! cryptsetup maps it (`LUKS2_assembly_multisegment_dmd`): one target per data segment, a
 //! crypt target for the encrypted part and a linear target for the plaintext part. For
-//! `--encrypt --header` (forward), `--decrypt --header` (backward) and `--encrypt
+//! `--encrypt --header` (forward), `--decrypt --header` (backward), `--encrypt
 //! --reduce-device-size` (backward with a data shift: the moved copy, the plaintext left,
-//! the encrypted part), each stopped halfway:
+//! the encrypted part) and `--decrypt --header NEWFILE` of that volume (forward with the
+//! data shifted back: the moved encrypted copy, the plaintext done, the encrypted rest),
+//! each stopped halfway:
 //!
 //! - `--print-table` prints one dm line per data segment of the header (checked against
 //!   the segments the JSON metadata lists), crypt and linear;
@@ -40,6 +42,8 @@ enum Mode {
     Decrypt,
     /// `--encrypt --reduce-device-size 8M`: backward, data shifted by 4 MiB.
     Shift,
+    /// `--decrypt --header NEWFILE` of a `Shift` volume: forward, data shifted back.
+    Unshift,
 }
 
 struct Fx {
@@ -108,12 +112,13 @@ impl Fx {
         Rng::new(seed).fill(&mut plain);
         let dev = self.path(&format!("{name}.dev"));
         let mut image = plain.clone();
-        if mode == Mode::Shift {
+        if matches!(mode, Mode::Shift | Mode::Unshift) {
             // 16 MiB of data plus the 8 MiB the header and the moved copy take.
             image.resize(24 * M, 0);
         }
         std::fs::write(&dev, &image).unwrap();
         let hdr = (mode != Mode::Shift).then(|| self.path(&format!("{name}.hdr")));
+        let detached = matches!(mode, Mode::Encrypt | Mode::Decrypt);
         let v = Vol {
             mode,
             dev,
@@ -129,12 +134,34 @@ impl Fx {
             self.k(),
         ];
         args.extend_from_slice(&PBKDF);
-        match mode {
-            Mode::Shift => args.extend_from_slice(&["--reduce-device-size", "8M"]),
-            _ => args.extend(v.hdr_args()),
+        if detached {
+            args.extend(v.hdr_args());
+        } else {
+            args.extend_from_slice(&["--reduce-device-size", "8M"]);
         }
         args.extend_from_slice(&["--disable-locks", s(&v.dev)]);
         ok(bin(), &args);
+        if mode == Mode::Unshift {
+            // Encrypted with the data shift first, then the header goes to NEWFILE.
+            let attached = Vol {
+                hdr: None,
+                mode: Mode::Shift,
+                ..v.clone()
+            };
+            self.resume(&attached, &[]);
+            let mut args = vec![
+                "reencrypt",
+                "--decrypt",
+                "--init-only",
+                "-q",
+                "-d",
+                self.k(),
+            ];
+            args.extend(v.hdr_args());
+            args.extend_from_slice(&["--disable-locks", s(&v.dev)]);
+            ok(bin(), &args);
+            assert_eq!(json(v.header())["keyslots"]["1"]["mode"], "decrypt");
+        }
         if mode == Mode::Decrypt {
             self.resume(&v, &[]);
             let mut args = vec![
@@ -156,7 +183,7 @@ impl Fx {
     fn resume_args<'a>(&'a self, v: &'a Vol) -> Vec<&'a str> {
         let mut args = vec!["reencrypt", "--resume-only", "-q", "-d", self.k()];
         args.extend(v.hdr_args());
-        if v.mode != Mode::Shift {
+        if matches!(v.mode, Mode::Encrypt | Mode::Decrypt) {
             args.extend_from_slice(&["--hotzone-size", "4M"]);
         }
         args.extend_from_slice(&["--disable-locks", s(&v.dev)]);
@@ -205,17 +232,15 @@ impl Fx {
         t
     }
 
+    /// The whole volume through its table (16 MiB, or 20 MiB after a data shift).
     fn read(&self, v: &Vol) -> Vec<u8> {
         let t = self.table(v);
+        let text = std::fs::read_to_string(&t).unwrap();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let size: u64 = targets(&lines).iter().map(|x| x.1).sum();
         ok(
             bin(),
-            &[
-                "read",
-                "--table-file",
-                s(&t),
-                "--length",
-                &(16 * M).to_string(),
-            ],
+            &["read", "--table-file", s(&t), "--length", &size.to_string()],
         )
         .stdout
     }
@@ -243,6 +268,7 @@ impl Fx {
 /// per segment without a `backup-*` flag, in id order, end to end.
 fn expected_table(v: &Vol) -> Vec<String> {
     let j = json(v.header());
+    let dev_len = std::fs::metadata(&v.dev).unwrap().len();
     let segs = j["segments"].as_object().unwrap();
     let mut ids: Vec<u32> = segs.keys().map(|k| k.parse().unwrap()).collect();
     ids.sort_unstable();
@@ -257,8 +283,9 @@ fn expected_table(v: &Vol) -> Vec<String> {
         {
             continue;
         }
+        // cryptsetup's dynamic segment runs to the data area's end, the device's end.
         let len = if seg["size"] == "dynamic" {
-            16 * M as u64 / 512 - at
+            (dev_len - num(&seg["offset"])) / 512
         } else {
             num(&seg["size"]) / 512
         };
@@ -301,10 +328,13 @@ fn check_shape(v: &Vol, lines: &[String]) {
     let want: &[&str] = match v.mode {
         Mode::Encrypt | Mode::Decrypt => &["crypt", "linear"],
         Mode::Shift => &["linear", "linear", "crypt"],
+        Mode::Unshift => &["crypt", "linear", "crypt"],
     };
     assert_eq!(kinds, want, "{:?}: {lines:?}", v.mode);
     let t = targets(lines);
-    assert_eq!(t.iter().map(|x| x.1).sum::<u64>(), 16 * M as u64);
+    // Once encrypted with the shift, the volume runs to the device's end (20 MiB).
+    let size = if v.mode == Mode::Unshift { 20 } else { 16 };
+    assert_eq!(t.iter().map(|x| x.1).sum::<u64>(), size * M as u64);
 }
 
 /// Writes through the mapping around every target boundary, and checks where the bytes
@@ -312,7 +342,8 @@ fn check_shape(v: &Vol, lines: &[String]) {
 /// target; returns the plaintext the volume must serve now.
 fn write_and_check(f: &Fx, v: &Vol, lines: &[String], seed: u64) -> Vec<u8> {
     let t = targets(lines);
-    let mut want = v.plain.clone();
+    let mut want = f.read(v);
+    assert!(want[..16 * M] == v.plain[..]);
     let mut rng = Rng::new(seed);
     let mut spots = vec![0usize, 16 * M - 4096, 5 * M + 1234];
     for &(start, _, _, _) in &t[1..] {
@@ -370,8 +401,8 @@ fn finished_plaintext(f: &Fx, v: &Vol) -> Vec<u8> {
         v.mode
     );
     match v.mode {
-        Mode::Decrypt => std::fs::read(&v.dev).unwrap()[..16 * M].to_vec(),
-        _ => f.read(v),
+        Mode::Decrypt | Mode::Unshift => std::fs::read(&v.dev).unwrap()[..16 * M].to_vec(),
+        _ => f.read(v)[..16 * M].to_vec(),
     }
 }
 
@@ -384,6 +415,8 @@ fn data_area(v: &Vol) -> Vec<u8> {
         _ => dev[..16 * M].to_vec(),
     }
 }
+
+const MODES: [Mode; 4] = [Mode::Encrypt, Mode::Decrypt, Mode::Shift, Mode::Unshift];
 
 fn cryptsetup_finish(f: &Fx, v: &Vol) {
     let mut args = vec![
@@ -405,10 +438,7 @@ fn a_volume_halfway_through_encryption_or_decryption_opens_as_crypt_plus_linear(
         return;
     }
     let f = Fx::new();
-    for (i, mode) in [Mode::Encrypt, Mode::Decrypt, Mode::Shift]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, mode) in MODES.into_iter().enumerate() {
         let v = f.init(mode, &format!("half{i}"), 0x0e11 + i as u64);
         f.resume(&v, &["--debug-stop-after", "8M"]);
         let out = f.print_table(&v, false);
@@ -425,7 +455,7 @@ fn a_volume_halfway_through_encryption_or_decryption_opens_as_crypt_plus_linear(
         assert_eq!(lines, expected_table(&v), "{mode:?}");
         check_shape(&v, &lines);
         assert!(
-            f.read(&v) == v.plain,
+            f.read(&v)[..16 * M] == v.plain[..],
             "{mode:?}: not the original plaintext"
         );
 
@@ -434,11 +464,11 @@ fn a_volume_halfway_through_encryption_or_decryption_opens_as_crypt_plus_linear(
         f.resume(&v, &[]);
         cryptsetup_finish(&f, &by_cryptsetup);
         assert!(
-            finished_plaintext(&f, &v) == want,
+            finished_plaintext(&f, &v) == want[..16 * M],
             "{mode:?}: ucrypt's finish"
         );
         assert!(
-            finished_plaintext(&f, &by_cryptsetup) == want,
+            finished_plaintext(&f, &by_cryptsetup) == want[..16 * M],
             "{mode:?}: cryptsetup's finish"
         );
         assert!(
@@ -454,10 +484,7 @@ fn a_crashed_hotzone_is_recovered_by_a_read_write_open_only() {
         return;
     }
     let f = Fx::new();
-    for (i, mode) in [Mode::Encrypt, Mode::Decrypt, Mode::Shift]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, mode) in MODES.into_iter().enumerate() {
         let init = f.init(mode, &format!("crash{i}"), 0xc0 + i as u64);
         // Kill ucrypt at its n-th pwrite until it dies inside a hotzone (the header shows
         // the in-reencryption segment); counting from the second hotzone on, so that a
@@ -510,7 +537,8 @@ fn a_crashed_hotzone_is_recovered_by_a_read_write_open_only() {
             ..ucrypt::HeaderOptions::default()
         };
         let u = ucrypt::unlock(&v.dev, PASS, &opts).unwrap();
-        assert_eq!(u.size_bytes(), 16 * M as u64, "{mode:?}");
+        let size = if mode == Mode::Unshift { 20 } else { 16 };
+        assert_eq!(u.size_bytes(), size * M as u64, "{mode:?}");
         let segs = json(v.header())["segments"].to_string();
         assert!(!segs.contains("in-reencryption"), "{mode:?}: {segs}");
         let out = f.print_table(&v, false);
@@ -521,7 +549,7 @@ fn a_crashed_hotzone_is_recovered_by_a_read_write_open_only() {
             "{mode:?}: {text}"
         );
         assert!(
-            f.read(&v) == v.plain,
+            f.read(&v)[..16 * M] == v.plain[..],
             "{mode:?}: not the plaintext after recovery"
         );
         // And the pass finishes from there.
