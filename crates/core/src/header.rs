@@ -355,17 +355,6 @@ fn unlock_reencrypting(
             .into())
         }
     };
-    if st.decrypt_shifted().is_some() {
-        // cryptsetup 2.6's decryption of an attached header: the data is moving towards
-        // the device's head (the moved segment at 0, plaintext after it, the old
-        // ciphertext a data offset higher), a layout ucrypt's mapping does not build.
-        return Err(FormatError::NotSupported(format!(
-            "opening {device_str} in the middle of a LUKS2 decryption with a data shift (its \
-             header exported by `reencrypt --decrypt --header`; finish it first with `ucrypt \
-             reencrypt --resume-only --header`)"
-        ))
-        .into());
-    }
     let meta = Metadata::parse(&header.json.to_compact())?;
     let key_of = |digest: u32| -> Result<(u32, VolumeKey)> {
         let slots = meta
