@@ -608,14 +608,13 @@ impl Run {
         let old_key = match key_of(path, &meta, state.old.digest, "old", passphrase) {
             Ok(k) => k,
             // All data is under the new key and only the clean-up is left: the old key's
-            // keyslot may already be wiped (a crash inside the clean-up). Finishing
-            // deletes metadata only, so it proceeds with the new key alone. Decryption
-            // (no new key to check the passphrase against) only once no old keyslot is
-            // left: the data is all plaintext then and nothing secret remains.
-            Err(_)
-                if state.progress == (Progress::Clean { done: device_size })
-                    && (!state.new.linear || state.old_keyslots(&header.json).is_empty()) =>
-            {
+            // keyslot may already be wiped (a crash inside the clean-up, between a
+            // keyslot's wipe and the header write that drops it). Finishing wipes and
+            // deletes metadata only, so it proceeds with the new key alone. A decryption
+            // has no new key to check the passphrase against, but once it is done the
+            // whole data area is plaintext: the old key guards nothing any more, and
+            // finishing only wipes the keyslots that still hold it.
+            Err(_) if state.progress == (Progress::Clean { done: device_size }) => {
                 return Ok(Run {
                     file: io,
                     data,
