@@ -94,6 +94,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("luksFormat --luks2-keyslots-size", Runs("luksFormat")),
     ("luksFormat --use-random", Runs("luksFormat")),
     ("luksFormat --use-urandom", Runs("luksFormat")),
+    ("luksFormat --offset", Runs("luksFormat")),
     ("luksFormat --force-password", Runs("luksFormat")),
     ("luksAddKey --force-password", Runs("luksAddKey")),
     ("luksChangeKey --force-password", Runs("luksChangeKey")),
@@ -427,4 +428,69 @@ fn plain_device_size_replaces_the_real_size() {
     let out = table("1000");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--device-size 1000"));
+}
+
+#[test]
+fn luks_format_offset_places_the_data_as_cryptsetups() {
+    if !common::require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pass = tmp.path().join("pass");
+    std::fs::write(&pass, b"pw").unwrap();
+    let pass = pass.to_str().unwrap();
+    for kind in ["luks2", "luks1"] {
+        let mut dumps = Vec::new();
+        for (tool, bin) in [
+            ("ucrypt", env!("CARGO_BIN_EXE_ucrypt")),
+            ("cryptsetup", "cryptsetup"),
+        ] {
+            let img = common::image(tmp.path(), &format!("{tool}-{kind}"), 40 << 20);
+            let img = img.to_str().unwrap();
+            let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+            let out = std::process::Command::new(bin)
+                .args([
+                    "luksFormat",
+                    "-q",
+                    "--type",
+                    kind,
+                    "-d",
+                    pass,
+                    "--offset",
+                    "40960",
+                ])
+                .args(fast)
+                .arg(img)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{tool} {kind}: {out:?}");
+            let dump = std::process::Command::new("cryptsetup")
+                .args(["luksDump", img])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&dump.stdout).into_owned();
+            let offsets: Vec<String> = text
+                .lines()
+                .filter(|l| l.contains("Payload offset") || l.trim_start().starts_with("offset:"))
+                .map(str::to_string)
+                .collect();
+            assert!(!offsets.is_empty(), "{tool} {kind}: {text}");
+            dumps.push(offsets);
+        }
+        assert_eq!(dumps[0], dumps[1], "{kind}: data offsets differ");
+    }
+    // Not a multiple of 4096 bytes on LUKS2: refused as cryptsetup refuses it.
+    let img = common::image(tmp.path(), "bad", 40 << 20);
+    let out = run(&[
+        "luksFormat",
+        "-q",
+        "--type",
+        "luks2",
+        "-d",
+        pass,
+        "-o",
+        "3",
+        img.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
 }

@@ -81,6 +81,10 @@ pub(crate) struct Args {
     /// Data alignment in 512-byte sectors.
     #[arg(long)]
     align_payload: Option<u64>,
+    /// Data offset in 512-byte sectors (cryptsetup's `crypt_set_data_offset`; with a
+    /// detached header, where the data starts on the device).
+    #[arg(short = 'o', long, value_name = "SECTORS")]
+    offset: Option<u64>,
     /// Do not ask for confirmation.
     #[arg(short = 'q', long)]
     batch_mode: bool,
@@ -220,7 +224,12 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     // it), or up to an --align-payload data offset.
     let area = (16u64 << 20)
         .max(a.align_payload.unwrap_or(0).saturating_mul(512))
+        .max(a.offset.unwrap_or(0).saturating_mul(512))
         .min(256 << 20);
+    // As cryptsetup: set before the header is formatted.
+    if let Some(o) = a.offset {
+        cd.set_data_offset(o).cs()?;
+    }
     let slot = progress::writing_header(
         "Formatting the header and keyslot",
         &a.dev.local_header()?,
