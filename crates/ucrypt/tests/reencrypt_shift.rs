@@ -110,6 +110,37 @@ impl Fixture {
         Fixture { dir, key, plain, g }
     }
 
+    /// Runs cryptsetup with `cs_args` under strace: the 1-based numbers of its write()
+    /// calls larger than 1 MiB (where a later run is killed to stop it at that write).
+    fn large_writes(&self, cs_args: &[&str]) -> Vec<usize> {
+        let log = self.path("writes.log");
+        let mut args = vec![
+            "-f",
+            "-s",
+            "0",
+            "-e",
+            "trace=write",
+            "-o",
+            s(&log),
+            "cryptsetup",
+        ];
+        args.extend_from_slice(cs_args);
+        ok("strace", &args);
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("write("))
+            .enumerate()
+            .filter(|(_, l)| {
+                l.rsplit("= ")
+                    .next()
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .is_some_and(|n| n > MIB)
+            })
+            .map(|(i, _)| i + 1)
+            .collect()
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -427,33 +458,7 @@ fn shift_encryption_equals_cryptsetups_and_either_tool_finishes_the_other() {
         // cryptsetup killed at its second hotzone's data write (a traced run on a scratch
         // copy says which write() that is: the second larger than the 1 MiB of its wipe).
         let scratch = f.copy(&init, "scratch");
-        let log = f.path("writes.log");
-        let mut args = vec![
-            "-f",
-            "-s",
-            "0",
-            "-e",
-            "trace=write",
-            "-o",
-            s(&log),
-            "cryptsetup",
-        ];
-        let cs_args = f.cryptsetup_resume_args(&scratch);
-        args.extend_from_slice(&cs_args);
-        ok("strace", &args);
-        let big: Vec<usize> = std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains("write("))
-            .enumerate()
-            .filter(|(_, l)| {
-                l.rsplit("= ")
-                    .next()
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-                    .is_some_and(|n| n > MIB)
-            })
-            .map(|(i, _)| i + 1)
-            .collect();
+        let big = f.large_writes(&f.cryptsetup_resume_args(&scratch));
         assert!(big.len() >= 2, "{what}: {big:?}");
         let cs_crashed = f.copy(&init, "cs-crashed");
         f.killed_at(
@@ -872,33 +877,7 @@ fn attached_header_decryption_equals_cryptsetups_and_either_tool_finishes_the_ot
         // cryptsetup killed at the moved segment's data write (its (k+1)th write larger
         // than the 1 MiB of its wipes, found by a traced run on a scratch copy).
         let scratch = f.copy_pair(&cs, "scratch");
-        let log = f.path("writes.log");
-        let mut args = vec![
-            "-f",
-            "-s",
-            "0",
-            "-e",
-            "trace=write",
-            "-o",
-            s(&log),
-            "cryptsetup",
-        ];
-        let cs_args = f.cryptsetup_decrypt_args(&scratch);
-        args.extend_from_slice(&cs_args);
-        ok("strace", &args);
-        let big: Vec<usize> = std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains("write("))
-            .enumerate()
-            .filter(|(_, l)| {
-                l.rsplit("= ")
-                    .next()
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-                    .is_some_and(|n| n > MIB)
-            })
-            .map(|(i, _)| i + 1)
-            .collect();
+        let big = f.large_writes(&f.cryptsetup_decrypt_args(&scratch));
         // The hotzones' data writes, then the wipe of the reencrypt keyslot's area.
         assert_eq!(big.len(), k + 2, "{what}: {big:?}");
         let cs_crashed = f.copy_pair(&cs, "cs-crashed");
