@@ -494,3 +494,110 @@ fn luks_format_offset_places_the_data_as_cryptsetups() {
     ]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
 }
+
+/// Plain-mode options given to a type with no use for them are refused, never ignored:
+/// where cryptsetup 2.6 refuses (its option checks run before it needs the kernel, so it
+/// runs here), ucrypt refuses with the same exit code and words; where cryptsetup accepts
+/// and ignores (`--size`, `--device-size` for LUKS and loop-AES), ucrypt refuses and says
+/// so. The same options stay accepted where they apply.
+#[test]
+fn open_options_a_type_cannot_use_are_refused_as_cryptsetup_refuses_them() {
+    if !common::require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "img", 16 << 20);
+    let key = tmp.path().join("key");
+    // One line of 40 printable characters: a loop-AES key file, a LUKS passphrase file and
+    // (its first 32 bytes) a plain-mode raw key.
+    std::fs::write(&key, b"abcdefghijklmnopqrstuvwxyz0123456789ABCD\n").unwrap();
+    let (img, key) = (img.to_str().unwrap(), key.to_str().unwrap());
+    let luks = tmp.path().join("luks");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(["luksFormat", "-q", "--type", "luks2", "-d", key])
+        .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+        .arg(common::image(tmp.path(), "luks", 16 << 20))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let luks = luks.to_str().unwrap();
+    // (type, option, cryptsetup refuses it too, words of the refusal)
+    let cases: &[(&str, &[&str], bool, &str)] = &[
+        ("luks", &["--offset", "8"], true, "--offset with open action is only supported for plain and loopaes"),
+        ("luks", &["--skip", "8"], true, "--skip is supported only for open of plain and loopaes"),
+        ("luks", &["--sector-size", "4096"], true, "ector size option with open action is supported only for plain"),
+        ("luks", &["--iv-large-sectors"], true, "arge IV sectors option is supported only for opening plain"),
+        ("luks", &["--size", "8"], false, "--size is supported only for open of plain devices"),
+        ("luks", &["--device-size", "4M"], false, "--device-size is supported only for open of plain devices"),
+        ("loopaes", &["--sector-size", "4096"], true, "ector size option with open action is supported only for plain"),
+        ("loopaes", &["--iv-large-sectors"], true, "arge IV sectors option is supported only for opening plain"),
+        ("loopaes", &["--test-passphrase"], true, "--test-passphrase is allowed only for open of LUKS, TCRYPT, BITLK and FVAULT2"),
+        ("loopaes", &["--size", "8"], false, "--size is supported only for open of plain devices"),
+        ("loopaes", &["--device-size", "4M"], false, "--device-size is supported only for open of plain devices"),
+        ("plain", &["--test-passphrase"], true, "--test-passphrase is allowed only for open of LUKS, TCRYPT, BITLK and FVAULT2"),
+        ("plain", &["--iv-large-sectors"], true, "arge IV sectors option is supported only for opening plain type device with sector size larger than 512"),
+    ];
+    for (kind, opts, cs_refuses, words) in cases {
+        let dev = if *kind == "luks" { luks } else { img };
+        let common_args = ["--type", kind, "--key-file", key];
+        let cs = std::process::Command::new("cryptsetup")
+            .arg("open")
+            .args(common_args)
+            .args(*opts)
+            .args([dev, "ucrypt-opt-test"])
+            .output()
+            .unwrap();
+        let cs_err = String::from_utf8_lossy(&cs.stderr).into_owned();
+        if *cs_refuses {
+            assert_eq!(
+                cs.status.code(),
+                Some(1),
+                "cryptsetup {kind} {opts:?}: {cs_err}"
+            );
+            assert!(
+                cs_err.contains(words),
+                "cryptsetup {kind} {opts:?}: {cs_err}"
+            );
+        } else {
+            // Accepted by its option checks: it goes on to the device (and, without
+            // device-mapper here, fails there, not with a usage error).
+            assert!(
+                !cs_err.contains("supported only"),
+                "cryptsetup {kind} {opts:?}: {cs_err}"
+            );
+        }
+        let mut args = vec!["luksOpen", "--print-table"];
+        args.extend(common_args);
+        args.extend(*opts);
+        args.extend([dev, "x"]);
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "ucrypt {kind} {opts:?}: {err}");
+        assert!(err.contains(words), "ucrypt {kind} {opts:?}: {err}");
+    }
+    // Where they apply they are honoured.
+    for (kind, opts, prefix) in [
+        ("plain", &["--size", "8"][..], "0 8 crypt "),
+        (
+            "plain",
+            &["--sector-size", "4096", "--iv-large-sectors"][..],
+            "0 32768 crypt ",
+        ),
+        ("loopaes", &["--offset", "8"][..], "0 32760 crypt "),
+    ] {
+        let mut args = vec![
+            "luksOpen",
+            "--print-table",
+            "--type",
+            kind,
+            "--key-file",
+            key,
+        ];
+        args.extend(opts);
+        args.extend([img, "x"]);
+        let out = run(&args);
+        let line = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{kind} {opts:?}: {out:?}");
+        assert!(line.starts_with(prefix), "{kind} {opts:?}: {line}");
+    }
+}

@@ -109,6 +109,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .map_err(anyhow::Error::from)
         .code(EXIT_PARAMS)?;
     a.unlock.check_kind(kind)?;
+    a.plain.check_kind(kind, a.test_passphrase)?;
     if !a.test_passphrase && !a.print_table {
         return Err(anyhow::anyhow!(
             "luksOpen only checks (--test-passphrase) or prints the table (--print-table); \

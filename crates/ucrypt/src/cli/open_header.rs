@@ -157,6 +157,7 @@ fn unlock_once(
         None => VolumeType::Luks,
     };
     h.unlock.check_kind(kind)?;
+    h.plain.check_kind(kind, h.test_passphrase)?;
     let dev = DeviceArgs {
         device: device.clone(),
         header: h.header.clone(),

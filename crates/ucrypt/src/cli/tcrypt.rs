@@ -159,8 +159,8 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
         hash: a.hash.clone(),
         offset: 0,
         skip: None,
-        size: 0,
-        sector_size: 512,
+        size: None,
+        sector_size: None,
         iv_large_sectors: false,
         device_size: None,
     };
