@@ -149,35 +149,30 @@ impl Fx {
                 ..v.clone()
             };
             self.resume(&attached, &[]);
-            let mut args = vec![
-                "reencrypt",
-                "--decrypt",
-                "--init-only",
-                "-q",
-                "-d",
-                self.k(),
-            ];
-            args.extend(v.hdr_args());
-            args.extend_from_slice(&["--disable-locks", s(&v.dev)]);
-            ok(bin(), &args);
-            assert_eq!(json(v.header())["keyslots"]["1"]["mode"], "decrypt");
+            self.init_decrypt(&v, &[]);
         }
         if mode == Mode::Decrypt {
             self.resume(&v, &[]);
-            let mut args = vec![
-                "reencrypt",
-                "--decrypt",
-                "--init-only",
-                "-q",
-                "-d",
-                self.k(),
-            ];
-            args.extend(v.hdr_args());
-            args.extend_from_slice(&["--resilience", "checksum", "--disable-locks", s(&v.dev)]);
-            ok(bin(), &args);
-            assert_eq!(json(v.header())["keyslots"]["1"]["mode"], "decrypt");
+            self.init_decrypt(&v, &["--resilience", "checksum"]);
         }
         v
+    }
+
+    /// `reencrypt --decrypt --init-only` of the encrypted `v` (its header to `v.hdr`).
+    fn init_decrypt(&self, v: &Vol, extra: &[&str]) {
+        let mut args = vec![
+            "reencrypt",
+            "--decrypt",
+            "--init-only",
+            "-q",
+            "-d",
+            self.k(),
+        ];
+        args.extend(v.hdr_args());
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--disable-locks", s(&v.dev)]);
+        ok(bin(), &args);
+        assert_eq!(json(v.header())["keyslots"]["1"]["mode"], "decrypt");
     }
 
     fn resume_args<'a>(&'a self, v: &'a Vol) -> Vec<&'a str> {
