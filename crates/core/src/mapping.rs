@@ -15,9 +15,17 @@
 //!
 //!  Table 0: crypt serpent … on disk.img ─► Volume ─► Table 1: crypt twofish … on Layer(0) ─► Volume …
 //! ```
+//!
+//! Each distinct device is opened **once per mapping** and shared by every target on it
+//! ([`Devices`]): the crypt and linear targets of a LUKS2 volume in the middle of a
+//! reencryption, or any table of several lines on one device, use one handle. For an RBD
+//! image that matters beyond economy: a read-write handle takes the image's exclusive lock,
+//! so a second handle of the same process would be refused (or the two would take the lock
+//! from each other at every write).
 
 use crate::error::{bail, Context, Result};
 use crate::open::{open_device, open_parsed_with, OpenOptions};
+use std::collections::HashMap;
 use std::sync::Arc;
 use ucrypt_backend::{Backend, LinearBackend, ZeroBackend};
 use ucrypt_format::{DeviceRef, Mapping, Target};
@@ -30,9 +38,10 @@ use ucrypt_format::{DeviceRef, Mapping, Target};
 /// crypt target, and a stacked layer that does not fit the device below it.
 pub fn open_mapping(mapping: Mapping, opts: OpenOptions) -> Result<Arc<dyn Backend>> {
     mapping.check()?;
+    let mut devices = Devices::default();
     let mut opened: Vec<Arc<dyn Backend>> = Vec::with_capacity(mapping.tables.len());
     for d in mapping.tables {
-        let dev = open_table_targets(d.targets, opts, &opened);
+        let dev = open_table_targets(d.targets, opts, &opened, &mut devices);
         let dev = match &d.name {
             Some(n) => dev.with_context(|| format!("device {n}"))?,
             None => dev?,
@@ -42,22 +51,49 @@ pub fn open_mapping(mapping: Mapping, opts: OpenOptions) -> Result<Arc<dyn Backe
     opened.pop().context("the table is empty")
 }
 
+/// The devices a mapping has opened, by name: every target on the same device gets the same
+/// backend (one file descriptor, one NBD connection set, one librbd handle and so one holder
+/// of the image's exclusive lock).
+#[derive(Default)]
+struct Devices(HashMap<String, Arc<dyn Backend>>);
+
+impl Devices {
+    /// The backend of `path`, opened on first use. Local paths are compared by their
+    /// canonical form (`disk.img`, `./disk.img` and a symlink to it are one device); NBD URIs,
+    /// `rbd:` and `ram:` names by their text.
+    fn open(&mut self, path: &str, opts: OpenOptions) -> Result<Arc<dyn Backend>> {
+        let key = if crate::open::is_remote(path) {
+            path.to_string()
+        } else {
+            std::fs::canonicalize(path)
+                .map_or_else(|_| path.to_string(), |c| c.display().to_string())
+        };
+        if let Some(b) = self.0.get(&key) {
+            return Ok(b.clone());
+        }
+        let b = open_device(path, opts.read_only, opts.direct)?;
+        self.0.insert(key, b.clone());
+        Ok(b)
+    }
+}
+
 /// Opens one table's targets: crypt targets on a lower table of the same mapping or on the
-/// path they name; one target is returned as it is, several are joined by
-/// [`LinearBackend`].
+/// path they name (opened once per mapping, `devices`); one target is returned as it is,
+/// several are joined by [`LinearBackend`].
 fn open_table_targets(
     targets: Vec<Target>,
     opts: OpenOptions,
     lower: &[Arc<dyn Backend>],
+    devices: &mut Devices,
 ) -> Result<Arc<dyn Backend>> {
     let single = targets.len() == 1;
-    let below = |device: &DeviceRef| -> Result<Arc<dyn Backend>> {
+    let mut below = |device: &DeviceRef| -> Result<Arc<dyn Backend>> {
         match device {
             DeviceRef::Layer(j) => match lower.get(*j) {
                 Some(b) => Ok(b.clone()),
                 None => bail!("a target sits on table {j}, which is not below it"),
             },
-            DeviceRef::Path(p) => open_device(p, opts.read_only, opts.direct),
+            DeviceRef::Path(p) => devices.open(p, opts),
         }
     };
     let mut pieces: Vec<Arc<dyn Backend>> = Vec::with_capacity(targets.len());
@@ -156,5 +192,65 @@ mod tests {
         .map(|_| ())
         .unwrap_err();
         assert!(format!("{e:#}").contains("runs past the end"), "{e:#}");
+    }
+
+    /// The descriptors of this process open on `file`.
+    fn fds_on(file: &std::path::Path) -> usize {
+        let want = std::fs::canonicalize(file).unwrap();
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == want))
+            .count()
+    }
+
+    /// Every target on one device shares one handle: a table of crypt and linear lines on
+    /// one file (named three ways) holds as many descriptors on it as a one-line table, and
+    /// a write through one target reads back through a stacked table on the same file.
+    #[test]
+    fn targets_on_one_device_share_one_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img");
+        std::fs::write(&img, vec![0u8; 64 * 512]).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&img, &link).unwrap();
+        let dev = img.display().to_string();
+        let dotted = format!("{}/./img", dir.path().display());
+        let one = open_mapping(
+            Mapping::parse(&crypt(0, 16, &dev)).unwrap(),
+            OpenOptions::default(),
+        )
+        .unwrap();
+        let per_handle = fds_on(&img);
+        assert!(per_handle >= 1);
+        drop(one);
+        assert_eq!(fds_on(&img), 0);
+        let table = format!(
+            "{}\n8 8 crypt aes-xts-plain64 {K} 8 {} 8\n16 16 linear {} 16",
+            crypt(0, 8, &dev),
+            link.display(),
+            dotted
+        );
+        let v = open_mapping(Mapping::parse(&table).unwrap(), OpenOptions::default()).unwrap();
+        assert_eq!(fds_on(&img), per_handle, "one device, one handle");
+        // Across the boundary between the two crypt targets and into the linear one.
+        let data: Vec<u8> = (0..20 * 512).map(|i| (i % 253) as u8).collect();
+        v.write_at(&data, 2 * 512, false).unwrap();
+        v.flush().unwrap();
+        let mut back = vec![0u8; data.len()];
+        v.read_at(&mut back, 2 * 512).unwrap();
+        assert_eq!(back, data);
+        let disk = std::fs::read(&img).unwrap();
+        assert_eq!(&disk[16 * 512..22 * 512], &data[14 * 512..]);
+        // The crypt part is what a one-line table on the file reads.
+        drop(v);
+        let whole = open_mapping(
+            Mapping::parse(&crypt(0, 16, &dev)).unwrap(),
+            OpenOptions::default(),
+        )
+        .unwrap();
+        let mut plain = vec![0u8; 14 * 512];
+        whole.read_at(&mut plain, 2 * 512).unwrap();
+        assert_eq!(plain, data[..14 * 512]);
     }
 }

@@ -17,6 +17,8 @@
 //! * the OSD killed and restarted during I/O (its own cluster): requests wait or fail,
 //!   every acknowledged write reads back, nothing reads wrong;
 //! * with `--allow-discards` a discard of a whole object reaches librbd (the object goes).
+//! * a two-target table (crypt + linear) on one image opens it once: served read-write, a
+//!   second writer is still refused with exit 5 and data crosses the boundary intact.
 //!
 //! The ceph packages (`scripts/setup.sh`) are required under `CI=true`; by hand a machine
 //! without them skips. Cheap KDFs (pbkdf2, 1000 iterations) everywhere except the one real
@@ -781,4 +783,110 @@ fn depth_32_on_one_connection_through_the_asynchronous_path_reads_what_it_wrote(
             "block {i} lost its last generation after flush and close"
         );
     }
+}
+
+/// A table of two targets on one image (a crypt target and a linear one after it, as a LUKS2
+/// volume in the middle of a reencryption maps it) opens the image once: served read-write it
+/// holds the exclusive lock with one handle (no refusal, no lock passed back and forth
+/// between its own handles), a second ucrypt writer is still refused with exit 5, and data
+/// written across the boundary lands encrypted before it and as it is after it.
+#[test]
+fn a_two_target_table_on_one_image_holds_one_handle_and_the_lock() {
+    let Some(c) = shared() else { return };
+    let pass = passfile("twot.pw", "two targets");
+    let dev = format_cheap(c, "twot", &pass);
+    let line = String::from_utf8(std::fs::read(c.table(&dev, &pass)).unwrap()).unwrap();
+    // start length crypt cipher key iv_offset device offset [options]
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!((f[2], f[6]), ("crypt", dev.as_str()), "{line}");
+    let (len, off): (u64, u64) = (f[1].parse().unwrap(), f[7].parse().unwrap());
+    let half = len / 2;
+    let mut first: Vec<String> = f.iter().map(|s| s.to_string()).collect();
+    first[1] = half.to_string();
+    let table = tmp().join("twot.two-targets");
+    std::fs::write(
+        &table,
+        format!(
+            "{}\n{half} {} linear {dev} {}\n",
+            first.join(" "),
+            len - half,
+            off + half
+        ),
+    )
+    .unwrap();
+    let uri = String::from_utf8(ok(
+        c.ucrypt(
+            &[
+                "open",
+                "--table-file",
+                s(&table),
+                "twot1",
+                "--device",
+                "none",
+            ],
+            b"",
+        ),
+        "open of a two-target table on one image",
+    ))
+    .unwrap();
+    let busy = serve(c, &dev, "twot2", &pass, &[]);
+    assert_eq!(
+        busy.status.code(),
+        Some(5),
+        "a second writer beside the two-target table: {}",
+        String::from_utf8_lossy(&busy.stderr)
+    );
+    let nbd =
+        ucrypt_nbd::NbdBackend::connect(uri.trim(), ucrypt_nbd::RemoteOptions::default()).unwrap();
+    // 1 MiB across the boundary (half a MiB each side), then 4 KiB blocks on both sides at
+    // depth 8, every one read back.
+    let at = half * 512 - (512 << 10);
+    let data = random_bytes(1 << 20);
+    nbd.write_at(&data, at, false).unwrap();
+    let nbd = Arc::new(nbd);
+    std::thread::scope(|sc| {
+        for t in 0..8u64 {
+            let nbd = Arc::clone(&nbd);
+            sc.spawn(move || {
+                for k in 0..16u64 {
+                    let i = t + 8 * k;
+                    let pos = at + (1 << 20) + i * 4096;
+                    nbd.write_at(&block(i, 0), pos, false).unwrap();
+                    let mut got = vec![0u8; 4096];
+                    nbd.read_at(&mut got, pos).unwrap();
+                    assert!(
+                        got == block(i, 0),
+                        "block {i} past the boundary reads wrong"
+                    );
+                }
+            });
+        }
+    });
+    nbd.flush().unwrap();
+    let mut back = vec![0u8; data.len()];
+    nbd.read_at(&mut back, at).unwrap();
+    assert!(
+        back == data,
+        "the write across the boundary reads back wrong"
+    );
+    drop(nbd);
+    close(c, "twot1");
+    // The first half is ciphertext of the volume's key, the second the bytes as written.
+    let whole = c.table(&dev, &pass);
+    let enc = c.ucrypt_read(&whole, at, 512 << 10);
+    assert!(enc == data[..512 << 10], "the crypt target's part");
+    let raw = tmp().join("twot.raw");
+    std::fs::write(&raw, format!("0 {} linear {dev} 0\n", off + len)).unwrap();
+    let plain = c.ucrypt_read(&raw, off * 512 + half * 512, 512 << 10);
+    assert!(plain == data[512 << 10..], "the linear target's part");
+    let ct = c.ucrypt_read(&raw, off * 512 + at, 512 << 10);
+    assert!(ct != data[..512 << 10], "the crypt target wrote plaintext");
+    // Released on close: a one-line open takes the lock again.
+    let again = serve(c, &dev, "twot3", &pass, &[]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    close(c, "twot3");
 }
