@@ -601,3 +601,49 @@ fn open_options_a_type_cannot_use_are_refused_as_cryptsetup_refuses_them() {
         assert!(line.starts_with(prefix), "{kind} {opts:?}: {line}");
     }
 }
+
+/// `reencrypt -N` / `--new` are cryptsetup 2.6's older spellings of `--encrypt`: both tools
+/// initialise the same kind of encryption from them.
+#[test]
+fn reencrypt_new_is_encrypt() {
+    if !common::require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pass = tmp.path().join("pass");
+    std::fs::write(&pass, b"pw").unwrap();
+    let pass = pass.to_str().unwrap();
+    for spelling in ["-N", "--new"] {
+        let mut modes = Vec::new();
+        for (tool, bin) in [
+            ("ucrypt", env!("CARGO_BIN_EXE_ucrypt")),
+            ("cryptsetup", "cryptsetup"),
+        ] {
+            let img = common::image(tmp.path(), &format!("{tool}{spelling}"), 32 << 20);
+            let out = std::process::Command::new(bin)
+                .args(["reencrypt", "-q", spelling, "--type", "luks2"])
+                .args(["--reduce-device-size", "8M", "--init-only", "-d", pass])
+                .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+                .arg(&img)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{tool} {spelling}: {out:?}");
+            let dump = std::process::Command::new("cryptsetup")
+                .args(["luksDump", "--dump-json-metadata"])
+                .arg(&img)
+                .output()
+                .unwrap();
+            let json: serde_json::Value = serde_json::from_slice(&dump.stdout).unwrap();
+            let reenc = json["keyslots"]
+                .as_object()
+                .unwrap()
+                .values()
+                .find(|k| k["type"] == "reencrypt")
+                .cloned()
+                .unwrap_or_else(|| panic!("{tool} {spelling}: no reencrypt keyslot: {json}"));
+            modes.push((reenc["mode"].clone(), reenc["direction"].clone()));
+        }
+        assert_eq!(modes[0], modes[1], "{spelling}");
+        assert_eq!(modes[0].0, "encrypt", "{spelling}");
+    }
+}

@@ -72,8 +72,9 @@ pub(crate) struct Args {
     /// Accepted for cryptsetup compatibility (ucrypt's reencryption is offline).
     #[arg(long, hide = true)]
     force_offline_reencrypt: bool,
-    /// Encrypt a plaintext device in place; its new LUKS2 header goes to --header.
-    #[arg(long, conflicts_with = "decrypt")]
+    /// Encrypt a plaintext device in place; its new LUKS2 header goes to --header
+    /// (`-N`/`--new`: cryptsetup's older spellings).
+    #[arg(long, short = 'N', alias = "new", conflicts_with = "decrypt")]
     encrypt: bool,
     /// Decrypt a LUKS2 device whose header is detached (--header) in place.
     #[arg(long)]
