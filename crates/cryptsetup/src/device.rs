@@ -138,6 +138,14 @@ pub fn set_external_tokens_path(dir: &Path) -> Result<(), FormatError> {
     Ok(())
 }
 
+/// Turns libcryptsetup's metadata locking off for the process (`crypt_metadata_locking(NULL,
+/// 0)`), as cryptsetup's `--disable-locks`.
+pub fn disable_metadata_locking() {
+    global_init();
+    // SAFETY: the device argument is unused by this global setting.
+    unsafe { ffi::crypt_metadata_locking(ptr::null_mut(), 0) };
+}
+
 /// The directory libcryptsetup loads token plugins from (`crypt_token_external_path`).
 pub fn external_tokens_dir() -> String {
     // SAFETY: returns NULL or a static string of the library.

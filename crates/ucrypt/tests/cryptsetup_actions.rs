@@ -86,6 +86,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("--debug", Runs("luksDump")),
     ("--debug-json", Runs("luksDump")),
     ("--disable-keyring", Runs("open")),
+    ("--disable-locks", Runs("open")),
     ("--disable-external-tokens", Runs("open")),
     ("--external-tokens-path", Runs("open")),
     ("open --link-vk-to-keyring", Runs("open")),
@@ -94,6 +95,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("luksFormat --luks2-keyslots-size", Runs("luksFormat")),
     ("luksFormat --use-random", Runs("luksFormat")),
     ("luksFormat --use-urandom", Runs("luksFormat")),
+    ("luksFormat --volume-key-file", Runs("luksFormat")),
     ("luksFormat --offset", Runs("luksFormat")),
     ("luksFormat --force-password", Runs("luksFormat")),
     ("luksAddKey --force-password", Runs("luksAddKey")),
@@ -123,6 +125,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("reencrypt --keep-key", Runs("reencrypt")),
     ("reencrypt --device-size", Runs("reencrypt")),
     ("reencrypt --offset", Runs("reencrypt")),
+    ("reencrypt --new", Runs("reencrypt")),
     // Features that cannot make sense for ucrypt.
     (
         "luksFormat --hw-opal",
@@ -646,4 +649,140 @@ fn reencrypt_new_is_encrypt() {
         assert_eq!(modes[0], modes[1], "{spelling}");
         assert_eq!(modes[0].0, "encrypt", "{spelling}");
     }
+}
+
+/// `--disable-locks` is a global option in cryptsetup, taken by every action before or
+/// after it: the same exit codes from both tools on a range of actions.
+#[test]
+fn disable_locks_is_taken_by_every_action() {
+    if !common::require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = common::image(tmp.path(), "img", 20 << 20);
+    let pass = tmp.path().join("pass");
+    std::fs::write(&pass, "pw").unwrap();
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let cases: &[&[&str]] = &[
+        &["--disable-locks", "luksFormat", "-q", img, "-d", pass],
+        &["isLuks", "--disable-locks", img],
+        &["--disable-locks", "luksUUID", img],
+        &["luksDump", "--disable-locks", img],
+        &[
+            "open",
+            "--disable-locks",
+            "--test-passphrase",
+            "-d",
+            pass,
+            img,
+        ],
+        &["config", "--disable-locks", img, "--label", "x"],
+        &[
+            "luksAddKey",
+            "--disable-locks",
+            img,
+            "-d",
+            pass,
+            "--new-keyfile",
+            pass,
+        ],
+    ];
+    for args in cases {
+        let args: Vec<&str> = if args.contains(&"luksFormat") || args.contains(&"luksAddKey") {
+            [*args, &fast[..]].concat()
+        } else {
+            args.to_vec()
+        };
+        let u = run(&args);
+        let c = std::process::Command::new("cryptsetup")
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(u.status.code(), c.status.code(), "{args:?}\n{u:?}\n{c:?}");
+        assert_eq!(u.status.code(), Some(0), "{args:?}\n{u:?}");
+    }
+    // The two luksAddKey runs above added slots 1 and 2: each tool kills one.
+    let u = run(&["luksKillSlot", "-q", "--disable-locks", img, "1"]);
+    assert_eq!(u.status.code(), Some(0), "{u:?}");
+    let c = std::process::Command::new("cryptsetup")
+        .args(["luksKillSlot", "-q", "--disable-locks", img, "2"])
+        .output()
+        .unwrap();
+    assert_eq!(c.status.code(), Some(0), "{c:?}");
+}
+
+/// `luksFormat --volume-key-file FILE` (and its older spelling `--master-key-file`) takes
+/// the volume key from FILE's first --key-size bits, as cryptsetup's: the volume key
+/// cryptsetup dumps from ucrypt's header is FILE's; a short FILE is refused (exit 1) with
+/// nothing written.
+#[test]
+fn luks_format_takes_the_volume_key_from_a_file() {
+    if !common::require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pass = tmp.path().join("pass");
+    std::fs::write(&pass, b"pw").unwrap();
+    let vk = tmp.path().join("vk");
+    let key: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+    std::fs::write(&vk, &key).unwrap();
+    let (pass, vk) = (pass.to_str().unwrap(), vk.to_str().unwrap());
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    for (kind, spelling, bits) in [
+        ("luks2", "--volume-key-file", "512"),
+        ("luks1", "--master-key-file", "256"),
+    ] {
+        let img = common::image(tmp.path(), kind, 20 << 20);
+        let img = img.to_str().unwrap();
+        let out = run(&[
+            "luksFormat",
+            "-q",
+            "--type",
+            kind,
+            "-d",
+            pass,
+            spelling,
+            vk,
+            "-s",
+            bits,
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            img,
+        ]);
+        assert!(out.status.success(), "{kind}: {out:?}");
+        let dump = std::process::Command::new("cryptsetup")
+            .args(["luksDump", "-q", "--dump-volume-key", "-d", pass, img])
+            .output()
+            .unwrap();
+        let text: String = String::from_utf8_lossy(&dump.stdout)
+            .split("MK dump:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{kind}: {dump:?}"))
+            .split_whitespace()
+            .collect();
+        let want = hex(&key[..bits.parse::<usize>().unwrap() / 8]);
+        assert_eq!(text, want, "{kind}");
+    }
+    // 16 bytes for a 512-bit key: refused before anything is written.
+    let short = tmp.path().join("short");
+    std::fs::write(&short, [1u8; 16]).unwrap();
+    let img = common::image(tmp.path(), "short-img", 20 << 20);
+    let out = run(&[
+        "luksFormat",
+        "-q",
+        "-d",
+        pass,
+        "--volume-key-file",
+        short.to_str().unwrap(),
+        img.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read 64 bytes"));
+    assert!(
+        std::fs::read(&img).unwrap().iter().all(|&b| b == 0),
+        "header written"
+    );
 }

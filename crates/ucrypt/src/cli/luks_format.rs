@@ -75,6 +75,10 @@ pub(crate) struct Args {
     /// LUKS2 subsystem label.
     #[arg(long)]
     subsystem: Option<String>,
+    /// Use the volume key in FILE (its first --key-size bits) instead of a random one, as
+    /// cryptsetup's (`--master-key-file` is its older spelling).
+    #[arg(long, alias = "master-key-file", value_name = "FILE")]
+    volume_key_file: Option<std::path::PathBuf>,
     /// Keyslot for the passphrase (default: the first).
     #[arg(short = 'S', long)]
     key_slot: Option<u32>,
@@ -164,6 +168,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .code(EXIT_PARAMS);
     }
     let key_file = a.new_key_file.as_deref().or(a.key.key_file.as_deref());
+    // Read before anything is written: a short file is refused with the header untouched.
+    let volume_key = match &a.volume_key_file {
+        Some(f) => Some(ucrypt_crypto::VolumeKey::new(
+            secret::read_key_file(f, 0, u64::from(key_bits / 8))?.to_vec(),
+        )),
+        None => None,
+    };
     secret::confirm(
         a.batch_mode,
         &format!(
@@ -234,7 +245,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         "Formatting the header and keyslot",
         &a.dev.local_header()?,
         area,
-        || format_header(&a, cd, luks2, key_bits, &pass),
+        || format_header(&a, cd, luks2, key_bits, volume_key.as_ref(), &pass),
     )?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     // A remote header reaches its server before the wipe reads it back from there.
@@ -253,6 +264,7 @@ fn format_header(
     mut cd: ucrypt_cryptsetup::CryptDevice,
     luks2: bool,
     key_bits: u32,
+    volume_key: Option<&ucrypt_crypto::VolumeKey>,
     pass: &[u8],
 ) -> Result<u32, CliError> {
     cd.format_luks(
@@ -271,7 +283,7 @@ fn format_header(
             },
             align_sectors: a.align_payload,
         },
-        None,
+        volume_key,
     )
     .cs()?;
     // As cryptsetup: after the header is written, before its first keyslot.

@@ -80,6 +80,11 @@ struct Cli {
     /// ucrypt never puts a volume key there, so nothing else changes).
     #[arg(long, global = true)]
     disable_keyring: bool,
+    /// Take no metadata locks (a private image nobody else opens), as cryptsetup's: neither
+    /// libcryptsetup's in /run/cryptsetup nor ucrypt's image locks of header-changing
+    /// commands. A served instance's own exclusive lock on its device stays.
+    #[arg(long, global = true)]
+    disable_locks: bool,
     /// Load no LUKS2 token plugins (only built-in token types, such as luks2-keyring, work).
     #[arg(long, global = true)]
     disable_external_tokens: bool,
@@ -95,6 +100,10 @@ struct Cli {
     #[arg(short = 'y', long, global = true)]
     verify_passphrase: bool,
 }
+
+/// Whether `--disable-locks` is on: header-changing commands take no image locks.
+pub(crate) static DISABLE_LOCKS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// Whether `--debug`/`--debug-json` is on (ucrypt's own `# ` lines).
 static DEBUG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -896,6 +905,10 @@ pub fn run() -> ExitCode {
     secret::set_verify(cli.verify_passphrase, batch_mode);
     if cli.disable_keyring {
         ucrypt_cryptsetup::disable_volume_key_keyring();
+    }
+    if cli.disable_locks {
+        DISABLE_LOCKS.store(true, std::sync::atomic::Ordering::Relaxed);
+        ucrypt_cryptsetup::disable_metadata_locking();
     }
     if cli.disable_external_tokens {
         ucrypt_cryptsetup::disable_external_tokens();

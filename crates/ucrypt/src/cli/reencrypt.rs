@@ -64,9 +64,6 @@ pub(crate) struct Args {
     /// Only resume a reencryption already in the metadata.
     #[arg(long)]
     resume_only: bool,
-    /// Do not take ucrypt's image locks (a private image nobody else opens).
-    #[arg(long)]
-    disable_locks: bool,
     #[command(flatten)]
     progress: progress::ProgressArgs,
     /// Accepted for cryptsetup compatibility (ucrypt's reencryption is offline).
@@ -74,7 +71,7 @@ pub(crate) struct Args {
     force_offline_reencrypt: bool,
     /// Encrypt a plaintext device in place; its new LUKS2 header goes to --header
     /// (`-N`/`--new`: cryptsetup's older spellings).
-    #[arg(long, short = 'N', alias = "new", conflicts_with = "decrypt")]
+    #[arg(long, short = 'N', visible_alias = "new", conflicts_with = "decrypt")]
     encrypt: bool,
     /// Decrypt a LUKS2 device whose header is detached (--header) in place.
     #[arg(long)]
@@ -802,11 +799,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     {
         return Err(anyhow!("reencrypt of an NBD export is not supported yet")).code(EXIT_PARAMS);
     }
-    let _claimed = if a.disable_locks {
-        Vec::new()
-    } else {
-        super::instance::claim_for_header_change(&a.dev)?
-    };
+    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
     let path = a.dev.device.clone();
     let header_path = a.dev.header_path().to_path_buf();
     // A header to be created by --encrypt (or exported by --decrypt) is not read.
