@@ -126,6 +126,8 @@ const ACTIONS: &[(&str, Does)] = &[
     ("reencrypt --device-size", Runs("reencrypt")),
     ("reencrypt --offset", Runs("reencrypt")),
     ("reencrypt --new", Runs("reencrypt")),
+    ("reencrypt --luks2-metadata-size", Runs("reencrypt")),
+    ("reencrypt --luks2-keyslots-size", Runs("reencrypt")),
     // Features that cannot make sense for ucrypt.
     (
         "luksFormat --hw-opal",
@@ -785,4 +787,100 @@ fn luks_format_takes_the_volume_key_from_a_file() {
         std::fs::read(&img).unwrap().iter().all(|&b| b == 0),
         "header written"
     );
+}
+
+/// `reencrypt --encrypt --luks2-metadata-size/--luks2-keyslots-size` size the new header as
+/// cryptsetup 2.6.1's (with `--header`, and with `--reduce-device-size`, where a keyslots
+/// area too large for the data offset is shrunk to fit); without `--encrypt` refused.
+#[test]
+fn reencrypt_encrypt_sizes_the_new_header_as_cryptsetup() {
+    if !common::require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let pass = tmp.path().join("pass");
+    std::fs::write(&pass, b"pw").unwrap();
+    let pass = pass.to_str().unwrap();
+    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let layout = |hdr: &std::path::Path| -> Vec<String> {
+        let dump = std::process::Command::new("cryptsetup")
+            .arg("luksDump")
+            .arg(hdr)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&dump.stdout)
+            .lines()
+            .filter(|l| l.contains("area") || l.contains("offset") || l.contains("length"))
+            .map(str::to_string)
+            .collect()
+    };
+    for (case, extra) in [
+        (
+            "header",
+            &[
+                "--luks2-metadata-size",
+                "64k",
+                "--luks2-keyslots-size",
+                "1M",
+            ][..],
+        ),
+        (
+            "shift",
+            &[
+                "--reduce-device-size",
+                "2M",
+                "--luks2-metadata-size",
+                "64k",
+                "--luks2-keyslots-size",
+                "4M",
+            ][..],
+        ),
+    ] {
+        let mut layouts = Vec::new();
+        for (tool, bin) in [
+            ("ucrypt", env!("CARGO_BIN_EXE_ucrypt")),
+            ("cryptsetup", "cryptsetup"),
+        ] {
+            let img = common::image(tmp.path(), &format!("{tool}-{case}"), 32 << 20);
+            let hdr = tmp.path().join(format!("{tool}-{case}.hdr"));
+            let mut cmd = std::process::Command::new(bin);
+            cmd.args(["reencrypt", "-q", "--encrypt", "--init-only", "-d", pass])
+                .args(fast)
+                .args(extra);
+            if case == "header" {
+                cmd.arg("--header").arg(&hdr);
+            }
+            let out = cmd.arg(&img).output().unwrap();
+            assert!(out.status.success(), "{tool} {case}: {out:?}");
+            layouts.push(layout(if case == "header" { &hdr } else { &img }));
+        }
+        assert!(
+            layouts[0].iter().any(|l| l.contains("65536")),
+            "{case}: {:?}",
+            layouts[0]
+        );
+        assert_eq!(
+            layouts[0], layouts[1],
+            "{case}: ucrypt's layout, then cryptsetup's"
+        );
+    }
+    let img = common::image(tmp.path(), "luks", 32 << 20);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(["luksFormat", "-q", "-d", pass])
+        .args(fast)
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&[
+        "reencrypt",
+        "-q",
+        "--init-only",
+        "-d",
+        pass,
+        "--luks2-metadata-size",
+        "64k",
+        img.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
 }

@@ -100,6 +100,15 @@ pub(crate) struct Args {
     /// then adjusted to twice the offset.
     #[arg(short = 'o', long, value_name = "SECTORS")]
     offset: Option<u64>,
+    /// With --encrypt: the new header's JSON metadata area size (bytes; K/M suffixes),
+    /// 16K..4M, a power of two, as luksFormat's.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    luks2_metadata_size: Option<u64>,
+    /// With --encrypt: the new header's keyslots area size (bytes; K/M suffixes), as
+    /// luksFormat's; with --reduce-device-size shrunk to what fits below the data offset
+    /// (with cryptsetup's warning).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    luks2_keyslots_size: Option<u64>,
     /// Keep the volume key (and keyslots); change the cipher or sector size only.
     #[arg(long)]
     keep_key: bool,
@@ -289,6 +298,22 @@ fn format_new_header(
     data_device: std::path::PathBuf,
     passphrase: &[u8],
 ) -> Result<u32, CliError> {
+    if a.luks2_metadata_size.is_some() || a.luks2_keyslots_size.is_some() {
+        let metadata = a.luks2_metadata_size.unwrap_or(0);
+        let mut keyslots = a.luks2_keyslots_size.unwrap_or(0);
+        // cryptsetup's encrypt_luks2_init: with the header at the head of the device, a
+        // keyslots area that does not fit below the data offset is shrunk to fit.
+        if let (Some(r), Some(k)) = (a.reduce_device_size, a.luks2_keyslots_size) {
+            let room = (r / 2).saturating_sub(2 * metadata.max(16 << 10));
+            if k > room {
+                keyslots = room;
+                eprintln!("WARNING: LUKS2 keyslots area size changed to {room} bytes.");
+            }
+        }
+        cd.set_metadata_size(metadata, keyslots)
+            .map_err(|e| anyhow!("unsupported LUKS2 metadata size options").context(e.to_string()))
+            .code(EXIT_PARAMS)?;
+    }
     cd.format_luks(
         &LuksFormat {
             luks2: true,
@@ -659,6 +684,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         return Err(anyhow!(
             "reencrypt --keep-key keeps the key of a LUKS2 volume being re-encrypted; \
              --encrypt and --decrypt have one key only"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if !a.encrypt && (a.luks2_metadata_size.is_some() || a.luks2_keyslots_size.is_some()) {
+        return Err(anyhow!(
+            "--luks2-metadata-size and --luks2-keyslots-size size a new header: they apply to \
+             reencrypt --encrypt only (cryptsetup ignores them otherwise)"
         ))
         .code(EXIT_PARAMS);
     }
