@@ -3,7 +3,8 @@
 # inside ../shared/kernel-lab (Debian's 6.12 kernel: ublk_drv, nbd, dm-crypt), started by
 # crates/device/tests/lab.rs:
 #   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk nbd recovery nbd-recovery,
-#                                                and reencrypt=PATH of tests/lab/reencrypt.sh)
+#                                                reencrypt=PATH of tests/lab/reencrypt.sh and
+#                                                luks1reenc=PATH of tests/lab/reencrypt_luks1.sh)
 # UCRYPT is the ucrypt binary, ATTACH the crates/device `attach` example, or `cli` to go
 # through `ucrypt open IMAGE NAME --device ublk|nbd` / `ucrypt close NAME` (what users
 # type; then `close` must also refuse with exit code 5 while mounted). Prints one
@@ -190,6 +191,9 @@ for f in $FRONTENDS; do
     # Reencryption interplay with cryptsetup's online mode (tests/lab/reencrypt.sh), in the
     # same guest boot.
     reencrypt=*) . "${f#reencrypt=}"; reencrypt_round ;;
+    # LUKS1 reencryption interplay with cryptsetup's legacy LUKS1 pass
+    # (tests/lab/reencrypt_luks1.sh).
+    luks1reenc=*) . "${f#luks1reenc=}"; luks1_round ;;
   esac
 done
 dmesg | grep -iE "ublk|nbd|EXT4-fs error|I/O error" | tail -20 | sed 's/^/# dmesg: /'

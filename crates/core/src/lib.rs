@@ -22,6 +22,7 @@ pub mod instance;
 pub mod mapping;
 pub mod open;
 pub mod reencrypt;
+pub mod reencrypt_luks1;
 pub mod remote_header;
 pub mod secure;
 pub mod tcrypt;

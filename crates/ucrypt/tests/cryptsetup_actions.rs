@@ -107,17 +107,12 @@ const ACTIONS: &[(&str, Does)] = &[
     ("open --refresh", Runs("refresh")),
     ("open --persistent", Runs("open")),
     ("open --device-size", Runs("open")),
-    // cryptsetup's LUKS1-only reencryption options, and what needs online reencryption.
-    (
-        "reencrypt --use-fsync",
-        Refused("LUKS1 reencryption options"),
-    ),
-    (
-        "reencrypt --block-size 4",
-        Refused("LUKS1 reencryption options"),
-    ),
-    ("reencrypt --use-directio", Refused("LUKS1")),
-    ("reencrypt --write-log", Refused("LUKS1")),
+    // cryptsetup's LUKS1-only reencryption options (its legacy LUKS1 pass, ucrypt's
+    // `reencrypt` of a LUKS1 volume).
+    ("reencrypt --use-fsync", Runs("reencrypt")),
+    ("reencrypt --block-size 4", Runs("reencrypt")),
+    ("reencrypt --use-directio", Runs("reencrypt")),
+    ("reencrypt --write-log", Runs("reencrypt")),
     ("reencrypt --active-name vol", Runs("reencrypt")),
     ("reencrypt --encrypt", Runs("reencrypt")),
     ("reencrypt --decrypt", Runs("reencrypt")),

@@ -12,7 +12,10 @@
 //! In the same boot, LUKS2 reencryption against cryptsetup's online mode
 //! (`tests/lab/reencrypt.sh`): cryptsetup's online pass killed mid-way and finished by
 //! ucrypt; ucrypt's pass stopped, or killed, mid-way and finished by cryptsetup online; each
-//! time dm-crypt and ucrypt read back the pattern written before.
+//! time dm-crypt and ucrypt read back the pattern written before. And LUKS1 reencryption
+//! against cryptsetup 2.6.1's legacy LUKS1 pass (`tests/lab/reencrypt_luks1.sh`): cryptsetup
+//! interrupted and finished by ucrypt, ucrypt interrupted and finished by cryptsetup, ucrypt
+//! killed (-9) and finished by ucrypt; dm-crypt and ucrypt read the pattern each time.
 //!
 //! Skipped with a message when `CI` is unset and the lab cannot start; fails when `CI` is
 //! set.
@@ -55,6 +58,10 @@ fn open_by_name_as_ublk_and_kernel_nbd_on_a_real_kernel() {
         .arg(format!(
             "reencrypt={}",
             root.join("tests/lab/reencrypt.sh").display()
+        ))
+        .arg(format!(
+            "luks1reenc={}",
+            root.join("tests/lab/reencrypt_luks1.sh").display()
         ))
         .current_dir(&root)
         .env("KLAB_TIMEOUT", "1500")

@@ -559,7 +559,7 @@ fn what_cryptsetup_refuses_is_refused() {
             k,
             dev,
         ],
-        "LUKS2 only",
+        "does not encrypt to LUKS1",
     );
     refused(
         &[

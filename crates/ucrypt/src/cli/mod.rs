@@ -266,9 +266,9 @@ enum Command {
     /// Write a saved LUKS header area back to the device.
     #[command(name = "luksHeaderRestore")]
     LuksHeaderRestore(luks_header_restore::Args),
-    /// Re-encrypt a LUKS2 volume with a new key (cipher, key size, sector size), or encrypt
-    /// or decrypt a device with a detached header, resumable and interchangeable with
-    /// cryptsetup reencrypt.
+    /// Re-encrypt a LUKS2 or LUKS1 volume with a new key (cipher, key size, sector size),
+    /// or encrypt or decrypt a LUKS2 device, resumable and interchangeable with cryptsetup
+    /// reencrypt.
     Reencrypt(reencrypt::Args),
     /// Check a passphrase (--test-passphrase) or print the volume's table line (--print-table).
     #[command(name = "luksOpen")]

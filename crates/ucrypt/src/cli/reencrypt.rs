@@ -4,8 +4,10 @@
 //! offline, with cryptsetup's options and on-disk metadata, so that `cryptsetup reencrypt
 //! --resume-only` can finish what ucrypt started and the reverse. The metadata set-up is
 //! libcryptsetup's (for `--encrypt` the luksFormat of cryptsetup's `encrypt_luks2_init`
-//! too); the data pass is ucrypt's ([`ucrypt::reencrypt`]).
+//! too); the data pass is ucrypt's ([`ucrypt::reencrypt`]). A LUKS1 volume is re-keyed as
+//! cryptsetup's legacy LUKS1 reencryption does it ([`luks1`]).
 
+mod luks1;
 mod online;
 
 use super::luks::{CsResult, DeviceArgs};
@@ -23,8 +25,9 @@ use ucrypt_format::size::parse_size;
 /// Arguments of `ucrypt reencrypt`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// The LUKS2 device: a block device or an image file (with --active-name, the one the
-    /// instance serves unless given).
+    /// The LUKS2 or LUKS1 device: a block device or an image file (with --active-name, the
+    /// one the instance serves unless given). A LUKS1 volume is re-keyed as cryptsetup's
+    /// legacy LUKS1 reencryption does, its state files in the current directory.
     #[arg(required_unless_present = "active_name")]
     device: Option<std::path::PathBuf>,
     /// Use a detached header file instead of the device's own.
@@ -76,7 +79,7 @@ pub(crate) struct Args {
     /// Decrypt a LUKS2 device whose header is detached (--header) in place.
     #[arg(long)]
     decrypt: bool,
-    /// Header type for --encrypt: luks2 (LUKS1 reencryption is not supported).
+    /// Header type for --encrypt: luks2 (encryption to LUKS1 is not supported yet).
     #[arg(long = "type", short = 'M', value_name = "TYPE")]
     kind: Option<String>,
     /// UUID of the new header (--encrypt).
@@ -121,17 +124,19 @@ pub(crate) struct Args {
     /// the whole device. DANGEROUS (for a device whose filesystem was shrunk first).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     device_size: Option<u64>,
-    /// LUKS1 reencryption block size in MiB (LUKS1 only; ucrypt re-encrypts LUKS2).
-    #[arg(long, hide = true, value_name = "MIB")]
+    /// LUKS1 reencryption block size in MiB, 1 to 1024 (default 4; LUKS1 only).
+    #[arg(short = 'B', long, value_name = "MIB")]
     block_size: Option<String>,
     /// LUKS1 reencryption with O_DIRECT (LUKS1 only).
-    #[arg(long, hide = true)]
+    #[arg(long)]
     use_directio: bool,
-    /// LUKS1 reencryption with fsync after every block (LUKS1 only).
-    #[arg(long, hide = true)]
+    /// LUKS1 reencryption with fsync after every block (LUKS1 only; ucrypt syncs every
+    /// block anyway).
+    #[arg(long)]
     use_fsync: bool,
-    /// LUKS1 reencryption log updated after every block (LUKS1 only).
-    #[arg(long, hide = true)]
+    /// LUKS1 reencryption log updated after every block (LUKS1 only; ucrypt always
+    /// does).
+    #[arg(long)]
     write_log: bool,
     /// Stop cleanly after this many bytes (tests: a reproducible interruption).
     #[arg(long, hide = true, value_parser = parse_size)]
@@ -654,19 +659,29 @@ fn is_luks(path: &std::path::Path) -> bool {
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
-    if a.block_size.is_some() || a.use_directio || a.use_fsync || a.write_log {
-        return Err(anyhow!(
-            "reencrypt --block-size, --use-directio, --use-fsync and --write-log are \
-             cryptsetup's LUKS1 reencryption options; ucrypt re-encrypts LUKS2 only \
-             (`ucrypt convert --type luks2` first)"
-        ))
-        .code(EXIT_PARAMS);
-    }
     let mut a = a;
     a.dev = DeviceArgs {
         device: a.device.clone().unwrap_or_default(),
         header: a.header.clone(),
     };
+    if a.kind.as_deref() == Some("luks1") && a.active_name.is_some() {
+        return Err(anyhow!(
+            "Option --active-name can be set only for LUKS2 device."
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.active_name.is_none() && luks1::applies(a.dev.header_path()) {
+        // cryptsetup's legacy LUKS1 reencryption.
+        return luks1::run(&a);
+    }
+    if a.block_size.is_some() || a.use_directio || a.use_fsync || a.write_log {
+        return Err(anyhow!(
+            "reencrypt --block-size, --use-directio, --use-fsync and --write-log are \
+             options of cryptsetup's LUKS1 reencryption; {} is not LUKS1",
+            a.dev.header_path().display()
+        ))
+        .code(EXIT_PARAMS);
+    }
     if let Some(name) = a.active_name.clone() {
         return online::run(&mut a, &name);
     }
@@ -783,10 +798,17 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             return Err(anyhow!(why)).code(EXIT_PARAMS);
         }
     }
+    if a.kind.as_deref() == Some("luks1") && !a.encrypt && is_luks(a.dev.header_path()) {
+        return Err(anyhow!(
+            "Conflicting versions. Device {} is LUKS2.",
+            a.dev.header_path().display()
+        ))
+        .code(EXIT_PARAMS);
+    }
     if a.kind.as_deref().is_some_and(|t| t != "luks2") {
         return Err(anyhow!(
-            "reencrypt --type {}: ucrypt re-encrypts LUKS2 only (cryptsetup's LUKS1 \
-             reencryption is its legacy tool)",
+            "reencrypt --type {}: ucrypt does not encrypt to LUKS1 yet (cryptsetup's legacy \
+             LUKS1 encryption); use --type luks2",
             a.kind.as_deref().unwrap_or_default()
         ))
         .code(EXIT_PARAMS);

@@ -1,0 +1,545 @@
+//! `ucrypt reencrypt` of a LUKS1 volume: cryptsetup 2.6's legacy LUKS1 reencryption
+//! (`utils_reencrypt_luks1.c`), with its state files in the current directory, its
+//! unusable header mark and its log ([`ucrypt::reencrypt_luks1`]), so that either tool
+//! resumes what the other started. The headers are libcryptsetup's (backup, a new LUKS1
+//! header with the same UUID and the keyslots re-added, restore); the data pass is
+//! ucrypt's (cryptsetup maps both headers with dm-crypt).
+//!
+//! Landed: re-key in place (new volume key, optionally `--cipher`, `--key-size`, `--hash`,
+//! PBKDF options; `--keep-key` for the header only; `--key-slot`; `--block-size`,
+//! `--use-directio`, `--use-fsync`, `--write-log`, `--device-size`, `--resume-only`).
+//! `--encrypt --type luks1` and `--decrypt` of LUKS1 are refused by name.
+
+use super::super::luks::CsResult;
+use super::super::progress;
+use super::super::secret::{self, Secret};
+use super::super::{CliError, WithCode, EXIT_PARAMS};
+use super::Args;
+use anyhow::anyhow;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use ucrypt::reencrypt_luks1::{self as l1, Direction, Files, Log, Mode, Pass, Side};
+use ucrypt_crypto::{CipherSpec, SectorParams};
+use ucrypt_cryptsetup::{CryptDevice, HeaderType, KeyslotStatus, LuksFormat, Pbkdf};
+
+/// LUKS1's keyslot count.
+const SLOTS: u32 = 8;
+
+/// Whether `hdr` is a LUKS1 header, usable or marked by a LUKS1 reencryption.
+pub(super) fn applies(hdr: &Path) -> bool {
+    l1::is_luks1(hdr) || l1::unusable_uuid(hdr).is_some()
+}
+
+fn load(header: &Path, device: &Path) -> Result<CryptDevice, CliError> {
+    let mut cd = if header == device {
+        CryptDevice::init(header)
+    } else {
+        CryptDevice::init_detached(header, device)
+    }
+    .cs()?;
+    cd.load(Some(HeaderType::Luks1)).cs()?;
+    Ok(cd)
+}
+
+/// The passphrases (slot, secret) as cryptsetup's `initialize_passphrase` asks for them.
+fn passphrases(
+    a: &Args,
+    cd: &mut CryptDevice,
+    in_progress: bool,
+) -> Result<Vec<(u32, Secret)>, CliError> {
+    let file = a
+        .key
+        .key_file
+        .as_deref()
+        .map(|p| (p, a.key.keyfile_offset, a.key.keyfile_size));
+    let tries = if secret::prompts(&a.key) { 3 } else { 1 };
+    let ask = |cd: &mut CryptDevice, slot: Option<u32>, prompt: &str| {
+        for _ in 0..tries {
+            let p = secret::get(file, prompt, false)?;
+            if let Ok(s) = cd.check_passphrase(slot, &p) {
+                return Ok((s, p));
+            }
+            if tries > 1 {
+                eprintln!("No key available with this passphrase.");
+            }
+        }
+        Err(anyhow!("No key available with this passphrase.")).code(2)
+    };
+    if file.is_some() {
+        let (s, p) = ask(cd, a.key_slot, "")?;
+        if a.key_slot.is_none() && !in_progress && cd.keyslot_status(s) != KeyslotStatus::ActiveLast
+        {
+            return Err(anyhow!(
+                "Key file can be used only with --key-slot or with exactly one key slot active."
+            ))
+            .code(EXIT_PARAMS);
+        }
+        return Ok(vec![(s, p)]);
+    }
+    if in_progress || a.key_slot.is_some() {
+        let prompt = match a.key_slot {
+            Some(s) => format!("Enter passphrase for key slot {s}: "),
+            None => "Enter any existing passphrase: ".into(),
+        };
+        return Ok(vec![ask(cd, a.key_slot, &prompt)?]);
+    }
+    let mut out = Vec::new();
+    for s in 0..SLOTS {
+        if !matches!(
+            cd.keyslot_status(s),
+            KeyslotStatus::Active | KeyslotStatus::ActiveLast
+        ) {
+            continue;
+        }
+        out.push(ask(
+            cd,
+            Some(s),
+            &format!("Enter passphrase for key slot {s}: "),
+        )?);
+    }
+    Ok(out)
+}
+
+/// Writes the new header to `files.new` as cryptsetup's `backup_luks_headers` does: the
+/// old UUID and data offset, the cipher (`--cipher`) and key size (`--key-size`) asked for
+/// or the old ones, `--hash` or sha256, a new random volume key (`--keep-key`: the old
+/// one), and every passphrase in its own keyslot number again.
+fn new_header(
+    a: &Args,
+    old: &mut CryptDevice,
+    device: &Path,
+    files: &Files,
+    pass: &[(u32, Secret)],
+) -> Result<(), CliError> {
+    let info = old.info();
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&files.new)
+            .map_err(|e| anyhow!("creating {}: {e}", files.new.display()))?;
+        f.set_len(4096)
+            .map_err(|e| anyhow!("sizing {}: {e}", files.new.display()))?;
+    }
+    let key = if a.keep_key {
+        Some(old.volume_key(Some(pass[0].0), &pass[0].1).cs()?.1)
+    } else {
+        None
+    };
+    let key_bytes = match (a.keep_key, a.key_size) {
+        (false, Some(bits)) if bits % 8 == 0 && bits > 0 => bits as usize / 8,
+        (false, Some(bits)) => {
+            return Err(anyhow!(
+                "key size {bits} is not a positive multiple of 8 bits"
+            ))
+            .code(EXIT_PARAMS)
+        }
+        _ => info.key_bytes,
+    };
+    let cipher = a.cipher.clone().unwrap_or_else(|| info.cipher_spec());
+    cipher
+        .parse::<CipherSpec>()
+        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
+        .code(EXIT_PARAMS)?;
+    let hash = a.pbkdf.hash.clone().unwrap_or_else(|| "sha256".into());
+    let mut cd = CryptDevice::init(&files.new).cs()?;
+    // cryptsetup's set_pbkdf_params(cd, CRYPT_LUKS1): PBKDF2 unless asked otherwise, the
+    // header's hash.
+    cd.set_pbkdf(&Pbkdf {
+        kind: a.pbkdf.pbkdf.clone().unwrap_or_else(|| "pbkdf2".into()),
+        hash: Some(hash.clone()),
+        iterations: a.pbkdf.pbkdf_force_iterations,
+        time_ms: a.pbkdf.iter_time,
+        memory_kb: a.pbkdf.pbkdf_memory,
+        parallel: a.pbkdf.pbkdf_parallel,
+    })
+    .cs()?;
+    cd.set_data_offset(info.data_offset).cs()?;
+    cd.format_luks(
+        &LuksFormat {
+            luks2: false,
+            cipher,
+            key_bytes,
+            uuid: info.uuid.clone(),
+            hash: Some(hash),
+            sector_size: None,
+            label: None,
+            subsystem: None,
+            data_device: Some(device.to_path_buf()),
+            align_sectors: None,
+        },
+        key.as_ref(),
+    )
+    .cs()?;
+    for (slot, p) in pass {
+        cd.add_keyslot_by_volume_key(Some(*slot), None, p).cs()?;
+    }
+    Ok(())
+}
+
+/// The sector cipher of `header` for `device`, unlocked with `passphrase`; and its data
+/// offset in bytes.
+fn side(
+    header: &Path,
+    device: &Path,
+    slot: Option<u32>,
+    passphrase: &[u8],
+) -> Result<Side, CliError> {
+    let mut cd = CryptDevice::init_detached(header, device).cs()?;
+    cd.load(Some(HeaderType::Luks1)).cs()?;
+    let info = cd.info();
+    let (_, key) = cd.volume_key(slot, passphrase).cs()?;
+    let spec: CipherSpec = info
+        .cipher_spec()
+        .parse()
+        .map_err(|e| anyhow!("cipher {}: {e}", info.cipher_spec()))
+        .code(EXIT_PARAMS)?;
+    let cipher = spec
+        .build(&key, SectorParams::default())
+        .map_err(|e| anyhow!("cipher {}: {e}", info.cipher_spec()))
+        .code(EXIT_PARAMS)?;
+    Ok(Side {
+        cipher: Some(cipher),
+        base: info.data_offset * 512,
+    })
+}
+
+fn device_size(f: &std::fs::File) -> std::io::Result<u64> {
+    use std::io::Seek;
+    let mut f = f;
+    f.seek(std::io::SeekFrom::End(0))
+}
+
+/// Removes the state files (the run finished or never started); the log last, so that a
+/// run stopped in between leaves a log that says what is left.
+fn clean(files: &Files) {
+    for p in [&files.journal, &files.new, &files.org, &files.log] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+pub(super) fn run(a: &Args) -> Result<(), CliError> {
+    let device = a.dev.local_device()?;
+    let hdr: PathBuf = a.dev.header_path().to_path_buf();
+    let stained = l1::unusable_uuid(&hdr);
+    if a.kind.as_deref() == Some("luks2") {
+        return Err(anyhow!(
+            "Conflicting versions. Device {} is {}.",
+            hdr.display(),
+            if stained.is_some() {
+                "in LUKS1 reencryption"
+            } else {
+                "LUKS1"
+            }
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.active_name.is_some() {
+        return Err(anyhow!(
+            "Option --active-name can be set only for LUKS2 device."
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.encrypt {
+        return Err(anyhow!(
+            "Device {} is already LUKS device. Aborting operation.",
+            hdr.display()
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.decrypt {
+        return Err(anyhow!(
+            "reencrypt --decrypt of a LUKS1 volume is not supported by ucrypt yet (cryptsetup's \
+             legacy LUKS1 decryption); `ucrypt convert --type luks2` first, then decrypt"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.reduce_device_size.is_some() {
+        return Err(anyhow!(
+            "reencrypt --reduce-device-size of a LUKS1 volume (re-key with a data shift) is not \
+             supported by ucrypt yet"
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.key_slot.is_some_and(|s| s >= SLOTS) {
+        return Err(anyhow!("Key slot is invalid.")).code(EXIT_PARAMS);
+    }
+    let block_mib: u64 = match a.block_size.as_deref() {
+        None => u64::from(l1::DEFAULT_BLOCK_MIB),
+        Some(s) => match s.parse::<u64>() {
+            // cryptsetup 2.6 takes any number; 0 cannot work and a block is held in RAM.
+            Ok(n) if (1..=1024).contains(&n) => n,
+            _ => {
+                return Err(anyhow!(
+                    "--block-size {s}: the LUKS1 reencryption block size is 1 to 1024 (MiB)"
+                ))
+                .code(EXIT_PARAMS)
+            }
+        },
+    };
+    for (set, name) in [
+        (a.resilience.is_some(), "--resilience"),
+        (a.hotzone_size.is_some(), "--hotzone-size"),
+        (a.sector_size.is_some(), "--sector-size"),
+        (a.init_only, "--init-only"),
+        (a.offset.is_some(), "--offset"),
+    ] {
+        if set {
+            eprintln!("{name} does not apply to LUKS1 reencryption; ignored, as by cryptsetup.");
+        }
+    }
+    let uuid = match &stained {
+        Some(u) => u.clone(),
+        None => {
+            let mut cd = load(&hdr, &device)?;
+            cd.info()
+                .uuid
+                .ok_or_else(|| anyhow!("{} has no UUID", hdr.display()))?
+        }
+    };
+    let cwd = std::env::current_dir().map_err(|e| anyhow!("current directory: {e}"))?;
+    let files = Files::new(&cwd, &uuid);
+    let mut in_progress = files.log.exists();
+    if in_progress && stained.is_none() {
+        // The header was never marked (a run stopped while writing the new header, before
+        // any data moved) or is already the new one, restored (stopped before removing
+        // its files): nothing to resume either way.
+        eprintln!(
+            "{} is a usable LUKS1 header: the reencryption files left in this directory by a \
+             run that moved no data or had finished ({}) are removed.",
+            hdr.display(),
+            files.log.display()
+        );
+        clean(&files);
+        in_progress = false;
+    }
+    if a.resume_only && stained.is_none() {
+        return Err(anyhow!("Device reencryption not in progress.")).code(EXIT_PARAMS);
+    }
+    if stained.is_some() && !in_progress {
+        return Err(anyhow!(
+            "{} is in LUKS1 reencryption but {} is not in the current directory: run from \
+             the directory the reencryption was started in",
+            hdr.display(),
+            files.log.display()
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.uuid.is_some() && !in_progress {
+        return Err(anyhow!(
+            "No decryption in progress, provided UUID can be used only to resume suspended \
+             decryption process."
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if !in_progress && [&files.org, &files.new].iter().any(|p| p.exists()) {
+        // No log: no pass is under way (a run stopped while removing its files at the end,
+        // or before it had begun); cryptsetup would fail on them ("already exists").
+        eprintln!(
+            "Removing {} and {} left without a log by an earlier run.",
+            files.org.display(),
+            files.new.display()
+        );
+        clean(&files);
+    }
+    let _claimed = super::super::instance::claim_for_header_change(&a.dev)?;
+    let log_file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true).write(true).mode(0o600);
+        if a.use_fsync {
+            o.custom_flags(libc::O_SYNC);
+        }
+        if in_progress {
+            println!(
+                "Log file {} exists, resuming reencryption.",
+                files.log.file_name().unwrap_or_default().to_string_lossy()
+            );
+            o.open(&files.log)
+        } else {
+            o.create_new(true).open(&files.log)
+        }
+        .map_err(|e| anyhow!("Cannot open reencryption log file ({e})."))?
+    };
+    let mut log = if in_progress {
+        let mut buf = vec![0u8; l1::LOG_SIZE];
+        let n = {
+            use std::io::Read;
+            (&log_file)
+                .read(&mut buf)
+                .map_err(|e| anyhow!("Cannot read reencryption log file ({e})."))?
+        };
+        Log::parse(&buf[..n], &uuid).code(EXIT_PARAMS)?
+    } else {
+        let log = Log {
+            uuid: uuid.clone(),
+            direction: Direction::Forward,
+            mode: Mode::Reencrypt,
+            offset: 0,
+            shift: 0,
+        };
+        l1::write_log(&log_file, &log).code(EXIT_PARAMS)?;
+        log
+    };
+    if log.mode != Mode::Reencrypt || log.direction != Direction::Forward {
+        return Err(anyhow!(
+            "{} records a LUKS1 {} pass ({}); ucrypt resumes LUKS1 re-keying in place only",
+            files.log.display(),
+            match log.mode {
+                Mode::Reencrypt => "re-key",
+                Mode::Encrypt => "encryption",
+                Mode::Decrypt => "decryption",
+            },
+            if log.direction == Direction::Forward {
+                "forward"
+            } else {
+                "backward"
+            }
+        ))
+        .code(EXIT_PARAMS);
+    }
+    // Before the header is marked, a failure leaves the volume as it was and no files.
+    let pass = if in_progress {
+        let mut cd = load(&files.new, &device)?;
+        passphrases(a, &mut cd, true)?
+    } else {
+        // A journal left by an earlier reencryption of this UUID finished by cryptsetup
+        // is stale.
+        let _ = std::fs::remove_file(&files.journal);
+        let started = (|| {
+            let mut cd = load(&hdr, &device)?;
+            let pass = passphrases(a, &mut cd, false)?;
+            cd.header_backup(&files.org).cs()?;
+            new_header(a, &mut cd, &device, &files, &pass)?;
+            drop(cd);
+            l1::set_unusable(&hdr, true).code(EXIT_PARAMS)?;
+            Ok::<_, CliError>(pass)
+        })();
+        match started {
+            Ok(p) => p,
+            Err(e) => {
+                drop(log_file);
+                clean(&files);
+                return Err(e);
+            }
+        }
+    };
+    let (slot, passphrase) = (&pass[0].0, &pass[0].1);
+    let stop = AtomicBool::new(false);
+    if !a.keep_key {
+        let old = side(&files.org, &device, None, passphrase)?;
+        let new = side(&files.new, &device, Some(*slot), passphrase)?;
+        drop(pass);
+        let dev = {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true).write(true);
+            let direct = a.use_directio;
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            match o.open(&device) {
+                Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                    eprintln!(
+                        "{} does not take direct I/O; reencrypting through the page cache \
+                         (every block is synced anyway).",
+                        device.display()
+                    );
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(&device)
+                }
+                other => other,
+            }
+            .map_err(|e| anyhow!("Cannot open device {} ({e}).", device.display()))
+            .code(super::super::EXIT_DEVICE)?
+        };
+        let total = device_size(&dev)
+            .map_err(|e| anyhow!("Cannot get device size ({e})."))?
+            .saturating_sub(new.base);
+        let size = match a.device_size {
+            Some(n) if n > total => {
+                return Err(anyhow!(
+                    "--device-size {n} is beyond the data area ({total} bytes)"
+                ))
+                .code(EXIT_PARAMS)
+            }
+            Some(n) => n,
+            None => total,
+        };
+        let p = Pass {
+            old,
+            new,
+            size,
+            block: block_mib << 20,
+            direction: Direction::Forward,
+            journal: files.journal.clone(),
+        };
+        if p.recover(&dev, &log).code(EXIT_PARAMS)? {
+            eprintln!(
+                "Put back the block at {} that an interrupted run was writing (from {}).",
+                log.offset,
+                files.journal.display()
+            );
+        }
+        let stop_signal = progress::StopOnSignal::new();
+        let first = log.offset.min(size);
+        let name = device.display().to_string();
+        let mut bar = progress::Bytes::new(&a.progress, "Reencrypting", &name, size);
+        bar.resume_at(first);
+        let start = Instant::now();
+        let mut last = first;
+        let outcome = p.run(&dev, &log_file, &mut log, &stop, &mut |done, _| {
+            last = done;
+            if stop_signal.stopped() || a.debug_stop_after.is_some_and(|n| done - first >= n) {
+                stop.store(true, Ordering::Relaxed);
+            }
+            bar.set(done);
+        });
+        match &outcome {
+            Ok(l1::Outcome::Finished) => bar.finish(),
+            _ => bar.abandon(),
+        }
+        let outcome = outcome
+            .map_err(|e| anyhow!("IO error during reencryption: {e}"))
+            .code(EXIT_PARAMS)?;
+        let secs = start.elapsed().as_secs_f64();
+        if outcome == l1::Outcome::Interrupted {
+            eprintln!(
+                "{}",
+                progress::summary_line("Interrupted", last - first, secs)
+            );
+            eprintln!(
+                "Reencryption interrupted at {last} of {size} bytes; resume with `ucrypt \
+                 reencrypt {}` (or cryptsetup's) from this directory.",
+                device.display()
+            );
+            return Err(anyhow!("Reencryption interrupted.")).code(EXIT_PARAMS);
+        }
+        if !(a.progress.progress_json || a.progress.progress_frequency.is_some()) {
+            eprintln!("{}", progress::summary_line("Finished", last - first, secs));
+        }
+    }
+    drop(log_file);
+    // The new header onto the device (its magic is usable again), then the files go.
+    let mut cd = if hdr == device {
+        CryptDevice::init(&hdr)
+    } else {
+        CryptDevice::init_detached(&hdr, &device)
+    }
+    .cs()?;
+    cd.header_restore(&files.new)
+        .map_err(|e| {
+            anyhow!(
+                "Cannot restore LUKS1 header on device {}: {e}",
+                hdr.display()
+            )
+        })
+        .code(EXIT_PARAMS)?;
+    clean(&files);
+    Ok(())
+}
