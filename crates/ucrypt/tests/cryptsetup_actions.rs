@@ -142,6 +142,22 @@ fn run(args: &[&str]) -> Output {
     common::ucrypt(args, b"")
 }
 
+/// The two tools, for the tests that run one command line through each.
+const TOOLS: [(&str, &str); 2] = [
+    ("ucrypt", env!("CARGO_BIN_EXE_ucrypt")),
+    ("cryptsetup", "cryptsetup"),
+];
+
+/// A PBKDF that costs nothing, for headers made only to be compared.
+const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+/// A passphrase file ("pw") in `dir`, as a path string.
+fn pass_file(dir: &std::path::Path) -> String {
+    let pass = dir.join("pass");
+    std::fs::write(&pass, b"pw").unwrap();
+    pass.to_str().unwrap().to_string()
+}
+
 #[test]
 fn every_action_runs_under_its_name_or_is_refused_with_its_reason() {
     for (typed, does) in ACTIONS {
@@ -287,11 +303,9 @@ fn batch_mode_and_verbose_go_before_the_action_and_on_every_action() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let img = common::image(tmp.path(), "img", 20 << 20);
-    let pass = tmp.path().join("pass");
-    std::fs::write(&pass, "pw").unwrap();
-    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
-    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-    let out = run(&[&["-q", "luksFormat", img, "-d", pass][..], &fast].concat());
+    let pass = pass_file(tmp.path());
+    let (img, pass) = (img.to_str().unwrap(), pass.as_str());
+    let out = run(&[&["-q", "luksFormat", img, "-d", pass][..], &FAST].concat());
     assert!(out.status.success(), "{out:?}");
     let cases: &[&[&str]] = &[
         &["-q", "isLuks", img],
@@ -436,18 +450,13 @@ fn luks_format_offset_places_the_data_as_cryptsetups() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let pass = tmp.path().join("pass");
-    std::fs::write(&pass, b"pw").unwrap();
-    let pass = pass.to_str().unwrap();
+    let pass = pass_file(tmp.path());
+    let pass = pass.as_str();
     for kind in ["luks2", "luks1"] {
         let mut dumps = Vec::new();
-        for (tool, bin) in [
-            ("ucrypt", env!("CARGO_BIN_EXE_ucrypt")),
-            ("cryptsetup", "cryptsetup"),
-        ] {
+        for (tool, bin) in TOOLS {
             let img = common::image(tmp.path(), &format!("{tool}-{kind}"), 40 << 20);
             let img = img.to_str().unwrap();
-            let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
             let out = std::process::Command::new(bin)
                 .args([
                     "luksFormat",
@@ -459,7 +468,7 @@ fn luks_format_offset_places_the_data_as_cryptsetups() {
                     "--offset",
                     "40960",
                 ])
-                .args(fast)
+                .args(FAST)
                 .arg(img)
                 .output()
                 .unwrap();
@@ -515,7 +524,7 @@ fn open_options_a_type_cannot_use_are_refused_as_cryptsetup_refuses_them() {
     let luks = tmp.path().join("luks");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
         .args(["luksFormat", "-q", "--type", "luks2", "-d", key])
-        .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+        .args(FAST)
         .arg(common::image(tmp.path(), "luks", 16 << 20))
         .output()
         .unwrap();
@@ -610,20 +619,16 @@ fn reencrypt_new_is_encrypt() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let pass = tmp.path().join("pass");
-    std::fs::write(&pass, b"pw").unwrap();
-    let pass = pass.to_str().unwrap();
+    let pass = pass_file(tmp.path());
+    let pass = pass.as_str();
     for spelling in ["-N", "--new"] {
         let mut modes = Vec::new();
-        for (tool, bin) in [
-            ("ucrypt", env!("CARGO_BIN_EXE_ucrypt")),
-            ("cryptsetup", "cryptsetup"),
-        ] {
+        for (tool, bin) in TOOLS {
             let img = common::image(tmp.path(), &format!("{tool}{spelling}"), 32 << 20);
             let out = std::process::Command::new(bin)
                 .args(["reencrypt", "-q", spelling, "--type", "luks2"])
                 .args(["--reduce-device-size", "8M", "--init-only", "-d", pass])
-                .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+                .args(FAST)
                 .arg(&img)
                 .output()
                 .unwrap();
@@ -657,10 +662,8 @@ fn disable_locks_is_taken_by_every_action() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let img = common::image(tmp.path(), "img", 20 << 20);
-    let pass = tmp.path().join("pass");
-    std::fs::write(&pass, "pw").unwrap();
-    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
-    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let pass = pass_file(tmp.path());
+    let (img, pass) = (img.to_str().unwrap(), pass.as_str());
     let cases: &[&[&str]] = &[
         &["--disable-locks", "luksFormat", "-q", img, "-d", pass],
         &["isLuks", "--disable-locks", img],
@@ -687,7 +690,7 @@ fn disable_locks_is_taken_by_every_action() {
     ];
     for args in cases {
         let args: Vec<&str> = if args.contains(&"luksFormat") || args.contains(&"luksAddKey") {
-            [*args, &fast[..]].concat()
+            [*args, &FAST[..]].concat()
         } else {
             args.to_vec()
         };
@@ -719,12 +722,11 @@ fn luks_format_takes_the_volume_key_from_a_file() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let pass = tmp.path().join("pass");
-    std::fs::write(&pass, b"pw").unwrap();
+    let pass = pass_file(tmp.path());
     let vk = tmp.path().join("vk");
     let key: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
     std::fs::write(&vk, &key).unwrap();
-    let (pass, vk) = (pass.to_str().unwrap(), vk.to_str().unwrap());
+    let (pass, vk) = (pass.as_str(), vk.to_str().unwrap());
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     for (kind, spelling, bits) in [
         ("luks2", "--volume-key-file", "512"),
@@ -793,10 +795,8 @@ fn reencrypt_encrypt_sizes_the_new_header_as_cryptsetup() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let pass = tmp.path().join("pass");
-    std::fs::write(&pass, b"pw").unwrap();
-    let pass = pass.to_str().unwrap();
-    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let pass = pass_file(tmp.path());
+    let pass = pass.as_str();
     let layout = |hdr: &std::path::Path| -> Vec<String> {
         let dump = std::process::Command::new("cryptsetup")
             .arg("luksDump")
@@ -832,15 +832,12 @@ fn reencrypt_encrypt_sizes_the_new_header_as_cryptsetup() {
         ),
     ] {
         let mut layouts = Vec::new();
-        for (tool, bin) in [
-            ("ucrypt", env!("CARGO_BIN_EXE_ucrypt")),
-            ("cryptsetup", "cryptsetup"),
-        ] {
+        for (tool, bin) in TOOLS {
             let img = common::image(tmp.path(), &format!("{tool}-{case}"), 32 << 20);
             let hdr = tmp.path().join(format!("{tool}-{case}.hdr"));
             let mut cmd = std::process::Command::new(bin);
             cmd.args(["reencrypt", "-q", "--encrypt", "--init-only", "-d", pass])
-                .args(fast)
+                .args(FAST)
                 .args(extra);
             if case == "header" {
                 cmd.arg("--header").arg(&hdr);
@@ -862,7 +859,7 @@ fn reencrypt_encrypt_sizes_the_new_header_as_cryptsetup() {
     let img = common::image(tmp.path(), "luks", 32 << 20);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
         .args(["luksFormat", "-q", "-d", pass])
-        .args(fast)
+        .args(FAST)
         .arg(&img)
         .output()
         .unwrap();
