@@ -96,6 +96,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("luksFormat --use-random", Runs("luksFormat")),
     ("luksFormat --use-urandom", Runs("luksFormat")),
     ("luksFormat --volume-key-file", Runs("luksFormat")),
+    ("luksAddKey --token-only", Runs("luksAddKey")),
     ("luksFormat --offset", Runs("luksFormat")),
     ("luksFormat --force-password", Runs("luksFormat")),
     ("luksAddKey --force-password", Runs("luksAddKey")),

@@ -1644,9 +1644,69 @@ fn tokens_open_what_cryptsetup_opens_with_them() {
     );
     assert!(by_token.status.success(), "{by_token:?}");
     assert_eq!(by_token.stdout, by_pass.stdout);
+    // luksAddKey unlocks through the token too (cryptsetup 2.6's --token-*): each tool adds
+    // a passphrase to its own copy without being given the existing one, and the new
+    // passphrase opens the copy.
+    let (ours, theirs) = copies(dir, std::path::Path::new(img));
+    let newpass = dir.join("newpass");
+    std::fs::write(&newpass, b"new passphrase").unwrap();
+    let newpass = newpass.to_str().unwrap();
+    for (dev, out) in [
+        (
+            &ours,
+            ucrypt(
+                &[
+                    "luksAddKey",
+                    "--token-only",
+                    "--pbkdf",
+                    "pbkdf2",
+                    "--pbkdf-force-iterations",
+                    "1000",
+                    ours.as_str(),
+                    newpass,
+                ],
+                b"",
+            ),
+        ),
+        (
+            &theirs,
+            cryptsetup(
+                &[
+                    "luksAddKey",
+                    "--token-only",
+                    "--pbkdf",
+                    "pbkdf2",
+                    "--pbkdf-force-iterations",
+                    "1000",
+                    theirs.as_str(),
+                    newpass,
+                ],
+                b"",
+            ),
+        ),
+    ] {
+        assert!(out.status.success(), "{dev}: {out:?}");
+        let check = cryptsetup(
+            &[
+                "open",
+                "--test-passphrase",
+                "--key-file",
+                newpass,
+                dev.as_str(),
+            ],
+            b"",
+        );
+        assert!(check.status.success(), "{dev}: {check:?}");
+    }
     // A wrong passphrase in the keyring: the token opens nothing.
     keyctl(&["update", &id, "wrong"]);
     assert_ne!(both(&[&tp[..], &["--token-only"]].concat()), Some(0));
+    let add = ["luksAddKey", "--token-only", img, newpass];
+    assert_eq!(
+        ucrypt(&add, b"").status.code(),
+        cryptsetup(&add, b"").status.code(),
+        "luksAddKey --token-only with a token that unlocks nothing"
+    );
     assert_eq!(both(&[&tp[..], &["--key-file", pass]].concat()), Some(0));
     keyctl(&["unlink", &id, "@u"]);
 }

@@ -139,6 +139,11 @@ pub(crate) struct Args {
     /// Unlock with the volume key in this file instead of an existing passphrase.
     #[arg(long, value_name = "FILE")]
     volume_key_file: Option<PathBuf>,
+    /// Unlock the existing volume key through LUKS2 tokens first (`--token-id`,
+    /// `--token-type`; with `--token-only` no existing passphrase is asked), as
+    /// cryptsetup 2.6's luksAddKey.
+    #[command(flatten)]
+    token: super::token::UnlockArgs,
     /// Do not print the --key-slot warning.
     #[arg(short = 'q', long)]
     batch_mode: bool,
@@ -198,8 +203,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     }
     // The volume key: from --volume-key-file, or unlocked by the existing passphrase, which
     // is checked before the new one is asked for (as cryptsetup does).
-    let key = match &a.volume_key_file {
-        Some(f) => {
+    let by_token = match &a.volume_key_file {
+        Some(_) => None,
+        None => a.token.try_tokens(&a.dev, a.kind)?,
+    };
+    let key = match (&a.volume_key_file, by_token) {
+        (_, Some(key)) => key,
+        (Some(f), None) => {
             let key = ucrypt_crypto::VolumeKey::new(secret::read_key_file(f, 0, 0)?.to_vec());
             if key.len() != cd.info().key_bytes {
                 return Err(anyhow::anyhow!(
@@ -215,7 +225,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             cd.verify_volume_key(key.as_bytes()).code(2)?;
             key
         }
-        None => {
+        (None, None) => {
             let old = secret::existing(&a.key, &a.dev.device)?;
             let (slot, key) = super::progress::searching("Checking the passphrase", || {
                 cd.volume_key(old_slot, &old)
