@@ -877,3 +877,22 @@ fn reencrypt_encrypt_sizes_the_new_header_as_cryptsetup() {
     ]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
 }
+
+/// `reencrypt` of a device that is not a local file or block device is refused with the
+/// reason, before any passphrase is read (exit 1).
+#[test]
+fn reencrypt_of_a_remote_or_memory_device_is_refused_with_the_reason() {
+    for dev in [
+        "ram:16M",
+        "nbd+unix:///x?socket=/nonexistent",
+        "rbd:pool/image",
+    ] {
+        let out = run(&["reencrypt", "-q", dev]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{dev}: {out:?}");
+        assert!(
+            err.contains("local files and block devices only"),
+            "{dev}: {err}"
+        );
+    }
+}

@@ -851,7 +851,13 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             .as_deref()
             .is_some_and(ucrypt::remote_header::is_remote)
     {
-        return Err(anyhow!("reencrypt of an NBD export is not supported yet")).code(EXIT_PARAMS);
+        return Err(anyhow!(
+            "reencrypt works on local files and block devices only: the pass writes the \
+             device with O_DIRECT and fdatasync between its steps, which NBD exports, rbd: \
+             images and ram: devices do not offer here (copy the image to a local file, \
+             re-encrypt it, copy it back)"
+        ))
+        .code(EXIT_PARAMS);
     }
     let _claimed = super::instance::claim_for_header_change(&a.dev)?;
     let path = a.dev.device.clone();
