@@ -9,7 +9,10 @@
 #   2. ucrypt re-keys and is interrupted (SIGINT) mid-way; cryptsetup resumes it and
 #      finishes; dm-crypt and ucrypt read the pattern back;
 #   3. ucrypt re-keys and is killed (-9) mid-way; ucrypt resumes (putting back the block it
-#      was writing) and finishes; dm-crypt reads the pattern.
+#      was writing) and finishes; dm-crypt reads the pattern;
+#   4. ucrypt decrypts (--decrypt): the device is the pattern from its first byte;
+#   5. cryptsetup decrypts and is interrupted (SIGINT) past its first block (the header is
+#      overwritten by then); ucrypt resumes with --decrypt --uuid and finishes.
 
 l1_pattern() { # IMAGE -> 0 when dm-crypt (cryptsetup open) and ucrypt both read the pattern
   local img=$1 ok=0 loop
@@ -109,5 +112,35 @@ luks1_round() {
     check "l1 3: no state files left, the header is LUKS1 again" l1_clean "$d"
     check "l1 3: dm-crypt and ucrypt read the pattern" l1_pattern "$d/img"
   fi
-  rm -rf "$W"/l1a "$W"/l1b "$W"/l1c "$W"/l1.*
+
+  # 4. ucrypt decrypts; the device is the plaintext (what dm-crypt wrote) from byte 0.
+  d=$W/l1d
+  if check "l1 4: LUKS1 luksFormat + pattern through dm-crypt" l1_fresh "$d"; then
+    check "l1 4: ucrypt reencrypt --decrypt" \
+      sh -c "cd '$d' && '$UCRYPT' reencrypt -q --decrypt -d '$W/l1.pass' img"
+    check "l1 4: no state files left, no LUKS header" \
+      sh -c "! ls '$d'/LUKS-* >/dev/null 2>&1 && ! cryptsetup isLuks '$d/img'"
+    check "l1 4: the device is the pattern" cmp -s -n "$L1_BYTES" "$d/img" "$W/l1.pat"
+  fi
+
+  # 5. cryptsetup decrypts and is interrupted (SIGINT) past its first block (its header
+  #    overwritten by plaintext); ucrypt resumes with --decrypt --uuid and finishes.
+  d=$W/l1e
+  if check "l1 5: LUKS1 luksFormat + pattern through dm-crypt" l1_fresh "$d"; then
+    local uuid
+    uuid=$(cryptsetup luksUUID "$d/img")
+    (cd "$d" && exec cryptsetup reencrypt -q --decrypt -d "$W/l1.pass" --block-size 1 \
+      --write-log img >/dev/null 2>&1) &
+    pid=$!
+    for _ in $(seq 300); do n=$(l1_offset "$d"); [ "${n:-0}" -gt $((4 << 20)) ] && break; sleep 0.1; done
+    kill -INT "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    echo "# l1 5: cryptsetup stopped at offset $(l1_offset "$d") of $L1_BYTES"
+    check "l1 5: cryptsetup's decryption was interrupted mid-way (header gone, log there)" \
+      sh -c "! cryptsetup isLuks '$d/img' && grep -q 'mode = 2' '$d'/LUKS-*.log"
+    check "l1 5: ucrypt reencrypt --decrypt --uuid resumes it and finishes" \
+      sh -c "cd '$d' && '$UCRYPT' reencrypt -q --decrypt --uuid '$uuid' -d '$W/l1.pass' img"
+    check "l1 5: no state files left" sh -c "! ls '$d'/LUKS-* >/dev/null 2>&1"
+    check "l1 5: the device is the pattern" cmp -s -n "$L1_BYTES" "$d/img" "$W/l1.pat"
+  fi
+  rm -rf "$W"/l1a "$W"/l1b "$W"/l1c "$W"/l1d "$W"/l1e "$W"/l1.*
 }

@@ -468,6 +468,108 @@ pub fn zero_range(dev: &File, from: u64, to: u64) -> Result<(), Error> {
         .map_err(io_err("zeroing the rest of the device"))
 }
 
+/// OS random bytes (`getrandom(2)`).
+fn random(out: &mut [u8]) -> io::Result<()> {
+    let mut at = 0;
+    while at < out.len() {
+        // SAFETY: the pointer and length name the unfilled tail of `out`, valid for writes.
+        let n = unsafe { libc::getrandom(out[at..].as_mut_ptr().cast(), out.len() - at, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            continue;
+        }
+        at += n as usize;
+    }
+    Ok(())
+}
+
+/// Writes the `cipher_null` LUKS1 header cryptsetup's `backup_fake_header` makes for the
+/// plaintext side of a decryption (the `.new` file): cipher `cipher_null-ecb`, UUID
+/// [`NO_UUID`], data offset 0 (a detached header), a random `key_bytes` volume key, one
+/// keyslot `slot` (PBKDF2 with `hash`, `iterations`) that opens with the empty passphrase
+/// only, as libcryptsetup allows for `cipher_null` (its keyslot area is stored as is: the
+/// null cipher does not encrypt). Written by hand because libcryptsetup's `crypt_format`
+/// checks the cipher through the kernel (device-mapper), which ucrypt does without; the
+/// layout is LUKS1's (`LUKS_generate_phdr`): keyslot areas from sector 8, each rounded up
+/// to 8 sectors, 4000 stripes.
+///
+/// # Errors
+/// An unknown hash, or I/O.
+pub fn write_null_header(
+    path: &Path,
+    key_bytes: usize,
+    hash: &str,
+    slot: u32,
+    iterations: u32,
+) -> Result<(), Error> {
+    use ucrypt_format::kdf::Hash;
+    const STRIPES: u32 = 4000;
+    let h = Hash::from_name(hash).map_err(|e| Error::Io {
+        what: format!("hash {hash}"),
+        source: io::Error::new(io::ErrorKind::InvalidInput, e.to_string()),
+    })?;
+    let iterations = iterations.max(1000);
+    let rnd = |n: usize| -> Result<zeroize::Zeroizing<Vec<u8>>, Error> {
+        let mut v = zeroize::Zeroizing::new(vec![0u8; n]);
+        random(&mut v).map_err(io_err("random bytes"))?;
+        Ok(v)
+    };
+    let vk = rnd(key_bytes)?;
+    let mk_salt = rnd(32)?;
+    let mut digest = [0u8; 20];
+    h.pbkdf2(&vk, &mk_salt, iterations, &mut digest);
+    let mut hdr = vec![0u8; 4096];
+    let put = |hdr: &mut Vec<u8>, at: usize, b: &[u8]| hdr[at..at + b.len()].copy_from_slice(b);
+    put(&mut hdr, 0, &MAGIC);
+    put(&mut hdr, 6, &1u16.to_be_bytes());
+    put(&mut hdr, 8, b"cipher_null");
+    put(&mut hdr, 40, b"ecb");
+    put(&mut hdr, 72, hash.as_bytes());
+    put(&mut hdr, 104, &0u32.to_be_bytes());
+    put(&mut hdr, 108, &(key_bytes as u32).to_be_bytes());
+    put(&mut hdr, 112, &digest);
+    put(&mut hdr, 132, &mk_salt);
+    put(&mut hdr, 164, &iterations.to_be_bytes());
+    put(&mut hdr, 168, NO_UUID.as_bytes());
+    let area = (key_bytes * STRIPES as usize).div_ceil(512) as u32;
+    let area = area.div_ceil(8) * 8;
+    let mut material = None;
+    for i in 0..8u32 {
+        let at = 208 + 48 * i as usize;
+        let offset = 8 + i * area;
+        if i == slot {
+            let salt = rnd(32)?;
+            put(&mut hdr, at, &0x00AC_71F3u32.to_be_bytes());
+            put(&mut hdr, at + 4, &iterations.to_be_bytes());
+            put(&mut hdr, at + 8, &salt);
+            let fill = rnd(key_bytes * (STRIPES as usize - 1))?;
+            material = Some((offset, ucrypt_format::af::split(&vk, STRIPES, h, &fill)));
+        } else {
+            put(&mut hdr, at, &0x0000_DEADu32.to_be_bytes());
+            put(&mut hdr, at + 4, &0u32.to_be_bytes());
+        }
+        put(&mut hdr, at + 40, &offset.to_be_bytes());
+        put(&mut hdr, at + 44, &STRIPES.to_be_bytes());
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io_err(format!("opening {}", path.display())))?;
+    let what = format!("writing {}", path.display());
+    f.set_len(u64::from(8 + 8 * area) * 512)
+        .map_err(io_err(what.clone()))?;
+    if let Some((offset, m)) = material {
+        f.write_all_at(&m, u64::from(offset) * 512)
+            .map_err(io_err(what.clone()))?;
+    }
+    f.write_all_at(&hdr, 0)
+        .and_then(|()| f.sync_all())
+        .map_err(io_err(what))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

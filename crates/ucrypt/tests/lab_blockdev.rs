@@ -15,7 +15,9 @@
 //! time dm-crypt and ucrypt read back the pattern written before. And LUKS1 reencryption
 //! against cryptsetup 2.6.1's legacy LUKS1 pass (`tests/lab/reencrypt_luks1.sh`): cryptsetup
 //! interrupted and finished by ucrypt, ucrypt interrupted and finished by cryptsetup, ucrypt
-//! killed (-9) and finished by ucrypt; dm-crypt and ucrypt read the pattern each time.
+//! killed (-9) and finished by ucrypt; dm-crypt and ucrypt read the pattern each time; a
+//! decryption by ucrypt, and one by cryptsetup interrupted and finished by ucrypt
+//! (`--decrypt --uuid`), leave the pattern as the device.
 //!
 //! Skipped with a message when `CI` is unset and the lab cannot start; fails when `CI` is
 //! set.

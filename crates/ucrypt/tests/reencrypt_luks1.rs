@@ -13,6 +13,7 @@
 //! - `--key-slot`, `--keep-key` (header only: the data area byte for byte the same);
 //! - kill -9 at random points of ucrypt's pass, resumed by ucrypt: the plaintext reads
 //!   back (a seeded number of rounds);
+//! - `--decrypt`: the plaintext from the device's first byte, resumed with `--uuid`;
 //! - refusals with cryptsetup's messages and exit codes, compared with cryptsetup's own.
 #![allow(clippy::unwrap_used)]
 
@@ -642,4 +643,167 @@ fn refusals_match_cryptsetups() {
     );
     assert!(state_files(&w).is_empty());
     assert_eq!(first_page(&wi), first_page(&img));
+}
+
+/// `--decrypt` of a LUKS1 volume as cryptsetup's legacy pass: forward, plaintext written
+/// from the device's first byte, the rest (the header's length) zeroed, no header left.
+/// Stopped after the first blocks the header is gone: resumed with `--decrypt --uuid`
+/// (cryptsetup's spelling), and without `--uuid` the hint names it. The `.new` file is
+/// cryptsetup's cipher_null header (UUID cafecafe-..., payload offset 0), and a kill -9
+/// mid-pass is finished by ucrypt.
+#[test]
+fn decrypt_forward_and_resume_with_uuid() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let f = Fixture::new(0x1_0006);
+    let img = f.image("img");
+    let uuid = field(&dump(f.dir.path(), s(&img)), "UUID:");
+    let w = f.subdir("w");
+    let wi = f.copy(&img, &w);
+    let out = run_in(
+        &w,
+        ucrypt_bin(),
+        &[
+            "reencrypt",
+            "-q",
+            "--decrypt",
+            "-B",
+            "1",
+            "--debug-stop-after",
+            "2M",
+            "--disable-locks",
+            "img",
+        ],
+        &lines(&[PW2]),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = String::from_utf8(std::fs::read(one(&w, "log")).unwrap()).unwrap();
+    assert!(
+        log.contains("mode = 2\n") && log.contains("direction = 0\n"),
+        "{log}"
+    );
+    let fake = dump(&w, s(&one(&w, "new")));
+    assert_eq!(field(&fake, "Cipher name:"), "cipher_null");
+    assert_eq!(field(&fake, "Payload offset:"), "0");
+    assert_eq!(
+        field(&fake, "UUID:"),
+        "cafecafe-cafe-cafe-cafe-cafecafeeeee"
+    );
+    assert_eq!(
+        field(&fake, "Key Slot 5:"),
+        "ENABLED",
+        "the passphrase's slot"
+    );
+    assert_ne!(&first_page(&wi)[..6], b"LUKS\xba\xbe");
+    let hint = run_in(
+        &w,
+        ucrypt_bin(),
+        &["reencrypt", "-q", "--decrypt", "--disable-locks", "img"],
+        &lines(&[PW2]),
+    );
+    assert_eq!(hint.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&hint.stderr).contains(&format!("--decrypt --uuid {uuid}")));
+    ok_in(
+        &w,
+        ucrypt_bin(),
+        &[
+            "reencrypt",
+            "-q",
+            "--decrypt",
+            "--uuid",
+            &uuid,
+            "--disable-locks",
+            "img",
+        ],
+        &lines(&[PW2]),
+    );
+    assert!(state_files(&w).is_empty(), "{:?}", state_files(&w));
+    let dev = std::fs::read(&wi).unwrap();
+    assert!(
+        dev[..DATA] == f.plain[..],
+        "the device is the plaintext from its first byte"
+    );
+    assert!(dev[DATA..].iter().all(|&b| b == 0), "the rest is zeroed");
+    // kill -9 mid-pass, finished by ucrypt.
+    let k = f.subdir("k");
+    let ki = f.copy(&img, &k);
+    let (mut rng, seed) = Rng::from_env("UCRYPT_LUKS1_DECRYPT_SEED");
+    let mut kills = 0;
+    // Up to 40 runs killed after a random 0-60 ms; the last one is left to finish.
+    for i in 0..=40 {
+        let mut args = vec![
+            "reencrypt",
+            "-q",
+            "--decrypt",
+            "-B",
+            "1",
+            "--disable-locks",
+            "img",
+        ];
+        let logged = one_opt(&k, "log").is_some();
+        if !logged && !is_luks_page(&first_page(&ki)) {
+            // Finished (a kill that came after the run's end).
+            break;
+        }
+        if logged && !is_luks_page(&first_page(&ki)) {
+            args.extend(["--uuid", &uuid]);
+        }
+        let mut child = Command::new(ucrypt_bin())
+            .args(&args)
+            .current_dir(&k)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            let mut sin = child.stdin.take().unwrap();
+            std::io::Write::write_all(&mut sin, &lines(&[PW1])).unwrap();
+        }
+        let wait = rng.next_u64() % 60;
+        let killed = i < 40 && {
+            std::thread::sleep(std::time::Duration::from_millis(wait));
+            child.try_wait().unwrap().is_none() && child.kill().is_ok()
+        };
+        let out = child.wait_with_output().unwrap();
+        if killed {
+            kills += 1;
+            continue;
+        }
+        assert!(
+            out.status.success(),
+            "seed {seed}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        break;
+    }
+    assert!(
+        state_files(&k).is_empty(),
+        "seed {seed}: {:?}",
+        state_files(&k)
+    );
+    let dev = std::fs::read(&ki).unwrap();
+    assert!(
+        dev[..DATA] == f.plain[..],
+        "seed {seed}, {kills} kills: plaintext"
+    );
+    assert!(dev[DATA..].iter().all(|&b| b == 0));
+    eprintln!("LUKS1 decrypt: {kills} kills (seed {seed})");
+}
+
+fn one_opt(dir: &Path, ext: &str) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == ext))
+}
+
+fn is_luks_page(p: &[u8]) -> bool {
+    p[..4] == *b"LUKS"
 }

@@ -82,7 +82,8 @@ pub(crate) struct Args {
     /// Header type for --encrypt: luks2 (encryption to LUKS1 is not supported yet).
     #[arg(long = "type", short = 'M', value_name = "TYPE")]
     kind: Option<String>,
-    /// UUID of the new header (--encrypt).
+    /// UUID of the new header (--encrypt); with --decrypt of LUKS1, the UUID of the
+    /// decryption to resume once its header is overwritten.
     #[arg(long)]
     uuid: Option<String>,
     /// Label of the new header (--encrypt).
@@ -649,7 +650,7 @@ fn header_shift_type(header: &std::path::Path) -> Option<String> {
 }
 
 /// Whether `path` starts with a LUKS header (either version).
-fn is_luks(path: &std::path::Path) -> bool {
+pub(super) fn is_luks(path: &std::path::Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 6];
     std::fs::File::open(path)
@@ -670,10 +671,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.active_name.is_none() && luks1::applies(a.dev.header_path()) {
+    if a.active_name.is_none() && luks1::applies(a.dev.header_path(), &a) {
         // cryptsetup's legacy LUKS1 reencryption.
         return luks1::run(&a);
     }
+    luks1::decrypt_hint(&a)?;
     if a.block_size.is_some() || a.use_directio || a.use_fsync || a.write_log {
         return Err(anyhow!(
             "reencrypt --block-size, --use-directio, --use-fsync and --write-log are \

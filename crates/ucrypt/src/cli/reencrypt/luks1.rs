@@ -7,8 +7,10 @@
 //!
 //! Landed: re-key in place (new volume key, optionally `--cipher`, `--key-size`, `--hash`,
 //! PBKDF options; `--keep-key` for the header only; `--key-slot`; `--block-size`,
-//! `--use-directio`, `--use-fsync`, `--write-log`, `--device-size`, `--resume-only`).
-//! `--encrypt --type luks1` and `--decrypt` of LUKS1 are refused by name.
+//! `--use-directio`, `--use-fsync`, `--write-log`, `--device-size`, `--resume-only`), and
+//! `--decrypt` (forward, the plaintext from the device's first byte; `--uuid` to resume once
+//! the header is overwritten). `--encrypt --type luks1` and `--reduce-device-size` are
+//! refused by name.
 
 use super::super::luks::CsResult;
 use super::super::progress;
@@ -26,9 +28,16 @@ use ucrypt_cryptsetup::{CryptDevice, HeaderType, KeyslotStatus, LuksFormat, Pbkd
 /// LUKS1's keyslot count.
 const SLOTS: u32 = 8;
 
-/// Whether `hdr` is a LUKS1 header, usable or marked by a LUKS1 reencryption.
-pub(super) fn applies(hdr: &Path) -> bool {
-    l1::is_luks1(hdr) || l1::unusable_uuid(hdr).is_some()
+/// Whether `hdr` is a LUKS1 header, usable or marked by a LUKS1 reencryption, or `--decrypt
+/// --uuid U` names a LUKS1 decryption whose log is in the current directory (its header is
+/// overwritten by plaintext once the first block is done).
+pub(super) fn applies(hdr: &Path, a: &Args) -> bool {
+    l1::is_luks1(hdr)
+        || l1::unusable_uuid(hdr).is_some()
+        || (a.decrypt
+            && a.uuid.as_deref().is_some_and(|u| {
+                std::env::current_dir().is_ok_and(|d| Files::new(&d, u).log.exists())
+            }))
 }
 
 fn load(header: &Path, device: &Path) -> Result<CryptDevice, CliError> {
@@ -40,6 +49,35 @@ fn load(header: &Path, device: &Path) -> Result<CryptDevice, CliError> {
     .cs()?;
     cd.load(Some(HeaderType::Luks1)).cs()?;
     Ok(cd)
+}
+
+/// For `--decrypt` of a device that is no LUKS (any more) without `--uuid`: cryptsetup's
+/// message, and the resume hint when a LUKS1 decryption log is in the current directory.
+pub(super) fn decrypt_hint(a: &Args) -> Result<(), CliError> {
+    if !a.decrypt || a.uuid.is_some() || crate::cli::reencrypt::is_luks(a.dev.header_path()) {
+        return Ok(());
+    }
+    let Ok(dir) = std::env::current_dir() else {
+        return Ok(());
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    let Some(log) = entries.flatten().find_map(|e| {
+        let n = e.file_name().to_string_lossy().into_owned();
+        let u = n.strip_prefix("LUKS-")?.strip_suffix(".log")?.to_string();
+        let text = std::fs::read(e.path()).ok()?;
+        let log = Log::parse(&text, &u).ok()?;
+        (log.mode == Mode::Decrypt).then_some(u)
+    }) else {
+        return Ok(());
+    };
+    Err(anyhow!(
+        "Device {} is not a valid LUKS device. A LUKS1 decryption is in progress in this \
+         directory (LUKS-{log}.log): resume it with --decrypt --uuid {log}",
+        a.dev.header_path().display()
+    ))
+    .code(EXIT_PARAMS)
 }
 
 /// The passphrases (slot, secret) as cryptsetup's `initialize_passphrase` asks for them.
@@ -77,7 +115,7 @@ fn passphrases(
         }
         return Ok(vec![(s, p)]);
     }
-    if in_progress || a.key_slot.is_some() {
+    if in_progress || a.key_slot.is_some() || a.decrypt {
         let prompt = match a.key_slot {
             Some(s) => format!("Enter passphrase for key slot {s}: "),
             None => "Enter any existing passphrase: ".into(),
@@ -180,6 +218,53 @@ fn new_header(
     Ok(())
 }
 
+/// Whether `u` is a UUID in its text form.
+fn is_uuid(u: &str) -> bool {
+    let b = u.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, c)| {
+            if [8, 13, 18, 23].contains(&i) {
+                *c == b'-'
+            } else {
+                c.is_ascii_hexdigit()
+            }
+        })
+}
+
+/// The `.new` header of a decryption, as cryptsetup's `backup_fake_header`: LUKS1,
+/// `cipher_null-ecb`, UUID [`l1::NO_UUID`], `--key-size` (256 bits by default), data offset
+/// 0 (detached from the device), the passphrase in its keyslot.
+fn fake_header(
+    a: &Args,
+    device: &Path,
+    files: &Files,
+    pass: &[(u32, Secret)],
+) -> Result<(), CliError> {
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&files.new)
+            .map_err(|e| anyhow!("creating {}: {e}", files.new.display()))?;
+        f.set_len(4096)
+            .map_err(|e| anyhow!("sizing {}: {e}", files.new.display()))?;
+    }
+    // The keyslot opens with the empty passphrase only (libcryptsetup's rule for
+    // cipher_null, which cryptsetup's activation of this header uses): its cost is moot.
+    let _ = (device, &pass[0].1);
+    l1::write_null_header(
+        &files.new,
+        a.key_size.map_or(32, |b| b as usize / 8),
+        a.pbkdf.hash.as_deref().unwrap_or("sha256"),
+        pass[0].0,
+        a.pbkdf.pbkdf_force_iterations.unwrap_or(1000),
+    )
+    .code(EXIT_PARAMS)?;
+    Ok(())
+}
+
 /// The sector cipher of `header` for `device`, unlocked with `passphrase`; and its data
 /// offset in bytes.
 fn side(
@@ -250,13 +335,6 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.decrypt {
-        return Err(anyhow!(
-            "reencrypt --decrypt of a LUKS1 volume is not supported by ucrypt yet (cryptsetup's \
-             legacy LUKS1 decryption); `ucrypt convert --type luks2` first, then decrypt"
-        ))
-        .code(EXIT_PARAMS);
-    }
     if a.reduce_device_size.is_some() {
         return Err(anyhow!(
             "reencrypt --reduce-device-size of a LUKS1 volume (re-key with a data shift) is not \
@@ -291,19 +369,34 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
             eprintln!("{name} does not apply to LUKS1 reencryption; ignored, as by cryptsetup.");
         }
     }
-    let uuid = match &stained {
-        Some(u) => u.clone(),
-        None => {
+    let usable = l1::is_luks1(&hdr);
+    let uuid = match (&stained, usable, &a.uuid) {
+        (Some(u), _, _) => u.clone(),
+        (None, true, _) => {
             let mut cd = load(&hdr, &device)?;
             cd.info()
                 .uuid
                 .ok_or_else(|| anyhow!("{} has no UUID", hdr.display()))?
         }
+        // A decryption past its first block: the header is gone, the UUID names the files.
+        (None, false, Some(u)) if a.decrypt => {
+            if !is_uuid(u) {
+                return Err(anyhow!("Provided UUID is invalid.")).code(EXIT_PARAMS);
+            }
+            u.clone()
+        }
+        _ => {
+            return Err(anyhow!(
+                "Device {} is not a valid LUKS device.",
+                hdr.display()
+            ))
+            .code(EXIT_PARAMS)
+        }
     };
     let cwd = std::env::current_dir().map_err(|e| anyhow!("current directory: {e}"))?;
     let files = Files::new(&cwd, &uuid);
     let mut in_progress = files.log.exists();
-    if in_progress && stained.is_none() {
+    if in_progress && usable {
         // The header was never marked (a run stopped while writing the new header, before
         // any data moved) or is already the new one, restored (stopped before removing
         // its files): nothing to resume either way.
@@ -316,7 +409,7 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
         clean(&files);
         in_progress = false;
     }
-    if a.resume_only && stained.is_none() {
+    if a.resume_only && !in_progress {
         return Err(anyhow!("Device reencryption not in progress.")).code(EXIT_PARAMS);
     }
     if stained.is_some() && !in_progress {
@@ -377,16 +470,29 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
         let log = Log {
             uuid: uuid.clone(),
             direction: Direction::Forward,
-            mode: Mode::Reencrypt,
+            mode: if a.decrypt {
+                Mode::Decrypt
+            } else {
+                Mode::Reencrypt
+            },
             offset: 0,
             shift: 0,
         };
         l1::write_log(&log_file, &log).code(EXIT_PARAMS)?;
         log
     };
-    if log.mode != Mode::Reencrypt || log.direction != Direction::Forward {
+    let decrypting = log.mode == Mode::Decrypt;
+    if a.decrypt && !decrypting {
         return Err(anyhow!(
-            "{} records a LUKS1 {} pass ({}); ucrypt resumes LUKS1 re-keying in place only",
+            "{} records a LUKS1 re-key, not a decryption: resume it without --decrypt",
+            files.log.display()
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if log.mode == Mode::Encrypt || log.direction != Direction::Forward {
+        return Err(anyhow!(
+            "{} records a LUKS1 {} pass ({}); ucrypt resumes LUKS1 re-keys and decryptions \
+             (forward) only",
             files.log.display(),
             match log.mode {
                 Mode::Reencrypt => "re-key",
@@ -402,8 +508,20 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
         .code(EXIT_PARAMS);
     }
     // Before the header is marked, a failure leaves the volume as it was and no files.
+    if in_progress && decrypting && !files.org.exists() {
+        // The old header is removed only by the clean-up of a finished decryption (a run
+        // stopped before it goes back to a usable header and starts afresh): this one was
+        // stopped while removing its files.
+        eprintln!(
+            "The LUKS1 decryption of {} had finished; removing what is left of its files.",
+            device.display()
+        );
+        drop(log_file);
+        clean(&files);
+        return Ok(());
+    }
     let pass = if in_progress {
-        let mut cd = load(&files.new, &device)?;
+        let mut cd = load(if decrypting { &files.org } else { &files.new }, &device)?;
         passphrases(a, &mut cd, true)?
     } else {
         // A journal left by an earlier reencryption of this UUID finished by cryptsetup
@@ -413,7 +531,11 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
             let mut cd = load(&hdr, &device)?;
             let pass = passphrases(a, &mut cd, false)?;
             cd.header_backup(&files.org).cs()?;
-            new_header(a, &mut cd, &device, &files, &pass)?;
+            if decrypting {
+                fake_header(a, &device, &files, &pass)?;
+            } else {
+                new_header(a, &mut cd, &device, &files, &pass)?;
+            }
             drop(cd);
             l1::set_unusable(&hdr, true).code(EXIT_PARAMS)?;
             Ok::<_, CliError>(pass)
@@ -429,9 +551,18 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
     };
     let (slot, passphrase) = (&pass[0].0, &pass[0].1);
     let stop = AtomicBool::new(false);
-    if !a.keep_key {
+    if !a.keep_key || decrypting {
         let old = side(&files.org, &device, None, passphrase)?;
-        let new = side(&files.new, &device, Some(*slot), passphrase)?;
+        let new = if decrypting {
+            // cryptsetup's new side: a cipher_null header with data offset 0.
+            Side {
+                cipher: None,
+                base: 0,
+            }
+        } else {
+            side(&files.new, &device, Some(*slot), passphrase)?
+        };
+        let old_base = old.base;
         drop(pass);
         let dev = {
             use std::os::unix::fs::OpenOptionsExt;
@@ -458,9 +589,9 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
             .map_err(|e| anyhow!("Cannot open device {} ({e}).", device.display()))
             .code(super::super::EXIT_DEVICE)?
         };
-        let total = device_size(&dev)
-            .map_err(|e| anyhow!("Cannot get device size ({e})."))?
-            .saturating_sub(new.base);
+        let real = device_size(&dev).map_err(|e| anyhow!("Cannot get device size ({e})."))?;
+        // cryptsetup: the new mapping's size; decrypting, the old one's (the shorter).
+        let total = real.saturating_sub(if decrypting { old_base } else { new.base });
         let size = match a.device_size {
             Some(n) if n > total => {
                 return Err(anyhow!(
@@ -520,9 +651,20 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
             );
             return Err(anyhow!("Reencryption interrupted.")).code(EXIT_PARAMS);
         }
+        if decrypting {
+            // cryptsetup wipes what lies beyond the plaintext (the old data area was
+            // shorter than the device by its header), leaving no sign of encryption.
+            l1::zero_range(&dev, real - old_base, real).code(EXIT_PARAMS)?;
+        }
         if !(a.progress.progress_json || a.progress.progress_frequency.is_some()) {
             eprintln!("{}", progress::summary_line("Finished", last - first, secs));
         }
+    }
+    if decrypting {
+        // No header to put back: the device is the plaintext.
+        drop(log_file);
+        clean(&files);
+        return Ok(());
     }
     drop(log_file);
     // The new header onto the device (its magic is usable again), then the files go.
