@@ -171,7 +171,7 @@ const SCENARIOS: &[(u32, &str, Replay)] = &[
     (
         30,
         "Prevent nested encryption of broken LUKS device",
-        Skipped("needs a LUKS1 device whose header cryptsetup's legacy reencrypt broke"),
+        Runs(prevent_nested_encryption_of_broken_luks),
     ),
     (
         31,
@@ -840,6 +840,61 @@ fn test_passphrase_mid_reencryption(f: &Fx) {
 
 /// [28]: no encryption of what is already LUKS2 (a device, a detached header, either in
 /// reencryption); no header file is created.
+/// [30]: no encryption over a broken LUKS device. The script's image is an LVM PV written
+/// over a LUKS2 volume: the primary header gone, the secondary one (at 16 KiB) left, which
+/// blkid still reports as crypto_LUKS (libcryptsetup does not load it: the LVM label makes
+/// the signatures ambiguous). Made here without the LVM label: a LUKS2 volume whose first
+/// 16 KiB are zeroed. As the header (`--header`), as the device with `--reduce-device-size`,
+/// and as the data device under a new header file: each refused with cryptsetup's message
+/// ("contains broken LUKS metadata"), nothing written, no header file made.
+fn prevent_nested_encryption_of_broken_luks(f: &Fx) {
+    let (pv, _) = f.device("broken-pv", 25);
+    f.cryptsetup(&["luksFormat", "--type", "luks2", s(&pv)]);
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new().write(true).open(&pv).unwrap();
+        file.write_all_at(&[0u8; 16384], 0).unwrap();
+    }
+    let bytes = std::fs::read(&pv).unwrap();
+    assert_eq!(
+        &bytes[16384..16390],
+        b"SKUL\xba\xbe",
+        "the secondary header is left"
+    );
+    let hdr = f.path("broken.hdr");
+    let h = s(&hdr).to_string();
+    let (dev, _) = f.device("broken-data", 32);
+    let broken = |out: Output| {
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("contains broken LUKS metadata"),
+            "{out:?}"
+        );
+    };
+    // Broken header.
+    broken(f.reencrypt(&dev, &["--encrypt", "--type", "luks2", "--header", s(&pv)]));
+    f.fails(
+        &dev,
+        Some(&pv),
+        &["--encrypt", "--type", "luks2", "--header", s(&pv)],
+    );
+    // Broken device.
+    broken(f.reencrypt(
+        &pv,
+        &["--encrypt", "--type", "luks2", "--reduce-device-size", "8m"],
+    ));
+    f.fails(
+        &pv,
+        None,
+        &["--encrypt", "--type", "luks2", "--reduce-device-size", "8m"],
+    );
+    // Broken data device only.
+    broken(f.reencrypt(&pv, &["--encrypt", "--type", "luks2", "--header", &h]));
+    f.fails(&pv, None, &["--encrypt", "--type", "luks2", "--header", &h]);
+    assert!(!hdr.exists());
+    assert!(std::fs::read(&pv).unwrap() == bytes);
+}
+
 fn prevent_nested_encryption(f: &Fx) {
     let hdr = f.path("nested.hdr");
     let h = s(&hdr).to_string();

@@ -649,6 +649,27 @@ fn header_shift_type(header: &std::path::Path) -> Option<String> {
     })
 }
 
+/// Whether blkid's LUKS probe (libblkid `superblocks/luks.c`) finds a signature on `path`:
+/// the LUKS magic at 0, or a LUKS2 secondary header's magic (`SKUL\xba\xbe`, version 2) at
+/// one of the offsets a LUKS2 header may have its second copy at. Hand-written: the probe
+/// is a few fixed reads, and libblkid's bindings are not in the workspace.
+fn luks_signature(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let at = |o: u64| {
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, o).ok().map(|()| b)
+    };
+    if at(0).is_some_and(|b| b[..6] == *b"LUKS\xba\xbe") {
+        return true;
+    }
+    (14..=22).any(|shift| {
+        at(1 << shift).is_some_and(|b| b[..6] == *b"SKUL\xba\xbe" && b[6..8] == [0, 2])
+    })
+}
+
 /// Whether `path` starts with a LUKS header (either version).
 pub(super) fn is_luks(path: &std::path::Path) -> bool {
     use std::io::Read;
@@ -898,6 +919,21 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
                 path.display()
             ))
             .code(EXIT_PARAMS);
+        }
+        // cryptsetup's check_broken_luks_signature: a LUKS signature blkid finds where no
+        // LUKS header loads (the header file given, and the data device) is not encrypted
+        // over.
+        if !in_progress {
+            let header_given = a.dev.header.as_deref().filter(|h| h.exists());
+            for p in header_given.into_iter().chain([path.as_path()]) {
+                if luks_signature(p) {
+                    return Err(anyhow!(
+                        "Device {} contains broken LUKS metadata. Aborting operation.",
+                        p.display()
+                    ))
+                    .code(EXIT_PARAMS);
+                }
+            }
         }
     }
     if in_progress {
