@@ -164,8 +164,12 @@ fn cipher(side: &reencrypt::Side, key: &VolumeKey) -> Result<Box<dyn SectorCiphe
         .encryption
         .parse()
         .with_context(|| format!("cipher {}", side.encryption))?;
+    // A `cipher_null` segment (cryptsetup's "custom encryption" to re-key later) still has
+    // a digest and a volume key in its keyslot; the cipher takes none, as dm-crypt's.
+    let empty = VolumeKey::empty();
+    let null = side.encryption.split('-').next() == Some("cipher_null");
     Ok(spec.build(
-        key,
+        if null { &empty } else { key },
         SectorParams {
             sector_size: SectorSize::new(side.sector_size)?,
             iv_offset: 0,

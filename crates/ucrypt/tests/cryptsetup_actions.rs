@@ -124,6 +124,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("reencrypt --new", Runs("reencrypt")),
     ("reencrypt --luks2-metadata-size", Runs("reencrypt")),
     ("reencrypt --luks2-keyslots-size", Runs("reencrypt")),
+    ("reencrypt --volume-key-file", Runs("reencrypt")),
     // Features that cannot make sense for ucrypt.
     (
         "luksFormat --hw-opal",

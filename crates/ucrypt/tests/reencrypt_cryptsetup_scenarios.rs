@@ -133,15 +133,12 @@ const SCENARIOS: &[(u32, &str, Replay)] = &[
     (
         23,
         "Reencryption with specified new volume key",
-        Skipped("--volume-key-file for reencrypt is not implemented by ucrypt"),
+        Runs(new_volume_key),
     ),
     (
         24,
         "Reencryption with initial cipher_null",
-        Skipped(
-            "cryptsetup's luksFormat with cipher_null checks it through device-mapper, \
-             missing here (the setup fails before any reencryption)",
-        ),
+        Runs(initial_cipher_null),
     ),
     (
         25,
@@ -512,6 +509,264 @@ fn multi_keyslot(f: &Fx) {
     f.fails(&dev, None, &[]);
     f.ok(&dev, &["-S", "0"]);
     assert!(f.head(&dev, None, MIB) == data);
+}
+
+/// The script's `VKEY1`: 32 bytes, of which `-s 128` takes the first 16.
+const VKEY1: [u8; 32] = [
+    0x44, 0xc6, 0x74, 0x4f, 0x41, 0x4e, 0x50, 0xc0, 0x79, 0xc2, 0x2d, 0x5b, 0x5f, 0x68, 0x84, 0x17,
+    0x9c, 0x03, 0xba, 0xbe, 0x4d, 0x0f, 0x9a, 0x75, 0xb3, 0x90, 0x70, 0x32, 0x0a, 0xf8, 0xae, 0xc4,
+];
+
+/// The volume key of `dev` (`cryptsetup luksDump --dump-volume-key`, written to a file).
+fn cryptsetup_volume_key(f: &Fx, dev: &Path, hdr: Option<&Path>) -> Vec<u8> {
+    let out = f.path("vk.dump");
+    let _ = std::fs::remove_file(&out);
+    let mut args = vec![
+        "luksDump",
+        "--dump-volume-key",
+        "-q",
+        "--key-file",
+        s(&f.key),
+        "--volume-key-file",
+        s(&out),
+    ];
+    if let Some(h) = hdr {
+        args.extend_from_slice(&["--header", s(h)]);
+    }
+    args.push(s(dev));
+    let o = run("cryptsetup", &args);
+    assert!(o.status.success(), "{o:?}");
+    std::fs::read(&out).unwrap()
+}
+
+/// [23]: re-keying with `--volume-key-file VKEY1 -s 128` (aes-cbc-essiv 256-bit volume,
+/// `--offset 8192`, two keyslots, `-S 0` kept): the volume keeps its data, its key is the
+/// file's first 16 bytes (the script erases every keyslot and adds one back with
+/// `luksAddKey --volume-key-file VKEY1 -s 128`: the volume still reads the data), and
+/// cryptsetup 2.6.1's own run (`--force-offline-reencrypt`) on a copy of the same image
+/// leaves the same data area byte for byte. Beyond the script: a file shorter than the key
+/// and the volume's own key with nothing else changed are refused as by cryptsetup
+/// ("Cannot read 16 bytes from keyfile", "No data segment parameters changed"), nothing
+/// written; `--encrypt --header` takes the file's key for the new header, as cryptsetup's.
+fn new_volume_key(f: &Fx) {
+    let (dev, _) = f.device("vk23", 32);
+    f.cryptsetup(&[
+        "luksFormat",
+        "--type",
+        "luks2",
+        "-s",
+        "256",
+        "-c",
+        "aes-cbc-essiv:sha256",
+        "--offset",
+        "8192",
+        s(&dev),
+    ]);
+    let key3 = f.path("key23");
+    std::fs::write(&key3, b"1-9Qu5Ejfnqv").unwrap();
+    f.cryptsetup(&["luksAddKey", s(&dev), s(&key3)]);
+    let mut data = vec![0u8; 28 * MIB];
+    f.rng.borrow_mut().fill(&mut data);
+    write_through(f, &dev, None, &data);
+    let vk = f.path("vkey1");
+    std::fs::write(&vk, VKEY1).unwrap();
+    let short = f.path("vkey-short");
+    std::fs::write(&short, &VKEY1[..15]).unwrap();
+    f.fails(
+        &dev,
+        None,
+        &["-S", "0", "--volume-key-file", s(&short), "-s", "128"],
+    );
+    let theirs = f.path("vk23-cryptsetup");
+    std::fs::copy(&dev, &theirs).unwrap();
+    f.ok(&dev, &["-S", "0", "--volume-key-file", s(&vk), "-s", "128"]);
+    assert!(f.head(&dev, None, data.len()) == data);
+    assert_eq!(cryptsetup_volume_key(f, &dev, None), VKEY1[..16]);
+    f.cryptsetup(&[
+        "reencrypt",
+        "--force-offline-reencrypt",
+        "-S",
+        "0",
+        "--volume-key-file",
+        s(&vk),
+        "-s",
+        "128",
+        s(&theirs),
+    ]);
+    let (a, b) = (
+        std::fs::read(&dev).unwrap(),
+        std::fs::read(&theirs).unwrap(),
+    );
+    assert!(
+        a[4 * MIB..] == b[4 * MIB..],
+        "the data area differs from cryptsetup's"
+    );
+    // The volume's own key now, nothing else changed: refused, nothing written.
+    let own = f.path("vk23-own");
+    std::fs::write(&own, &VKEY1[..16]).unwrap();
+    f.fails(&dev, None, &["--volume-key-file", s(&own), "-s", "128"]);
+    // The script's check: every keyslot erased, one added back from VKEY1.
+    let o = run("cryptsetup", &["luksErase", "-q", s(&dev)]);
+    assert!(o.status.success(), "{o:?}");
+    let o = run(
+        "cryptsetup",
+        &[
+            "luksAddKey",
+            "-q",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--volume-key-file",
+            s(&vk),
+            "-s",
+            "128",
+            s(&dev),
+            s(&f.key),
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    assert!(f.head(&dev, None, data.len()) == data);
+    // --encrypt: the new header holds the file's key (64 bytes for aes-xts-plain64).
+    let vk64: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+    let vkf = f.path("vkey64");
+    std::fs::write(&vkf, &vk64).unwrap();
+    let hdr = f.path("vk23.hdr");
+    let (plain, data) = f.device("vk23-plain", 8);
+    f.ok(
+        &plain,
+        &[
+            "--encrypt",
+            "--header",
+            s(&hdr),
+            "--volume-key-file",
+            s(&vkf),
+        ],
+    );
+    assert!(f.head(&plain, Some(&hdr), data.len()) == data);
+    assert_eq!(cryptsetup_volume_key(f, &plain, Some(&hdr)), vk64);
+}
+
+/// A LUKS2 volume of `mib` MiB of random data whose data segment is `cipher_null-ecb`, as
+/// cryptsetup's `luksFormat -c cipher_null-ecb -s BITS` writes it (a volume key of BITS in
+/// an aes-xts-plain64 512-bit keyslot, the data stored as it is). cryptsetup's luksFormat
+/// (and ucrypt's, through libcryptsetup) checks that cipher through device-mapper, missing
+/// here, so ucrypt formats aes-cbc-plain64 with such a keyslot and the segment's cipher is
+/// rewritten in both header copies (checksums recomputed). Returns the device and the data
+/// the volume holds (all of its data area).
+fn null_cipher_volume(
+    f: &Fx,
+    name: &str,
+    mib: usize,
+    bits: &str,
+    offset: &str,
+) -> (PathBuf, Vec<u8>) {
+    use ucrypt_format::luks2::disk::Header;
+    use ucrypt_format::luks2::json::Json;
+    let (dev, data) = f.device(name, mib);
+    let mut args = vec![
+        "luksFormat",
+        "-q",
+        "--type",
+        "luks2",
+        "-c",
+        "aes-cbc-plain64",
+        "-s",
+        bits,
+        "--keyslot-cipher",
+        "aes-xts-plain64",
+        "--keyslot-key-size",
+        "512",
+        "--sector-size",
+        "512",
+        "--offset",
+        offset,
+        "-d",
+        s(&f.key),
+    ];
+    args.extend_from_slice(&PBKDF);
+    args.push(s(&dev));
+    ucrypt_ok(&args);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dev)
+        .unwrap();
+    let mut h = Header::read(&file, name).unwrap();
+    h.json
+        .get_mut("segments")
+        .and_then(|x| x.get_mut("0"))
+        .unwrap()
+        .set("encryption", Json::str("cipher_null-ecb"));
+    h.write(&file, name).unwrap();
+    drop(file);
+    let at = offset.parse::<usize>().unwrap() * 512;
+    let plain = std::fs::read(&dev).unwrap()[at..].to_vec();
+    assert!(plain == data[at..], "the format wrote into the data area");
+    (dev, plain)
+}
+
+/// `cryptsetup luksDump`'s data segment cipher and sector size and keyslot key sizes.
+fn dump_shape(dev: &Path) -> Vec<String> {
+    let out = run("cryptsetup", &["luksDump", s(dev)]);
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("cipher:") || l.starts_with("sector:") || l.starts_with("Key:"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// [24], offline: a volume formatted with `cipher_null` (its data stored as it is) is
+/// re-keyed: `-c aes-xts-plain64` on 32 MiB (`-s 128` null volume, `--offset 8192`), and
+/// with no `-c` on 64 MiB (`-c null`, 256 bits, `--offset 16384`, `--hotzone-size 1M
+/// --resilience none`: "Switching data encryption cipher to aes-xts-plain64."). The volume
+/// then reads the data through aes-xts-plain64 with a 512-bit key (cryptsetup's default for
+/// the new cipher; not the null volume's key size); cryptsetup 2.6.1 re-keys a copy of the
+/// same image the same way (same cipher, sector and key sizes; its volume reads the same
+/// data). The format is ucrypt's ([`null_cipher_volume`]). Not replayed: the online runs
+/// (an active device-mapper device) and the LUKS2 volume converted from a LUKS1
+/// `cipher_null` one (its keyslots cipher_null too): cryptsetup's LUKS1 luksFormat with
+/// cipher_null checks it through device-mapper as well, and ucrypt writes no such keyslot.
+fn initial_cipher_null(f: &Fx) {
+    let cases: [(&str, usize, &str, &str, &[&str]); 2] = [
+        ("null24a", 32, "128", "8192", &["-c", "aes-xts-plain64"]),
+        (
+            "null24b",
+            64,
+            "256",
+            "16384",
+            &["--hotzone-size", "1M", "--resilience", "none"],
+        ),
+    ];
+    for (name, mib, bits, offset, args) in cases {
+        let (dev, data) = null_cipher_volume(f, name, mib, bits, offset);
+        let theirs = f.path(&format!("{name}-cryptsetup"));
+        std::fs::copy(&dev, &theirs).unwrap();
+        let out = f.reencrypt(&dev, args);
+        assert!(out.status.success(), "{name} {args:?}: {out:?}");
+        if args.is_empty() || !args.contains(&"-c") {
+            assert!(
+                String::from_utf8_lossy(&out.stdout)
+                    .contains("Switching data encryption cipher to aes-xts-plain64."),
+                "{out:?}"
+            );
+        }
+        assert!(f.head(&dev, None, data.len()) == data, "{name}: data lost");
+        let mut cs = vec!["reencrypt", "--force-offline-reencrypt"];
+        cs.extend_from_slice(args);
+        cs.push(s(&theirs));
+        f.cryptsetup(&cs);
+        assert!(f.head(&theirs, None, data.len()) == data);
+        let shape = dump_shape(&dev);
+        assert_eq!(shape, dump_shape(&theirs), "{name}");
+        assert!(
+            shape.contains(&"cipher: aes-xts-plain64".to_string())
+                && shape.contains(&"Key:        512 bits".to_string()),
+            "{shape:?}"
+        );
+    }
 }
 
 /// [3]: encryption under a detached header keeps the data (aes-cbc-essiv 128-bit, journal,

@@ -116,6 +116,11 @@ pub(crate) struct Args {
     /// Keep the volume key (and keyslots); change the cipher or sector size only.
     #[arg(long)]
     keep_key: bool,
+    /// The new volume key: the first --key-size bits of FILE instead of a random key (a
+    /// re-key, or --encrypt's new header; cryptsetup's). The volume's own key in FILE
+    /// means --keep-key. `--master-key-file` is its older spelling.
+    #[arg(long, alias = "master-key-file", value_name = "FILE")]
+    volume_key_file: Option<std::path::PathBuf>,
     /// Online reencryption of the volume the named instance serves (`ucrypt open DEV NAME`):
     /// its clients keep reading and writing meanwhile; DEVICE may then be left out.
     #[arg(long, value_name = "NAME")]
@@ -194,22 +199,31 @@ fn initialise(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
     }
     let old_slot = cd.check_passphrase(a.key_slot, passphrase).cs()?;
     a.pbkdf.apply(&mut cd)?;
-    let key_bytes = match a.key_size {
-        Some(bits) if bits % 8 == 0 && bits > 0 => bits as usize / 8,
-        Some(bits) => {
-            return Err(anyhow!(
-                "key size {bits} is not a positive multiple of 8 bits"
-            ))
-            .code(EXIT_PARAMS)
-        }
-        None => info.key_bytes,
+    let cipher = new_data_cipher(a, &info);
+    // cryptsetup's reencrypt_luks2_init: with -s or a new cipher the key size is -s or its
+    // default for the new cipher's mode; otherwise the volume's.
+    let key_bytes = if a.key_size.is_some() || cipher != info.cipher_spec() {
+        key_bytes(a.key_size, &cipher)?
+    } else {
+        info.key_bytes
     };
-    let new_slot = cd
-        .add_keyslot_new_unbound_key(None, key_bytes, passphrase)
-        .cs()?;
+    let new_slot = match &a.volume_key_file {
+        Some(f) => {
+            let key = read_volume_key(f, key_bytes)?;
+            if cd.verify_volume_key(key.as_bytes()).is_ok() {
+                // The volume's own key (cryptsetup's crypt_volume_key_verify check): the
+                // key stays, as with --keep-key.
+                drop(key);
+                return initialise_keep_key(a, cd, &info, passphrase);
+            }
+            cd.add_unbound_keyslot(None, Some(key.as_bytes()), key_bytes, passphrase)
+        }
+        None => cd.add_keyslot_new_unbound_key(None, key_bytes, passphrase),
+    }
+    .cs()?;
     let params = ReencryptInit {
         mode: ReencryptMode::Reencrypt,
-        cipher: a.cipher.clone().unwrap_or_else(|| info.cipher_spec()),
+        cipher,
         sector_size: a.sector_size.unwrap_or(info.sector_size),
         resilience: a.resilience(),
         hash: Some(a.resilience_hash.clone()),
@@ -224,6 +238,54 @@ fn initialise(a: &Args, passphrase: &[u8]) -> Result<(), CliError> {
         return Err(e).cs();
     }
     Ok(())
+}
+
+/// The data cipher after a re-key: `--cipher`, else the volume's, except that a volume
+/// without encryption (`cipher_null`) gets cryptsetup's default, as cryptsetup 2.6 does.
+fn new_data_cipher(a: &Args, info: &ucrypt_cryptsetup::VolumeInfo) -> String {
+    if let Some(c) = &a.cipher {
+        return c.clone();
+    }
+    let current = info.cipher_spec();
+    let name = current.split('-').next().unwrap_or_default();
+    if name == "cipher_null" || name == "null" {
+        println!("Switching data encryption cipher to aes-xts-plain64.");
+        return "aes-xts-plain64".into();
+    }
+    current
+}
+
+/// The first `len` bytes of `path`, a new volume key (cryptsetup's `tools_read_vk`: a
+/// longer file is fine, a shorter one is refused). Zeroed when dropped; never printed.
+fn read_volume_key(
+    path: &std::path::Path,
+    len: usize,
+) -> Result<ucrypt_crypto::VolumeKey, CliError> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| anyhow!("Cannot read keyfile {} ({e}).", path.display()))
+        .code(EXIT_PARAMS)?;
+    let mut key = zeroize::Zeroizing::new(vec![0u8; len]);
+    let mut got = 0;
+    while got < len {
+        match f.read(&mut key[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(anyhow!("Cannot read keyfile {} ({e}).", path.display()))
+                    .code(EXIT_PARAMS)
+            }
+        }
+    }
+    if got < len {
+        return Err(anyhow!(
+            "Cannot read {len} bytes from keyfile {}.",
+            path.display()
+        ))
+        .code(EXIT_PARAMS);
+    }
+    Ok(ucrypt_crypto::VolumeKey::new(std::mem::take(&mut *key)))
 }
 
 /// The key size in bytes for `bits` (None: cryptsetup's default, 512 bits for XTS and 256
@@ -320,6 +382,12 @@ fn format_new_header(
             .map_err(|e| anyhow!("unsupported LUKS2 metadata size options").context(e.to_string()))
             .code(EXIT_PARAMS)?;
     }
+    // cryptsetup's luksFormat --volume-key-file: the first key-size bytes of the file.
+    let key = a
+        .volume_key_file
+        .as_deref()
+        .map(|f| read_volume_key(f, key_bytes))
+        .transpose()?;
     cd.format_luks(
         &LuksFormat {
             luks2: true,
@@ -333,9 +401,10 @@ fn format_new_header(
             data_device: Some(data_device),
             align_sectors: None,
         },
-        None,
+        key.as_ref(),
     )
     .cs()?;
+    drop(key);
     cd.add_keyslot_by_volume_key(a.key_slot, None, passphrase)
         .cs()
 }
@@ -693,6 +762,15 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .code(EXIT_PARAMS);
     }
     if a.active_name.is_none() && luks1::applies(a.dev.header_path(), &a) {
+        if a.volume_key_file.is_some() && !a.decrypt && !a.keep_key {
+            // cryptsetup's LUKS1 reencryption takes it; ucrypt's makes a random key, and a
+            // key the user did not ask for is worse than a refusal.
+            return Err(anyhow!(
+                "reencrypt --volume-key-file is supported for LUKS2 volumes; ucrypt's LUKS1 \
+                 reencryption does not take it yet"
+            ))
+            .code(EXIT_PARAMS);
+        }
         // cryptsetup's legacy LUKS1 reencryption.
         return luks1::run(&a);
     }
@@ -827,6 +905,14 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             a.dev.header_path().display()
         ))
         .code(EXIT_PARAMS);
+    }
+    if let (Some(f), true) = (&a.volume_key_file, a.decrypt || a.keep_key) {
+        // cryptsetup 2.6.1 takes the option and does nothing with it here either.
+        eprintln!(
+            "--volume-key-file {} is not used: {} sets no new volume key.",
+            f.display(),
+            if a.decrypt { "--decrypt" } else { "--keep-key" }
+        );
     }
     if a.kind.as_deref().is_some_and(|t| t != "luks2") {
         return Err(anyhow!(
