@@ -12,7 +12,9 @@
 #      was writing) and finishes; dm-crypt reads the pattern;
 #   4. ucrypt decrypts (--decrypt): the device is the pattern from its first byte;
 #   5. cryptsetup decrypts and is interrupted (SIGINT) past its first block (the header is
-#      overwritten by then); ucrypt resumes with --decrypt --uuid and finishes.
+#      overwritten by then); ucrypt resumes with --decrypt --uuid and finishes;
+#   6. ucrypt encrypts (--encrypt --type luks1 --reduce-device-size): dm-crypt reads the
+#      pattern.
 
 l1_pattern() { # IMAGE -> 0 when dm-crypt (cryptsetup open) and ucrypt both read the pattern
   local img=$1 ok=0 loop
@@ -142,5 +144,18 @@ luks1_round() {
     check "l1 5: no state files left" sh -c "! ls '$d'/LUKS-* >/dev/null 2>&1"
     check "l1 5: the device is the pattern" cmp -s -n "$L1_BYTES" "$d/img" "$W/l1.pat"
   fi
-  rm -rf "$W"/l1a "$W"/l1b "$W"/l1c "$W"/l1d "$W"/l1e "$W"/l1.*
+
+  # 6. ucrypt encrypts a plaintext device to LUKS1 with --reduce-device-size (backward, the
+  #    data moved up by 2 MiB, the header at the head); dm-crypt opens it and reads the
+  #    pattern (the device's first 32 MiB, written before as plaintext).
+  d=$W/l1f
+  rm -rf "$d"; mkdir -p "$d"
+  cp "$W/l1.pat" "$d/dev"; truncate -s $((L1_BYTES + (2 << 20))) "$d/dev"
+  check "l1 6: ucrypt reencrypt --encrypt --type luks1 --reduce-device-size 2M" \
+    sh -c "cd '$d' && '$UCRYPT' reencrypt -q --encrypt --type luks1 --reduce-device-size 2M \
+      -d '$W/l1.pass' --pbkdf-force-iterations 1000 dev"
+  check "l1 6: no state files left, the device is LUKS1" \
+    sh -c "! ls '$d'/LUKS-* >/dev/null 2>&1 && cryptsetup isLuks --type luks1 '$d/dev'"
+  check "l1 6: dm-crypt and ucrypt read the pattern" l1_pattern "$d/dev"
+  rm -rf "$W"/l1a "$W"/l1b "$W"/l1c "$W"/l1d "$W"/l1e "$W"/l1f "$W"/l1.*
 }

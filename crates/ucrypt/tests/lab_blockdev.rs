@@ -17,7 +17,8 @@
 //! interrupted and finished by ucrypt, ucrypt interrupted and finished by cryptsetup, ucrypt
 //! killed (-9) and finished by ucrypt; dm-crypt and ucrypt read the pattern each time; a
 //! decryption by ucrypt, and one by cryptsetup interrupted and finished by ucrypt
-//! (`--decrypt --uuid`), leave the pattern as the device.
+//! (`--decrypt --uuid`), leave the pattern as the device; an encryption by ucrypt
+//! (`--encrypt --type luks1 --reduce-device-size`) is read by dm-crypt.
 //!
 //! Skipped with a message when `CI` is unset and the lab cannot start; fails when `CI` is
 //! set.

@@ -14,6 +14,7 @@
 //! - kill -9 at random points of ucrypt's pass, resumed by ucrypt: the plaintext reads
 //!   back (a seeded number of rounds);
 //! - `--decrypt`: the plaintext from the device's first byte, resumed with `--uuid`;
+//! - `--encrypt --type luks1` with `--reduce-device-size` (backward) or `--header`;
 //! - refusals with cryptsetup's messages and exit codes, compared with cryptsetup's own.
 #![allow(clippy::unwrap_used)]
 
@@ -806,4 +807,185 @@ fn one_opt(dir: &Path, ext: &str) -> Option<PathBuf> {
 
 fn is_luks_page(p: &[u8]) -> bool {
     p[..4] == *b"LUKS"
+}
+
+/// `--encrypt --type luks1`, as cryptsetup's legacy LUKS1 encryption: with
+/// `--reduce-device-size 2M` backward (log direction 1, mode 1; files named by cryptsetup's
+/// UUID cafecafe-...), stopped, resumed (with the same options, as cryptsetup's), killed
+/// (-9) and resumed; the LUKS1 header (aes-xts-plain64, 256 bits: cryptsetup's LUKS1
+/// default key size, payload offset 4096) at the head, the volume the device's first
+/// (size - 2 MiB) bytes. With a new `--header` file: forward, the header file made (the
+/// `.new` moved), the volume the whole device.
+#[test]
+fn encrypt_with_reduction_or_header() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let f = Fixture::new(0x1_0007);
+    let w = f.subdir("e");
+    let dev = w.join("dev");
+    let mut data = vec![0u8; 8 << 20];
+    Rng::new(0x1_0008).fill(&mut data);
+    std::fs::write(&dev, &data).unwrap();
+    let enc = [
+        "reencrypt",
+        "-q",
+        "--encrypt",
+        "--type",
+        "luks1",
+        "--reduce-device-size",
+        "2M",
+        "-B",
+        "1",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--disable-locks",
+    ];
+    let mut args = enc.to_vec();
+    args.extend(["--debug-stop-after", "3M", "dev"]);
+    let out = run_in(&w, ucrypt_bin(), &args, &lines(&[PW1]));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(one(&w, "log").ends_with("LUKS-cafecafe-cafe-cafe-cafe-cafecafeeeee.log"));
+    let log = String::from_utf8(std::fs::read(one(&w, "log")).unwrap()).unwrap();
+    assert!(
+        log.contains("direction = 1\n") && log.contains("mode = 1\n"),
+        "{log}"
+    );
+    assert!(log.contains("offset = 3145728\n"), "3 of 6 MiB left: {log}");
+    assert_eq!(
+        field(&dump(&w, s(&one(&w, "org"))), "Cipher name:"),
+        "cipher_null"
+    );
+    // Killed and resumed until done.
+    let (mut rng, seed) = Rng::from_env("UCRYPT_LUKS1_ENCRYPT_SEED");
+    let mut kills = 0;
+    for i in 0..=20 {
+        let mut args = enc.to_vec();
+        args.push("dev");
+        let mut child = Command::new(ucrypt_bin())
+            .args(&args)
+            .current_dir(&w)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            let mut sin = child.stdin.take().unwrap();
+            std::io::Write::write_all(&mut sin, &lines(&[PW1])).unwrap();
+        }
+        let wait = rng.next_u64() % 40;
+        let killed = i < 20 && {
+            std::thread::sleep(std::time::Duration::from_millis(wait));
+            child.try_wait().unwrap().is_none() && child.kill().is_ok()
+        };
+        let out = child.wait_with_output().unwrap();
+        if killed {
+            kills += 1;
+            if one_opt(&w, "log").is_none() && is_luks_page(&first_page(&dev)) {
+                break; // it had finished
+            }
+            continue;
+        }
+        assert!(
+            out.status.success(),
+            "seed {seed}: {} {:?} {:?}",
+            String::from_utf8_lossy(&out.stderr),
+            state_files(&w),
+            &first_page(&dev)[..8]
+        );
+        break;
+    }
+    eprintln!("LUKS1 encrypt: {kills} kills (seed {seed})");
+    assert!(
+        state_files(&w).is_empty(),
+        "seed {seed}: {:?}",
+        state_files(&w)
+    );
+    let d = dump(&w, "dev");
+    assert_eq!(field(&d, "Cipher mode:"), "xts-plain64");
+    assert_eq!(field(&d, "MK bits:"), "256");
+    assert_eq!(field(&d, "Payload offset:"), "4096");
+    ok_in(&w, "cryptsetup", &["open", "--test-passphrase", "dev"], PW1);
+    std::fs::write(f.path("k1"), PW1).unwrap();
+    let t = f.table(&dev, "k1");
+    let out = ok_in(
+        &w,
+        ucrypt_bin(),
+        &[
+            "read",
+            "--table-file",
+            s(&t),
+            "--length",
+            &(6 << 20).to_string(),
+        ],
+        b"",
+    );
+    assert!(
+        out.stdout[..] == data[..6 << 20],
+        "seed {seed}: the volume is the device's first 6 MiB"
+    );
+
+    // With a new header file: forward, the whole device.
+    let h = f.subdir("h");
+    let hdev = h.join("dev");
+    std::fs::write(&hdev, &data).unwrap();
+    ok_in(
+        &h,
+        ucrypt_bin(),
+        &[
+            "reencrypt",
+            "-q",
+            "--encrypt",
+            "--type",
+            "luks1",
+            "--header",
+            "hdr",
+            "-c",
+            "aes-cbc-essiv:sha256",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--disable-locks",
+            "dev",
+        ],
+        &lines(&[PW1]),
+    );
+    assert!(state_files(&h).is_empty());
+    let d = dump(&h, "hdr");
+    assert_eq!(field(&d, "Payload offset:"), "0");
+    assert_eq!(field(&d, "Cipher mode:"), "cbc-essiv:sha256");
+    let out = ok_in(
+        &h,
+        ucrypt_bin(),
+        &[
+            "luksOpen",
+            "--print-table",
+            "--showkeys",
+            "-d",
+            s(&f.path("k1")),
+            "--header",
+            "hdr",
+            "dev",
+        ],
+        b"",
+    );
+    std::fs::write(h.join("t"), &out.stdout).unwrap();
+    let out = ok_in(
+        &h,
+        ucrypt_bin(),
+        &[
+            "read",
+            "--table-file",
+            "t",
+            "--length",
+            &(8 << 20).to_string(),
+        ],
+        b"",
+    );
+    assert!(out.stdout == data, "the volume is the whole device");
 }

@@ -551,7 +551,7 @@ fn what_cryptsetup_refuses_is_refused() {
             "reencrypt",
             "--encrypt",
             "--type",
-            "luks1",
+            "plain",
             "--header",
             hdr,
             "-q",
@@ -559,7 +559,7 @@ fn what_cryptsetup_refuses_is_refused() {
             k,
             dev,
         ],
-        "does not encrypt to LUKS1",
+        "luks1 and luks2",
     );
     refused(
         &[

@@ -79,7 +79,8 @@ pub(crate) struct Args {
     /// Decrypt a LUKS2 device whose header is detached (--header) in place.
     #[arg(long)]
     decrypt: bool,
-    /// Header type for --encrypt: luks2 (encryption to LUKS1 is not supported yet).
+    /// Header type for --encrypt: luks2 (the default) or luks1 (cryptsetup's legacy LUKS1
+    /// encryption).
     #[arg(long = "type", short = 'M', value_name = "TYPE")]
     kind: Option<String>,
     /// UUID of the new header (--encrypt); with --decrypt of LUKS1, the UUID of the
@@ -761,7 +762,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.active_name.is_none() && luks1::applies(a.dev.header_path(), &a) {
+    if a.active_name.is_none()
+        && (luks1::applies(a.dev.header_path(), &a)
+            || (a.encrypt && a.kind.as_deref() == Some("luks1")))
+    {
         if a.volume_key_file.is_some() && !a.decrypt && !a.keep_key {
             // cryptsetup's LUKS1 reencryption takes it; ucrypt's makes a random key, and a
             // key the user did not ask for is worse than a refusal.
@@ -916,8 +920,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     }
     if a.kind.as_deref().is_some_and(|t| t != "luks2") {
         return Err(anyhow!(
-            "reencrypt --type {}: ucrypt does not encrypt to LUKS1 yet (cryptsetup's legacy \
-             LUKS1 encryption); use --type luks2",
+            "reencrypt --type {}: the header types of reencrypt are luks1 and luks2",
             a.kind.as_deref().unwrap_or_default()
         ))
         .code(EXIT_PARAMS);

@@ -9,8 +9,9 @@
 //! PBKDF options; `--keep-key` for the header only; `--key-slot`; `--block-size`,
 //! `--use-directio`, `--use-fsync`, `--write-log`, `--device-size`, `--resume-only`), and
 //! `--decrypt` (forward, the plaintext from the device's first byte; `--uuid` to resume once
-//! the header is overwritten). `--encrypt --type luks1` and `--reduce-device-size` are
-//! refused by name.
+//! the header is overwritten), and `--encrypt --type luks1` (with `--reduce-device-size`:
+//! backward, the data moved up by the reduction; or with a new `--header` file: forward).
+//! A re-key with `--reduce-device-size` is refused by name.
 
 use super::super::luks::CsResult;
 use super::super::progress;
@@ -218,6 +219,80 @@ fn new_header(
     Ok(())
 }
 
+/// The headers of `--encrypt --type luks1`, as cryptsetup's `backup_fake_header` in
+/// ENCRYPT mode: `.org` a `cipher_null` header (data offset 0) for the plaintext, `.new`
+/// the LUKS1 header to be (`--cipher`, default aes-xts-plain64; `--key-size`, default
+/// cryptsetup's LUKS1 256 bits; a random UUID and volume key; data offset
+/// `--reduce-device-size`, 0 with `--header`), the passphrase in `--key-slot` (0).
+fn encrypt_headers(
+    a: &Args,
+    device: &Path,
+    files: &Files,
+    pass: &[(u32, Secret)],
+) -> Result<(), CliError> {
+    for f in [&files.org, &files.new] {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(f)
+            .and_then(|f| f.set_len(4096))
+            .map_err(|e| anyhow!("creating {}: {e}", f.display()))?;
+    }
+    let key_bytes = match a.key_size {
+        Some(b) if b % 8 == 0 && b > 0 => b as usize / 8,
+        Some(b) => {
+            return Err(anyhow!("key size {b} is not a positive multiple of 8 bits"))
+                .code(EXIT_PARAMS)
+        }
+        None => 32,
+    };
+    let hash = a.pbkdf.hash.clone().unwrap_or_else(|| "sha256".into());
+    l1::write_null_header(
+        &files.org,
+        key_bytes,
+        &hash,
+        pass[0].0,
+        a.pbkdf.pbkdf_force_iterations.unwrap_or(1000),
+    )
+    .code(EXIT_PARAMS)?;
+    let cipher = a.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
+    cipher
+        .parse::<CipherSpec>()
+        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
+        .code(EXIT_PARAMS)?;
+    let mut cd = CryptDevice::init(&files.new).cs()?;
+    cd.set_pbkdf(&Pbkdf {
+        kind: a.pbkdf.pbkdf.clone().unwrap_or_else(|| "pbkdf2".into()),
+        hash: Some(hash.clone()),
+        iterations: a.pbkdf.pbkdf_force_iterations,
+        time_ms: a.pbkdf.iter_time,
+        memory_kb: a.pbkdf.pbkdf_memory,
+        parallel: a.pbkdf.pbkdf_parallel,
+    })
+    .cs()?;
+    cd.format_luks(
+        &LuksFormat {
+            luks2: false,
+            cipher,
+            key_bytes,
+            uuid: None,
+            hash: Some(hash),
+            sector_size: None,
+            label: None,
+            subsystem: None,
+            data_device: Some(device.to_path_buf()),
+            align_sectors: a.reduce_device_size.map(|r| r / 512),
+        },
+        None,
+    )
+    .cs()?;
+    cd.add_keyslot_by_volume_key(Some(pass[0].0), None, &pass[0].1)
+        .cs()?;
+    Ok(())
+}
+
 /// Whether `u` is a UUID in its text form.
 fn is_uuid(u: &str) -> bool {
     let b = u.as_bytes();
@@ -301,7 +376,7 @@ fn device_size(f: &std::fs::File) -> std::io::Result<u64> {
 /// Removes the state files (the run finished or never started); the log last, so that a
 /// run stopped in between leaves a log that says what is left.
 fn clean(files: &Files) {
-    for p in [&files.journal, &files.new, &files.org, &files.log] {
+    for p in [&files.journal, &files.org, &files.new, &files.log] {
         let _ = std::fs::remove_file(p);
     }
 }
@@ -328,14 +403,72 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.encrypt {
+    if a.encrypt && l1::is_luks1(&hdr) {
+        // An encryption stopped in its clean-up (its header on the device, its files
+        // left): finished if its .new header is this one.
+        let cwd = std::env::current_dir().map_err(|e| anyhow!("current directory: {e}"))?;
+        let files = Files::new(&cwd, l1::NO_UUID);
+        let uuid_of = |p: &Path| {
+            CryptDevice::init(p)
+                .ok()
+                .and_then(|mut cd| {
+                    cd.load(Some(HeaderType::Luks1))
+                        .ok()
+                        .map(|()| cd.info().uuid)
+                })
+                .flatten()
+        };
+        if files.log.exists() && !files.new.exists() && !files.org.exists() {
+            // Only the log: .org and .new go in the clean-up of a finished run alone (a run
+            // that failed before moving data left no header on a device).
+            eprintln!(
+                "{} is LUKS1 and {} is the only file left of a finished LUKS1 encryption: \
+                 removed.",
+                hdr.display(),
+                files.log.display()
+            );
+            clean(&files);
+            return Ok(());
+        }
+        if files.log.exists()
+            && files.new.exists()
+            && uuid_of(&files.new).is_some_and(|u| Some(u) == uuid_of(&hdr))
+        {
+            // Its pass was done (the header is restored only then); the restore itself may
+            // have been cut short: done again, then the files go.
+            eprintln!(
+                "The LUKS1 encryption of {} had finished; its header is written again and \
+                 what is left of its files removed.",
+                device.display()
+            );
+            let mut cd = CryptDevice::init(&hdr).cs()?;
+            cd.header_restore(&files.new)
+                .map_err(|e| {
+                    anyhow!(
+                        "Cannot restore LUKS1 header on device {}: {e}",
+                        hdr.display()
+                    )
+                })
+                .code(EXIT_PARAMS)?;
+            clean(&files);
+            return Ok(());
+        }
+    }
+    if a.encrypt && (stained.is_some() || super::is_luks(&hdr) || super::is_luks(&device)) {
         return Err(anyhow!(
             "Device {} is already LUKS device. Aborting operation.",
             hdr.display()
         ))
         .code(EXIT_PARAMS);
     }
-    if a.reduce_device_size.is_some() {
+    if a.encrypt && a.reduce_device_size.is_none() && a.dev.header.is_none() {
+        return Err(anyhow!(
+            "Encryption without detached header (--header) is not possible without data \
+             device size reduction (--reduce-device-size)."
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if a.reduce_device_size.is_some() && !a.encrypt {
         return Err(anyhow!(
             "reencrypt --reduce-device-size of a LUKS1 volume (re-key with a data shift) is not \
              supported by ucrypt yet"
@@ -371,6 +504,7 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
     }
     let usable = l1::is_luks1(&hdr);
     let uuid = match (&stained, usable, &a.uuid) {
+        _ if a.encrypt => l1::NO_UUID.to_string(),
         (Some(u), _, _) => u.clone(),
         (None, true, _) => {
             let mut cd = load(&hdr, &device)?;
@@ -467,15 +601,23 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
         };
         Log::parse(&buf[..n], &uuid).code(EXIT_PARAMS)?
     } else {
+        let backward = a.encrypt && a.reduce_device_size.is_some();
         let log = Log {
             uuid: uuid.clone(),
-            direction: Direction::Forward,
-            mode: if a.decrypt {
+            direction: if backward {
+                Direction::Backward
+            } else {
+                Direction::Forward
+            },
+            mode: if a.encrypt {
+                Mode::Encrypt
+            } else if a.decrypt {
                 Mode::Decrypt
             } else {
                 Mode::Reencrypt
             },
-            offset: 0,
+            // cryptsetup's start of a backward pass (~0): the end.
+            offset: if backward { u64::MAX } else { 0 },
             shift: 0,
         };
         l1::write_log(&log_file, &log).code(EXIT_PARAMS)?;
@@ -489,7 +631,21 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if log.mode == Mode::Encrypt || log.direction != Direction::Forward {
+    let encrypting = log.mode == Mode::Encrypt;
+    if encrypting != a.encrypt {
+        return Err(anyhow!(
+            "{} records a LUKS1 {}: resume it {} --encrypt --type luks1",
+            files.log.display(),
+            if encrypting {
+                "encryption"
+            } else {
+                "re-key or decryption"
+            },
+            if encrypting { "with" } else { "without" }
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if !encrypting && log.direction != Direction::Forward {
         return Err(anyhow!(
             "{} records a LUKS1 {} pass ({}); ucrypt resumes LUKS1 re-keys and decryptions \
              (forward) only",
@@ -523,6 +679,29 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
     let pass = if in_progress {
         let mut cd = load(if decrypting { &files.org } else { &files.new }, &device)?;
         passphrases(a, &mut cd, true)?
+    } else if encrypting {
+        let _ = std::fs::remove_file(&files.journal);
+        let started = (|| {
+            let p = secret::get(
+                a.key
+                    .key_file
+                    .as_deref()
+                    .map(|p| (p, a.key.keyfile_offset, a.key.keyfile_size)),
+                "Enter new passphrase: ",
+                true,
+            )?;
+            let pass = vec![(a.key_slot.unwrap_or(0), p)];
+            encrypt_headers(a, &device, &files, &pass)?;
+            Ok::<_, CliError>(pass)
+        })();
+        match started {
+            Ok(p) => p,
+            Err(e) => {
+                drop(log_file);
+                clean(&files);
+                return Err(e);
+            }
+        }
     } else {
         // A journal left by an earlier reencryption of this UUID finished by cryptsetup
         // is stale.
@@ -551,8 +730,16 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
     };
     let (slot, passphrase) = (&pass[0].0, &pass[0].1);
     let stop = AtomicBool::new(false);
-    if !a.keep_key || decrypting {
-        let old = side(&files.org, &device, None, passphrase)?;
+    if !a.keep_key || decrypting || encrypting {
+        let old = if encrypting {
+            // cryptsetup's old side: a cipher_null header with data offset 0.
+            Side {
+                cipher: None,
+                base: 0,
+            }
+        } else {
+            side(&files.org, &device, None, passphrase)?
+        };
         let new = if decrypting {
             // cryptsetup's new side: a cipher_null header with data offset 0.
             Side {
@@ -607,7 +794,7 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
             new,
             size,
             block: block_mib << 20,
-            direction: Direction::Forward,
+            direction: log.direction,
             journal: files.journal.clone(),
         };
         if p.recover(&dev, &log).code(EXIT_PARAMS)? {
@@ -618,7 +805,11 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
             );
         }
         let stop_signal = progress::StopOnSignal::new();
-        let first = log.offset.min(size);
+        // Bytes done when this run starts (a backward log counts what is left).
+        let first = match log.direction {
+            Direction::Forward => log.offset.min(size),
+            Direction::Backward => size - log.offset.min(size),
+        };
         let name = device.display().to_string();
         let mut bar = progress::Bytes::new(&a.progress, "Reencrypting", &name, size);
         bar.resume_at(first);
@@ -667,6 +858,16 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
         return Ok(());
     }
     drop(log_file);
+    if encrypting {
+        if let Some(h) = a.dev.header.as_deref().filter(|h| !h.exists()) {
+            // cryptsetup: a new detached header file is the .new file, moved.
+            std::fs::rename(&files.new, h)
+                .map_err(|e| anyhow!("Cannot restore LUKS1 header on device {}: {e}", h.display()))
+                .code(EXIT_PARAMS)?;
+            clean(&files);
+            return Ok(());
+        }
+    }
     // The new header onto the device (its magic is usable again), then the files go.
     let mut cd = if hdr == device {
         CryptDevice::init(&hdr)
