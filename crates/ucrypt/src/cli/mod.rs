@@ -267,8 +267,8 @@ enum Command {
     #[command(name = "luksHeaderRestore")]
     LuksHeaderRestore(luks_header_restore::Args),
     /// Re-encrypt a LUKS2 or LUKS1 volume with a new key (cipher, key size, sector size),
-    /// or encrypt or decrypt a LUKS2 device, resumable and interchangeable with cryptsetup
-    /// reencrypt.
+    /// or encrypt or decrypt a device (LUKS2 or LUKS1), resumable and interchangeable with
+    /// cryptsetup reencrypt.
     Reencrypt(reencrypt::Args),
     /// Check a passphrase (--test-passphrase) or print the volume's table line (--print-table).
     #[command(name = "luksOpen")]

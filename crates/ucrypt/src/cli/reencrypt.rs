@@ -26,8 +26,9 @@ use ucrypt_format::size::parse_size;
 #[derive(clap::Args)]
 pub(crate) struct Args {
     /// The LUKS2 or LUKS1 device: a block device or an image file (with --active-name, the
-    /// one the instance serves unless given). A LUKS1 volume is re-keyed as cryptsetup's
-    /// legacy LUKS1 reencryption does, its state files in the current directory.
+    /// one the instance serves unless given). A LUKS1 volume is re-keyed, decrypted (or a
+    /// device encrypted with --type luks1) as cryptsetup's legacy LUKS1 reencryption does,
+    /// its state files in the current directory.
     #[arg(required_unless_present = "active_name")]
     device: Option<std::path::PathBuf>,
     /// Use a detached header file instead of the device's own.
