@@ -511,10 +511,14 @@ fn keyfile_keyslot_pbkdf_and_header_options_do_what_cryptsetups_do() {
     let mut bad = std::fs::read(&vk).unwrap();
     bad[0] ^= 1;
     std::fs::write(dir.join("badvk"), bad).unwrap();
+    // The key with bytes after it (cryptsetup reads the key's length) and cut short.
+    let good = std::fs::read(&vk).unwrap();
+    std::fs::write(dir.join("longvk"), [&good[..], b"trailing bytes"].concat()).unwrap();
+    std::fs::write(dir.join("shortvk"), &good[..16]).unwrap();
     let f = |n: &str| dir.join(n).display().to_string();
     let (pass, pass2, kf, kfnew, newpass) =
         (f("pass"), f("pass2"), f("kf"), f("kfnew"), f("newpass"));
-    let (vk, badvk) = (f("vk"), f("badvk"));
+    let (vk, badvk, longvk, shortvk) = (f("vk"), f("badvk"), f("longvk"), f("shortvk"));
     let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
     let argon = [
         "--pbkdf",
@@ -673,6 +677,40 @@ fn keyfile_keyslot_pbkdf_and_header_options_do_what_cryptsetups_do() {
                     "DEV",
                     "--volume-key-file",
                     badvk.as_str(),
+                    "--new-keyfile",
+                    newpass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    "--volume-key-file",
+                    longvk.as_str(),
+                    "--new-keyfile",
+                    newpass.as_str(),
+                ][..],
+                &fast,
+            ]
+            .concat(),
+        ),
+        (
+            2,
+            false,
+            [
+                &[
+                    "luksAddKey",
+                    "-q",
+                    "DEV",
+                    "--volume-key-file",
+                    shortvk.as_str(),
                     "--new-keyfile",
                     newpass.as_str(),
                 ][..],

@@ -210,17 +210,9 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let key = match (&a.volume_key_file, by_token) {
         (_, Some(key)) => key,
         (Some(f), None) => {
-            let key = ucrypt_crypto::VolumeKey::new(secret::read_key_file(f, 0, 0)?.to_vec());
-            if key.len() != cd.info().key_bytes {
-                return Err(anyhow::anyhow!(
-                    "{} holds {} bytes; the volume key of {} has {}",
-                    f.display(),
-                    key.len(),
-                    a.dev.device.display(),
-                    cd.info().key_bytes
-                ))
-                .code(EXIT_PARAMS);
-            }
+            // As cryptsetup: the file's first key-size bytes (a shorter file is refused).
+            let want = cd.info().key_bytes as u64;
+            let key = ucrypt_crypto::VolumeKey::new(secret::read_key_file(f, 0, want)?.to_vec());
             // A key that is not the volume's: exit 2, as cryptsetup's EPERM.
             cd.verify_volume_key(key.as_bytes()).code(2)?;
             key
