@@ -144,6 +144,31 @@ fn passphrases(
 /// old UUID and data offset, the cipher (`--cipher`) and key size (`--key-size`) asked for
 /// or the old ones, `--hash` or sha256, a new random volume key (`--keep-key`: the old
 /// one), and every passphrase in its own keyslot number again.
+/// `cipher` if ucrypt's data path can serve it (the pass is ucrypt's), else refused.
+fn servable_cipher(cipher: String) -> Result<String, CliError> {
+    cipher
+        .parse::<CipherSpec>()
+        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
+        .code(EXIT_PARAMS)?;
+    Ok(cipher)
+}
+
+/// A context on the new header file `path` with cryptsetup's `set_pbkdf_params(cd,
+/// CRYPT_LUKS1)`: PBKDF2 unless asked otherwise, with `hash`.
+fn new_header_context(a: &Args, path: &Path, hash: &str) -> Result<CryptDevice, CliError> {
+    let mut cd = CryptDevice::init(path).cs()?;
+    cd.set_pbkdf(&Pbkdf {
+        kind: a.pbkdf.pbkdf.clone().unwrap_or_else(|| "pbkdf2".into()),
+        hash: Some(hash.to_string()),
+        iterations: a.pbkdf.pbkdf_force_iterations,
+        time_ms: a.pbkdf.iter_time,
+        memory_kb: a.pbkdf.pbkdf_memory,
+        parallel: a.pbkdf.pbkdf_parallel,
+    })
+    .cs()?;
+    Ok(cd)
+}
+
 fn new_header(
     a: &Args,
     old: &mut CryptDevice,
@@ -178,24 +203,9 @@ fn new_header(
         }
         _ => info.key_bytes,
     };
-    let cipher = a.cipher.clone().unwrap_or_else(|| info.cipher_spec());
-    cipher
-        .parse::<CipherSpec>()
-        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
-        .code(EXIT_PARAMS)?;
+    let cipher = servable_cipher(a.cipher.clone().unwrap_or_else(|| info.cipher_spec()))?;
     let hash = a.pbkdf.hash.clone().unwrap_or_else(|| "sha256".into());
-    let mut cd = CryptDevice::init(&files.new).cs()?;
-    // cryptsetup's set_pbkdf_params(cd, CRYPT_LUKS1): PBKDF2 unless asked otherwise, the
-    // header's hash.
-    cd.set_pbkdf(&Pbkdf {
-        kind: a.pbkdf.pbkdf.clone().unwrap_or_else(|| "pbkdf2".into()),
-        hash: Some(hash.clone()),
-        iterations: a.pbkdf.pbkdf_force_iterations,
-        time_ms: a.pbkdf.iter_time,
-        memory_kb: a.pbkdf.pbkdf_memory,
-        parallel: a.pbkdf.pbkdf_parallel,
-    })
-    .cs()?;
+    let mut cd = new_header_context(a, &files.new, &hash)?;
     cd.set_data_offset(info.data_offset).cs()?;
     cd.format_luks(
         &LuksFormat {
@@ -257,21 +267,8 @@ fn encrypt_headers(
         a.pbkdf.pbkdf_force_iterations.unwrap_or(1000),
     )
     .code(EXIT_PARAMS)?;
-    let cipher = a.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
-    cipher
-        .parse::<CipherSpec>()
-        .map_err(|e| anyhow!("--cipher {cipher}: {e}"))
-        .code(EXIT_PARAMS)?;
-    let mut cd = CryptDevice::init(&files.new).cs()?;
-    cd.set_pbkdf(&Pbkdf {
-        kind: a.pbkdf.pbkdf.clone().unwrap_or_else(|| "pbkdf2".into()),
-        hash: Some(hash.clone()),
-        iterations: a.pbkdf.pbkdf_force_iterations,
-        time_ms: a.pbkdf.iter_time,
-        memory_kb: a.pbkdf.pbkdf_memory,
-        parallel: a.pbkdf.pbkdf_parallel,
-    })
-    .cs()?;
+    let cipher = servable_cipher(a.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into()))?;
+    let mut cd = new_header_context(a, &files.new, &hash)?;
     cd.format_luks(
         &LuksFormat {
             luks2: false,
