@@ -989,3 +989,45 @@ fn encrypt_with_reduction_or_header() {
     );
     assert!(out.stdout == data, "the volume is the whole device");
 }
+
+/// `--volume-key-file FILE` on a LUKS1 re-key, as cryptsetup's LUKS1 reencryption: the new
+/// volume key is FILE's first key-size bytes (cryptsetup's `--dump-volume-key` of the
+/// result shows them) and the plaintext survives; a FILE shorter than the key is refused
+/// (exit 1) before any state file is written.
+#[test]
+fn rekey_takes_the_new_volume_key_from_a_file() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let f = Fixture::new(0x1_0009);
+    let img = f.image("img");
+    let w = f.subdir("w");
+    let img = f.copy(&img, &w);
+    let vk: Vec<u8> = (0..80u8).map(|i| i.wrapping_mul(29) ^ 0xa5).collect();
+    std::fs::write(w.join("vk"), &vk).unwrap();
+    std::fs::write(w.join("short"), &vk[..16]).unwrap();
+    let mut args: Vec<&str> = REKEY.to_vec();
+    args.extend(["--disable-locks", "--volume-key-file", "short", "img"]);
+    let out = run_in(&w, ucrypt_bin(), &args, &lines(&[PW1, PW2]));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(state_files(&w).is_empty(), "{:?}", state_files(&w));
+    let mut args: Vec<&str> = REKEY.to_vec();
+    args.extend(["--disable-locks", "--volume-key-file", "vk", "img"]);
+    ok_in(&w, ucrypt_bin(), &args, &lines(&[PW1, PW2]));
+    assert!(state_files(&w).is_empty(), "{:?}", state_files(&w));
+    let out = ok_in(
+        &w,
+        "cryptsetup",
+        &["luksDump", "-q", "--dump-volume-key", "img"],
+        PW1,
+    );
+    let hex: String = String::from_utf8_lossy(&out.stdout)
+        .split("MK dump:")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let want: String = vk[..32].iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, want);
+    f.assert_plain(&img);
+}

@@ -259,7 +259,7 @@ fn new_data_cipher(a: &Args, info: &ucrypt_cryptsetup::VolumeInfo) -> String {
 
 /// The first `len` bytes of `path`, a new volume key (cryptsetup's `tools_read_vk`: a
 /// longer file is fine, a shorter one is refused). Zeroed when dropped; never printed.
-fn read_volume_key(
+pub(super) fn read_volume_key(
     path: &std::path::Path,
     len: usize,
 ) -> Result<ucrypt_crypto::VolumeKey, CliError> {
@@ -767,14 +767,12 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         && (luks1::applies(a.dev.header_path(), &a)
             || (a.encrypt && a.kind.as_deref() == Some("luks1")))
     {
-        if a.volume_key_file.is_some() && !a.decrypt && !a.keep_key {
-            // cryptsetup's LUKS1 reencryption takes it; ucrypt's makes a random key, and a
-            // key the user did not ask for is worse than a refusal.
-            return Err(anyhow!(
-                "reencrypt --volume-key-file is supported for LUKS2 volumes; ucrypt's LUKS1 \
-                 reencryption does not take it yet"
-            ))
-            .code(EXIT_PARAMS);
+        if let (Some(f), true) = (&a.volume_key_file, a.decrypt || a.keep_key) {
+            eprintln!(
+                "--volume-key-file {} is not used: {} sets no new volume key.",
+                f.display(),
+                if a.decrypt { "--decrypt" } else { "--keep-key" }
+            );
         }
         // cryptsetup's legacy LUKS1 reencryption.
         return luks1::run(&a);

@@ -188,11 +188,6 @@ fn new_header(
         f.set_len(4096)
             .map_err(|e| anyhow!("sizing {}: {e}", files.new.display()))?;
     }
-    let key = if a.keep_key {
-        Some(old.volume_key(Some(pass[0].0), &pass[0].1).cs()?.1)
-    } else {
-        None
-    };
     let key_bytes = match (a.keep_key, a.key_size) {
         (false, Some(bits)) if bits % 8 == 0 && bits > 0 => bits as usize / 8,
         (false, Some(bits)) => {
@@ -202,6 +197,16 @@ fn new_header(
             .code(EXIT_PARAMS)
         }
         _ => info.key_bytes,
+    };
+    // The new volume key: the old one (--keep-key), the first key-size bytes of
+    // --volume-key-file (as cryptsetup's LUKS1 reencryption), or a random one.
+    let key = if a.keep_key {
+        Some(old.volume_key(Some(pass[0].0), &pass[0].1).cs()?.1)
+    } else {
+        a.volume_key_file
+            .as_deref()
+            .map(|f| super::read_volume_key(f, key_bytes))
+            .transpose()?
     };
     let cipher = servable_cipher(a.cipher.clone().unwrap_or_else(|| info.cipher_spec()))?;
     let hash = a.pbkdf.hash.clone().unwrap_or_else(|| "sha256".into());
@@ -268,6 +273,11 @@ fn encrypt_headers(
     )
     .code(EXIT_PARAMS)?;
     let cipher = servable_cipher(a.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into()))?;
+    let key = a
+        .volume_key_file
+        .as_deref()
+        .map(|f| super::read_volume_key(f, key_bytes))
+        .transpose()?;
     let mut cd = new_header_context(a, &files.new, &hash)?;
     cd.format_luks(
         &LuksFormat {
@@ -282,7 +292,7 @@ fn encrypt_headers(
             data_device: Some(device.to_path_buf()),
             align_sectors: a.reduce_device_size.map(|r| r / 512),
         },
-        None,
+        key.as_ref(),
     )
     .cs()?;
     cd.add_keyslot_by_volume_key(Some(pass[0].0), None, &pass[0].1)
