@@ -448,17 +448,8 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
                  what is left of its files removed.",
                 device.display()
             );
-            let mut cd = CryptDevice::init(&hdr).cs()?;
-            cd.header_restore(&files.new)
-                .map_err(|e| {
-                    anyhow!(
-                        "Cannot restore LUKS1 header on device {}: {e}",
-                        hdr.display()
-                    )
-                })
-                .code(EXIT_PARAMS)?;
-            clean(&files);
-            return Ok(());
+            let cd = CryptDevice::init(&hdr).cs()?;
+            return restore_new_header(cd, &files, &hdr);
         }
     }
     if a.encrypt && (stained.is_some() || super::is_luks(&hdr) || super::is_luks(&device)) {
@@ -875,13 +866,18 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
             return Ok(());
         }
     }
-    // The new header onto the device (its magic is usable again), then the files go.
-    let mut cd = if hdr == device {
+    let cd = if hdr == device {
         CryptDevice::init(&hdr)
     } else {
         CryptDevice::init_detached(&hdr, &device)
     }
     .cs()?;
+    restore_new_header(cd, &files, &hdr)
+}
+
+/// The new header (`.new`) onto `hdr` through `cd` (its magic is usable again), then the
+/// state files go.
+fn restore_new_header(mut cd: CryptDevice, files: &Files, hdr: &Path) -> Result<(), CliError> {
     cd.header_restore(&files.new)
         .map_err(|e| {
             anyhow!(
@@ -890,6 +886,6 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
             )
         })
         .code(EXIT_PARAMS)?;
-    clean(&files);
+    clean(files);
     Ok(())
 }
