@@ -216,6 +216,37 @@ struct Fx {
 const PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
 impl Fx {
+    /// On a 60 MiB device with `hdr` initialised: `--device-size` beyond the device, and
+    /// (sectors above 512 bytes) one not a multiple of the sector size, are both refused
+    /// with nothing written.
+    fn refuses_bad_device_sizes(
+        &self,
+        dev: &Path,
+        hdr: &Path,
+        sector: &str,
+        mib: usize,
+        resilience: &str,
+    ) {
+        let ss: usize = sector.parse().unwrap();
+        let beyond = format!("{}", 60 * MIB + ss);
+        let misaligned = format!("{}", mib * MIB + ss - 512);
+        let mut sizes = vec![beyond];
+        if ss > 512 {
+            sizes.push(misaligned);
+        }
+        for size in &sizes {
+            let args = [
+                "--header",
+                s(hdr),
+                "--device-size",
+                size,
+                "--resilience",
+                resilience,
+            ];
+            self.fails(dev, Some(hdr), &args);
+        }
+    }
+
     fn path(&self, n: &str) -> PathBuf {
         self.dir.path().join(n)
     }
@@ -893,35 +924,7 @@ fn encryption_with_fixed_device_size(f: &Fx) {
                 "--init-only",
             ],
         );
-        let ss: usize = sector.parse().unwrap();
-        let beyond = format!("{}", 60 * MIB + ss);
-        f.fails(
-            &dev,
-            Some(&hdr),
-            &[
-                "--header",
-                &h,
-                "--device-size",
-                &beyond,
-                "--resilience",
-                resilience,
-            ],
-        );
-        if ss > 512 {
-            let misaligned = format!("{}", mib * MIB + ss - 512);
-            f.fails(
-                &dev,
-                Some(&hdr),
-                &[
-                    "--header",
-                    &h,
-                    "--device-size",
-                    &misaligned,
-                    "--resilience",
-                    resilience,
-                ],
-            );
-        }
+        f.refuses_bad_device_sizes(&dev, &hdr, sector, mib, resilience);
     }
 }
 
@@ -976,35 +979,7 @@ fn decryption_with_fixed_device_size(f: &Fx) {
         let (dev, _) = f.device("dec21", 60);
         format(&dev);
         f.ok(&dev, &["--decrypt", "--header", &h, "--init-only"]);
-        let ss: usize = sector.parse().unwrap();
-        let beyond = format!("{}", 60 * MIB + ss);
-        f.fails(
-            &dev,
-            Some(&hdr),
-            &[
-                "--header",
-                &h,
-                "--device-size",
-                &beyond,
-                "--resilience",
-                resilience,
-            ],
-        );
-        if ss > 512 {
-            let misaligned = format!("{}", mib * MIB + ss - 512);
-            f.fails(
-                &dev,
-                Some(&hdr),
-                &[
-                    "--header",
-                    &h,
-                    "--device-size",
-                    &misaligned,
-                    "--resilience",
-                    resilience,
-                ],
-            );
-        }
+        f.refuses_bad_device_sizes(&dev, &hdr, sector, mib, resilience);
     }
 }
 
