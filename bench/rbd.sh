@@ -35,6 +35,11 @@
 #                 inside the timed window. Evidence beside the NBD columns, not a substitute.
 # NICE=-20 runs everything (cluster, servers, fio) at that nice level, for runs on a machine
 # others share.
+# SPLIT=1 gives the cluster (monitor and OSD, every thread) the last CPU and everything else
+# (fio, the NBD servers, `ucrypt bench`) the others, so the client side no longer competes
+# with the OSD for CPU: the layout of a real deployment, where the OSDs are other machines
+# and the client's CPUs are its own. Needs at least 2 CPUs. Without it every process shares
+# every CPU (on a 2-vCPU machine the OSD's CPU then bounds the client's, BENCHMARKING.md).
 # librbd's cache mode is the same in every column. librbd (16.2, rbd_cache=true by default) starts
 # each image handle in writethrough (a write completes when the OSD has it) and switches to
 # write-around at the handle's first flush: a write then completes when it is sent (at most
@@ -56,6 +61,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${NICE:-}" ] && [ -z "${RBD_BENCH_NICED:-}" ]; then
   RBD_BENCH_NICED=1 exec nice -n "$NICE" "$0" "$@"
+fi
+
+if [ "${SPLIT:-0}" = 1 ] && [ -z "${RBD_BENCH_SPLIT:-}" ]; then
+  NCPU=$(nproc)
+  [ "$NCPU" -ge 2 ] || { echo "rbd.sh: SPLIT=1 needs at least 2 CPUs" >&2; exit 1; }
+  RBD_BENCH_SPLIT=$((NCPU - 1)) exec taskset -c "0-$((NCPU - 2))" "$0" "$@"
 fi
 
 REPS=${REPS:-3}
@@ -83,6 +94,12 @@ trap cleanup EXIT
 # full size over a run's writes (some 20 GiB of 1 MiB writes): cluster.sh's default 8 GiB
 # keeps a run within the host's free disk (20 GiB filled it on 2026-11-26, the OSD aborted).
 eval "$(CEPH_WATCH_PID=$$ tests/ceph/cluster.sh start)"
+if [ -n "${RBD_BENCH_SPLIT:-}" ]; then
+  for f in "$CEPH_TEST_DIR"/run/mon.*.pid "$CEPH_TEST_DIR"/run/osd.*.pid; do
+    taskset -a -cp "$RBD_BENCH_SPLIT" "$(cat "$f")" >/dev/null
+  done
+  echo "rbd.sh: SPLIT=1: the cluster on CPU $RBD_BENCH_SPLIT, the clients on 0-$((RBD_BENCH_SPLIT - 1))" >&2
+fi
 QEMU_CACHE=()
 RAW_DIRECT=()
 if [ "$CACHE" = off ]; then
@@ -250,7 +267,9 @@ PY
   done
 done
 
-/usr/bin/python3 - "$W/results" "$RUNTIME" "$SIZE" "$REPS" "$CACHE" "$(getconf CLK_TCK)" <<'PY'
+SPLIT_NOTE=
+[ -n "${RBD_BENCH_SPLIT:-}" ] && SPLIT_NOTE=", cluster on CPU $RBD_BENCH_SPLIT, clients on 0-$((RBD_BENCH_SPLIT - 1))"
+/usr/bin/python3 - "$W/results" "$RUNTIME" "$SIZE" "$REPS" "$CACHE" "$(getconf CLK_TCK)" "$SPLIT_NOTE" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 runs = {}
@@ -269,7 +288,7 @@ def med(c, w):
     return statistics.median(x[0] for x in v), statistics.median(x[1] for x in v), \
         min(x[1] for x in v), max(x[1] for x in v)
 print(f"RBD, one single-node bluestore cluster, image {sys.argv[3]}, rbd_cache {sys.argv[5]}, "
-      f"fio {sys.argv[2]} s per cell, median of {sys.argv[4]} (min-max MiB/s)")
+      f"fio {sys.argv[2]} s per cell, median of {sys.argv[4]} (min-max MiB/s){sys.argv[7]}")
 print()
 print("| workload | " + " | ".join(configs) + " |")
 print("|---" * (len(configs) + 1) + "|")
