@@ -3,7 +3,7 @@
 # bluestore on a sparse file) and one image: every number is only comparable with the others
 # of the same run (see BENCHMARKING.md).
 #
-#   bench/rbd.sh            REPS=3 RUNTIME=5 SIZE=1G UCRYPT=target/release/ucrypt CACHE=on|off  UCRYPT_BASE=  NICE=-20
+#   bench/rbd.sh            REPS=3 RUNTIME=5 SIZE=1G UCRYPT=target/release/ucrypt CACHE=on|off  UCRYPT_BASE=  NICE=-20  SPLIT=1
 #                           ONLY='4k' (grep -E on workload names)  CONFIGS_ONLY='ucrypt-rbd librbd-luks2'
 #
 # The image is formatted once as LUKS2 (aes-xts-plain64, 512-bit key, 4096-byte sectors,
