@@ -177,17 +177,7 @@ fn new_header(
     pass: &[(u32, Secret)],
 ) -> Result<(), CliError> {
     let info = old.info();
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&files.new)
-            .map_err(|e| anyhow!("creating {}: {e}", files.new.display()))?;
-        f.set_len(4096)
-            .map_err(|e| anyhow!("sizing {}: {e}", files.new.display()))?;
-    }
+    create_header_file(&files.new)?;
     let key_bytes = match (a.keep_key, a.key_size) {
         (false, Some(bits)) if bits % 8 == 0 && bits > 0 => bits as usize / 8,
         (false, Some(bits)) => {
@@ -234,6 +224,21 @@ fn new_header(
     Ok(())
 }
 
+/// Creates one of cryptsetup's 4096-byte header files (`.org`, `.new`): mode 0600, and only if
+/// it does not exist yet (a leftover file means another run's state: never overwritten).
+fn create_header_file(path: &Path) -> Result<(), CliError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| anyhow!("creating {}: {e}", path.display()))?;
+    f.set_len(4096)
+        .map_err(|e| anyhow!("sizing {}: {e}", path.display()))?;
+    Ok(())
+}
+
 /// The headers of `--encrypt --type luks1`, as cryptsetup's `backup_fake_header` in
 /// ENCRYPT mode: `.org` a `cipher_null` header (data offset 0) for the plaintext, `.new`
 /// the LUKS1 header to be (`--cipher`, default aes-xts-plain64; `--key-size`, default
@@ -246,14 +251,7 @@ fn encrypt_headers(
     pass: &[(u32, Secret)],
 ) -> Result<(), CliError> {
     for f in [&files.org, &files.new] {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(f)
-            .and_then(|f| f.set_len(4096))
-            .map_err(|e| anyhow!("creating {}: {e}", f.display()))?;
+        create_header_file(f)?;
     }
     let key_bytes = match a.key_size {
         Some(b) if b % 8 == 0 && b > 0 => b as usize / 8,
@@ -322,17 +320,7 @@ fn fake_header(
     files: &Files,
     pass: &[(u32, Secret)],
 ) -> Result<(), CliError> {
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&files.new)
-            .map_err(|e| anyhow!("creating {}: {e}", files.new.display()))?;
-        f.set_len(4096)
-            .map_err(|e| anyhow!("sizing {}: {e}", files.new.display()))?;
-    }
+    create_header_file(&files.new)?;
     // The keyslot opens with the empty passphrase only (libcryptsetup's rule for
     // cipher_null, which cryptsetup's activation of this header uses): its cost is moot.
     let _ = (device, &pass[0].1);
