@@ -8,25 +8,11 @@ mod common;
 
 use common::require;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
-/// Runs `prog args` with `stdin`, in `dir`.
+/// Runs `prog args` with `stdin`.
 fn run(prog: &str, args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(prog)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut sin = child.stdin.take().unwrap();
-    let data = stdin.to_vec();
-    let feeder = std::thread::spawn(move || {
-        let _ = std::io::Write::write_all(&mut sin, &data);
-    });
-    let out = child.wait_with_output().unwrap();
-    feeder.join().unwrap();
-    out
+    common::cmd::piped(Command::new(prog).args(args), stdin)
 }
 
 fn ucrypt(args: &[&str], stdin: &[u8]) -> Output {

@@ -11,7 +11,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use ucrypt::{HeaderOptions, OpenOptions, VolumeType};
 use ucrypt_backend::Backend;
 
@@ -30,21 +30,7 @@ fn run(cmd: &str, args: &[&str], stdin: &[u8]) -> String {
 }
 
 fn run_status(cmd: &str, args: &[&str], stdin: &[u8]) -> std::process::Output {
-    let mut child = Command::new(cmd)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    let mut sin = child.stdin.take().unwrap();
-    let data = stdin.to_vec();
-    let feeder = std::thread::spawn(move || {
-        let _ = std::io::Write::write_all(&mut sin, &data);
-    });
-    let out = child.wait_with_output().unwrap();
-    feeder.join().unwrap();
-    out
+    common::cmd::piped(Command::new(cmd).args(args), stdin)
 }
 
 /// The volume key cryptsetup reports (`luksDump --dump-volume-key`).

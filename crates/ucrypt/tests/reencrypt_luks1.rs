@@ -38,22 +38,7 @@ fn s(p: &Path) -> &str {
 
 /// Runs `cmd args` in `dir` with `stdin`.
 fn run_in(dir: &Path, cmd: &str, args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(cmd)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    let mut sin = child.stdin.take().unwrap();
-    let data = stdin.to_vec();
-    let feeder = std::thread::spawn(move || {
-        let _ = std::io::Write::write_all(&mut sin, &data);
-    });
-    let out = child.wait_with_output().unwrap();
-    feeder.join().unwrap();
-    out
+    common::cmd::piped(Command::new(cmd).args(args).current_dir(dir), stdin)
 }
 
 fn ok_in(dir: &Path, cmd: &str, args: &[&str], stdin: &[u8]) -> Output {

@@ -11,6 +11,26 @@ pub fn run(cmd: &str, args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("{cmd}: {e}"))
 }
 
+/// Runs `cmd` (program, arguments, directory and environment already set) with `stdin`
+/// fed from a thread (so a child that writes much before reading cannot deadlock); its
+/// output, whatever the exit status.
+pub fn piped(cmd: &mut Command, stdin: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{:?}: {e}", cmd.get_program()));
+    let mut sin = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    let feeder = std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut sin, &data);
+    });
+    let out = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    out
+}
+
 /// As [`run`], asserting success (the message holds both output streams).
 pub fn ok(cmd: &str, args: &[&str]) -> Output {
     let out = run(cmd, args);

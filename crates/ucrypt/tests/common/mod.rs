@@ -7,7 +7,7 @@ pub mod tmux;
 
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 #[allow(unused_imports)] // not every test binary reads the golden vectors
 pub use ucrypt_crypto::testing::golden_dir;
 /// The workspace's one skip rule, RNG and image helpers (`ucrypt-testkit`).
@@ -45,22 +45,12 @@ pub fn ucrypt(args: &[&str], stdin: &[u8]) -> Output {
 
 /// [`ucrypt`] with extra environment variables.
 pub fn ucrypt_env(args: &[&str], stdin: &[u8], env: &[(&str, &std::ffi::OsStr)]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut sin = child.stdin.take().unwrap();
-    let data = stdin.to_vec();
-    let feeder = std::thread::spawn(move || {
-        let _ = std::io::Write::write_all(&mut sin, &data);
-    });
-    let out = child.wait_with_output().unwrap();
-    feeder.join().unwrap();
-    out
+    cmd::piped(
+        Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+            .args(args)
+            .envs(env.iter().copied()),
+        stdin,
+    )
 }
 
 /// Asserts success and returns stdout.
