@@ -63,6 +63,7 @@ if [ -n "${NICE:-}" ] && [ -z "${RBD_BENCH_NICED:-}" ]; then
   RBD_BENCH_NICED=1 exec nice -n "$NICE" "$0" "$@"
 fi
 
+case ${SPLIT:-0} in 0|1) ;; *) echo "rbd.sh: SPLIT must be 0 or 1" >&2; exit 1 ;; esac
 if [ "${SPLIT:-0}" = 1 ] && [ -z "${RBD_BENCH_SPLIT:-}" ]; then
   NCPU=$(nproc)
   [ "$NCPU" -ge 2 ] || { echo "rbd.sh: SPLIT=1 needs at least 2 CPUs" >&2; exit 1; }
