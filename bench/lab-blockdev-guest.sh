@@ -1,5 +1,5 @@
 #!/bin/bash
-# Guest half of bench/lab-blockdev.sh (runs as root inside ../shared/kernel-lab).
+# Guest half of bench/lab-blockdev.sh (runs as root in the guest of tests/lab/run.sh).
 #   lab-blockdev-guest.sh ATTACH RUNTIME_S OUT_DIR
 # One brd ramdisk as backing; aes-xts-plain64 (512-bit key, 4096-byte sectors) over it
 # through: ucrypt's ublk front end (inline, and with 2 worker threads), ucrypt's kernel NBD
@@ -9,7 +9,7 @@ set -eu
 ATTACH=$1 RT=$2 OUT=$3
 mkdir -p "$OUT"
 MIB=256
-rmmod brd 2>/dev/null || true  # run.sh loads it with the default 4 MiB disks
+rmmod brd 2>/dev/null || true  # tests/lab/run.sh loads it with the default 4 MiB disks
 modprobe brd rd_nr=1 rd_size=$((MIB * 1024))
 # Allocate every ramdisk page up front so no device pays first-touch costs.
 dd if=/dev/zero of=/dev/ram0 bs=1M count=$MIB oflag=direct status=none

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Block-device front ends side by side in one kernel-lab guest (issue 12, point 7):
+# Block-device front ends side by side in one guest of tests/lab/run.sh (issue 12, point 7):
 # fio (libaio, direct) on ucrypt's ublk device, ucrypt's kernel NBD device and the kernel's
 # dm-crypt, all aes-xts-plain64 (4096-byte sectors) over the same brd ramdisk.
 #   bench/lab-blockdev.sh [RUNTIME_SECONDS]      (default 8 per cell; about 6 min in all)
@@ -8,13 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RT=${1:-8}
-LAB=$(for d in .. ../..; do [ -x "$d/shared/kernel-lab/run.sh" ] && { echo "$d/shared/kernel-lab/run.sh"; break; }; done)
-[ -n "$LAB" ] || { echo "kernel lab not found (../shared/kernel-lab/run.sh)" >&2; exit 2; }
 T=${CARGO_TARGET_DIR:-target}
 cargo build --release -p ucrypt-device --example attach >&2
 ATTACH=$(realpath "$T/release/examples/attach")
 OUT=$(mktemp -d "$PWD/target/lab-bench.XXXXXX")
-KLAB_TIMEOUT=3600 "$LAB" bench/lab-blockdev-guest.sh "$ATTACH" "$RT" "$OUT"
+LAB_TIMEOUT=3600 tests/lab/run.sh bench/lab-blockdev-guest.sh "$ATTACH" "$RT" "$OUT"
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]

@@ -17,9 +17,11 @@
 #     kernel lab); xz-utils unpacks the committed images
 #   - libclang-dev: libublk-rs-sys (the ublk front end) generates its kernel bindings with
 #     bindgen at build time
-#   - the kernel lab (../shared/kernel-lab: ublk, kernel NBD and dm-crypt tests, bench/lab):
-#     qemu-system-x86 (installed in the same apt-get call as qemu-utils, or it replaces a
-#     newer qemu-utils), busybox-static, cpio, kmod; nbd-client and dmsetup inside the guest
+#   - the VM harness tests/lab/run.sh (ublk, kernel NBD, dm-crypt and dm-integrity tests,
+#     bench/lab-blockdev.sh): qemu-system-x86 (installed in the same apt-get call as
+#     qemu-utils, or it replaces a newer qemu-utils), busybox-static, cpio, kmod; swtpm and
+#     swtpm-tools for its TPM 2.0 (LAB_TPM=1); nbd-client and dmsetup inside the guest. At the
+#     end the harness downloads Debian's 6.12 kernel into its cache (once)
 #   - Ceph RBD (crates/ucrypt/tests/rbd.rs, bench/rbd.sh, tests/ceph/cluster.sh): a
 #     single-node cluster from ceph-mon, ceph-osd, ceph-common (rbd, monmaptool,
 #     ceph-authtool) and uuid-runtime; python3-rados/python3-rbd drive the bootstrap and
@@ -27,13 +29,14 @@
 #     declarations are hand-written); qemu-block-extra gives qemu-nbd its rbd driver
 #     (the NBD-export baseline of bench/rbd.sh)
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential pkg-config libssl-dev openssl
   keyutils libcryptsetup-dev python3-cryptography tmux
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs util-linux
   tcplay xz-utils strace
-  libclang-dev qemu-system-x86 busybox-static cpio kmod nbd-client dmsetup
+  libclang-dev qemu-system-x86 busybox-static cpio kmod swtpm swtpm-tools nbd-client dmsetup
   ceph-mon ceph-osd ceph-common librbd1 python3-rados python3-rbd uuid-runtime qemu-block-extra
 )
 
@@ -65,6 +68,20 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 else
   echo "setup: system packages present"
+fi
+
+# The VM harness boots linux-image-6.12.*+deb12-amd64-unsigned: make sure the apt lists name
+# it, then let the harness download and unpack it into its cache (a no-op once cached).
+if ! apt-cache pkgnames linux-image-6.12 2>/dev/null | grep -qE '^linux-image-6\.12\.[0-9.]+\+deb12-amd64-unsigned$' &&
+  ! ls -d "${LAB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ucrypt-lab}"/linux-image-6.12*/.complete >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+fi
+if ! tests/lab/run.sh --prepare; then
+  # Without the kernel the VM tests skip by hand and fail under CI: say so now.
+  echo "setup: tests/lab/run.sh --prepare failed (see above)" >&2
+  case ${CI:-} in "" | 0 | false) ;; *) exit 1 ;; esac
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

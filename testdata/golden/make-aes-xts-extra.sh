@@ -1,7 +1,7 @@
 #!/bin/bash
 # Makes the extra golden cases (AES-192-XTS, AES-128-XTS with 4 KiB sectors and an IV
-# offset, CTR mode) with the real dm-crypt, inside the kernel lab:
-#   ../shared/kernel-lab/run.sh testdata/golden/make-aes-xts-extra.sh "$PWD/testdata/golden"
+# offset, CTR mode) with the real dm-crypt, in the guest of tests/lab/run.sh (from the repo root):
+#   tests/lab/run.sh testdata/golden/make-aes-xts-extra.sh "$PWD/testdata/golden"
 # Appends one manifest line per case to $1/manifest.jsonl and writes $1/ct/<case>.bin.gz,
 # in the format of the original set (see README.md): pattern-v1 plaintext written with
 # O_DIRECT through /dev/mapper/<case> over a zeroed brd ramdisk, the ramdisk read back.

@@ -1,7 +1,7 @@
 #!/bin/bash
-# Issue 15 item 3: which cipher specs does the kernel lab's dm-crypt (Debian 6.12) accept that
-# ucrypt did not, and what ciphertext does it write for them. One guest run:
-#   ../shared/kernel-lab/run.sh testdata/golden/make-kernel-ciphers.sh "$PWD/testdata/golden"
+# Issue 15 item 3: which cipher specs does dm-crypt of Debian's 6.12 kernel accept that
+# ucrypt did not, and what ciphertext does it write for them. One guest run (from the repo root):
+#   tests/lab/run.sh testdata/golden/make-kernel-ciphers.sh "$PWD/testdata/golden"
 # Writes $1/kernel-6.12-proc-crypto.txt (the guest's /proc/crypto after loading every cipher
 # module of the kernel, one line per algorithm), $1/kernel-6.12-spec-probe.jsonl (every spec
 # tried, accepted or the kernel's refusal), and for accepted specs the usual golden case

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Makes the loop-AES golden images with the real kernel: cryptsetup 2.6.1's loopaesOpen maps
-# each image through dm-crypt (Debian's 6.12 kernel, in ../shared/kernel-lab), records the
-# table it loaded (dmsetup table --showkeys) and writes plain.bin through the mapping.
-#   ../shared/kernel-lab/run.sh testdata/loopaes/make-images.sh "$PWD/testdata/loopaes"   (from the repo root)
+# each image through dm-crypt (Debian's 6.12 kernel, in the guest of tests/lab/run.sh),
+# records the table it loaded (dmsetup table --showkeys) and writes plain.bin through the
+# mapping.
+#   tests/lab/run.sh testdata/loopaes/make-images.sh "$PWD/testdata/loopaes"   (from the repo root)
 set -euo pipefail
 cd "${1:-$(dirname "$0")}"
 modprobe twofish_generic 2>/dev/null || modprobe twofish || true

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes the wrong-data test images (issue 18, point 0) with independent tools and the real
-# kernel. Run inside ../shared/kernel-lab (dm-crypt, dm-integrity, loop), from this directory:
-#     ../../../shared/kernel-lab/run.sh ./make-images.sh
-# (any path to kernel-lab/run.sh works; the current directory is where the images land).
+# kernel. Run in the guest of the repository's VM harness (dm-crypt, dm-integrity, loop),
+# from this directory:
+#     ../../tests/lab/run.sh ./make-images.sh
+# (the current directory is shared with the guest; it is where the images land).
 # Writes *.img.xz and expected.txt. The images are committed; this script is how they came to be.
 #
 #   tc-cascade3.img  tcplay TrueCrypt volume, AES-256-XTS,TWOFISH-256-XTS,SERPENT-256-XTS,

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Records the dm tables cryptsetup gives the real kernel, for ucrypt's field audit.
 
-Run inside ../shared/kernel-lab from this directory (it reads ../peer-tests and writes
-kernel-tables.jsonl and luks2-persistent.hdr.xz here):
-    ../../../shared/kernel-lab/run.sh ./make-kernel-tables.py
+Run in the guest of the repository's VM harness, from this directory (it reads
+../peer-tests and writes kernel-tables.jsonl and luks2-persistent.hdr.xz here):
+    ../../tests/lab/run.sh ./make-kernel-tables.py
 
 Each row: how the volume was made (cryptsetup luksFormat arguments, or a cryptsetup suite
 image), how it was opened (`cryptsetup open` arguments), and `dmsetup table --showkeys` of

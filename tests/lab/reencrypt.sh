@@ -1,4 +1,4 @@
-# Kernel-lab checks of LUKS2 reencryption between ucrypt and cryptsetup's own online
+# In-guest checks of LUKS2 reencryption between ucrypt and cryptsetup's own online
 # reencryption (issue 16, items 1 and 5): sourced by blockdev.sh (`reencrypt=PATH` among its
 # rounds), which provides UCRYPT, W, check, ok and bad. In the guest, cryptsetup 2.6.1 runs
 # online (device-mapper stacks its reencryption targets over the active volume):

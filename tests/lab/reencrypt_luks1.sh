@@ -1,4 +1,4 @@
-# Kernel-lab checks of LUKS1 reencryption between ucrypt and cryptsetup 2.6.1's own legacy
+# In-guest checks of LUKS1 reencryption between ucrypt and cryptsetup 2.6.1's own legacy
 # LUKS1 reencryption (issue 14, item 1): sourced by blockdev.sh (`luks1reenc=PATH` among its
 # rounds), which provides UCRYPT, W, check, ok and bad. In the guest cryptsetup maps the old
 # and new headers with dm-crypt and copies between them; ucrypt does the pass itself. Both
