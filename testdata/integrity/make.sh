@@ -1,11 +1,9 @@
 #!/bin/bash
 # Makes the dm-integrity images of testdata/integrity/ with the kernel's own dm-integrity
 # (integritysetup format + writes through the mapped device). Runs as root inside a kernel
-# lab guest: the project's harness tests/lab/run.sh, or ../shared/kernel-lab/run.sh, with
-# the hash modules loaded:
-#   KLAB_MODULES="crc32c xts aesni_intel ecb cbc ext4 loop brd nbd ublk_drv dm_mod dm_crypt \
-#     dm_integrity authenc gcm chacha20poly1305 hmac sha256_generic sha512_generic \
-#     crc32c_generic" RUN.SH testdata/integrity/make.sh OUTDIR
+# guest of the project's VM harness, whose default modules include the hash modules
+# dm-integrity needs (crc32c, hmac, sha256, sha512), from the repository root:
+#   tests/lab/run.sh testdata/integrity/make.sh OUTDIR
 # Images are formatted on the guest's /dev/shm (tmpfs) and copied to OUTDIR (a directory
 # shared with the host), uncompressed; xz them on the host.
 #
