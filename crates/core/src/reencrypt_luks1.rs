@@ -52,7 +52,7 @@ pub enum Error {
     #[error("Wrong log format.")]
     LogFormat,
     /// A read or write failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         /// What was being done.
         what: String,

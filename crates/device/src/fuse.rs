@@ -9,9 +9,11 @@
 //! The file system holds exactly two inodes: the root directory (inode 1) and the file
 //! (inode 2). Reads and writes go straight to the export (for a `Volume`: decrypted and
 //! encrypted by the engine; requests smaller than a sector are read-modify-written there),
-//! `fsync` flushes it, `fallocate` maps `PUNCH_HOLE` to discard and `ZERO_RANGE` to write
-//! zeroes. The file's size is the export's and cannot change through the file (truncate to
-//! another size fails with `EPERM`); it follows the export when the instance is resized.
+//! `fsync` flushes it, `fallocate` maps `PUNCH_HOLE` (with `allow_discards`; refused
+//! otherwise) and `ZERO_RANGE` to write zeroes: a punched hole reads back as zeroes, as
+//! fallocate(2) promises, never as the decryption of discarded ciphertext. The file's size
+//! is the export's and cannot change through the file (truncate to another size fails with
+//! `EPERM`); it follows the export when the instance is resized.
 //! Open files are counted: [`Attachment::in_use`] is true while any is open (a loop device
 //! holds its backing file open, so a mounted loop device counts).
 
@@ -284,10 +286,16 @@ impl Filesystem for VolumeFs {
             return reply.ok();
         };
         let result = if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+            // fallocate(2): after PUNCH_HOLE the range reads as zeroes, and the loop driver
+            // sends a block device's write-zeroes this way. A discard of the ciphertext
+            // would leave noise (the plaintext of whatever the device then holds) and skip
+            // partial sectors, so the hole is encrypted zeroes, partial sectors
+            // read-modify-written. Without allow_discards the request is refused instead
+            // (as dm-crypt refuses discards): the kernel then writes the zeroes itself.
             if self.0.export.info().caps.discard == Support::None {
                 return reply.error(Errno::EOPNOTSUPP);
             }
-            self.0.export.discard(offset, len)
+            self.0.export.write_zeroes(offset, len, false)
         } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
             self.0.export.write_zeroes(offset, len, false)
         } else if mode & !libc::FALLOC_FL_KEEP_SIZE == 0 {

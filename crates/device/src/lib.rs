@@ -75,7 +75,7 @@ pub enum DeviceError {
     #[error("{0} is in use")]
     Busy(PathBuf),
     /// A system call failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         /// The operation.
         what: String,

@@ -209,11 +209,15 @@ fn call(
 
 /// A private directory for the server's socket: `$XDG_RUNTIME_DIR` or the temp dir,
 /// mode 0700, a name nobody else has.
+///
+/// `$XDG_RUNTIME_DIR` only when it is ours and nobody else may write in it: after `su`
+/// without `-` or `sudo -E`, root still has the user's, and a socket in a directory the
+/// user owns could be swapped for one of theirs, which root's `/dev/nbdN` would then serve.
 fn private_dir() -> Result<PathBuf, DeviceError> {
     use std::os::unix::fs::DirBuilderExt;
     let base = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
-        .filter(|p| p.is_dir())
+        .filter(|p| owned_and_private(p))
         .unwrap_or_else(std::env::temp_dir);
     let pid = std::process::id();
     for n in 0..1000u32 {
@@ -231,6 +235,16 @@ fn private_dir() -> Result<PathBuf, DeviceError> {
         "creating a private socket directory",
         std::io::Error::other("no free name"),
     ))
+}
+
+/// Whether `dir` is a directory (not a symlink) owned by this process's effective user that
+/// no one else can write to.
+fn owned_and_private(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == me && m.mode() & 0o022 == 0)
 }
 
 /// What [`NbdAttachment`]s are known by in sysfs (`/sys/block/nbdN/backend`, set with
@@ -571,5 +585,40 @@ impl Attachment for NbdAttachment {
 impl Drop for NbdAttachment {
     fn drop(&mut self) {
         let _ = self.shut_down();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owned_and_private;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// The socket directory's base: only a directory of our own that nobody else can write
+    /// (root with a user's `$XDG_RUNTIME_DIR` must not put its socket there).
+    #[test]
+    fn only_a_private_directory_of_our_own_holds_the_socket() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("run");
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        assert!(owned_and_private(&dir));
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).expect("symlink");
+        assert!(!owned_and_private(&link), "a symlink is not taken");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert!(
+            !owned_and_private(&dir),
+            "a world-writable directory is not taken"
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&dir, Some(65534), None).expect("chown");
+            assert!(
+                !owned_and_private(&dir),
+                "another user's directory is not taken"
+            );
+        }
+        assert!(!owned_and_private(&tmp.path().join("missing")));
     }
 }

@@ -310,67 +310,90 @@ fn benchmark_chart_has_both_directions_error_bars_and_the_run_parameters() {
     assert_eq!(svg.matches("<title>aes crate XTS: ").count(), 2, "{svg}");
 }
 
+/// No unauthenticated plaintext on a TCP port, loopback included: `--listen` without
+/// `--tls=require` is refused (exit 1, naming the way out) unless `--allow-cleartext-tcp`
+/// (old spelling `--allow-cleartext-network`) says the user means it, which warns.
 #[test]
-fn cleartext_listen_beyond_loopback_needs_an_explicit_flag_and_warns() {
+fn cleartext_tcp_needs_tls_or_an_explicit_flag_and_warns() {
     let tmp = tempfile::tempdir().unwrap();
     let img = image(tmp.path(), "d.img", 80 * 512);
     let t = table(&img, "");
-    let out = ucrypt(
-        &[
-            "open",
-            "--table",
-            &t,
-            "--listen",
-            "0.0.0.0:0",
-            "--run",
-            "true",
-        ],
-        b"",
+    let open = |addr: &str, extra: &[&str]| {
+        let mut args = vec!["open", "--table", &t, "--listen", addr, "--run", "true"];
+        args.extend_from_slice(extra);
+        ucrypt(&args, b"")
+    };
+    for (addr, reach) in [
+        ("127.0.0.1:0", "every local user"),
+        ("0", "every local user"),
+        ("0.0.0.0:0", "other machines"),
+    ] {
+        let out = open(addr, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{addr}: {err}");
+        assert!(
+            err.contains("no authentication")
+                && err.contains(reach)
+                && err.contains("--allow-cleartext-tcp"),
+            "{addr}: {err}"
+        );
+        for flag in ["--allow-cleartext-tcp", "--allow-cleartext-network"] {
+            let out = open(addr, &[flag]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{addr} {flag}: {err}");
+            assert!(
+                err.contains("warning: serving decrypted data without authentication")
+                    && err.contains(reach),
+                "{addr} {flag}: {err}"
+            );
+        }
+    }
+}
+
+/// Without `--socket`/`--listen` the foreground server is on a private unix socket: 0600,
+/// in a fresh 0700 directory of the caller's, removed at exit; nothing on a TCP port.
+#[test]
+fn open_without_socket_or_listen_serves_a_private_unix_socket() {
+    use std::io::BufRead;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let tmp = tempfile::tempdir().unwrap();
+    let img = image(tmp.path(), "d.img", 80 * 512);
+    let t = table(&img, "");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(["open", "--table", &t])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let sock = std::path::PathBuf::from(
+        line.trim()
+            .strip_prefix("nbd+unix:///?socket=")
+            .unwrap_or_else(|| panic!("not a unix socket URI: {line}")),
     );
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("in the clear") && err.contains("--allow-cleartext-network"),
-        "{err}"
-    );
-    let out = ucrypt(
-        &[
-            "open",
-            "--table",
-            &t,
-            "--listen",
-            "0.0.0.0:0",
-            "--allow-cleartext-network",
-            "--run",
-            "true",
-        ],
-        b"",
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("warning: serving decrypted data without TLS"));
-    // Loopback needs nothing.
-    let out = ucrypt(
-        &[
-            "open",
-            "--table",
-            &t,
-            "--listen",
-            "127.0.0.1:0",
-            "--run",
-            "true",
-        ],
-        b"",
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let sock_meta = std::fs::symlink_metadata(&sock).unwrap();
+    let dir = sock.parent().unwrap().to_path_buf();
+    let dir_meta = std::fs::metadata(&dir).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    assert_eq!(sock_meta.permissions().mode() & 0o777, 0o600, "{sock:?}");
+    assert_eq!(dir_meta.permissions().mode() & 0o777, 0o700, "{dir:?}");
+    assert_eq!((sock_meta.uid(), dir_meta.uid()), (me, me));
+    // The socket serves: a client gets the volume's size.
+    if common::nbd::require("nbdinfo") {
+        let out = std::process::Command::new("nbdinfo")
+            .args(["--size", line.trim()])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "32768");
+    }
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    assert!(!dir.exists(), "the private directory is removed at exit");
 }
 
 #[test]

@@ -677,7 +677,11 @@ fn pid_files_do_not_follow_symlinks_and_failed_starts_leave_nothing() {
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     assert!(!tmp.path().join("u.pid").exists() && !tmp.path().join("u.sock").exists());
 
-    for extra in ["--socket u.sock", "--run true", "--listen 127.0.0.1:0"] {
+    for extra in [
+        "--socket u.sock",
+        "--run true",
+        "--listen 127.0.0.1:0 --allow-cleartext-tcp",
+    ] {
         let out = sh_in(
             tmp.path(),
             &format!(
@@ -775,7 +779,7 @@ fn tls_on_beyond_loopback_is_treated_as_cleartext() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("only offered") && err.contains("--allow-cleartext-network"),
+        err.contains("only offered") && err.contains("--allow-cleartext-tcp"),
         "{err}"
     );
     let out = args("--tls=require");

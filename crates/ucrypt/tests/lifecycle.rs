@@ -1362,3 +1362,120 @@ fn sigint(pid: u32) {
     // SAFETY: kill(2) on a child of this test.
     unsafe { libc::kill(pid as i32, libc::SIGINT) };
 }
+
+/// `fallocate -p` on the FUSE file (what the loop driver sends for a block device's
+/// write-zeroes and discards) leaves zeroes, partial sectors included, and nothing around
+/// it changes; QEMU's own LUKS driver reads the same bytes from the image after close.
+/// Without --allow-discards the punch is refused (the kernel then writes zeroes itself).
+#[test]
+fn a_hole_punched_in_the_fuse_file_reads_back_as_zeroes() {
+    if !fuse_usable() || !require("cryptsetup") || !require("qemu-img") || !require("fallocate") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 16, "luks1", 512);
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    let open = |extra: &[&str]| {
+        let mut args = vec!["open", img, "vol", "--device", "fuse", "--key-file", pass];
+        args.extend_from_slice(extra);
+        rt.ok(&args, b"")
+    };
+    let node = open(&[]);
+    let data = common::nbd::random_bytes(1 << 20);
+    // Not fs::write: its O_TRUNC would ask to change the volume's size (EPERM).
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new().write(true).open(&node).unwrap(),
+        &data,
+        0,
+    )
+    .unwrap();
+    // No allow_discards: refused, the data untouched.
+    let out = sh(&format!("fallocate -p -o 4096 -l 8192 {node}"));
+    assert!(
+        !out.status.success(),
+        "punch without --allow-discards: {out:?}"
+    );
+    assert!(std::fs::read(&node).unwrap()[..1 << 20] == data[..]);
+    rt.ok(&["close", "vol"], b"");
+    wait_gone(&rt, "vol");
+
+    let node = open(&["--allow-discards"]);
+    // Unaligned at both ends (partial 512-byte sectors), and one whole-sector range.
+    let holes = [(1000u64, 70_000u64), (300_000, 4096)];
+    let mut expect = data.clone();
+    for (off, len) in holes {
+        sh_ok(&format!("fallocate -p -o {off} -l {len} {node}"));
+        expect[off as usize..(off + len) as usize].fill(0);
+    }
+    sh_ok(&format!("fallocate -z -o 600001 -l 5000 {node}"));
+    expect[600_001..605_001].fill(0);
+    let back = std::fs::read(&node).unwrap();
+    assert!(
+        back[..1 << 20] == expect[..],
+        "the FUSE file after the punches"
+    );
+    rt.ok(&["close", "vol"], b"");
+    wait_gone(&rt, "vol");
+
+    let raw = rt.path("plain.raw");
+    sh_ok(&format!(
+        "qemu-img convert --object secret,id=s0,file={pass} --image-opts \
+         driver=luks,key-secret=s0,file.filename={img} -O raw {}",
+        raw.display()
+    ));
+    assert!(
+        std::fs::read(&raw).unwrap()[..1 << 20] == expect[..],
+        "QEMU's LUKS driver reads other bytes"
+    );
+}
+
+/// Answering anything but YES when luksRemoveKey or luksKillSlot would take away the last
+/// keyslot: cryptsetup 2.6's words ("Operation aborted, the keyslot was NOT wiped.") and
+/// exit code 2, from both tools side by side; the keyslot is still there afterwards.
+#[test]
+fn aborting_the_removal_of_the_last_keyslot_exits_2_as_cryptsetup() {
+    if !require("cryptsetup") || !require("tmux") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 20, "luks2", 512);
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    let t = Tmux::new("lastslot", &[]);
+    // The pane's PATH is /usr/bin:/bin; cryptsetup may be in /usr/sbin.
+    let cs = sh_ok("command -v cryptsetup");
+    for (n, tool) in [bin, &cs, bin, &cs].iter().enumerate() {
+        let action = if n < 2 {
+            format!("luksRemoveKey {img} --key-file {pass}")
+        } else {
+            format!("luksKillSlot {img} 0")
+        };
+        t.send(&[&format!("{tool} {action}; echo rc=$? end{n}"), "Enter"]);
+        // A plain question (echo stays on), not a passphrase prompt.
+        t.wait_count("Are you sure?", n + 1, 30);
+        t.send(&["no", "Enter"]);
+        let end = format!("end{n}");
+        let text = t.wait_until(&end, 30, |p| {
+            p.lines().any(|l| l.starts_with("rc=") && l.ends_with(&end))
+        });
+        assert!(
+            text.contains(&format!("rc=2 end{n}")),
+            "{tool} {action}: {text}"
+        );
+        assert_eq!(
+            text.matches("Operation aborted, the keyslot was NOT wiped.")
+                .count(),
+            n + 1,
+            "{tool} {action}: {text}"
+        );
+    }
+    // Still opens with the passphrase.
+    let out = Command::new("cryptsetup")
+        .args(["open", "--test-passphrase", img, "--key-file", pass])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // Without a terminal (and without --batch-mode) ucrypt refuses the same way.
+    let out = rt.uc(&["luksRemoveKey", img, "--key-file", pass], b"");
+    assert_code(&out, 2, "the keyslot was NOT wiped");
+}

@@ -492,7 +492,12 @@ fn open_listens_on_tcp_and_never_prints_the_key() {
     let out = open_run(
         &t,
         r#"echo "$uri $port""#,
-        &["--listen", "127.0.0.1:0", "--verbose"],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--allow-cleartext-tcp",
+            "--verbose",
+        ],
     );
     run_ok(&out, "--run echo");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -993,4 +998,84 @@ fn serving_an_image_larger_than_the_memory_budget_locks_only_keys() {
         peak < BUDGET_KB,
         "peak RSS {peak} kB after reading a {size}-byte image: pages are kept"
     );
+}
+
+/// A device that fails every read (nbdkit's error filter behind nbdfuse, so a local file
+/// returning EIO) is reported as what it is: an I/O error reading the header, exit 4, not
+/// "no signature found ... needs --type tcrypt".
+#[test]
+fn an_unreadable_header_is_an_io_error_not_a_missing_signature() {
+    if !require("nbdkit") || !require("nbdfuse") || !require("cryptsetup") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = image(tmp.path(), "disk.img", 16 * MIB);
+    let pass = tmp.path().join("pass");
+    std::fs::write(&pass, "pw").unwrap();
+    let out = std::process::Command::new("cryptsetup")
+        .args(["luksFormat", "-q", "--type", "luks2", "--pbkdf", "pbkdf2"])
+        .args(["--pbkdf-force-iterations", "1000", "--key-file"])
+        .args([&pass, &img])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let sock = tmp.path().join("eio.sock");
+    let mut nbdkit = std::process::Command::new("nbdkit")
+        .args(["-f", "-U"])
+        .arg(&sock)
+        .args(["--filter=error", "file"])
+        .arg(&img)
+        .args(["error-rate=100%", "error=EIO"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !sock.exists() {
+        assert!(std::time::Instant::now() < deadline, "nbdkit did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let file = mnt.join("disk");
+    let mut fuse = std::process::Command::new("nbdfuse")
+        .arg(&file)
+        .arg(format!("nbd+unix:///?socket={}", sock.display()))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    while std::fs::metadata(&file).map_or(true, |m| m.len() != 16 * MIB) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nbdfuse did not mount"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let f = file.to_str().unwrap();
+    let results: Vec<_> = [
+        vec!["open", f, "--test-passphrase", "--key-file"],
+        vec!["open", f, "--key-file"],
+    ]
+    .into_iter()
+    .map(|mut args| {
+        args.push(pass.to_str().unwrap());
+        (args.clone(), ucrypt(&args, b""))
+    })
+    .collect();
+    let _ = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status();
+    let _ = fuse.kill();
+    let _ = fuse.wait();
+    let _ = nbdkit.kill();
+    let _ = nbdkit.wait();
+    for (args, out) in results {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot read the header") && err.contains("Input/output error"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("no signature"), "{args:?}: {err}");
+    }
 }

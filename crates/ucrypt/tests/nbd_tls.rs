@@ -112,6 +112,8 @@ fn x509_round_trip_with_nbdcopy_over_tcp() {
             "--tls=on",
             "--tls-certificates",
             server,
+            // --tls=on still serves plaintext clients: the cleartext guard wants the flag.
+            "--allow-cleartext-tcp",
         ],
     );
     assert!(

@@ -42,7 +42,7 @@ pub enum LockError {
         holder: String,
     },
     /// Opening or locking failed.
-    #[error("locking {path}: {source}")]
+    #[error("locking {path}")]
     Io {
         /// The image.
         path: String,

@@ -43,7 +43,7 @@ pub enum InstanceError {
     #[error("instance {0} is not active")]
     NotActive(String),
     /// A file-system operation failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         /// What was being done.
         what: String,

@@ -39,10 +39,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         KeyslotStatus::Inactive => {
             return Err(anyhow::anyhow!("keyslot {} is not active", a.slot)).code(EXIT_PARAMS)
         }
-        KeyslotStatus::ActiveLast => secret::confirm(
-            a.batch_mode,
-            "This is the last keyslot. Device will become unusable after purging this key",
-        )?,
+        KeyslotStatus::ActiveLast => secret::confirm_last_keyslot(a.batch_mode)?,
         KeyslotStatus::Active | KeyslotStatus::Unbound => {
             if !a.batch_mode || a.key.key_file.is_some() {
                 let pass = secret::get(

@@ -42,10 +42,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     })
     .cs()?;
     if cd.keyslot_status(slot) == KeyslotStatus::ActiveLast {
-        secret::confirm(
-            a.batch_mode,
-            "This is the last keyslot. Device will become unusable after purging this key",
-        )?;
+        secret::confirm_last_keyslot(a.batch_mode)?;
     }
     cd.destroy_keyslot(slot).cs()?;
     verbose(a.verbose, format_args!("Key slot {slot} removed."));

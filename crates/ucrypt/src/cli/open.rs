@@ -13,16 +13,21 @@
 //! or pre-shared keys (`--tls-psk FILE`, `username:hexkey` lines). The printed URI then
 //! starts `nbds://` / `nbds+unix://`.
 //!
+//! **Where it serves.** Without `--socket`/`--listen`, on a private unix socket: mode 0600 in
+//! a fresh directory of the caller's, mode 0700, removed when the server stops. The
+//! decrypted volume is never on a TCP port by default, loopback included: any local user (or
+//! container sharing the host's network) could connect there. `--listen` needs
+//! `--tls=require` with credentials, or `--allow-cleartext-tcp` to say the user means it.
+//!
 //! **Readiness.** The server is ready when the socket is listening. At that moment (and not
 //! before) the pid file is written (atomically: written aside, then renamed into place) and,
 //! unless `--run` is given, the export's URI is printed as one line on stdout
-//! (`nbd+unix:///?socket=PATH` or `nbd://127.0.0.1:10809/`). A script can wait for either.
+//! (`nbd+unix:///?socket=PATH` or `nbd://127.0.0.1:PORT/`). A script can wait for either.
 //!
 //! **`--run 'CMD'`** runs `sh -c CMD` once the server is ready, with `$uri`, `$nbd` (the
 //! same URI), `$unixsocket` (unix sockets) or `$port` (TCP) and `$exportname` set; when CMD
 //! exits, the server shuts down (in-flight requests finish, the export is flushed) and
-//! `ucrypt open` exits with CMD's status. Without `--socket`/`--listen`, `--run` uses a
-//! private unix socket in a fresh temporary directory.
+//! `ucrypt open` exits with CMD's status.
 //!
 //! **Signals.** SIGTERM/SIGINT shut down the same way (a second one exits at once).
 //!
@@ -35,9 +40,6 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use ucrypt_backend::Backend;
 use ucrypt_nbd::{Listener, ServeOptions, Shutdown, TlsConfig, TlsMode};
-
-/// Default TCP address (NBD's IANA port, loopback only).
-const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 
 /// Arguments of `ucrypt open`.
 #[derive(clap::Args)]
@@ -80,17 +82,19 @@ pub(crate) struct Args {
     /// exclusively).
     #[arg(long)]
     pub(super) shared: bool,
-    /// Serve on a unix socket at PATH.
+    /// Serve on a unix socket at PATH (mode 0600). Without --socket or --listen: a private
+    /// socket (0600, in a fresh 0700 directory of the caller's), printed as the URI.
     #[arg(long, value_name = "PATH", conflicts_with = "listen")]
     pub(super) socket: Option<PathBuf>,
-    /// Serve on TCP ADDR:PORT (default 127.0.0.1:10809; port 0 picks a free port; a bare
-    /// PORT means 127.0.0.1:PORT).
+    /// Serve on TCP ADDR:PORT (port 0 picks a free port; a bare PORT means
+    /// 127.0.0.1:PORT). Needs --tls=require with credentials, or --allow-cleartext-tcp.
     #[arg(long, value_name = "ADDR:PORT")]
     pub(super) listen: Option<String>,
-    /// Allow a TCP listen address that is not loopback without TLS: decrypted data then
-    /// crosses the network in the clear (a warning is printed).
-    #[arg(long)]
-    pub(super) allow_cleartext_network: bool,
+    /// Allow --listen without --tls=require: the decrypted volume is then served in the
+    /// clear, with no authentication, to whoever reaches the port (on loopback every local
+    /// user and every container sharing this host's network); a warning is printed.
+    #[arg(long, alias = "allow-cleartext-network")]
+    pub(super) allow_cleartext_tcp: bool,
     /// With --socket: make the socket 0660 owned by GROUP (a name or number) so its
     /// members may connect; without it the socket is 0600 (only this user), whatever the
     /// umask.
@@ -406,47 +410,54 @@ fn open_export(a: &Args) -> Result<(Arc<dyn Backend>, String), CliError> {
 }
 
 /// The TCP address `--listen` names (a bare PORT means 127.0.0.1:PORT).
-fn listen_addr(a: &Args) -> String {
-    let addr = a.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
-    if addr.contains(':') {
-        addr.to_string()
+fn listen_addr(listen: &str) -> String {
+    if listen.contains(':') {
+        listen.to_string()
     } else {
-        format!("127.0.0.1:{addr}")
+        format!("127.0.0.1:{listen}")
     }
 }
 
-/// Decrypted data must not cross a network in the clear by accident: a TCP listen on a
-/// non-loopback address without TLS needs `--allow-cleartext-network`, and warns.
+/// No unauthenticated plaintext on a network port, loopback included: a TCP port has no
+/// owner, so on 127.0.0.1 every local user (and every container sharing the host's
+/// network) can read and write the volume. `--listen` needs `--tls=require` (with its
+/// credentials, which authenticate the client by certificate or pre-shared key) or
+/// `--allow-cleartext-tcp`, which serves in the clear with a warning.
 pub(super) fn check_exposure(a: &Args, tls: bool) -> Result<(), CliError> {
+    let Some(listen) = a.listen.as_deref() else {
+        return Ok(()); // unix sockets: 0600, or the group --socket-group names
+    };
     // --tls=on only offers TLS: a plaintext client is still served, in the clear.
-    let tls = tls && a.tls == TlsArg::Require;
-    if tls || a.socket.is_some() || a.listen.is_none() {
-        return Ok(()); // unix sockets and the default 127.0.0.1 stay on this machine
+    if tls && a.tls == TlsArg::Require {
+        return Ok(());
     }
-    let addr = listen_addr(a);
+    let addr = listen_addr(listen);
     let addrs: Vec<std::net::SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(addr.as_str())
         .map_err(|e| anyhow::anyhow!("--listen {addr}: {e}"))
         .code(EXIT_PARAMS)?
         .collect();
-    if addrs.iter().all(|s| s.ip().is_loopback()) {
-        return Ok(());
-    }
+    let reach = if addrs.iter().all(|s| s.ip().is_loopback()) {
+        "every local user and every container sharing this host's network"
+    } else {
+        "other machines"
+    };
     let tls_state = if a.tls == TlsArg::On {
         "TLS is only offered (--tls=on serves plaintext clients too)"
     } else {
         "TLS is off"
     };
-    if !a.allow_cleartext_network {
+    if !a.allow_cleartext_tcp {
         return Err(anyhow::anyhow!(
-            "--listen {addr} is reachable from other machines and {tls_state}: the decrypted \
-             volume would cross the network in the clear; use --tls=require with \
-             --tls-certificates or --tls-psk, or pass --allow-cleartext-network"
+            "--listen {addr}: {tls_state}, so the decrypted volume would be served with no \
+             authentication to {reach}; use --tls=require with --tls-certificates or \
+             --tls-psk, a unix socket (--socket PATH, or no --listen for a private one), or \
+             pass --allow-cleartext-tcp"
         ))
         .code(EXIT_PARAMS);
     }
     eprintln!(
-        "ucrypt: warning: serving decrypted data without TLS on {addr}, reachable from \
-         other machines ({tls_state})"
+        "ucrypt: warning: serving decrypted data without authentication on {addr}, \
+         reachable by {reach} ({tls_state})"
     );
     Ok(())
 }
@@ -459,10 +470,11 @@ pub(super) fn listen(a: &Args, cleanup: &mut Cleanup) -> Result<Listener, CliErr
             .map_err(anyhow::Error::from)
             .code(EXIT_PARAMS);
     }
-    if a.listen.is_none() && a.run.is_some() {
-        // A private socket, as nbdkit does for --run without a port: in a directory made
-        // by mkdtemp (a fresh random name, mode 0700, never one that already exists), so
-        // no other local user can put a socket of their own where --run will connect.
+    let Some(listen) = a.listen.as_deref() else {
+        // A private socket (as nbdkit's for --run without a port): 0600 in a directory
+        // made by mkdtemp (a fresh random name, mode 0700, never one that already exists),
+        // so no other local user can connect, nor put a socket of their own where a
+        // client will connect.
         let dir = tempfile::Builder::new()
             .prefix("ucrypt-open-")
             .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
@@ -478,8 +490,8 @@ pub(super) fn listen(a: &Args, cleanup: &mut Cleanup) -> Result<Listener, CliErr
         return Listener::bind_unix(dir.join("nbd.sock"))
             .map_err(anyhow::Error::from)
             .code(EXIT_PARAMS);
-    }
-    let addr = listen_addr(a);
+    };
+    let addr = listen_addr(listen);
     Listener::bind_tcp(addr.as_str())
         .map_err(anyhow::Error::from)
         .code(EXIT_PARAMS)

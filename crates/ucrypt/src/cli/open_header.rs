@@ -9,7 +9,7 @@ use super::luks::{cs_error, CsResult, DeviceArgs};
 use super::luks_open::unlock_inputs;
 use super::plain_args::PlainArgs;
 use super::secret::KeyFileArgs;
-use super::{CliError, WithCode, EXIT_PARAMS};
+use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::path::PathBuf;
 use std::sync::Arc;
 use ucrypt::header::VolumeType;
@@ -163,20 +163,31 @@ fn unlock_once(
         header: h.header.clone(),
     };
     // No --type and no signature: say what to add before asking for a passphrase that
-    // could not help (cryptsetup only says "not a valid LUKS device").
-    if h.kind.is_none()
+    // could not help (cryptsetup only says "not a valid LUKS device"). A device that
+    // cannot be read is an I/O error, not a missing signature: no --type would help.
+    let probe = h.kind.is_none()
         && h.header.is_none()
         && kind == VolumeType::Luks
-        && !ucrypt::remote_header::is_remote(&device)
-        && std::fs::File::open(&device).is_ok()
-        && dev.load(VolumeType::Luks).is_err()
-    {
-        return Err(anyhow::anyhow!(
-            "{} is not a LUKS, BitLocker or FileVault2 volume (no signature found); a \
-             TrueCrypt/VeraCrypt volume needs --type tcrypt, plain dm-crypt --type plain",
-            device.display()
-        ))
-        .code(EXIT_PARAMS);
+        && !ucrypt::remote_header::is_remote(&device);
+    if probe {
+        if let Ok(f) = std::fs::File::open(&device) {
+            let mut first = [0u8; 4096];
+            if let Err(e) = std::os::unix::fs::FileExt::read_at(&f, &mut first, 0) {
+                return Err(anyhow::anyhow!(
+                    "cannot read the header of {}: {e}",
+                    device.display()
+                ))
+                .code(EXIT_DEVICE);
+            }
+            if dev.load(VolumeType::Luks).is_err() {
+                return Err(anyhow::anyhow!(
+                    "{} is not a LUKS, BitLocker or FileVault2 volume (no signature found); a \
+                     TrueCrypt/VeraCrypt volume needs --type tcrypt, plain dm-crypt --type plain",
+                    device.display()
+                ))
+                .code(EXIT_PARAMS);
+            }
+        }
     }
     if let Some(vk_file) = &h.volume_key_file {
         let hopts = ucrypt::HeaderOptions {

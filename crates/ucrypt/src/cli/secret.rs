@@ -380,16 +380,34 @@ pub(crate) fn existing(k: &KeyFileArgs, device: &Path) -> Result<Secret, CliErro
 }
 
 /// Asks "Are you sure? (Type 'yes' in capital letters)" unless `batch`; a non-terminal
-/// without `--batch-mode` is a refusal.
+/// without `--batch-mode` is a refusal. Any answer but YES is "operation aborted", exit 1.
 pub(crate) fn confirm(batch: bool, warning: &str) -> Result<(), CliError> {
+    confirm_or(batch, warning, "operation aborted", EXIT_PARAMS)
+}
+
+/// The confirmation before a command takes away the last keyslot (luksRemoveKey,
+/// luksKillSlot): refused, it is cryptsetup's "Operation aborted, the keyslot was NOT
+/// wiped." with its exit code 2 (libcryptsetup's -EPERM).
+pub(crate) fn confirm_last_keyslot(batch: bool) -> Result<(), CliError> {
+    confirm_or(
+        batch,
+        "This is the last keyslot. Device will become unusable after purging this key",
+        "Operation aborted, the keyslot was NOT wiped.",
+        2,
+    )
+}
+
+/// [`confirm`] with the refusal's words and exit code.
+fn confirm_or(batch: bool, warning: &str, aborted: &str, code: u8) -> Result<(), CliError> {
     if batch {
         return Ok(());
     }
     if !stdin_is_tty() {
         return Err(anyhow::anyhow!(
-            "{warning}; not confirmed (use --batch-mode / -q to confirm without a terminal)"
+            "{warning}; not confirmed (use --batch-mode / -q to confirm without a terminal). \
+             {aborted}"
         ))
-        .code(EXIT_PARAMS);
+        .code(code);
     }
     eprintln!("\nWARNING!\n========\n{warning}.\n");
     eprint!("Are you sure? (Type 'yes' in capital letters): ");
@@ -410,7 +428,7 @@ pub(crate) fn confirm(batch: bool, warning: &str) -> Result<(), CliError> {
         }
     }
     if answer.trim_end_matches('\n') != "YES" {
-        return Err(anyhow::anyhow!("operation aborted")).code(EXIT_PARAMS);
+        return Err(anyhow::anyhow!("{aborted}")).code(code);
     }
     Ok(())
 }
