@@ -561,6 +561,21 @@ impl Run {
         Self::open_parts(io, path, None, passphrase)
     }
 
+    /// As [`Run::open_detached`], with the header's and the data device's I/O through
+    /// `header_io` and `data_io` (a test's model of volatile write caches).
+    ///
+    /// # Errors
+    /// As [`Run::open`].
+    pub fn open_detached_with(
+        header_io: Box<dyn Io>,
+        header: &Path,
+        data_io: Box<dyn Io>,
+        data: &Path,
+        passphrase: &[u8],
+    ) -> Result<Run> {
+        Self::open_parts(header_io, header, Some((data_io, data)), passphrase)
+    }
+
     fn open_parts(
         io: Box<dyn Io>,
         path: &Path,
@@ -1059,6 +1074,7 @@ impl Run {
         // The journal goes through `O_DIRECT` too when it is on the data device.
         let jdirect = direct.filter(|_| data.is_none());
         // The data area's device: the header's unless detached.
+        let detached = data.is_some();
         let (dio, dname): (&dyn Io, &str) = match &*data {
             Some((d, name)) => (&**d, name.as_str()),
             None => (io, device),
@@ -1079,6 +1095,15 @@ impl Run {
                     let n = z.len as usize;
                     // The commit point: resilience data, synced, then the "hot" header.
                     // A data shift has none: the old data stays where it was.
+                    if !shifted && detached && gate.is_some() {
+                        // Online with a detached header, the clients' writes to the data
+                        // device (acknowledged, not yet flushed) are not covered by the
+                        // header device's sync below. The checksums are of what was read,
+                        // those writes included: durable first, or a power cut keeps sums
+                        // of data the disk lost, and recovery takes the stale old
+                        // ciphertext for new and decrypts it with the new key.
+                        dio.sync().map_err(|e| anyhow!("syncing {dname}: {e}"))?;
+                    }
                     if !shifted {
                         match sums_of {
                             Some(_) => io.write_at(&z.sums, st.area.0),

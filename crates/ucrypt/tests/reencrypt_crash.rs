@@ -1073,18 +1073,28 @@ fn kill_9_of_an_online_reencryption_with_concurrent_writes_loses_nothing() {
 /// `cut_at`-th write or sync, whatever the clients are doing at that moment.
 struct PassIo {
     disk: std::sync::Arc<CutIo>,
+    /// Every disk of the machine (with a detached header, the header's and the data's):
+    /// the power goes for all at once.
+    all: Vec<std::sync::Arc<CutIo>>,
     ops: std::sync::Arc<std::sync::atomic::AtomicU64>,
     cut_at: u64,
+}
+
+/// The power goes for every disk (those already off stay off).
+fn power_off_all(disks: &[std::sync::Arc<CutIo>]) {
+    for d in disks {
+        let mut st = d.st.lock().unwrap();
+        if !st.dead {
+            d.power_off(&mut st);
+        }
+    }
 }
 
 impl PassIo {
     fn tick(&self) -> std::io::Result<()> {
         use std::sync::atomic::Ordering;
         if self.ops.fetch_add(1, Ordering::SeqCst) + 1 == self.cut_at {
-            let mut st = self.disk.st.lock().unwrap();
-            if !st.dead {
-                self.disk.power_off(&mut st);
-            }
+            power_off_all(&self.all);
             return Err(std::io::Error::other("power cut"));
         }
         Ok(())
@@ -1158,39 +1168,57 @@ struct OnlineRound {
     dropped: u64,
 }
 
-fn online_round(img: &Path, cut_at: u64, rng: &mut Rng) -> OnlineRound {
+///
+/// With `header` (a detached header: the LUKS2 header on that file, its own disk and write
+/// cache, the data area on `img`), the header's final state is copied back over `img`'s own
+/// header area when the round ends, so `img` is then the same volume with its header
+/// attached, for the checks and the recovery.
+fn online_round(img: &Path, cut_at: u64, rng: &mut Rng, header: Option<&Path>) -> OnlineRound {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
     use ucrypt::instance::reencrypting::Reencrypting;
     use ucrypt_backend::{Backend, BackendInfo, Caps, Support};
     const BLOCKS: u64 = (DATA / 4096) as u64;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(img)
-        .unwrap();
-    let len = file.metadata().unwrap().len();
-    let disk = Arc::new(CutIo {
-        file,
-        // The encryption sector: a client's write is one, and so is each checksum's block.
-        grain: 4096,
-        st: Mutex::new(CutState {
-            cache: BTreeMap::new(),
-            ops: 0,
-            cut_at: u64::MAX,
-            dead: false,
-            rng: Rng::new(rng.next_u64()),
-            kept: 0,
-            dropped: 0,
-        }),
-    });
+    let cut_disk = |path: &Path, rng: &mut Rng| {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        Arc::new(CutIo {
+            file,
+            // The encryption sector: a client's write is one, and so is each checksum's
+            // block.
+            grain: 4096,
+            st: Mutex::new(CutState {
+                cache: BTreeMap::new(),
+                ops: 0,
+                cut_at: u64::MAX,
+                dead: false,
+                rng: Rng::new(rng.next_u64()),
+                kept: 0,
+                dropped: 0,
+            }),
+        })
+    };
+    let len = std::fs::metadata(img).unwrap().len();
+    let disk = cut_disk(img, rng);
+    let hdisk = header.map(|h| cut_disk(h, rng));
+    let all: Vec<Arc<CutIo>> = std::iter::once(disk.clone()).chain(hdisk.clone()).collect();
     let ops = Arc::new(AtomicU64::new(0));
-    let pass = PassIo {
-        disk: disk.clone(),
+    let pass = |d: &Arc<CutIo>| PassIo {
+        disk: d.clone(),
+        all: all.clone(),
         ops: ops.clone(),
         cut_at,
     };
-    let mut run = Run::open_with(Box::new(pass), img, PASS).unwrap();
+    let mut run = match (header, &hdisk) {
+        (Some(h), Some(hd)) => {
+            Run::open_detached_with(Box::new(pass(hd)), h, Box::new(pass(&disk)), img, PASS)
+        }
+        _ => Run::open_with(Box::new(pass(&disk)), img, PASS),
+    }
+    .unwrap();
     let backend: Arc<dyn Backend> = Arc::new(DiskBackend {
         disk: disk.clone(),
         info: BackendInfo {
@@ -1267,14 +1295,19 @@ fn online_round(img: &Path, cut_at: u64, rng: &mut Rng) -> OnlineRound {
             // Finished before the cut: let the clients write on the new key a moment.
             std::thread::sleep(Duration::from_millis(5));
         }
-        let mut st = disk.st.lock().unwrap();
-        if !st.dead {
-            disk.power_off(&mut st);
-        }
-        drop(st);
+        power_off_all(&all);
         stop.store(true, Ordering::SeqCst);
         r
     });
+    if let Some(h) = header {
+        let head = std::fs::read(h).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(img)
+            .unwrap()
+            .write_all_at(&head[..DATA_OFFSET as usize], 0)
+            .unwrap();
+    }
     let st = disk.st.lock().unwrap();
     OnlineRound {
         pass_ops: ops.load(Ordering::SeqCst),
@@ -1294,7 +1327,9 @@ fn online_round(img: &Path, cut_at: u64, rng: &mut Rng) -> OnlineRound {
 /// goes at a random write or sync of the pass; then the volume is reopened from the real
 /// file, the hotzone recovered and the pass resumed to the end. Every block must read as
 /// its last flushed write or a later one (acknowledged or in flight), never older, never
-/// torn or garbage. For `checksum` and `journal`, `UCRYPT_CRASH_ROUNDS` each (default 50).
+/// torn or garbage. For `checksum` and `journal`, and `checksum` with a detached header
+/// (the header on a disk of its own, whose sync does not cover the clients' writes to the
+/// data disk), `UCRYPT_CRASH_ROUNDS` each (default 50).
 #[test]
 fn power_cut_of_an_online_reencryption_loses_no_flushed_write() {
     if !require("cryptsetup") {
@@ -1303,27 +1338,38 @@ fn power_cut_of_an_online_reencryption_loses_no_flushed_write() {
     let (mut rng, seed) = Rng::from_env("UCRYPT_CRASH_SEED");
     eprintln!("seed {seed} (UCRYPT_CRASH_SEED)");
     let f = Fx::new(seed ^ 3);
-    for resilience in ["checksum", "journal"] {
+    for (resilience, detached) in [("checksum", false), ("journal", false), ("checksum", true)] {
         let init = f.initialised(resilience);
         let img = f.path("online-cut.img");
+        let hdr = f.path("online-cut.hdr");
+        let header = detached.then_some(hdr.as_path());
+        let layout = if detached { " (detached header)" } else { "" };
+        let fresh = || {
+            std::fs::copy(&init, &img).unwrap();
+            if detached {
+                std::fs::copy(&init, &hdr).unwrap();
+            }
+        };
         // An uncut round: how many writes and syncs the pass makes.
-        std::fs::copy(&init, &img).unwrap();
-        let total = online_round(&img, u64::MAX, &mut rng).pass_ops;
+        fresh();
+        let total = online_round(&img, u64::MAX, &mut rng, header).pass_ops;
         let (mut acked, mut flushes, mut kept, mut dropped) = (0, 0, 0, 0);
         let (mut later, mut durable_checked, mut in_cleanup, mut after_end) = (0, 0, 0, 0);
         for round in 0..rounds() {
-            std::fs::copy(&init, &img).unwrap();
+            fresh();
             let cut_at = 1 + rng.below(total);
-            let r = online_round(&img, cut_at, &mut rng);
+            let r = online_round(&img, cut_at, &mut rng, header);
             assert!(
                 r.cut,
-                "{resilience} round {round}: no cut at op {cut_at} of {total}"
+                "{resilience}{layout} round {round}: no cut at op {cut_at} of {total}"
             );
             acked += r.acked;
             flushes += r.flushes;
             kept += r.kept;
             dropped += r.dropped;
-            let what = format!("{resilience} round {round} (cut at {cut_at}/{total}, seed {seed})");
+            let what = format!(
+                "{resilience}{layout} round {round} (cut at {cut_at}/{total}, seed {seed})"
+            );
             if Fx::finished(&img) {
                 after_end += 1;
             } else {
@@ -1367,7 +1413,7 @@ fn power_cut_of_an_online_reencryption_loses_no_flushed_write() {
             }
         }
         eprintln!(
-            "{resilience} online: {} power cuts among the pass's {total} writes/syncs ({in_cleanup} in the clean-up, {after_end} after the last header write), {acked} client writes acknowledged, {flushes} flushes, {durable_checked} flushed blocks verified, {later} blocks held a later unflushed write, {kept} cached blocks kept and {dropped} dropped",
+            "{resilience}{layout} online: {} power cuts among the pass's {total} writes/syncs ({in_cleanup} in the clean-up, {after_end} after the last header write), {acked} client writes acknowledged, {flushes} flushes, {durable_checked} flushed blocks verified, {later} blocks held a later unflushed write, {kept} cached blocks kept and {dropped} dropped",
             rounds()
         );
     }
