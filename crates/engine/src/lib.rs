@@ -17,6 +17,7 @@
 //! ```
 
 mod error;
+mod handoff;
 pub mod options;
 pub mod pool;
 mod rangelock;

@@ -5,10 +5,11 @@
 //! (`cc->start`), and the IV numbering is the cipher's business. Where the crypto of a
 //! request runs is decided in one function, [`Volume::placement`].
 
+use crate::handoff::HandOff;
 use crate::options::{EngineOptions, Placement};
 use crate::pool::{BufferPool, Segment};
 use crate::rangelock::RangeLocks;
-use crate::request::{Completion, HandOff};
+use crate::request::Completion;
 use crate::split::{split, Partial};
 use crate::stats::{ClientStats, Stats};
 use crate::submit::{Batch, SubmitterThread};
