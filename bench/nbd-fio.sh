@@ -23,7 +23,7 @@ UCRYPT=${UCRYPT:-target/release/ucrypt}
 for t in fio nbdkit qemu-nbd qemu-img python3; do
   command -v "$t" >/dev/null || { echo "nbd-fio: $t is missing (run scripts/setup.sh)" >&2; exit 1; }
 done
-[ -x "$UCRYPT" ] || { echo "nbd-fio: build first: cargo build --release -p ucrypt" >&2; exit 1; }
+[ -x "$UCRYPT" ] || { echo "nbd-fio: build first: cargo build --release -p ucrypt-cli" >&2; exit 1; }
 
 # Images on tmpfs (a ramdisk, like the kernel's brd) so the servers are measured, not the
 # disk; BENCH_DIR=/var/tmp measures a real filesystem instead.

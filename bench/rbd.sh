@@ -79,7 +79,7 @@ case $CACHE in on|off) ;; *) echo "rbd.sh: CACHE must be on or off" >&2; exit 1 
 for t in fio qemu-nbd qemu-io nbdinfo rbd ceph-mon ceph-osd /usr/bin/python3; do
   command -v "$t" >/dev/null || { echo "rbd.sh: $t is missing (run scripts/setup.sh)" >&2; exit 1; }
 done
-[ -x "$UCRYPT" ] || { echo "rbd.sh: build first: cargo build --release -p ucrypt" >&2; exit 1; }
+[ -x "$UCRYPT" ] || { echo "rbd.sh: build first: cargo build --release -p ucrypt-cli" >&2; exit 1; }
 UCRYPT=$(realpath "$UCRYPT")
 
 W=$(mktemp -d /tmp/ucrypt-rbd-bench.XXXXXX)

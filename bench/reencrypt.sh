@@ -23,7 +23,7 @@ size=${1:-512}
 rounds=${2:-5}
 here=$(cd "$(dirname "$0")/.." && pwd)
 U=${UCRYPT:-$here/target/release/ucrypt}
-[ -x "$U" ] || { echo "build first: cargo build --release -p ucrypt (or set UCRYPT)" >&2; exit 1; }
+[ -x "$U" ] || { echo "build first: cargo build --release -p ucrypt-cli (or set UCRYPT)" >&2; exit 1; }
 B=${UCRYPT_BASE:-}
 if [ -n "$B" ]; then
   [ -x "$B" ] || { echo "UCRYPT_BASE=$B is not executable" >&2; exit 1; }

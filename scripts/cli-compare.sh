@@ -1,0 +1,133 @@
+#!/bin/sh
+# The CLI's observable behaviour, recorded for comparison across a refactor: runs a fixed
+# set of scenarios with one `ucrypt` binary and writes, per scenario, stdout, stderr and
+# the exit code to OUTDIR (paths, pids, UUIDs, salts and timings normalized). Run it with
+# the binary before and after a change and diff the two directories:
+#
+#   scripts/cli-compare.sh target/debug/ucrypt /tmp/before
+#   ... change, rebuild ...
+#   scripts/cli-compare.sh target/debug/ucrypt /tmp/after
+#   diff -r /tmp/before /tmp/after
+#
+# Needs only the binary (no cryptsetup, no kernel module): named instances use
+# `--device none` (the NBD socket). `--version` is left out (it names the commit).
+set -u
+
+[ $# -eq 2 ] || { echo "usage: $0 UCRYPT_BINARY OUTDIR" >&2; exit 1; }
+BIN=$(realpath "$1") || exit 1
+OUT=$2
+[ -x "$BIN" ] || { echo "$0: $BIN is not executable" >&2; exit 1; }
+rm -rf "$OUT" && mkdir -p "$OUT" || exit 1
+OUT=$(realpath "$OUT")
+WORK=$(mktemp -d /tmp/cli-compare.XXXXXX) || exit 1
+export UCRYPT_RUNTIME_DIR="$WORK/run"
+trap 'for p in "$UCRYPT_RUNTIME_DIR"/*/pid; do [ -f "$p" ] && kill -9 "$(cat "$p")" 2>/dev/null; done; rm -rf "$WORK"' EXIT
+cd "$WORK" || exit 1
+# Called as `ucrypt` whatever the file's name (clap's usage lines show argv[0]).
+mkdir bin && ln -s "$BIN" bin/ucrypt && BIN=$WORK/bin/ucrypt
+
+# Normalizes what differs from run to run: the scratch directory, pids, UUIDs, long hex
+# strings (salts, digests, keys), PBKDF timings and benchmark speeds.
+norm() {
+    sed -e "s|$WORK|WORK|g" \
+        -e 's/[0-9a-f]\{8\}-[0-9a-f]\{4\}-[0-9a-f]\{4\}-[0-9a-f]\{4\}-[0-9a-f]\{12\}/UUID/g' \
+        -e 's/\([0-9a-f]\{2\}[ :]\)\{7,\}[0-9a-f]\{2\}/HEX/g' \
+        -e 's/[0-9a-fA-F]\{32,\}/HEX/g' \
+        -e 's/"pid": *[0-9]*/"pid": PID/g' -e 's/pid [0-9]\+/pid PID/g' \
+        -e 's/^\([a-z0-9]\+\) \+[0-9]\+ /\1 PID /' \
+        -e 's/"started": *[0-9]*/"started": TIME/' \
+        -e 's/[0-9.]\+ \(MiB\|GiB\|KiB\)\/s/RATE/g' \
+        -e 's/[0-9]\+ ms/N ms/g'
+}
+
+# run NAME [STDIN_FILE] -- ARGS...: records one scenario.
+run() {
+    name=$1; shift
+    input=/dev/null
+    if [ "$1" != "--" ]; then input=$1; shift; fi
+    shift
+    "$BIN" "$@" <"$input" >"$WORK/o" 2>"$WORK/e"
+    echo $? >"$OUT/$name.rc"
+    norm <"$WORK/o" >"$OUT/$name.out"
+    norm <"$WORK/e" >"$OUT/$name.err"
+}
+
+# Help of the command and of every subcommand it lists.
+run help -- --help
+"$BIN" --help | sed -n '/^Commands:/,/^$/p' | awk 'NR>1 && NF {print $1}' | while read -r c; do
+    [ "$c" = help ] && continue
+    run "help-$c" -- "$c" --help
+done
+run no-args --
+run unknown-command -- frobnicate
+run bad-flag -- open --no-such-flag
+
+# Tables: check, print, write and read through a table (offline).
+truncate -s 4M img
+KEY=$(printf '%064d' 0)$(printf '%064d' 1)
+T="0 8192 crypt aes-xts-plain64 $KEY 0 $WORK/img 0"
+printf '%s\n' "$T" >table
+run table -- table --table-file table
+run table-showkeys -- table --table-file table --showkeys
+run table-bad -- table --table "0 8192 crypt nosuch-cipher $KEY 0 img 0"
+run table-stdin table -- table --table-file -
+run table-missing -- table --table-file nosuchfile
+head -c 65536 /dev/zero | tr '\0' 'a' >plain
+run write plain -- write --table-file table --offset 4096
+run read -- read --table-file table --offset 4096 --length 65536
+run read-past-end -- read --table-file table --offset 4194304 --length 512
+run read-missing-device -- read --table "0 8192 crypt aes-xts-plain64 $KEY 0 $WORK/nosuch 0"
+
+# LUKS: format, dump, add a key, wrong passphrase, test-passphrase.
+truncate -s 32M luks
+printf pw >pass
+printf pw2 >pass2
+printf nope >bad
+run luksFormat -- luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+    --uuid 11111111-2222-3333-4444-555555555555 --key-file pass luks
+run luksDump -- luksDump luks
+run isLuks -- isLuks -v luks
+run isLuks-not -- isLuks -v img
+run luksUUID -- luksUUID luks
+run luksAddKey -- luksAddKey -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+    --key-file pass luks pass2
+run luksDump-2 -- luksDump luks
+run open-wrong-pass -- open luks --test-passphrase --key-file bad
+run open-test-pass -- open luks --test-passphrase --key-file pass2
+run luksOpen-wrong -- luksOpen luks --print-table --key-file bad
+run luksKillSlot-bad -- luksKillSlot -q luks 9 --key-file pass
+run luksRemoveKey -- luksRemoveKey -q luks pass2
+run luksDump-3 -- luksDump luks
+run format-missing -- luksFormat -q --key-file pass nosuchdir/x
+
+# A named instance: open in the background on the NBD socket, status, ls, refusals, close.
+run open-named -- open luks vol --device none --key-file pass
+run status -- status vol
+run status-json -- status vol --json
+run ls -- ls
+run open-again -- open luks vol2 --device none --key-file pass
+run open-same-name -- open luks vol --device none --key-file pass
+run luksAddKey-busy -- luksAddKey -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+    --key-file pass luks pass2
+run reencrypt-busy -- reencrypt -q luks --key-file pass
+run suspend -- luksSuspend vol
+run close-suspended -- close vol
+run resume-wrong -- luksResume vol --key-file bad
+run resume -- luksResume vol --key-file pass
+run close -- close vol
+run status-gone -- status vol
+run close-gone -- close vol
+
+# Reencryption refusals (nothing written).
+run reencrypt-resume-nothing -- reencrypt -q --resume-only luks --key-file pass
+run reencrypt-luks1-type -- reencrypt -q --type luks1 luks --key-file pass
+run reencrypt-wrong-pass -- reencrypt -q luks --key-file bad
+run reencrypt-encrypt-decrypt -- reencrypt -q --encrypt --decrypt luks --key-file pass
+run reencrypt-not-luks -- reencrypt -q img --key-file pass
+
+# Opening refusals.
+run open-plain-stdin -- open img p --type plain --device none
+run close-plain -- close p
+run open-missing -- open nosuch vol --device none --key-file pass
+run open-bad-device-kind -- open luks vol --device nosuch --key-file pass
+exit 0
