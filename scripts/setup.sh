@@ -22,7 +22,7 @@
 #     qemu-utils, or it replaces a newer qemu-utils), busybox-static, cpio, kmod; swtpm and
 #     swtpm-tools for its TPM 2.0 (LAB_TPM=1); nbd-client and dmsetup inside the guest. At the
 #     end the harness downloads Debian's 6.12 kernel into its cache (once)
-#   - Ceph RBD (crates/ucrypt/tests/rbd.rs, bench/rbd.sh, tests/ceph/cluster.sh): a
+#   - Ceph RBD (crates/cli/tests/rbd.rs, bench/rbd.sh, tests/ceph/cluster.sh): a
 #     single-node cluster from ceph-mon, ceph-osd, ceph-common (rbd, monmaptool,
 #     ceph-authtool) and uuid-runtime; python3-rados/python3-rbd drive the bootstrap and
 #     librbd's own encryption; librbd1 is what ucrypt dlopens (no -dev package: the few

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Kernel checks of ucrypt's block-device front ends (issue 12, point 6). Runs as root in the
 # guest of tests/lab/run.sh (Debian's 6.12 kernel: ublk_drv, nbd, dm-crypt), started by
-# crates/ucrypt/tests/lab_blockdev.rs:
+# crates/cli/tests/lab_blockdev.rs:
 #   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk nbd recovery nbd-recovery,
 #                                                reencrypt=PATH of tests/lab/reencrypt.sh and
 #                                                luks1reenc=PATH of tests/lab/reencrypt_luks1.sh)
