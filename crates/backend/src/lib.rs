@@ -7,8 +7,8 @@
 //! (`ucrypt_engine::Volume`) implements the same trait, so layers stack and a raw
 //! passthrough needs no special path. Knows nothing of encryption.
 //!
-//! [`testing`] holds the conformance suite every implementation runs; [`aligned`] the
-//! aligned buffers `O_DIRECT` needs.
+//! `testing` (behind the feature of that name, for tests only) holds the conformance suite
+//! every implementation runs; [`aligned`] the aligned buffers `O_DIRECT` needs.
 //!
 //! ```text
 //!   engine::Volume ──► Arc<dyn Backend> ──► FileBackend | RbdBackend | MemoryBackend | ZeroBackend
@@ -23,6 +23,8 @@ pub mod file;
 pub mod linear;
 pub mod memory;
 pub mod rbd;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
 pub mod testing;
 pub mod uring;
 pub mod zero;

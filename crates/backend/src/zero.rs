@@ -4,7 +4,7 @@
 //! (`Documentation/admin-guide/device-mapper/zero.rst`). It costs no memory and no I/O,
 //! which makes it the control in benchmarks: encrypting onto a `ZeroBackend` measures the
 //! crypto and the engine with storage taken out. Reads after writes still return zeros,
-//! so of the [conformance suite](crate::testing) it passes the check that needs no data
+//! so of the conformance suite (`testing`) it passes the check that needs no data
 //! read back (zero-length requests); the others fail by design.
 
 use crate::{check_range, Backend, BackendError, BackendInfo, Caps, Support};

@@ -31,6 +31,8 @@ pub mod mode;
 pub mod secret;
 mod sector;
 mod spec;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
 pub mod testing;
 
 pub use block::twofish_code_path;
