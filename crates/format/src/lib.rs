@@ -29,6 +29,7 @@ mod bytes;
 mod error;
 pub mod fvault2;
 pub mod info;
+pub mod integrity;
 pub mod kdf;
 pub mod loopaes;
 pub mod luks;
