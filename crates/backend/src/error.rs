@@ -61,6 +61,16 @@ pub enum BackendError {
         /// Byte offset.
         offset: u64,
     },
+    /// A block whose stored tag does not match its data (dm-integrity): its data is not
+    /// returned. The kernel fails such a block with EILSEQ; front ends without that code
+    /// (NBD, FUSE) answer EIO.
+    #[error("integrity tag mismatch in the block at offset {offset} ({len} bytes)")]
+    Integrity {
+        /// Byte offset of the block (in the device the error comes from).
+        offset: u64,
+        /// The block's size.
+        len: u64,
+    },
     /// Anything else, with a message (e.g. a remote backend's protocol error).
     #[error("{0}")]
     Other(String),
@@ -76,6 +86,7 @@ impl BackendError {
             BackendError::OutOfRange { .. } | BackendError::Misaligned { .. } => 22, // EINVAL
             BackendError::ReadOnly => 1,                                             // EPERM
             BackendError::Unsupported(_) => 95,                                      // EOPNOTSUPP
+            BackendError::Integrity { .. } => 84,                                    // EILSEQ
             BackendError::Injected { .. } | BackendError::Other(_) => libc_eio(),
         }
     }

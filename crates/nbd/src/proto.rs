@@ -196,5 +196,12 @@ mod tests {
             errno_of(&ucrypt_backend::BackendError::ReadOnly),
             Errno::EPERM
         );
+        // A dm-integrity tag mismatch is EILSEQ in the kernel; NBD has no such code.
+        let tag = ucrypt_backend::BackendError::Integrity {
+            offset: 4096,
+            len: 4096,
+        };
+        assert_eq!(tag.errno(), libc::EILSEQ);
+        assert_eq!(errno_of(&tag), Errno::EIO);
     }
 }

@@ -1,0 +1,1353 @@
+//! The dm-integrity device: open (superblock checks, journal replay, recalculation),
+//! reads that check tags, writes in modes J, D and B, close as the kernel's suspend leaves
+//! the device.
+//!
+//! Locking: one `RwLock` over the state. Reads share it (they only look at the journal's
+//! newest entries); writes, flushes and the journal's commit and write-back take it alone,
+//! so that a reader never sees a block's new data with its old tag (the kernel's range
+//! locks give it the same).
+
+use crate::hash::{Algorithm, Hasher};
+use crate::tags::{read_unaligned, TagCache};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use ucrypt_backend::{check_range, Backend, BackendError, BackendInfo, Caps, Support};
+use ucrypt_format::integrity::{
+    commit_id, entry_state, log2_blocks_per_bitmap_bit, max_provided_data_sectors, next_commit_seq,
+    set_entry_unused, AfterReplay, EntryState, Flags, FormatParams, Geometry, JournalShape,
+    ReplayPlan, Superblock, BITMAP_BLOCK_SIZE, DEFAULT_BUFFER_SECTORS, DEFAULT_JOURNAL_WATERMARK,
+    JOURNAL_BLOCK_SECTORS, JOURNAL_MAC_PER_SECTOR, JOURNAL_MAC_SIZE, SALT_SIZE, SB_SECTORS,
+};
+use ucrypt_format::FormatError;
+use zeroize::Zeroizing;
+
+/// How writes reach their places (the table's mode letter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `J`: through the journal, data and tag together (the default).
+    Journal,
+    /// `D`: straight to their places; a crash can leave a block whose tag does not match.
+    Direct,
+    /// `B`: straight to their places under a dirty bitmap; tags of blocks marked dirty are
+    /// recalculated after a crash.
+    Bitmap,
+    /// `R`: recovery: read-only, tags not checked, journal not replayed.
+    Recovery,
+}
+
+impl Mode {
+    /// The table's letter.
+    pub fn letter(self) -> char {
+        match self {
+            Mode::Journal => 'J',
+            Mode::Direct => 'D',
+            Mode::Bitmap => 'B',
+            Mode::Recovery => 'R',
+        }
+    }
+}
+
+/// What opening takes besides the superblock (the kernel's table arguments).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// J, D, B or R.
+    pub mode: Mode,
+    /// `internal_hash`.
+    pub hash: Algorithm,
+    /// Its key (HMACs).
+    pub hash_key: Option<Zeroizing<Vec<u8>>>,
+    /// `journal_mac` and its key, required when the superblock says the journal has a MAC.
+    pub journal_mac: Option<(Algorithm, Option<Zeroizing<Vec<u8>>>)>,
+    /// `buffer_sectors` (tags are addressed in buffers of this size; default 128).
+    pub buffer_sectors: u32,
+    /// `journal_watermark` in percent (the journal is written back when it is this full).
+    pub journal_watermark: u32,
+    /// `sectors_per_bit` of bitmap mode (0: 32768).
+    pub sectors_per_bit: u64,
+    /// Never write (the journal is replayed in memory only).
+    pub read_only: bool,
+    /// `legacy_recalculate`: allow recalculating HMAC tags (the kernel refuses it by
+    /// default: an attacker could have the kernel sign data it wrote).
+    pub legacy_recalculate: bool,
+}
+
+impl Options {
+    /// Journal mode with `hash` and the kernel's defaults.
+    pub fn new(hash: Algorithm) -> Options {
+        Options {
+            mode: Mode::Journal,
+            hash,
+            hash_key: None,
+            journal_mac: None,
+            buffer_sectors: DEFAULT_BUFFER_SECTORS,
+            journal_watermark: DEFAULT_JOURNAL_WATERMARK,
+            sectors_per_bit: 0,
+            read_only: false,
+            legacy_recalculate: false,
+        }
+    }
+}
+
+/// Why a device cannot be opened or formatted.
+#[derive(Debug, thiserror::Error)]
+pub enum IntegrityError {
+    /// The superblock or journal.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// The backing device.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The options do not fit the device, or the kernel would refuse the device.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A dm-integrity device over a backend. See the [crate docs](crate).
+pub struct IntegrityBackend {
+    inner: Arc<dyn Backend>,
+    info: BackendInfo,
+    geo: Geometry,
+    mode: Mode,
+    read_only: bool,
+    hash: Hasher,
+    /// The superblock's salt when tags and MACs cover it (fix_hmac).
+    salt: Option<[u8; SALT_SIZE]>,
+    jmac: Option<Hasher>,
+    /// Aligned I/O unit of the backend (at least a sector).
+    align: u64,
+    /// Tags beyond this sector are not checked (recalculating, read-only).
+    unchecked_from: u64,
+    state: RwLock<State>,
+    mismatches: AtomicU64,
+}
+
+impl std::fmt::Debug for IntegrityBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntegrityBackend")
+            .field("mode", &self.mode)
+            .field("geo", &self.geo)
+            .finish_non_exhaustive()
+    }
+}
+
+struct State {
+    sb: Superblock,
+    journal: Journal,
+    /// Bitmap mode: the on-disk bitmap (in the journal area), one bit per region.
+    bitmap: Option<Vec<u8>>,
+    log2_blocks_per_bit: u8,
+    closed: bool,
+    /// A failure that leaves the journal or tags in doubt fails every later request, as
+    /// the kernel's `ic->failed` does.
+    failed: Option<String>,
+}
+
+/// The journal as the kernel keeps it in memory: every section's bytes, where commits and
+/// free entries stand, and the newest entry of each block.
+struct Journal {
+    shape: JournalShape,
+    buf: Vec<u8>,
+    commit_seq: u8,
+    committed_section: u32,
+    n_committed: u32,
+    uncommitted_section: u32,
+    n_uncommitted: u32,
+    free_section: u32,
+    free_entry: u32,
+    free_entries: u64,
+    threshold: u64,
+    /// Logical sector of a block -> its newest entry (section × section_entries + n).
+    newest: HashMap<u64, u64>,
+    wrote: bool,
+}
+
+impl Journal {
+    fn section_bytes(&self) -> usize {
+        self.shape.section_sectors as usize * 512
+    }
+
+    fn entry(&self, global: u64) -> &[u8] {
+        let (i, n) = self.split(global);
+        let at = i as usize * self.section_bytes() + self.shape.entry_offset(n);
+        &self.buf[at..at + self.shape.entry_size as usize]
+    }
+
+    fn entry_mut(&mut self, global: u64) -> &mut [u8] {
+        let (i, n) = self.split(global);
+        let at = i as usize * self.section_bytes() + self.shape.entry_offset(n);
+        let len = self.shape.entry_size as usize;
+        &mut self.buf[at..at + len]
+    }
+
+    fn split(&self, global: u64) -> (u32, u32) {
+        let se = u64::from(self.shape.section_entries);
+        ((global / se) as u32, (global % se) as u32)
+    }
+
+    /// The block of entry `global` as written (each sector's last 8 bytes, which the
+    /// journal sector gives to its commit id, put back from the entry).
+    fn block_into(&self, global: u64, out: &mut [u8]) {
+        let (i, n) = self.split(global);
+        let base = i as usize * self.section_bytes();
+        let entry = self.entry(global);
+        for s in 0..self.shape.sectors_per_block {
+            let at = base + self.shape.data_sector(n, s) as usize * 512;
+            let o = &mut out[s as usize * 512..(s as usize + 1) * 512];
+            o[..504].copy_from_slice(&self.buf[at..at + 504]);
+            let lb = 8 + 8 * s as usize;
+            o[504..].copy_from_slice(&entry[lb..lb + 8]);
+        }
+    }
+
+    fn mark_all_unused(&mut self) {
+        for i in 0..self.shape.sections {
+            for n in 0..self.shape.section_entries {
+                let g = u64::from(i) * u64::from(self.shape.section_entries) + u64::from(n);
+                set_entry_unused(self.entry_mut(g));
+            }
+        }
+    }
+
+    /// Where commits and free entries stand after a replay that continues at `section`.
+    fn restart(&mut self, section: u32, seq: u8) {
+        self.commit_seq = seq;
+        self.committed_section = section;
+        self.n_committed = 0;
+        self.uncommitted_section = section;
+        self.n_uncommitted = 0;
+        self.free_section = section;
+        self.free_entry = 0;
+        self.free_entries = self.shape.entries;
+        self.newest.clear();
+    }
+}
+
+fn refused(msg: impl Into<String>) -> IntegrityError {
+    IntegrityError::Refused(msg.into())
+}
+
+fn failed_err(msg: &str) -> BackendError {
+    BackendError::Other(format!("the dm-integrity device has failed: {msg}"))
+}
+
+impl IntegrityBackend {
+    /// Opens the dm-integrity device on `inner` (its superblock at byte 0), as the kernel
+    /// activates the table `integrity DEV 0 TAG_SIZE MODE ... internal_hash:...`: checks
+    /// the superblock against the options, replays a journal left behind, recalculates
+    /// tags the superblock or a dirty bitmap marks.
+    ///
+    /// # Errors
+    /// A superblock the kernel would refuse, options that do not match it, I/O errors, a
+    /// journal the kernel would fail the device for (torn commit ids, a journal MAC or a
+    /// replayed tag that does not match).
+    pub fn open(
+        inner: Arc<dyn Backend>,
+        opts: Options,
+    ) -> Result<IntegrityBackend, IntegrityError> {
+        let dev_bytes = inner.info().size_bytes;
+        let align = u64::from(inner.info().logical_block.max(512));
+        let read_only =
+            opts.read_only || opts.mode == Mode::Recovery || inner.info().caps.read_only;
+        let mut first = vec![0u8; align.max(512) as usize];
+        if dev_bytes < first.len() as u64 {
+            return Err(refused(format!(
+                "the device ({dev_bytes} bytes) is too small for a dm-integrity superblock"
+            )));
+        }
+        inner.read_at(&mut first, 0)?;
+        let sb = Superblock::parse(&first)?;
+        let hash = Hasher::new(opts.hash, opts.hash_key.as_ref().map(|k| k.as_slice()))
+            .map_err(|e| refused(format!("internal hash: {e}")))?;
+        let jmac = match &opts.journal_mac {
+            Some((alg, key)) => Some(
+                Hasher::new(*alg, key.as_ref().map(|k| k.as_slice()))
+                    .map_err(|e| refused(format!("journal mac: {e}")))?,
+            ),
+            None => None,
+        };
+        if sb.flags.has(Flags::HAVE_JOURNAL_MAC) != jmac.is_some() {
+            return Err(refused(if jmac.is_some() {
+                "journal mac mismatch: the superblock says the journal has no MAC"
+            } else {
+                "journal mac mismatch: the superblock says the journal has a MAC \
+                 (--journal-integrity and its key are needed)"
+            }));
+        }
+        let salt = sb.flags.has(Flags::FIXED_HMAC).then_some(sb.salt);
+        if let (Some(m), Some(_), false) = (&jmac, salt, opts.mode == Mode::Recovery) {
+            verify_sb_mac(m, &first[..512])?;
+        }
+        let dev_sectors = dev_bytes / 512;
+        let geo = Geometry::new(&sb, dev_sectors, opts.buffer_sectors)?;
+        let room = max_provided_data_sectors(&sb, dev_sectors);
+        if room < sb.provided_data_sectors {
+            return Err(refused(format!(
+                "the device provides {room} data sectors, the superblock says {}",
+                sb.provided_data_sectors
+            )));
+        }
+        let shape = geo.journal;
+        let threshold =
+            (shape.entries * u64::from(100 - opts.journal_watermark.min(100)) + 50) / 100;
+        let journal = Journal {
+            shape,
+            buf: vec![0u8; shape.sectors() as usize * 512],
+            commit_seq: 0,
+            committed_section: 0,
+            n_committed: 0,
+            uncommitted_section: 0,
+            n_uncommitted: 0,
+            free_section: 0,
+            free_entry: 0,
+            free_entries: shape.entries,
+            threshold,
+            newest: HashMap::new(),
+            wrote: false,
+        };
+        let block = geo.block_bytes();
+        let log2_blocks_per_bit = log2_blocks_per_bitmap_bit(&sb, opts.sectors_per_bit);
+        let info = BackendInfo {
+            size_bytes: sb.provided_data_sectors * 512,
+            logical_block: block as u32,
+            physical_block: block as u32,
+            optimal_block: (block as u32).max(4096),
+            caps: Caps {
+                flush: Support::Native,
+                discard: Support::None,
+                write_zeroes: Support::None,
+                read_only,
+            },
+        };
+        let recalculating = sb.flags.has(Flags::RECALCULATING);
+        if recalculating
+            && sb.recalc_sector < sb.provided_data_sectors
+            && !read_only
+            && !opts.legacy_recalculate
+            && recalc_disabled(&sb, opts.hash_key.is_some(), jmac_keyed(&opts))
+        {
+            return Err(refused(
+                "recalculating with HMAC is disabled for security reasons (the kernel's \
+                 rule; legacy_recalculate overrides it)",
+            ));
+        }
+        let dev = IntegrityBackend {
+            inner,
+            info,
+            geo,
+            mode: opts.mode,
+            read_only,
+            hash,
+            salt,
+            jmac,
+            align,
+            unchecked_from: u64::MAX,
+            state: RwLock::new(State {
+                sb,
+                journal,
+                bitmap: None,
+                log2_blocks_per_bit,
+                closed: false,
+                failed: None,
+            }),
+            mismatches: AtomicU64::new(0),
+        };
+        dev.activate()
+    }
+
+    /// The kernel's `dm_integrity_resume` for a freshly constructed target.
+    fn activate(mut self) -> Result<IntegrityBackend, IntegrityError> {
+        if self.mode == Mode::Recovery {
+            self.unchecked_from = 0;
+            return Ok(self);
+        }
+        let mut unchecked = u64::MAX;
+        let mut guard = self.state.write().map_err(|_| refused("poisoned lock"))?;
+        let st = &mut *guard;
+        let sb_flags = st.sb.flags;
+        if sb_flags.has(Flags::DIRTY_BITMAP) {
+            let bitmap = self.read_bitmap(st)?;
+            let same_bits = st.sb.log2_blocks_per_bitmap_bit == st.log2_blocks_per_bit;
+            let all_clear = bitmap.iter().all(|&b| b == 0);
+            if self.mode == Mode::Bitmap {
+                // Recalculate the regions the bitmap marks (all of them if the bit size
+                // changed); the kernel does it in the background, ucrypt before serving.
+                let regions = if same_bits {
+                    bitmap
+                } else {
+                    vec![0xff; bitmap.len()]
+                };
+                st.sb.log2_blocks_per_bitmap_bit = st.log2_blocks_per_bit;
+                if !self.read_only {
+                    self.recalc_regions(st, &regions, same_bits)?;
+                } else if !all_clear || !same_bits {
+                    unchecked = 0;
+                }
+            } else {
+                if !(same_bits && all_clear) {
+                    st.sb.flags.0 |= Flags::RECALCULATING;
+                    st.sb.recalc_sector = 0;
+                }
+                if !self.read_only {
+                    let sections = st.journal.shape.sections;
+                    self.init_journal(st, 0, sections, 0)?;
+                    self.replay(st)?;
+                    st.sb.flags.0 &= !Flags::DIRTY_BITMAP;
+                } else {
+                    unchecked = 0;
+                }
+            }
+            if !self.read_only {
+                self.write_sb(st)?;
+            }
+        } else {
+            self.replay(st)?;
+            if self.mode == Mode::Bitmap && !self.read_only {
+                st.sb.flags.0 |= Flags::DIRTY_BITMAP;
+                st.sb.log2_blocks_per_bitmap_bit = st.log2_blocks_per_bit;
+                self.write_sb(st)?;
+                let blocks = self.geo.bitmap_blocks(st.log2_blocks_per_bit);
+                st.bitmap = Some(vec![0u8; (blocks * BITMAP_BLOCK_SIZE) as usize]);
+                self.write_bitmap(st)?;
+            }
+        }
+        if st.sb.flags.has(Flags::RECALCULATING) {
+            let from = st.sb.recalc_sector;
+            if from < st.sb.provided_data_sectors {
+                if self.read_only {
+                    unchecked = unchecked.min(from);
+                } else {
+                    self.recalculate(st, from)?;
+                }
+            } else if from > st.sb.provided_data_sectors && !self.read_only {
+                st.sb.recalc_sector = st.sb.provided_data_sectors;
+                self.write_sb(st)?;
+            }
+        }
+        if self.mode == Mode::Bitmap && st.bitmap.is_none() && !self.read_only {
+            let blocks = self.geo.bitmap_blocks(st.log2_blocks_per_bit);
+            st.bitmap = Some(vec![0u8; (blocks * BITMAP_BLOCK_SIZE) as usize]);
+            st.sb.flags.0 |= Flags::DIRTY_BITMAP;
+            self.write_sb(st)?;
+            self.write_bitmap(st)?;
+        }
+        drop(guard);
+        self.unchecked_from = unchecked;
+        Ok(self)
+    }
+
+    /// The superblock as it stands.
+    pub fn superblock(&self) -> Superblock {
+        self.state
+            .read()
+            .map(|s| s.sb.clone())
+            .unwrap_or_else(|p| p.into_inner().sb.clone())
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    /// Blocks whose tag did not match since open (the kernel's status counter).
+    pub fn mismatches(&self) -> u64 {
+        self.mismatches.load(Ordering::Relaxed)
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Leaves the device as the kernel's suspend does: the journal committed, copied to
+    /// its places and reset (mode J); the bitmap cleared and the journal area reset (B);
+    /// everything flushed. Later requests fail.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn close(&self) -> Result<(), BackendError> {
+        let mut st = self
+            .state
+            .write()
+            .map_err(|_| BackendError::Other("dm-integrity state lock poisoned".into()))?;
+        if st.closed || st.failed.is_some() {
+            return Ok(());
+        }
+        st.closed = true;
+        if self.read_only {
+            return Ok(());
+        }
+        match self.mode {
+            Mode::Journal => {
+                self.commit(&mut st)?;
+                self.write_back(&mut st)?;
+                self.inner.flush()?;
+                if st.journal.wrote {
+                    let (free, seq, sections) = (
+                        st.journal.free_section,
+                        st.journal.commit_seq,
+                        st.journal.shape.sections,
+                    );
+                    self.init_journal(&mut st, free, sections - free, seq)?;
+                    if free > 0 {
+                        self.init_journal(&mut st, 0, free, next_commit_seq(seq))?;
+                    }
+                }
+            }
+            Mode::Bitmap => {
+                self.inner.flush()?;
+                let sections = st.journal.shape.sections;
+                self.init_journal(&mut st, 0, sections, 0)?;
+                st.sb.flags.0 &= !Flags::DIRTY_BITMAP;
+                self.write_sb(&mut st)?;
+            }
+            Mode::Direct | Mode::Recovery => self.inner.flush()?,
+        }
+        Ok(())
+    }
+
+    fn lock_write(&self) -> Result<RwLockWriteGuard<'_, State>, BackendError> {
+        let st = self
+            .state
+            .write()
+            .map_err(|_| BackendError::Other("dm-integrity state lock poisoned".into()))?;
+        if st.closed {
+            return Err(BackendError::Other(
+                "the dm-integrity device is closed".into(),
+            ));
+        }
+        if let Some(f) = &st.failed {
+            return Err(failed_err(f));
+        }
+        Ok(st)
+    }
+
+    /// The tag of a block at logical `sector`.
+    fn tag(&self, sector: u64, data: &[u8], out: &mut [u8]) {
+        let s = sector.to_le_bytes();
+        match &self.salt {
+            Some(salt) => self.hash.digest_into(&[salt, &s, data], out),
+            None => self.hash.digest_into(&[&s, data], out),
+        }
+    }
+
+    fn spb(&self) -> u64 {
+        1 << self.geo.log2_sectors_per_block
+    }
+
+    fn write_sb(&self, st: &mut State) -> Result<(), BackendError> {
+        st.sb.version = st.sb.version_for(self.mode == Mode::Bitmap);
+        let mut sector = st.sb.to_sector();
+        if let (Some(m), Some(_)) = (&self.jmac, self.salt) {
+            let n = m.algorithm().digest_size();
+            let (body, mac) = sector.split_at_mut(512 - n);
+            m.digest_into(&[body], mac);
+        }
+        let mut area = vec![0u8; (SB_SECTORS * 512) as usize];
+        self.inner.read_at(&mut area, 0)?;
+        area[..512].copy_from_slice(&sector);
+        self.inner.write_at(&area, 0, true)
+    }
+
+    /// The section MAC of journal section `i` (`section_mac`): over the salt and the
+    /// section number (fix_hmac) and every entry's sector field.
+    fn section_mac(&self, j: &Journal, i: u32) -> [u8; JOURNAL_MAC_SIZE] {
+        let mut out = [0u8; JOURNAL_MAC_SIZE];
+        let Some(m) = &self.jmac else { return out };
+        let se = u64::from(j.shape.section_entries);
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(j.shape.section_entries as usize + 2);
+        let section_le = u64::from(i).to_le_bytes();
+        if let Some(salt) = &self.salt {
+            parts.push(salt);
+            parts.push(&section_le);
+        }
+        for n in 0..se {
+            parts.push(&j.entry(u64::from(i) * se + n)[..8]);
+        }
+        m.digest_into(&parts, &mut out);
+        out
+    }
+
+    fn set_section_mac(&self, j: &mut Journal, i: u32) {
+        if self.jmac.is_none() {
+            return;
+        }
+        let mac = self.section_mac(j, i);
+        let base = i as usize * j.section_bytes();
+        for s in 0..JOURNAL_BLOCK_SECTORS as usize {
+            let at = base + s * 512 + 496;
+            let m = JOURNAL_MAC_PER_SECTOR as usize;
+            j.buf[at..at + m].copy_from_slice(&mac[s * m..(s + 1) * m]);
+        }
+    }
+
+    fn check_section_mac(&self, j: &Journal, i: u32) -> Result<(), IntegrityError> {
+        if self.jmac.is_none() {
+            return Ok(());
+        }
+        let mac = self.section_mac(j, i);
+        let base = i as usize * j.section_bytes();
+        for s in 0..JOURNAL_BLOCK_SECTORS as usize {
+            let at = base + s * 512 + 496;
+            let m = JOURNAL_MAC_PER_SECTOR as usize;
+            if j.buf[at..at + m] != mac[s * m..(s + 1) * m] {
+                return Err(refused(format!(
+                    "journal section {i}: its MAC does not match (the kernel fails the device)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes sections `[start, start + n)` (wrapping) of the in-memory journal, FUA.
+    fn write_sections(&self, j: &Journal, start: u32, n: u32) -> Result<(), BackendError> {
+        let sections = j.shape.sections;
+        let sb = j.section_bytes();
+        let mut done = 0;
+        while done < n {
+            let first = (start + done) % sections;
+            let run = (n - done).min(sections - first);
+            let from = first as usize * sb;
+            let bytes = &j.buf[from..from + run as usize * sb];
+            self.inner
+                .write_at(bytes, self.geo.journal_byte(first, 0), true)?;
+            done += run;
+        }
+        Ok(())
+    }
+
+    /// `init_journal`: sections emptied, stamped with `seq`'s commit ids, written.
+    fn init_journal(
+        &self,
+        st: &mut State,
+        start: u32,
+        n: u32,
+        seq: u8,
+    ) -> Result<(), BackendError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let j = &mut st.journal;
+        let sections = j.shape.sections;
+        let sb = j.section_bytes();
+        for k in 0..n {
+            let i = (start + k) % sections;
+            let base = i as usize * sb;
+            for s in 0..j.shape.section_sectors {
+                let at = base + s as usize * 512;
+                j.buf[at..at + 504].fill(0);
+                j.buf[at + 504..at + 512].copy_from_slice(&commit_id(i, s, seq).to_le_bytes());
+            }
+            for e in 0..j.shape.section_entries {
+                let at = base + j.shape.entry_offset(e);
+                set_entry_unused(&mut j.buf[at..]);
+            }
+        }
+        let j = &mut st.journal;
+        for k in 0..n {
+            self.set_section_mac(j, (start + k) % sections);
+        }
+        self.write_sections(&st.journal, start, n)
+    }
+
+    /// `replay_journal`: reads the journal, decides as the kernel does, copies what it
+    /// holds to its places (or, read-only, serves it from memory), and continues or clears
+    /// the journal.
+    fn replay(&self, st: &mut State) -> Result<(), IntegrityError> {
+        let len = st.journal.buf.len();
+        let mut buf = std::mem::take(&mut st.journal.buf);
+        self.inner
+            .read_at(&mut buf[..len], self.geo.journal_byte(0, 0))?;
+        st.journal.buf = buf;
+        let plan = ReplayPlan::decide(
+            &st.journal.shape,
+            &st.journal.buf,
+            self.mode == Mode::Journal,
+        )?;
+        let se = u64::from(st.journal.shape.section_entries);
+        let sections = st.journal.shape.sections;
+        let mut newest: HashMap<u64, u64> = HashMap::new();
+        if let Some((start, n)) = plan.replay {
+            for k in 0..n {
+                let i = (start + k) % sections;
+                self.check_section_mac(&st.journal, i)?;
+                for e in 0..se {
+                    let g = u64::from(i) * se + e;
+                    match entry_state(st.journal.entry(g)) {
+                        EntryState::Unused | EntryState::InProgress => {}
+                        EntryState::Sector(s) => {
+                            if s % self.spb() != 0 {
+                                return Err(refused(format!(
+                                    "invalid sector {s} in the journal (the kernel fails the \
+                                     device)"
+                                )));
+                            }
+                            if s < self.geo.provided_data_sectors {
+                                newest.insert(s, g);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Every replayed block must match its tag, or the kernel fails the device.
+        let mut block = vec![0u8; self.geo.block_bytes() as usize];
+        let ts = self.geo.tag_size as usize;
+        let mut tag = vec![0u8; ts];
+        for (&s, &g) in &newest {
+            st.journal.block_into(g, &mut block);
+            self.tag(s, &block, &mut tag);
+            let off = st.journal.shape.tag_offset();
+            if st.journal.entry(g)[off..off + ts] != tag[..] {
+                return Err(refused(format!(
+                    "the journal's block for sector {s} does not match its tag (the kernel \
+                     fails the device: \"tag mismatch when replaying journal\")"
+                )));
+            }
+        }
+        if self.read_only {
+            // Served from memory: nothing is written, the journal is not reset.
+            st.journal.newest = newest;
+            st.journal.free_entries = 0;
+            return Ok(());
+        }
+        if !newest.is_empty() {
+            let list: Vec<(u64, u64)> = newest.into_iter().collect();
+            self.copy_out(&st.journal, list)?;
+            self.inner.flush()?;
+        }
+        match plan.then {
+            AfterReplay::Continue { section, seq } => {
+                st.journal.mark_all_unused();
+                st.journal.restart(section, seq);
+            }
+            AfterReplay::Clear { from, erase_seq } => {
+                self.init_journal(st, from, sections, erase_seq)?;
+                st.journal.restart(0, next_commit_seq(erase_seq));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies journal entries `(sector, entry)` to their places: data in runs, tags staged.
+    fn copy_out(&self, j: &Journal, mut list: Vec<(u64, u64)>) -> Result<(), BackendError> {
+        list.sort_unstable();
+        let bb = self.geo.block_bytes() as usize;
+        let ts = self.geo.tag_size as usize;
+        let toff = j.shape.tag_offset();
+        let mut tags = TagCache::new(&*self.inner, self.align);
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = 0u64;
+        let mut run_next = u64::MAX;
+        for (s, g) in list {
+            let (area, _) = self.geo.area_offset(s);
+            let contiguous = s == run_next && self.geo.area_offset(run_start).0 == area;
+            if !contiguous && !run.is_empty() {
+                self.inner
+                    .write_at(&run, self.geo.data_sector(run_start) * 512, false)?;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = s;
+            }
+            let at = run.len();
+            run.resize(at + bb, 0);
+            j.block_into(g, &mut run[at..]);
+            tags.put(self.geo.tag_byte(s), &j.entry(g)[toff..toff + ts])?;
+            run_next = s + self.spb();
+        }
+        if !run.is_empty() {
+            self.inner
+                .write_at(&run, self.geo.data_sector(run_start) * 512, false)?;
+        }
+        tags.write_back()
+    }
+
+    /// `integrity_commit`: pads the open section, stamps the uncommitted sections with the
+    /// commit ids of the current sequence (the next one past the journal's end), MACs them
+    /// and writes them FUA.
+    fn commit(&self, st: &mut State) -> Result<(), BackendError> {
+        if self.mode != Mode::Journal {
+            return Ok(());
+        }
+        let j = &mut st.journal;
+        let sections = j.shape.sections;
+        if j.free_entry != 0 {
+            j.free_entries -= u64::from(j.shape.section_entries - j.free_entry);
+            j.free_entry = 0;
+            j.free_section = (j.free_section + 1) % sections;
+            j.n_uncommitted += 1;
+        }
+        let (start, n) = (j.uncommitted_section, j.n_uncommitted);
+        if n == 0 {
+            return Ok(());
+        }
+        j.wrote = true;
+        let sb = j.section_bytes();
+        let mut i = start;
+        for _ in 0..n {
+            let base = i as usize * sb;
+            for s in 0..j.shape.section_sectors {
+                let at = base + s as usize * 512 + 504;
+                j.buf[at..at + 8].copy_from_slice(&commit_id(i, s, j.commit_seq).to_le_bytes());
+            }
+            i += 1;
+            if i >= sections {
+                j.commit_seq = next_commit_seq(j.commit_seq);
+                i = 0;
+            }
+        }
+        for k in 0..n {
+            self.set_section_mac(j, (start + k) % sections);
+        }
+        let res = self.write_sections(j, start, n);
+        if let Err(e) = res {
+            st.failed = Some(format!("writing the journal: {e}"));
+            return Err(e);
+        }
+        let j = &mut st.journal;
+        j.uncommitted_section = (start + n) % sections;
+        j.n_uncommitted = 0;
+        j.n_committed += n;
+        Ok(())
+    }
+
+    /// `integrity_writer`: copies the committed sections' newest entries to their places,
+    /// flushes, and frees the sections.
+    fn write_back(&self, st: &mut State) -> Result<(), BackendError> {
+        let j = &mut st.journal;
+        let (start, n) = (j.committed_section, j.n_committed);
+        if n == 0 {
+            return Ok(());
+        }
+        let sections = j.shape.sections;
+        let se = u64::from(j.shape.section_entries);
+        let mut list = Vec::new();
+        for k in 0..n {
+            let i = (start + k) % sections;
+            for e in 0..se {
+                let g = u64::from(i) * se + e;
+                if let EntryState::Sector(s) = entry_state(j.entry(g)) {
+                    if j.newest.get(&s) == Some(&g) {
+                        list.push((s, g));
+                        j.newest.remove(&s);
+                    }
+                }
+            }
+        }
+        let res = self.copy_out(j, list).and_then(|()| self.inner.flush());
+        if let Err(e) = res {
+            st.failed = Some(format!("copying the journal to its places: {e}"));
+            return Err(e);
+        }
+        let j = &mut st.journal;
+        for k in 0..n {
+            let i = (start + k) % sections;
+            for e in 0..se {
+                set_entry_unused(j.entry_mut(u64::from(i) * se + e));
+            }
+        }
+        j.committed_section = (start + n) % sections;
+        j.n_committed = 0;
+        j.free_entries += u64::from(n) * se;
+        Ok(())
+    }
+
+    /// Journal mode: the blocks of `buf` (at logical `sector`) into journal entries.
+    fn write_journal(
+        &self,
+        st: &mut State,
+        buf: &[u8],
+        sector: u64,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        let bb = self.geo.block_bytes() as usize;
+        let ts = self.geo.tag_size as usize;
+        let spb = self.spb();
+        let mut tag = vec![0u8; ts];
+        for (k, block) in buf.chunks(bb).enumerate() {
+            if st.journal.free_entries == 0 {
+                self.commit(st)?;
+                self.write_back(st)?;
+            }
+            let s = sector + k as u64 * spb;
+            let j = &mut st.journal;
+            let se = u64::from(j.shape.section_entries);
+            let g = u64::from(j.free_section) * se + u64::from(j.free_entry);
+            let (i, n) = j.split(g);
+            let base = i as usize * j.section_bytes();
+            let toff = j.shape.tag_offset();
+            self.tag(s, block, &mut tag);
+            for x in 0..j.shape.sectors_per_block {
+                let at = base + j.shape.data_sector(n, x) as usize * 512;
+                let src = &block[x as usize * 512..(x as usize + 1) * 512];
+                j.buf[at..at + 512].copy_from_slice(src);
+            }
+            let entry = j.entry_mut(g);
+            for x in 0..(bb / 512) {
+                entry[8 + 8 * x..16 + 8 * x].copy_from_slice(&block[x * 512 + 504..x * 512 + 512]);
+            }
+            entry[toff..toff + ts].copy_from_slice(&tag);
+            entry[..8].copy_from_slice(&s.to_le_bytes());
+            j.newest.insert(s, g);
+            j.free_entries -= 1;
+            j.free_entry += 1;
+            if j.free_entry == j.shape.section_entries {
+                j.free_entry = 0;
+                j.free_section = (j.free_section + 1) % j.shape.sections;
+                j.n_uncommitted += 1;
+            }
+        }
+        if fua {
+            self.commit(st)?;
+        }
+        if st.journal.free_entries <= st.journal.threshold {
+            self.commit(st)?;
+            self.write_back(st)?;
+        }
+        Ok(())
+    }
+
+    /// Direct and bitmap modes: data and tags of `buf` (at logical `sector`) in place.
+    fn write_direct(
+        &self,
+        st: &mut State,
+        buf: &[u8],
+        sector: u64,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        if self.mode == Mode::Bitmap {
+            self.mark_dirty(st, sector, buf.len() as u64 / 512)?;
+        }
+        let ts = self.geo.tag_size as usize;
+        let bb = self.geo.block_bytes() as usize;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let s = sector + (done / 512) as u64;
+            let (_, off) = self.geo.area_offset(s);
+            let room = ((self.geo.interleave_sectors() - off) * 512) as usize;
+            let n = room.min(buf.len() - done);
+            let part = &buf[done..done + n];
+            let mut tags = vec![0u8; n / bb * ts];
+            for (k, block) in part.chunks(bb).enumerate() {
+                self.tag(
+                    s + (k * bb / 512) as u64,
+                    block,
+                    &mut tags[k * ts..(k + 1) * ts],
+                );
+            }
+            self.inner
+                .write_at(part, self.geo.data_sector(s) * 512, false)?;
+            let mut cache = TagCache::new(&*self.inner, self.align);
+            cache.put(self.geo.tag_byte(s), &tags)?;
+            cache.write_back()?;
+            done += n;
+        }
+        if fua {
+            self.inner.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Reads `buf` at logical `sector` from the data area and checks the tags.
+    fn read_checked(&self, buf: &mut [u8], sector: u64) -> Result<(), BackendError> {
+        let ts = self.geo.tag_size as usize;
+        let bb = self.geo.block_bytes() as usize;
+        let mut done = 0usize;
+        let mut tag = vec![0u8; ts];
+        while done < buf.len() {
+            let s = sector + (done / 512) as u64;
+            let (_, off) = self.geo.area_offset(s);
+            let room = ((self.geo.interleave_sectors() - off) * 512) as usize;
+            let n = room.min(buf.len() - done);
+            let part = &mut buf[done..done + n];
+            self.inner.read_at(part, self.geo.data_sector(s) * 512)?;
+            if s + (n / 512) as u64 > self.unchecked_from {
+                done += n;
+                continue;
+            }
+            let mut stored = vec![0u8; n / bb * ts];
+            read_unaligned(&*self.inner, self.align, self.geo.tag_byte(s), &mut stored)?;
+            for (k, block) in part.chunks(bb).enumerate() {
+                let bs = s + (k * bb / 512) as u64;
+                self.tag(bs, block, &mut tag);
+                if stored[k * ts..(k + 1) * ts] != tag[..] {
+                    self.mismatches.fetch_add(1, Ordering::Relaxed);
+                    return Err(BackendError::Integrity {
+                        offset: bs * 512,
+                        len: bb as u64,
+                    });
+                }
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn read_bitmap(&self, st: &State) -> Result<Vec<u8>, BackendError> {
+        let blocks = self.geo.bitmap_blocks(st.sb.log2_blocks_per_bitmap_bit);
+        let mut b = vec![0u8; (blocks * BITMAP_BLOCK_SIZE) as usize];
+        self.inner.read_at(&mut b, self.geo.journal_byte(0, 0))?;
+        Ok(b)
+    }
+
+    fn write_bitmap(&self, st: &State) -> Result<(), BackendError> {
+        if let Some(b) = &st.bitmap {
+            self.inner.write_at(b, self.geo.journal_byte(0, 0), true)?;
+        }
+        Ok(())
+    }
+
+    /// Bitmap mode: marks the regions of `[sector, sector + n)` dirty on disk (FUA) before
+    /// their data is written.
+    fn mark_dirty(&self, st: &mut State, sector: u64, n: u64) -> Result<(), BackendError> {
+        let shift = u32::from(self.geo.log2_sectors_per_block) + u32::from(st.log2_blocks_per_bit);
+        let first = sector >> shift;
+        let last = (sector + n - 1) >> shift;
+        let Some(b) = st.bitmap.as_mut() else {
+            return Ok(());
+        };
+        let mut changed = false;
+        for bit in first..=last {
+            let (byte, mask) = ((bit / 8) as usize, 1u8 << (bit % 8));
+            if byte < b.len() && b[byte] & mask == 0 {
+                b[byte] |= mask;
+                changed = true;
+            }
+        }
+        if changed {
+            self.write_bitmap(st)?;
+        }
+        Ok(())
+    }
+
+    /// Bitmap mode, on flush: once the data and tags are durable, the bitmap is cleared
+    /// (the kernel does it `bitmap_flush_interval` after the last write).
+    fn clear_bitmap(&self, st: &mut State) -> Result<(), BackendError> {
+        let dirty = st
+            .bitmap
+            .as_ref()
+            .is_some_and(|b| b.iter().any(|&x| x != 0));
+        if dirty {
+            if let Some(b) = st.bitmap.as_mut() {
+                b.fill(0);
+            }
+            self.write_bitmap(st)?;
+        }
+        Ok(())
+    }
+
+    /// Recalculates the tags of the regions `bitmap` marks.
+    fn recalc_regions(
+        &self,
+        st: &mut State,
+        bitmap: &[u8],
+        _same: bool,
+    ) -> Result<(), BackendError> {
+        let shift = u32::from(self.geo.log2_sectors_per_block) + u32::from(st.log2_blocks_per_bit);
+        let region = 1u64 << shift;
+        let provided = st.sb.provided_data_sectors;
+        let regions = provided.div_ceil(region);
+        for bit in 0..regions {
+            let (byte, mask) = ((bit / 8) as usize, 1u8 << (bit % 8));
+            if byte < bitmap.len() && bitmap[byte] & mask != 0 {
+                let from = bit << shift;
+                self.recalc_range(from, (from + region).min(provided))?;
+            }
+        }
+        self.inner.flush()
+    }
+
+    /// `integrity_recalc`: tags from `from` to the end computed from the data; the
+    /// superblock records the end.
+    fn recalculate(&self, st: &mut State, from: u64) -> Result<(), BackendError> {
+        let provided = st.sb.provided_data_sectors;
+        self.recalc_range(from, provided)?;
+        self.inner.flush()?;
+        st.sb.recalc_sector = provided;
+        self.write_sb(st)
+    }
+
+    fn recalc_range(&self, from: u64, to: u64) -> Result<(), BackendError> {
+        const CHUNK: u64 = 2048;
+        let ts = self.geo.tag_size as usize;
+        let bb = self.geo.block_bytes() as usize;
+        let mut s = from;
+        while s < to {
+            let (_, off) = self.geo.area_offset(s);
+            let n = (to - s).min(CHUNK).min(self.geo.interleave_sectors() - off);
+            let mut data = vec![0u8; (n * 512) as usize];
+            self.inner
+                .read_at(&mut data, self.geo.data_sector(s) * 512)?;
+            let mut tags = vec![0u8; data.len() / bb * ts];
+            for (k, block) in data.chunks(bb).enumerate() {
+                self.tag(
+                    s + (k * bb / 512) as u64,
+                    block,
+                    &mut tags[k * ts..(k + 1) * ts],
+                );
+            }
+            let mut cache = TagCache::new(&*self.inner, self.align);
+            cache.put(self.geo.tag_byte(s), &tags)?;
+            cache.write_back()?;
+            s += n;
+        }
+        Ok(())
+    }
+
+    fn check_request(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        check_range(offset, len, self.info.size_bytes)?;
+        let bb = self.geo.block_bytes();
+        if offset % bb != 0 {
+            return Err(BackendError::Misaligned {
+                what: "offset",
+                value: offset,
+                align: bb,
+            });
+        }
+        if len % bb != 0 {
+            return Err(BackendError::Misaligned {
+                what: "length",
+                value: len,
+                align: bb,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The kernel's `dm_integrity_disable_recalculate`.
+fn recalc_disabled(sb: &Superblock, hash_keyed: bool, jmac_keyed: bool) -> bool {
+    if sb.flags.has(Flags::FIXED_HMAC) {
+        hash_keyed && !jmac_keyed
+    } else {
+        hash_keyed || jmac_keyed
+    }
+}
+
+fn jmac_keyed(opts: &Options) -> bool {
+    matches!(&opts.journal_mac, Some((_, Some(_))))
+}
+
+fn verify_sb_mac(m: &Hasher, sector: &[u8]) -> Result<(), IntegrityError> {
+    let n = m.algorithm().digest_size();
+    let mut mac = vec![0u8; n];
+    m.digest_into(&[&sector[..512 - n]], &mut mac);
+    if mac[..] != sector[512 - n..512] {
+        return Err(refused(
+            "the superblock's MAC does not match (wrong journal integrity key, or the \
+             superblock was changed)",
+        ));
+    }
+    Ok(())
+}
+
+impl Backend for IntegrityBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+        self.check_request(offset, buf.len() as u64)?;
+        let st = self
+            .state
+            .read()
+            .map_err(|_| BackendError::Other("dm-integrity state lock poisoned".into()))?;
+        if st.closed {
+            return Err(BackendError::Other(
+                "the dm-integrity device is closed".into(),
+            ));
+        }
+        if let Some(f) = &st.failed {
+            return Err(failed_err(f));
+        }
+        let sector = offset / 512;
+        if st.journal.newest.is_empty() {
+            return self.read_checked(buf, sector);
+        }
+        // Blocks with a journal entry come from the journal; the runs between from their
+        // places.
+        let bb = self.geo.block_bytes() as usize;
+        let spb = self.spb();
+        let blocks = buf.len() / bb;
+        let mut k = 0;
+        while k < blocks {
+            let s = sector + k as u64 * spb;
+            if let Some(&g) = st.journal.newest.get(&s) {
+                st.journal.block_into(g, &mut buf[k * bb..(k + 1) * bb]);
+                k += 1;
+                continue;
+            }
+            let mut end = k + 1;
+            while end < blocks && !st.journal.newest.contains_key(&(sector + end as u64 * spb)) {
+                end += 1;
+            }
+            self.read_checked(&mut buf[k * bb..end * bb], s)?;
+            k = end;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+        if self.read_only {
+            return Err(BackendError::ReadOnly);
+        }
+        self.check_request(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let mut st = self.lock_write()?;
+        let sector = offset / 512;
+        match self.mode {
+            Mode::Journal => self.write_journal(&mut st, buf, sector, fua),
+            Mode::Direct | Mode::Bitmap => self.write_direct(&mut st, buf, sector, fua),
+            Mode::Recovery => Err(BackendError::ReadOnly),
+        }
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        if self.read_only {
+            return Ok(());
+        }
+        let mut st = self.lock_write()?;
+        match self.mode {
+            Mode::Journal => {
+                self.commit(&mut st)?;
+                self.inner.flush()
+            }
+            Mode::Bitmap => {
+                self.inner.flush()?;
+                self.clear_bitmap(&mut st)
+            }
+            Mode::Direct | Mode::Recovery => self.inner.flush(),
+        }
+    }
+}
+
+impl Drop for IntegrityBackend {
+    fn drop(&mut self) {
+        // A clean drop leaves the device as a clean close would; a crash leaves the
+        // journal, which the next open replays.
+        let _ = self.close();
+    }
+}
+
+/// Formats `inner` as the kernel does when it activates a table over a zeroed superblock
+/// (`initialize_superblock`, then `init_journal` with sequence 0), then, with `wipe`,
+/// writes zeros with valid tags over the whole data area as `integritysetup format` does
+/// (in direct mode). Returns the superblock written.
+///
+/// # Errors
+/// Parameters out of range, a device too small, I/O errors.
+pub fn format(
+    inner: Arc<dyn Backend>,
+    params: &FormatParams,
+    opts: &Options,
+    wipe: bool,
+) -> Result<Superblock, IntegrityError> {
+    let dev_sectors = inner.info().size_bytes / 512;
+    let sb = Superblock::new_for_format(params, dev_sectors)?;
+    let geo = Geometry::new(&sb, dev_sectors, opts.buffer_sectors)?;
+    // The superblock area zeroed, then the journal: every section empty with sequence 0.
+    let zero_sb = vec![0u8; (SB_SECTORS * 512) as usize];
+    inner.write_at(&zero_sb, 0, false)?;
+    let mut first = zero_sb.clone();
+    first[..512].copy_from_slice(&sb.to_sector());
+    inner.write_at(&first, 0, true)?;
+    let mut o = opts.clone();
+    o.mode = Mode::Direct;
+    o.read_only = false;
+    // Opening in direct mode with a zeroed journal area would find no commit ids: write the
+    // fresh journal first, through a device handle that has the superblock.
+    let dev = IntegrityBackend::open_unreplayed(Arc::clone(&inner), o, sb.clone(), geo)?;
+    {
+        let mut st = dev.lock_write()?;
+        let sections = st.journal.shape.sections;
+        dev.init_journal(&mut st, 0, sections, 0)?;
+        dev.write_sb(&mut st)?;
+        if wipe {
+            drop(st);
+            let chunk = (1u64 << 20).max(dev.geo.block_bytes());
+            let zeros = vec![0u8; chunk as usize];
+            let size = dev.info.size_bytes;
+            let mut at = 0;
+            while at < size {
+                let n = (size - at).min(chunk) as usize;
+                dev.write_at(&zeros[..n], at, false)?;
+                at += n as u64;
+            }
+        }
+    }
+    dev.flush()?;
+    dev.close()?;
+    Ok(dev.superblock())
+}
+
+impl IntegrityBackend {
+    /// A handle over a superblock just written, without reading the journal (format).
+    fn open_unreplayed(
+        inner: Arc<dyn Backend>,
+        opts: Options,
+        sb: Superblock,
+        geo: Geometry,
+    ) -> Result<IntegrityBackend, IntegrityError> {
+        let hash = Hasher::new(opts.hash, opts.hash_key.as_ref().map(|k| k.as_slice()))
+            .map_err(|e| refused(format!("internal hash: {e}")))?;
+        let jmac = match &opts.journal_mac {
+            Some((alg, key)) => Some(
+                Hasher::new(*alg, key.as_ref().map(|k| k.as_slice()))
+                    .map_err(|e| refused(format!("journal mac: {e}")))?,
+            ),
+            None => None,
+        };
+        let shape = geo.journal;
+        let block = geo.block_bytes();
+        let log2_blocks_per_bit = sb.log2_blocks_per_bitmap_bit;
+        Ok(IntegrityBackend {
+            align: u64::from(inner.info().logical_block.max(512)),
+            info: BackendInfo {
+                size_bytes: sb.provided_data_sectors * 512,
+                logical_block: block as u32,
+                physical_block: block as u32,
+                optimal_block: (block as u32).max(4096),
+                caps: Caps {
+                    flush: Support::Native,
+                    discard: Support::None,
+                    write_zeroes: Support::None,
+                    read_only: false,
+                },
+            },
+            inner,
+            mode: opts.mode,
+            read_only: false,
+            salt: sb.flags.has(Flags::FIXED_HMAC).then_some(sb.salt),
+            hash,
+            jmac,
+            unchecked_from: u64::MAX,
+            state: RwLock::new(State {
+                journal: Journal {
+                    shape,
+                    buf: vec![0u8; shape.sectors() as usize * 512],
+                    commit_seq: 0,
+                    committed_section: 0,
+                    n_committed: 0,
+                    uncommitted_section: 0,
+                    n_uncommitted: 0,
+                    free_section: 0,
+                    free_entry: 0,
+                    free_entries: shape.entries,
+                    threshold: 0,
+                    newest: HashMap::new(),
+                    wrote: false,
+                },
+                sb,
+                bitmap: None,
+                log2_blocks_per_bit,
+                closed: false,
+                failed: None,
+            }),
+            geo,
+            mismatches: AtomicU64::new(0),
+        })
+    }
+}

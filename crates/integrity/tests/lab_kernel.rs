@@ -1,0 +1,258 @@
+//! Linux reads what ucrypt's dm-integrity wrote: images formatted and written here (direct,
+//! journal, bitmap, a journal MAC, a journal left unflushed by a simulated crash, which the
+//! kernel must replay), opened with `integritysetup open` by Debian's 6.12 kernel in the
+//! repository's VM harness `tests/lab/run.sh` (`tests/lab/integrity.sh`, one boot): the
+//! kernel reads the expected bytes, and in two tampered copies fails exactly the block
+//! whose data or tag byte was flipped, with EILSEQ.
+//!
+//! Skipped with a message when `CI` is unset and the lab cannot start; fails when `CI` is
+//! set.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{hex, pattern, read_all, second_ranges, snapshot, write_all};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use ucrypt_backend::{Backend, MemoryBackend};
+use ucrypt_format::integrity::FormatParams;
+use ucrypt_integrity::{format, Algorithm, IntegrityBackend, Mode, Options};
+use zeroize::Zeroizing;
+
+fn skip_or_fail(why: &str) {
+    ucrypt_testkit::require_that(false, format_args!("kernel-lab dm-integrity test: {why}"));
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+struct Image {
+    name: &'static str,
+    alg: Algorithm,
+    sector: u32,
+    interleave: u32,
+    journal_sectors: u64,
+    mode: Mode,
+    jmac: bool,
+    unflushed: bool,
+    /// (block to damage, in the tag rather than the data)
+    tamper: Option<(u64, bool)>,
+}
+
+fn options(img: &Image, dir: &Path) -> (Options, String) {
+    let mut o = Options::new(img.alg);
+    o.mode = img.mode;
+    let mut args = vec!["--integrity".to_string(), img.alg.kernel_name().into()];
+    if img.alg == Algorithm::HmacSha256 {
+        args = vec!["--integrity".into(), "hmac-sha256".into()];
+        o.hash_key = Some(Zeroizing::new((0u8..32).collect()));
+        let k = dir.join("key32.bin");
+        std::fs::write(&k, (0u8..32).collect::<Vec<_>>()).unwrap();
+        args.extend([
+            "--integrity-key-file".into(),
+            k.display().to_string(),
+            "--integrity-key-size".into(),
+            "32".into(),
+        ]);
+    }
+    if img.jmac {
+        o.journal_mac = Some((
+            Algorithm::HmacSha256,
+            Some(Zeroizing::new((128u8..160).collect())),
+        ));
+        let k = dir.join("jkey32.bin");
+        std::fs::write(&k, (128u8..160).collect::<Vec<_>>()).unwrap();
+        args.extend([
+            "--journal-integrity".into(),
+            "hmac-sha256".into(),
+            "--journal-integrity-key-file".into(),
+            k.display().to_string(),
+            "--journal-integrity-key-size".into(),
+            "32".into(),
+        ]);
+    }
+    match img.mode {
+        Mode::Direct => args.push("--integrity-no-journal".into()),
+        Mode::Bitmap => args.push("--integrity-bitmap-mode".into()),
+        _ => {}
+    }
+    (o, args.join(" "))
+}
+
+/// Formats and writes one image into `dir`; returns nothing, leaves IMAGE.{img,sha256,args}
+/// (and .bad/.badblock) for the guest.
+fn make(img: &Image, dir: &Path) {
+    let (opts, args) = options(img, dir);
+    let mem = Arc::new(MemoryBackend::new(4 << 20).unwrap());
+    let params = FormatParams {
+        sector_size: img.sector,
+        tag_size: img.alg.digest_size() as u32,
+        interleave_sectors: img.interleave,
+        journal_sectors: img.journal_sectors,
+        journal_mac: img.jmac,
+        salt: *b"ucrypt-lab-salt!",
+        ..FormatParams::default()
+    };
+    format(mem.clone(), &params, &opts, true).unwrap();
+    let dev = IntegrityBackend::open(mem.clone(), opts.clone()).unwrap();
+    let size = dev.info().size_bytes;
+    write_all(&dev, &pattern(size, false));
+    dev.close().unwrap();
+    drop(dev);
+    let want = pattern(size, img.unflushed);
+    if img.unflushed {
+        let dev = IntegrityBackend::open(mem.clone(), opts.clone()).unwrap();
+        for (from, len) in second_ranges(size) {
+            dev.write_at(&want[from as usize..(from + len) as usize], from, false)
+                .unwrap();
+            dev.flush().unwrap();
+        }
+        std::mem::forget(dev); // a crash: the journal is committed, not written back
+        let mut r = opts.clone();
+        r.mode = Mode::Recovery;
+        let raw = read_all(&IntegrityBackend::open(mem.clone(), r).unwrap());
+        assert!(
+            raw[4096..8192] == pattern(size, false)[4096..8192],
+            "{}: the journal was written back before the crash",
+            img.name
+        );
+    }
+    let bytes = snapshot(&*mem);
+    // ucrypt itself reads it back (read-only: the image stays as the crash left it).
+    let mut ro = opts.clone();
+    ro.read_only = true;
+    let dev = IntegrityBackend::open(mem.clone(), ro).unwrap();
+    assert!(read_all(&dev) == want, "{}: ucrypt reads it back", img.name);
+    let geo = dev.geometry().clone();
+    drop(dev);
+    std::fs::write(dir.join(format!("{}.img", img.name)), &bytes).unwrap();
+    std::fs::write(
+        dir.join(format!("{}.sha256", img.name)),
+        hex(&Sha256::digest(&want)),
+    )
+    .unwrap();
+    std::fs::write(dir.join(format!("{}.args", img.name)), args).unwrap();
+    if let Some((block, in_tag)) = img.tamper {
+        let spb = geo.block_bytes() / 512;
+        let at = if in_tag {
+            geo.tag_byte(block * spb)
+        } else {
+            geo.data_sector(block * spb) * 512 + 100
+        };
+        let mut bad = bytes.clone();
+        bad[at as usize] ^= 0x04;
+        std::fs::write(dir.join(format!("{}.bad", img.name)), bad).unwrap();
+        std::fs::write(
+            dir.join(format!("{}.badblock", img.name)),
+            format!("{block} {}", geo.block_bytes()),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn the_kernel_reads_what_ucrypt_wrote() {
+    let root = workspace();
+    let run = root.join("tests/lab/run.sh");
+    // The guest sees the directory the harness is started from: the workspace.
+    let dir = root.join("target/integrity-lab");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let images = [
+        Image {
+            name: "crc32c-512-D",
+            alg: Algorithm::Crc32c,
+            sector: 512,
+            interleave: 0,
+            journal_sectors: 0,
+            mode: Mode::Direct,
+            jmac: false,
+            unflushed: false,
+            tamper: Some((100, false)),
+        },
+        Image {
+            name: "hmac-sha256-4096-J",
+            alg: Algorithm::HmacSha256,
+            sector: 4096,
+            interleave: 0,
+            journal_sectors: 0,
+            mode: Mode::Journal,
+            jmac: false,
+            unflushed: false,
+            tamper: Some((50, true)),
+        },
+        Image {
+            name: "crc32c-512-Junflushed",
+            alg: Algorithm::Crc32c,
+            sector: 512,
+            interleave: 0,
+            journal_sectors: 2048,
+            mode: Mode::Journal,
+            jmac: false,
+            unflushed: true,
+            tamper: None,
+        },
+        Image {
+            name: "hmac-sha256-4096-jmac-Junflushed",
+            alg: Algorithm::HmacSha256,
+            sector: 4096,
+            interleave: 0,
+            journal_sectors: 2048,
+            mode: Mode::Journal,
+            jmac: true,
+            unflushed: true,
+            tamper: None,
+        },
+        Image {
+            name: "sha256-4096-i256-B",
+            alg: Algorithm::Sha256,
+            sector: 4096,
+            interleave: 256,
+            journal_sectors: 0,
+            mode: Mode::Bitmap,
+            jmac: false,
+            unflushed: false,
+            tamper: None,
+        },
+    ];
+    for img in &images {
+        make(img, &dir);
+    }
+    let out = Command::new("bash")
+        .arg(&run)
+        .arg(root.join("tests/lab/integrity.sh"))
+        .arg(&dir)
+        .current_dir(&root)
+        .env("LAB_MODULES", "crc32c_generic")
+        .env("LAB_TIMEOUT", "900")
+        .output()
+        .expect("running tests/lab/run.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    match out.status.code() {
+        Some(0) => {
+            assert!(
+                stdout.lines().any(|l| l == "7 passed, 0 failed"),
+                "the lab script did not report its 7 checks"
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        // The harness: 2 = the guest could not start.
+        Some(2) if !stdout.contains("ok - ") => {
+            skip_or_fail(&format!("the lab did not start: {}", stderr.trim()));
+        }
+        _ => panic!(
+            "kernel-lab checks failed (status {:?}); output above",
+            out.status
+        ),
+    }
+}
