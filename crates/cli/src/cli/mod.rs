@@ -9,6 +9,7 @@ mod daemon;
 mod docs;
 mod format_dump;
 mod instance;
+mod integritysetup;
 mod is_luks;
 mod lifecycle;
 mod luks;
@@ -257,6 +258,8 @@ enum Command {
     /// Exit 0 if the device holds a valid LUKS header.
     #[command(name = "isLuks")]
     IsLuks(is_luks::Args),
+    /// Standalone dm-integrity (integritysetup): dump, format.
+    Integritysetup(integritysetup::Args),
     /// Print or set the LUKS header UUID.
     #[command(name = "luksUUID")]
     LuksUuid(luks_uuid::Args),
@@ -628,6 +631,9 @@ pub(crate) const REFUSED: &[(&str, &str)] = &[
 
 /// The reason this command line asks for something ucrypt refuses ([`REFUSED`]).
 fn refused(args: &[std::ffi::OsString]) -> Option<&'static str> {
+    // `integritysetup` takes `--integrity` (the internal hash) as integritysetup does.
+    let integritysetup =
+        action_pos(args).is_some_and(|i| args[i].to_str() == Some("integritysetup"));
     let mut prev = "";
     for a in args.iter().skip(1) {
         let a = a.to_str().unwrap_or("");
@@ -641,7 +647,10 @@ fn refused(args: &[std::ffi::OsString]) -> Option<&'static str> {
         } else {
             typed
         };
-        if let Some((_, why)) = REFUSED.iter().find(|(what, _)| *what == typed) {
+        if let Some((_, why)) = REFUSED
+            .iter()
+            .find(|(what, _)| *what == typed && !(integritysetup && typed == "--integrity"))
+        {
             return Some(why);
         }
         prev = a;
@@ -943,6 +952,7 @@ pub fn run() -> ExitCode {
         Command::LuksConvertKey(a) => luks_convert_key::run(a),
         Command::Reencrypt(a) => reencrypt::run(a),
         Command::IsLuks(a) => is_luks::run(a),
+        Command::Integritysetup(a) => integritysetup::run(a),
         Command::LuksUuid(a) => luks_uuid::run(a),
         Command::LuksHeaderBackup(a) => luks_header_backup::run(a),
         Command::LuksHeaderRestore(a) => luks_header_restore::run(a),
