@@ -1,8 +1,8 @@
 #!/bin/bash
 # Kernel-lab checks of ucrypt's dm-integrity (issue 28): Linux opens images ucrypt formatted
-# and wrote, and reads what ucrypt wrote. Runs as root inside a kernel lab guest (the
-# project's harness tests/lab/run.sh, or ../shared/kernel-lab/run.sh) with the modules
-# KLAB_MODULES adds (hmac sha256_generic sha512_generic crc32c_generic), started by
+# and wrote, and reads what ucrypt wrote. Runs as root in the guest of the project's VM
+# harness tests/lab/run.sh (whose default modules include hmac, sha256 and sha512; the test
+# adds crc32c_generic with LAB_MODULES), started by
 # crates/integrity/tests/lab_kernel.rs:
 #   integrity.sh DIR
 # DIR (shared with the host) holds IMAGE.img, IMAGE.sha256 (the device's expected sha256),
