@@ -22,7 +22,8 @@ use ucrypt_engine::{EngineOptions, WriteOrder};
 use ucrypt_format::{OptParam, TableLine};
 
 /// Placement policy choice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum PlacementPolicy {
     /// Automatic unless a dm-crypt placement flag is given.
     #[default]
@@ -31,8 +32,9 @@ pub enum PlacementPolicy {
     Kernel,
 }
 
-/// Engine settings from the command line (cryptsetup's `--perf-*` and ucrypt's own).
-#[derive(Debug, Clone, Copy, Default)]
+/// Engine settings from the command line (cryptsetup's `--perf-*` and ucrypt's own); a
+/// running instance receives them with `refresh` (serde).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PerfOptions {
     /// `--perf-no_read_workqueue`.
     pub no_read_workqueue: bool,
@@ -43,6 +45,7 @@ pub struct PerfOptions {
     /// `--perf-submit_from_crypt_cpus`.
     pub submit_from_crypt_cpus: bool,
     /// `--write-order`.
+    #[serde(with = "write_order")]
     pub write_order: WriteOrder,
     /// `--split-bytes`.
     pub split_bytes: Option<usize>,
@@ -50,6 +53,29 @@ pub struct PerfOptions {
     pub workers: Option<usize>,
     /// `--placement`.
     pub placement: PlacementPolicy,
+}
+
+/// [`WriteOrder`] by its `--write-order` name (the engine carries no serde).
+mod write_order {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use ucrypt_engine::WriteOrder;
+
+    pub(super) fn serialize<S: Serializer>(w: &WriteOrder, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match w {
+            WriteOrder::Issue => "issue",
+            WriteOrder::Sorted => "sorted",
+        })
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<WriteOrder, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "issue" => Ok(WriteOrder::Issue),
+            "sorted" => Ok(WriteOrder::Sorted),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown write order {other:?} (issue or sorted)"
+            ))),
+        }
+    }
 }
 
 /// Merges the table's flags and the command line's into engine options.

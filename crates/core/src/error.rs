@@ -9,8 +9,17 @@
 //!  Error::Crypto(CryptoError)     a cipher the crypto layer refuses
 //!  Error::Io(io::Error)           other I/O (sizes, reads and writes of a reencryption)
 //!  Error::Invalid(String)         a request the library cannot act on, with the reason
+//!  Error::Instance(InstanceError)  a named instance: exists, not active, runtime directory
+//!  Error::Lock(LockError)          an image in use by another mapping, or not lockable
+//!  Error::Frontend(DeviceError)    a front end (ublk, kernel NBD, FUSE) cannot attach
+//!  Error::Refused { kind, message } a running instance's refusal, as its control socket said
+//!  Error::Kind { kind, source }    an error whose kind the operation decided
 //!  Error::Context { context, source }   what was being done, around any of these
 //! ```
+//!
+//! [`Error::kind`] sorts every error into an [`ErrorKind`] (invalid request, permission or
+//! passphrase, memory, device, busy): what a caller branches on, and what the command
+//! line turns into cryptsetup's exit codes.
 //!
 //! `Context` keeps the messages users see as they were with `anyhow`: each context is one
 //! link of the [`std::error::Error::source`] chain, and the CLI prints the chain joined by
@@ -44,6 +53,28 @@ pub enum Error {
     Io(std::io::Error),
     /// A request the library cannot act on (sizes, states, options), with the reason.
     Invalid(String),
+    /// A named instance's runtime directory: the name is taken, not active, invalid.
+    Instance(crate::instance::runtime::InstanceError),
+    /// An image lock: in use by another mapping, or the lock itself failed.
+    Lock(crate::instance::lock::LockError),
+    /// A front end (ublk, kernel NBD, FUSE) that cannot be attached.
+    Frontend(ucrypt_device::DeviceError),
+    /// What a running instance answered when it refused a request (its kind and its
+    /// message, the chain already joined).
+    Refused {
+        /// What kind of failure the instance reported.
+        kind: ErrorKind,
+        /// Its message.
+        message: String,
+    },
+    /// An error whose kind the failing operation decided (a front end that failed while
+    /// serving is a device error whatever its cause). Shown as `source` alone.
+    Kind {
+        /// The kind.
+        kind: ErrorKind,
+        /// The error.
+        source: Box<Error>,
+    },
     /// What was being done when `source` failed.
     Context {
         /// What was being done ("unlocking disk.img").
@@ -64,7 +95,11 @@ impl Error {
             Error::Engine(e) => e,
             Error::Crypto(e) => e,
             Error::Io(e) => e,
-            Error::Invalid(_) | Error::Context { .. } => return None,
+            Error::Instance(e) => e,
+            Error::Lock(e) => e,
+            Error::Frontend(e) => e,
+            Error::Kind { source, .. } => source.as_ref(),
+            Error::Invalid(_) | Error::Refused { .. } | Error::Context { .. } => return None,
         })
     }
 }
@@ -73,7 +108,9 @@ impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (self, self.inner()) {
             (_, Some(e)) => write!(f, "{e}")?,
-            (Error::Invalid(m), None) => f.write_str(m)?,
+            (Error::Invalid(m), None) | (Error::Refused { message: m, .. }, None) => {
+                f.write_str(m)?
+            }
             (Error::Context { context, .. }, None) => f.write_str(context)?,
             _ => {}
         }
@@ -113,7 +150,10 @@ from!(
     Nbd(ucrypt_nbd::NbdError),
     Engine(EngineError),
     Crypto(CryptoError),
-    Io(std::io::Error)
+    Io(std::io::Error),
+    Instance(crate::instance::runtime::InstanceError),
+    Lock(crate::instance::lock::LockError),
+    Frontend(ucrypt_device::DeviceError)
 );
 
 /// A number or a slice of on-disk data that does not fit the type it is read into (a size
@@ -150,6 +190,42 @@ impl Error {
         }
     }
 
+    /// What kind of failure this is: the kind an operation set ([`Error::Kind`], the
+    /// outermost wins) or a running instance reported ([`Error::Refused`]); otherwise
+    /// from what failed: a busy device, lock or name is [`ErrorKind::Busy`]; the format
+    /// layer's errors by their errno (a wrong passphrase is [`ErrorKind::Permission`]);
+    /// backend, engine and front-end errors, a lock that could not be taken and an
+    /// inactive instance are [`ErrorKind::Device`]; the rest [`ErrorKind::Invalid`].
+    pub fn kind(&self) -> ErrorKind {
+        use crate::instance::lock::LockError;
+        use crate::instance::runtime::InstanceError;
+        match self {
+            Error::Kind { kind, .. } | Error::Refused { kind, .. } => return *kind,
+            Error::Context { source, .. } => return source.kind(),
+            _ => {}
+        }
+        if self.is_busy() {
+            return ErrorKind::Busy;
+        }
+        match self {
+            Error::Format(f) => ErrorKind::from_exit_code(f.exit_code()),
+            Error::Backend(_) | Error::Engine(_) | Error::Frontend(_) => ErrorKind::Device,
+            Error::Instance(InstanceError::Exists { .. }) => ErrorKind::Busy,
+            Error::Instance(InstanceError::NotActive(_)) => ErrorKind::Device,
+            Error::Lock(LockError::InUse { .. }) => ErrorKind::Busy,
+            Error::Lock(LockError::Io { .. }) => ErrorKind::Device,
+            _ => ErrorKind::Invalid,
+        }
+    }
+
+    /// Gives this error the kind `kind` (see [`Error::Kind`]).
+    pub fn with_kind(self, kind: ErrorKind) -> Error {
+        Error::Kind {
+            kind,
+            source: Box::new(self),
+        }
+    }
+
     /// Whether the device failed (could not be opened or used: a backend or engine error).
     pub fn is_device(&self) -> bool {
         matches!(self.root(), Error::Backend(_) | Error::Engine(_))
@@ -163,6 +239,36 @@ impl Error {
             Error::Backend(BackendError::Open { source, .. })
                 if source.kind() == std::io::ErrorKind::ResourceBusy
         )
+    }
+}
+
+/// The kinds of failure callers tell apart (cryptsetup's exit codes 1 to 5 are one per kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// A request that cannot be acted on: bad options, wrong state, unknown names.
+    Invalid,
+    /// No permission, or no key with this passphrase.
+    Permission,
+    /// Out of memory.
+    NoMemory,
+    /// The device (or instance) is missing or failed.
+    Device,
+    /// The device, image or name is in use.
+    Busy,
+}
+
+impl ErrorKind {
+    /// The kind cryptsetup's exit code `code` stands for (the format layer's errors carry
+    /// cryptsetup's codes).
+    pub fn from_exit_code(code: u8) -> ErrorKind {
+        match code {
+            2 => ErrorKind::Permission,
+            3 => ErrorKind::NoMemory,
+            4 => ErrorKind::Device,
+            5 => ErrorKind::Busy,
+            _ => ErrorKind::Invalid,
+        }
     }
 }
 
@@ -262,5 +368,62 @@ mod tests {
         assert!(!e.is_device() && !e.is_busy());
         let none: Option<u8> = None;
         assert_eq!(none.context("empty").unwrap_err().to_string(), "empty");
+    }
+
+    /// Kinds come from what failed, a kind set by the operation wins, and an instance's
+    /// refusal keeps its kind and message.
+    #[test]
+    fn kinds_follow_what_failed() {
+        use crate::instance::lock::LockError;
+        use crate::instance::runtime::InstanceError;
+        let bad_pass = Error::from(FormatError::BadPassphrase {
+            device: "d".into(),
+            tried: "all".into(),
+        });
+        assert_eq!(bad_pass.kind(), ErrorKind::Permission);
+        let exists = Error::from(InstanceError::Exists {
+            name: "n".into(),
+            pid: 1,
+        });
+        assert_eq!(exists.kind(), ErrorKind::Busy);
+        let gone = Error::from(InstanceError::NotActive("n".into()));
+        assert_eq!(gone.kind(), ErrorKind::Device);
+        let held = Error::from(LockError::InUse {
+            path: "p".into(),
+            holder: "h".into(),
+        });
+        assert_eq!(held.kind(), ErrorKind::Busy);
+        let busy_rbd = Error::from(BackendError::Open {
+            path: "rbd:p/i".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ResourceBusy),
+        });
+        assert_eq!(busy_rbd.kind(), ErrorKind::Busy);
+        let e: Result<()> = Err(Error::Invalid("x".into())).context("doing y");
+        assert_eq!(e.unwrap_err().kind(), ErrorKind::Invalid);
+        let set = Error::Invalid("served".into()).with_kind(ErrorKind::Device);
+        assert_eq!(
+            (set.kind(), set.to_string()),
+            (ErrorKind::Device, "served".into())
+        );
+        let refused = Error::Refused {
+            kind: ErrorKind::Busy,
+            message: "n is in use".into(),
+        };
+        assert_eq!(
+            (refused.kind(), format!("{refused:#}")),
+            (ErrorKind::Busy, "n is in use".into())
+        );
+        for code in 1..=5 {
+            assert_eq!(
+                ErrorKind::from_exit_code(code),
+                [
+                    ErrorKind::Invalid,
+                    ErrorKind::Permission,
+                    ErrorKind::NoMemory,
+                    ErrorKind::Device,
+                    ErrorKind::Busy
+                ][usize::from(code - 1)]
+            );
+        }
     }
 }

@@ -19,6 +19,7 @@ pub mod config;
 pub mod error;
 pub mod header;
 pub mod instance;
+pub mod keyring;
 pub mod mapping;
 pub mod open;
 pub mod reencrypt;
@@ -28,6 +29,6 @@ pub mod secure;
 pub mod tcrypt;
 pub mod unlocked;
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use header::{open_header, open_unlocked, unlock, HeaderOptions, Unlocked, VolumeType};
 pub use open::{open_parsed, open_table, OpenOptions, OpenedTable};

@@ -123,6 +123,23 @@ impl Unlocked {
     pub fn size_bytes(&self) -> u64 {
         self.mapping.size_bytes()
     }
+
+    /// The NBD export description of the volume (`ucrypt LUKS2 aes-xts-plain64 (...)`).
+    pub fn export_description(&self) -> String {
+        let kind_name = self
+            .info
+            .kind
+            .map_or_else(|| "volume".to_string(), |k| k.to_string());
+        let first = self.first_line();
+        // Targets of the served table (a cascade's top layer is one).
+        let targets = self.mapping.tables.last().map_or(1, |t| t.targets.len());
+        format!(
+            "ucrypt {kind_name} {} ({}-byte sectors, {targets} target(s)) on {}",
+            first.cipher,
+            first.sector_size_bytes(),
+            first.device
+        )
+    }
 }
 
 impl std::fmt::Debug for Unlocked {

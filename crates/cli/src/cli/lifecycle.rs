@@ -2,12 +2,12 @@
 //! `luksSuspend`, `luksResume`, `resize`, `refresh` (through its control socket, see
 //! `ucrypt::instance::control`).
 
-use super::instance::{instance_error, EXIT_BUSY};
+use super::exit::{code_of, instance_error, EXIT_BUSY, EXIT_PERMISSION};
 use super::secret::KeyFileArgs;
 use super::{CliError, PerfArgs, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use ucrypt::instance::control;
+use ucrypt::instance::control::{self, Reply, Request};
 use ucrypt::instance::runtime::{self, InstanceError, Paths, Probe};
 
 /// `ucrypt status [NAME] [--json]`.
@@ -123,36 +123,29 @@ pub(crate) fn live(name: &str) -> Result<(Paths, u32), CliError> {
     }
 }
 
-/// Sends a request; an `{"ok":false}` answer becomes an error with its code.
+/// Sends a request; a refusal becomes an error with the exit code of its kind.
 pub(crate) fn call(
     p: &Paths,
-    body: Value,
+    request: &Request,
     secret: Option<&[u8]>,
     timeout: Duration,
-) -> Result<Value, CliError> {
-    let v = control::call(&p.control(), body, secret, timeout)
+) -> Result<Reply, CliError> {
+    let reply = control::call(&p.control(), request, secret, timeout)
         .map_err(anyhow::Error::from)
         .code(EXIT_DEVICE)?;
-    if v.get("ok").and_then(Value::as_bool) == Some(true) {
-        return Ok(v);
+    match reply {
+        Reply::Refused { kind, message } => Err(anyhow::anyhow!("{message}")).code(code_of(kind)),
+        other => Ok(other),
     }
-    let code = v
-        .get("code")
-        .and_then(Value::as_u64)
-        .and_then(|c| u8::try_from(c).ok())
-        .unwrap_or(EXIT_PARAMS);
-    let msg = v
-        .get("error")
-        .and_then(Value::as_str)
-        .unwrap_or("the server refused");
-    Err(anyhow::anyhow!("{msg}")).code(code)
 }
 
 /// The live status of `p` (the description alone if the server does not answer).
 fn status_of(p: &Paths) -> Value {
-    match call(p, json!({"op": "status"}), None, Duration::from_secs(10)) {
-        Ok(v) => v["status"].clone(),
-        Err(_) => serde_json::to_value(p.read_description().unwrap_or_default())
+    match call(p, &Request::Status, None, Duration::from_secs(10)) {
+        Ok(Reply::Status(st)) => {
+            serde_json::to_value(st).unwrap_or_else(|_| json!({"name": p.name}))
+        }
+        _ => serde_json::to_value(p.read_description().unwrap_or_default())
             .unwrap_or_else(|_| json!({"name": p.name})),
     }
 }
@@ -296,21 +289,19 @@ pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
 pub(crate) fn close(a: CloseArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
     if a.cancel_deferred {
-        call(
-            &p,
-            json!({"op": "cancel_deferred"}),
-            None,
-            Duration::from_secs(30),
-        )?;
+        call(&p, &Request::CancelDeferred, None, Duration::from_secs(30))?;
         return Ok(());
     }
-    let v = call(
+    let reply = call(
         &p,
-        json!({"op": "close", "force": a.force, "deferred": a.deferred}),
+        &Request::Close {
+            force: a.force,
+            deferred: a.deferred,
+        },
         None,
         Duration::from_secs(120),
     )?;
-    if v["deferred"].as_bool() == Some(true) {
+    if matches!(reply, Reply::Deferred { .. }) {
         return Ok(()); // closes by itself once unused, as cryptsetup close --deferred
     }
     // Wait for the server to be gone (flushed, socket and directory removed).
@@ -332,7 +323,7 @@ pub(crate) fn close(a: CloseArgs) -> Result<(), CliError> {
 
 pub(crate) fn suspend(a: SuspendArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
-    call(&p, json!({"op": "suspend"}), None, Duration::from_secs(300))?;
+    call(&p, &Request::Suspend, None, Duration::from_secs(300))?;
     Ok(())
 }
 
@@ -388,16 +379,17 @@ pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
         && a.secret.table_file.is_none()
         && super::secret::prompts(&a.secret.key);
     let tries = if typed { a.tries.max(1) } else { 1 };
-    let mut body = json!({"op": "resume"});
     if let Some(spec) = &a.link_vk_to_keyring {
         super::unlock_opts::check_link_spec(spec)?;
-        body["link_vk_to_keyring"] = json!(spec);
     }
+    let request = Request::Resume {
+        link_vk_to_keyring: a.link_vk_to_keyring.clone(),
+    };
     let mut attempt = 1;
     loop {
         let secret = read_secret(&p, &a.secret)?;
-        match call(&p, body.clone(), Some(&secret), Duration::from_secs(600)) {
-            Err(e) if e.code() == 2 && attempt < tries => {
+        match call(&p, &request, Some(&secret), Duration::from_secs(600)) {
+            Err(e) if e.code() == EXIT_PERMISSION && attempt < tries => {
                 eprintln!("No key available with this passphrase.");
                 attempt += 1;
             }
@@ -409,22 +401,18 @@ pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
 pub(crate) fn resize(a: ResizeArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
     let secret = read_secret(&p, &a.secret)?;
-    let mut body = json!({"op": "resize"});
-    if let Some(n) = a.size {
-        body["size"] = json!(n);
-    }
-    call(&p, body, Some(&secret), Duration::from_secs(600))?;
+    let request = Request::Resize { size: a.size };
+    call(&p, &request, Some(&secret), Duration::from_secs(600))?;
     Ok(())
 }
 
 pub(crate) fn refresh(a: RefreshArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
     let secret = read_secret(&p, &a.secret)?;
-    let body = json!({
-        "op": "refresh",
-        "allow_discards": a.allow_discards,
-        "perf": a.perf.to_args(),
-    });
-    call(&p, body, Some(&secret), Duration::from_secs(600))?;
+    let request = Request::Refresh {
+        perf: a.perf.options(),
+        allow_discards: a.allow_discards,
+    };
+    call(&p, &request, Some(&secret), Duration::from_secs(600))?;
     Ok(())
 }

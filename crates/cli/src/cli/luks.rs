@@ -1,12 +1,12 @@
 //! What the LUKS commands share: the device argument with `--header`, `--type`,
 //! `--batch-mode`, error → exit code mapping, and loading the header.
 
+pub(crate) use super::exit::{cs_error, CsResult};
 use super::{CliError, WithCode, EXIT_DEVICE};
 use std::path::{Path, PathBuf};
 use ucrypt::header::{crypt_device, load_luks, VolumeType};
 use ucrypt::remote_header::RemoteHeader;
 use ucrypt_cryptsetup::CryptDevice;
-use ucrypt_format::FormatError;
 
 /// The device and its header location.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -114,7 +114,7 @@ pub(crate) fn write_back_remote() -> Result<(), CliError> {
         }
     }
     match first {
-        Some(e) if super::in_use(&e) => Err(e).code(super::instance::EXIT_BUSY),
+        Some(e) if super::in_use(&e) => Err(e).code(super::exit::EXIT_BUSY),
         Some(e) => Err(e).code(EXIT_DEVICE),
         None => Ok(()),
     }
@@ -144,62 +144,30 @@ pub(crate) fn luks_type(s: &str) -> Result<VolumeType, String> {
     }
 }
 
-/// Maps an error to cryptsetup's exit code from its type: [`FormatError::exit_code`]
-/// (libcryptsetup's errno: EPERM → 2, ENOMEM → 3, ENODEV/ENOTBLK → 4, EBUSY → 5; a device
-/// that cannot be opened → 4), backend and engine errors → 4, anything else → 1. The
-/// library's errors ([`ucrypt::Error`]) are classified by what is under their contexts.
-pub(crate) fn cs_error(e: impl Into<anyhow::Error>) -> CliError {
-    let e = e.into();
-    if super::in_use(&e) {
-        return CliError {
-            code: super::instance::EXIT_BUSY,
-            err: e,
-        };
-    }
-    let mut code = None;
-    for c in e.chain() {
-        if let Some(u) = c.downcast_ref::<ucrypt::Error>() {
-            if let Some(f) = u.format() {
-                code = Some(f.exit_code());
-                break;
-            }
-            if u.is_device() {
-                code = Some(EXIT_DEVICE);
-                break;
-            }
-        }
-        if let Some(f) = c.downcast_ref::<FormatError>() {
-            code = Some(f.exit_code());
-            break;
-        }
-        if c.downcast_ref::<ucrypt_backend::BackendError>().is_some()
-            || c.downcast_ref::<ucrypt_engine::EngineError>().is_some()
-        {
-            code = Some(EXIT_DEVICE);
-            break;
-        }
-    }
-    CliError {
-        code: code.unwrap_or(super::EXIT_PARAMS),
-        err: e,
-    }
-}
-
-/// `anyhow` conversion plus [`cs_error`] for library results.
-pub(crate) trait CsResult<T> {
-    /// Maps the error with [`cs_error`].
-    fn cs(self) -> Result<T, CliError>;
-}
-
-impl<T, E: Into<anyhow::Error>> CsResult<T> for Result<T, E> {
-    fn cs(self) -> Result<T, CliError> {
-        self.map_err(cs_error)
-    }
-}
-
 /// Prints "Key slot N unlocked." / "Key slot N created." like cryptsetup `-v`.
 pub(crate) fn verbose(v: bool, msg: impl std::fmt::Display) {
     if v {
         println!("{msg}");
     }
+}
+
+/// For header-changing commands: refuses (exit 5, naming the holder) when an instance
+/// maps the device or its detached header, and keeps new mappings out until the returned
+/// locks are dropped. With `--disable-locks`: nothing is checked or taken.
+pub(crate) fn claim_for_header_change(
+    dev: &DeviceArgs,
+) -> Result<Vec<ucrypt::instance::lock::ImageLock>, CliError> {
+    let mut held = Vec::new();
+    if super::DISABLE_LOCKS.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(held);
+    }
+    let paths = std::iter::once(dev.device.as_path()).chain(dev.header.as_deref());
+    for p in paths {
+        if let Some(l) =
+            ucrypt::instance::lock::lock_for_header_change(p).map_err(super::exit::lock_error)?
+        {
+            held.push(l);
+        }
+    }
+    Ok(held)
 }

@@ -176,7 +176,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
-    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     if a.unbound {
         return add_unbound(&a);
     }

@@ -37,7 +37,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
-    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.load(VolumeType::Luks2)?;
     ucrypt::header::check_requirements(&mut cd).cs()?;
     if let Some(s) = a.key_slot {

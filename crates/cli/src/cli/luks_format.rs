@@ -126,7 +126,7 @@ fn wipe(a: &Args, pass: &[u8]) -> Result<(), CliError> {
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
-    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     let luks2 = a.kind != "luks1";
     if !luks2 {
         if a.pbkdf.as_deref().is_some_and(|p| p != "pbkdf2") {

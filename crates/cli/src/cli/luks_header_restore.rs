@@ -20,7 +20,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
-    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     secret::confirm(
         a.batch_mode,
         &format!(

@@ -60,7 +60,7 @@ pub(crate) fn config(a: ConfigArgs) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.load(VolumeType::Luks2)?;
     if a.label.is_some() || a.subsystem.is_some() {
         // As cryptsetup: both are set at once, and the one not given is cleared.
@@ -96,7 +96,7 @@ pub(crate) fn convert(a: ConvertArgs) -> Result<(), CliError> {
             .code(EXIT_PARAMS)
         }
     };
-    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.load(VolumeType::Luks)?;
     if cd.info().kind == Some(to) {
         return Err(anyhow::anyhow!(
@@ -118,7 +118,7 @@ pub(crate) fn convert(a: ConvertArgs) -> Result<(), CliError> {
 
 /// `ucrypt erase DEV`: every keyslot destroyed (cryptsetup's `erase` for LUKS).
 pub(crate) fn erase(a: ConfirmArgs) -> Result<(), CliError> {
-    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.load(VolumeType::Luks)?;
     secret::confirm(
         a.batch_mode,
@@ -142,7 +142,7 @@ pub(crate) fn erase(a: ConfirmArgs) -> Result<(), CliError> {
 
 /// `ucrypt repair DEV`: libcryptsetup's repair of a LUKS header.
 pub(crate) fn repair(a: ConfirmArgs) -> Result<(), CliError> {
-    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.context()?;
     secret::confirm(
         a.batch_mode,

@@ -7,6 +7,7 @@ mod bench;
 mod benchmark;
 mod daemon;
 mod docs;
+mod exit;
 mod format_dump;
 mod instance;
 mod integritysetup;
@@ -42,6 +43,9 @@ mod write;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+pub(crate) use exit::{
+    error_line, in_use, open_error, CliError, Printed, WithCode, EXIT_DEVICE, EXIT_PARAMS,
+};
 use std::process::ExitCode;
 
 /// dm-crypt rebuilt in userspace.
@@ -299,59 +303,6 @@ enum Command {
     Refresh(lifecycle::RefreshArgs),
 }
 
-/// An error whose message was already printed: only its exit code remains.
-#[derive(Debug)]
-pub(crate) struct Printed;
-
-impl std::fmt::Display for Printed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("(printed)")
-    }
-}
-
-impl std::error::Error for Printed {}
-
-/// An error with the exit code it maps to.
-pub(crate) struct CliError {
-    code: u8,
-    err: anyhow::Error,
-}
-
-impl CliError {
-    /// The exit code this error gives.
-    pub(crate) fn code(&self) -> u8 {
-        self.code
-    }
-}
-
-/// Exit code for wrong parameters (cryptsetup's 1).
-pub(crate) const EXIT_PARAMS: u8 = 1;
-/// Exit code for a wrong device (cryptsetup's 4).
-pub(crate) const EXIT_DEVICE: u8 = 4;
-
-impl<E: Into<anyhow::Error>> From<E> for CliError {
-    fn from(e: E) -> Self {
-        CliError {
-            code: EXIT_PARAMS,
-            err: e.into(),
-        }
-    }
-}
-
-/// Attaches an exit code to an error.
-pub(crate) trait WithCode<T> {
-    fn code(self, code: u8) -> Result<T, CliError>;
-}
-
-impl<T, E: Into<anyhow::Error>> WithCode<T> for Result<T, E> {
-    fn code(self, code: u8) -> Result<T, CliError> {
-        self.map_err(|e| CliError {
-            code,
-            err: e.into(),
-        })
-    }
-}
-
 /// Shared table-line input: `--table LINE` or `--table-file PATH` (keeps the key out of
 /// the process's command line).
 #[derive(clap::Args)]
@@ -478,7 +429,6 @@ pub(crate) struct PerfArgs {
 }
 
 impl PerfArgs {
-    /// The flags as they are spelled on the command line (`refresh` sends them on).
     /// The libcryptsetup activation flags these options set (`open --persistent`).
     pub(crate) fn activation_flags(&self) -> u32 {
         let mut f = 0;
@@ -507,29 +457,6 @@ impl PerfArgs {
         f
     }
 
-    pub(crate) fn to_args(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        for (on, flag) in [
-            (self.no_read_workqueue, "--perf-no_read_workqueue"),
-            (self.no_write_workqueue, "--perf-no_write_workqueue"),
-            (self.same_cpu_crypt, "--perf-same_cpu_crypt"),
-            (self.submit_from_crypt_cpus, "--perf-submit_from_crypt_cpus"),
-        ] {
-            if on {
-                v.push(flag.to_string());
-            }
-        }
-        v.push(format!("--write-order={}", self.write_order));
-        v.push(format!("--placement={}", self.placement));
-        if let Some(n) = self.split_bytes {
-            v.push(format!("--split-bytes={n}"));
-        }
-        if let Some(n) = self.workers {
-            v.push(format!("--workers={n}"));
-        }
-        v
-    }
-
     pub(crate) fn options(&self) -> ucrypt::config::PerfOptions {
         use ucrypt::config::{PerfOptions, PlacementPolicy};
         PerfOptions {
@@ -551,47 +478,6 @@ impl PerfArgs {
             },
         }
     }
-}
-
-/// Classifies an open error: device problems exit 4, everything else 1.
-pub(crate) fn open_error(e: impl Into<anyhow::Error>) -> CliError {
-    let e = e.into();
-    let device = e.chain().any(|c| {
-        c.downcast_ref::<ucrypt::Error>()
-            .is_some_and(ucrypt::Error::is_device)
-            || c.downcast_ref::<ucrypt_backend::BackendError>().is_some()
-            || c.downcast_ref::<ucrypt_engine::EngineError>().is_some()
-    });
-    CliError {
-        code: if in_use(&e) {
-            instance::EXIT_BUSY
-        } else if device {
-            EXIT_DEVICE
-        } else {
-            EXIT_PARAMS
-        },
-        err: e,
-    }
-}
-
-/// Whether `e` says the device is held by someone else: a remote device that refused the
-/// open as busy (an RBD image whose exclusive lock another client holds).
-pub(crate) fn in_use(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<ucrypt::Error>()
-            .is_some_and(ucrypt::Error::is_busy)
-            || matches!(
-                c.downcast_ref::<ucrypt_backend::BackendError>(),
-                Some(ucrypt_backend::BackendError::Open { source, .. })
-                    if source.kind() == std::io::ErrorKind::ResourceBusy
-            )
-    })
-}
-
-/// An error and its context chain on one line, outermost first.
-pub(crate) fn error_line(err: &anyhow::Error) -> String {
-    let msg: Vec<String> = err.chain().map(ToString::to_string).collect();
-    msg.join(": ")
 }
 
 /// cryptsetup's old action names that are another action here: every `*Close` and

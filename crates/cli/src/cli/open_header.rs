@@ -89,30 +89,9 @@ pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<Header
     let Some((unlocked, _)) = unlock(h, false)? else {
         return Ok(HeaderExport::Checked);
     };
-    let description = describe(&unlocked);
+    let description = unlocked.export_description();
     let volume = ucrypt::open_unlocked(unlocked, opts).map_err(cs_error)?;
     Ok(HeaderExport::Serve(volume, description))
-}
-
-/// The NBD export description of an unlocked volume.
-pub(crate) fn describe(unlocked: &ucrypt::Unlocked) -> String {
-    let kind_name = unlocked
-        .info
-        .kind
-        .map_or_else(|| "volume".to_string(), |k| k.to_string());
-    let first = unlocked.first_line();
-    // Targets of the served table (a cascade's top layer is one).
-    let targets = unlocked
-        .mapping
-        .tables
-        .last()
-        .map_or(1, |t| t.targets.len());
-    format!(
-        "ucrypt {kind_name} {} ({}-byte sectors, {targets} target(s)) on {}",
-        first.cipher,
-        first.sector_size_bytes(),
-        first.device
-    )
 }
 
 /// Exit code of a wrong passphrase (cryptsetup's 2).

@@ -970,7 +970,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    let _claimed = super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     let path = a.dev.device.clone();
     let header_path = a.dev.header_path().to_path_buf();
     // A header to be created by --encrypt (or exported by --decrypt) is not read.

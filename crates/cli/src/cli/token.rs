@@ -110,7 +110,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let _claimed = if a.action == "export" {
         Vec::new()
     } else {
-        super::instance::claim_for_header_change(&a.dev)?
+        super::luks::claim_for_header_change(&a.dev)?
     };
     let mut cd = a.dev.load(VolumeType::Luks2)?;
     match a.action.as_str() {

@@ -1,16 +1,20 @@
 //! The control socket (`control.sock` in the instance directory): how `status`, `close`,
-//! `luksSuspend`, `luksResume`, `resize` and `refresh` talk to a running server.
+//! `luksSuspend`, `luksResume`, `resize`, `refresh` and online `reencrypt` talk to a
+//! running server.
 //!
-//! One request per connection: a JSON object on one line (`{"op":"status"}`), followed, when
-//! it carries `"secret_len": N`, by exactly N raw bytes (a passphrase or a table line with
-//! its key: kept out of the JSON so it is never copied into a parser's strings, and read
-//! into a zeroizing buffer). The answer is one JSON line: `{"ok":true,...}` or
-//! `{"ok":false,"code":5,"error":"..."}` with a cryptsetup exit code.
+//! One [`Request`] per connection, serialized as a JSON object on one line
+//! (`{"op":"status"}`), followed, when it carries `"secret_len": N`, by exactly N raw bytes
+//! (a passphrase or a table line with its key: kept out of the JSON so it is never copied
+//! into a parser's strings, and read into a zeroizing buffer). The answer is one [`Reply`]
+//! on one JSON line; a refusal carries its [`ErrorKind`] and message.
 //!
 //! The socket is mode 0600 in a 0700 directory, and the server also checks the peer's
 //! credentials (`SO_PEERCRED`): only its own user and root may talk to it.
 
-use serde_json::{json, Value};
+use crate::config::PerfOptions;
+use crate::error::ErrorKind;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
@@ -24,29 +28,172 @@ const MAX_LINE: u64 = 64 * 1024;
 /// Longest secret accepted (cryptsetup's key-file limit, 8 MiB).
 const MAX_SECRET: usize = 8192 * 1024;
 
-/// A request as the server sees it.
-#[derive(Debug)]
-pub struct Request {
-    /// The JSON object.
-    pub body: Value,
-    /// The raw secret that followed, if any.
-    pub secret: Option<Zeroizing<Vec<u8>>>,
+/// What a client asks a running instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// The live [`Status`].
+    Status,
+    /// Detach the front end and stop.
+    Close {
+        /// Even while in use (the users' I/O fails from then on).
+        force: bool,
+        /// Once the last user is gone.
+        deferred: bool,
+    },
+    /// Cancel a pending deferred close.
+    CancelDeferred,
+    /// Flush, hold I/O and wipe the key.
+    Suspend,
+    /// Rebuild the key from the secret sent along and release held I/O.
+    Resume {
+        /// `KEYRING::KEY` to add the volume key to once unlocked.
+        link_vk_to_keyring: Option<String>,
+    },
+    /// Rebuild the volume at a new size (all the device holds without one).
+    Resize {
+        /// 512-byte sectors.
+        size: Option<u64>,
+    },
+    /// Rebuild the volume with new engine options and discard setting.
+    Refresh {
+        /// The engine options (`--perf-*`, `--write-order`...).
+        perf: PerfOptions,
+        /// Pass discards down.
+        allow_discards: bool,
+    },
+    /// Start online reencryption (the metadata is initialised already), with the
+    /// passphrase sent along.
+    Reencrypt {
+        /// Largest hotzone in bytes (default [`crate::reencrypt::DEFAULT_MAX_HOTZONE`]).
+        hotzone: Option<u64>,
+    },
+    /// Ask a running reencryption to stop after its hotzone.
+    ReencryptStop,
 }
 
 impl Request {
-    /// `body["op"]` as a string.
-    pub fn op(&self) -> &str {
-        self.body.get("op").and_then(Value::as_str).unwrap_or("")
-    }
-    /// A boolean field (absent: false).
-    pub fn flag(&self, key: &str) -> bool {
-        self.body.get(key).and_then(Value::as_bool).unwrap_or(false)
+    /// The request's name on the wire (`"status"`, `"close"`...).
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Status => "status",
+            Request::Close { .. } => "close",
+            Request::CancelDeferred => "cancel_deferred",
+            Request::Suspend => "suspend",
+            Request::Resume { .. } => "resume",
+            Request::Resize { .. } => "resize",
+            Request::Refresh { .. } => "refresh",
+            Request::Reencrypt { .. } => "reencrypt",
+            Request::ReencryptStop => "reencrypt_stop",
+        }
     }
 }
 
-/// A failed request's answer.
-pub fn error(code: u8, message: impl std::fmt::Display) -> Value {
-    json!({"ok": false, "code": code, "error": message.to_string()})
+/// An instance's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// Done.
+    Done,
+    /// `close --deferred` while in use: the instance closes once unused.
+    Deferred {
+        /// What uses it.
+        in_use: String,
+    },
+    /// The answer to [`Request::Status`].
+    Status(Box<Status>),
+    /// A rebuilt volume's size (resume, resize, refresh).
+    Resized {
+        /// 512-byte sectors.
+        size_sectors: u64,
+    },
+    /// Refused or failed.
+    Refused {
+        /// What kind of failure.
+        kind: ErrorKind,
+        /// Why (the whole chain of messages).
+        message: String,
+    },
+}
+
+/// A refusal.
+pub fn refuse(kind: ErrorKind, message: impl std::fmt::Display) -> Reply {
+    Reply::Refused {
+        kind,
+        message: message.to_string(),
+    }
+}
+
+/// A live instance's status: its description and what only the server knows.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Status {
+    /// What `ucrypt open` published.
+    #[serde(flatten)]
+    pub description: super::runtime::Description,
+    /// Whether the node is open or an NBD client is connected.
+    pub in_use: bool,
+    /// By what, when in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_by: Option<String>,
+    /// NBD connections open now.
+    pub nbd_connections: usize,
+    /// Suspended (`luksSuspend`): I/O held, key wiped.
+    pub suspended: bool,
+    /// An online reencryption that ran in this instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reencryption: Option<Reencryption>,
+    /// A deferred close is pending.
+    pub deferred_close: bool,
+}
+
+/// Where an online reencryption stands.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Reencryption {
+    /// Running, finished, interrupted or failed.
+    pub state: PassState,
+    /// Bytes of the data area done.
+    pub done: u64,
+    /// The data area's size in bytes.
+    pub size: u64,
+    /// Why it failed, or what went wrong after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The state of an online reencryption's data pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PassState {
+    /// Running.
+    #[default]
+    Running,
+    /// Done: the instance serves the new key alone.
+    Finished,
+    /// Stopped between hotzones; the instance serves both keys.
+    Interrupted,
+    /// Failed.
+    Failed,
+}
+
+impl PassState {
+    /// Its name in `status --json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PassState::Running => "running",
+            PassState::Finished => "finished",
+            PassState::Interrupted => "interrupted",
+            PassState::Failed => "failed",
+        }
+    }
+}
+
+/// A request with the secret that came after it.
+#[derive(Debug)]
+pub struct Received {
+    /// The request.
+    pub request: Request,
+    /// The raw secret that followed, if any.
+    pub secret: Option<Zeroizing<Vec<u8>>>,
 }
 
 /// Binds the control socket at `path` (mode 0600).
@@ -84,7 +231,7 @@ fn peer_uid(s: &UnixStream) -> std::io::Result<u32> {
 }
 
 /// Reads one request from `s`.
-fn read_request(s: &UnixStream) -> Result<Request, String> {
+fn read_request(s: &UnixStream) -> Result<Received, String> {
     let mut r = BufReader::new(s);
     let mut line = Zeroizing::new(String::new());
     (&mut r)
@@ -93,7 +240,10 @@ fn read_request(s: &UnixStream) -> Result<Request, String> {
         .map_err(|e| format!("reading the request: {e}"))?;
     let body: Value =
         serde_json::from_str(line.trim()).map_err(|e| format!("malformed request: {e}"))?;
-    let secret = match body.get("secret_len").and_then(Value::as_u64) {
+    let secret_len = body.get("secret_len").and_then(Value::as_u64);
+    let request: Request =
+        serde_json::from_value(body).map_err(|e| format!("malformed request: {e}"))?;
+    let secret = match secret_len {
         None => None,
         Some(n) if n as usize > MAX_SECRET => return Err("secret too long".into()),
         Some(n) => {
@@ -103,14 +253,14 @@ fn read_request(s: &UnixStream) -> Result<Request, String> {
             Some(buf)
         }
     };
-    Ok(Request { body, secret })
+    Ok(Received { request, secret })
 }
 
 /// Serves requests on `listener` one at a time until `stop()` is true after a request (or
 /// the listener fails). `handle` answers each.
 pub fn serve(
     listener: UnixListener,
-    mut handle: impl FnMut(Request) -> Value,
+    mut handle: impl FnMut(Received) -> Reply,
     stop: impl Fn() -> bool,
 ) {
     // SAFETY: geteuid has no preconditions.
@@ -121,12 +271,20 @@ pub fn serve(
         let answer = match peer_uid(&s) {
             Ok(uid) if uid == me || uid == 0 => match read_request(&s) {
                 Ok(req) => handle(req),
-                Err(e) => error(1, e),
+                Err(e) => refuse(ErrorKind::Invalid, e),
             },
-            Ok(uid) => error(2, format!("uid {uid} may not control this instance")),
-            Err(e) => error(1, format!("reading peer credentials: {e}")),
+            Ok(uid) => refuse(
+                ErrorKind::Permission,
+                format!("uid {uid} may not control this instance"),
+            ),
+            Err(e) => refuse(ErrorKind::Invalid, format!("reading peer credentials: {e}")),
         };
-        let _ = writeln!(s, "{answer}");
+        let line = serde_json::to_string(&answer).unwrap_or_else(|e| {
+            format!(
+                r#"{{"reply":"refused","kind":"invalid","message":"encoding the answer: {e}"}}"#
+            )
+        });
+        let _ = writeln!(s, "{line}");
         let _ = s.flush();
         drop(s);
         if stop() {
@@ -146,25 +304,26 @@ pub struct CallError {
     pub source: std::io::Error,
 }
 
-/// Sends `body` (with `secret` after it, if any) to the control socket at `path` and
+/// Sends `request` (with `secret` after it, if any) to the control socket at `path` and
 /// returns the answer. `timeout` bounds the wait for the answer (a resume runs the KDF).
 ///
 /// # Errors
 /// The server is not there or the exchange failed.
 pub fn call(
     path: &Path,
-    mut body: Value,
+    request: &Request,
     secret: Option<&[u8]>,
     timeout: Duration,
-) -> Result<Value, CallError> {
+) -> Result<Reply, CallError> {
     let err = |source| CallError {
         path: path.display().to_string(),
         source,
     };
     let mut s = UnixStream::connect(path).map_err(err)?;
     s.set_read_timeout(Some(timeout)).map_err(err)?;
+    let mut body = serde_json::to_value(request).map_err(|e| err(std::io::Error::other(e)))?;
     if let Some(sec) = secret {
-        body["secret_len"] = json!(sec.len());
+        body["secret_len"] = Value::from(sec.len());
     }
     let mut msg = body.to_string().into_bytes();
     msg.push(b'\n');
@@ -185,4 +344,77 @@ pub fn call(
         )));
     }
     serde_json::from_str(line.trim()).map_err(|e| err(std::io::Error::other(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The wire form: one JSON object per request, named by `op`, fields by name; replies
+    /// named by `reply`. A client and a server of the same build agree by construction;
+    /// these pin the names so a rename is a deliberate protocol change.
+    #[test]
+    fn requests_and_replies_have_their_wire_names() {
+        let close = Request::Close {
+            force: true,
+            deferred: false,
+        };
+        assert_eq!(
+            serde_json::to_string(&close).unwrap(),
+            r#"{"op":"close","force":true,"deferred":false}"#
+        );
+        assert_eq!(close.op(), "close");
+        for r in [
+            Request::Status,
+            close,
+            Request::CancelDeferred,
+            Request::Suspend,
+            Request::Resume {
+                link_vk_to_keyring: Some("@u::vk".into()),
+            },
+            Request::Resize { size: Some(8) },
+            Request::Refresh {
+                perf: PerfOptions {
+                    write_order: ucrypt_engine::WriteOrder::Sorted,
+                    workers: Some(3),
+                    ..PerfOptions::default()
+                },
+                allow_discards: true,
+            },
+            Request::Reencrypt { hotzone: None },
+            Request::ReencryptStop,
+        ] {
+            let text = serde_json::to_string(&r).unwrap();
+            assert!(
+                text.starts_with(&format!(r#"{{"op":"{}""#, r.op())),
+                "{text}"
+            );
+            assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), r);
+        }
+        let refused = refuse(ErrorKind::Busy, "in use");
+        assert_eq!(
+            serde_json::to_string(&refused).unwrap(),
+            r#"{"reply":"refused","kind":"busy","message":"in use"}"#
+        );
+        let status = Reply::Status(Box::new(Status {
+            reencryption: Some(Reencryption {
+                state: PassState::Interrupted,
+                done: 4096,
+                size: 8192,
+                error: None,
+            }),
+            ..Status::default()
+        }));
+        let text = serde_json::to_string(&status).unwrap();
+        assert!(text.contains(r#""state":"interrupted""#), "{text}");
+        assert!(
+            text.contains(r#""type":"""#),
+            "the description is flattened: {text}"
+        );
+        assert_eq!(serde_json::from_str::<Reply>(&text).unwrap(), status);
+        // Unknown operations and fields of the wrong type are refused, not guessed.
+        assert!(serde_json::from_str::<Request>(r#"{"op":"format"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"resize","size":"big"}"#).is_err());
+    }
 }

@@ -3,7 +3,9 @@
 //!
 //! - [`runtime`]: the runtime directory (`/run/ucrypt/NAME/`), liveness, stale cleanup.
 //! - [`lock`]: exclusive access to the image (OFD locks, `O_EXCL` on block devices).
-//! - [`control`]: the control socket's protocol.
+//! - [`server`]: a running instance: the volume, the NBD server, the front end, the
+//!   control socket's requests (`online` runs an online reencryption inside it).
+//! - [`control`]: the control socket's typed protocol ([`control::Request`], [`control::Reply`]).
 //! - [`frontend`]: choosing and attaching ublk, kernel NBD, FUSE or none.
 //! - [`switch`]: the suspendable, replaceable backend every front end serves.
 //! - [`reencrypting`]: what an instance serves while it re-encrypts itself (online).
@@ -11,6 +13,8 @@
 pub mod control;
 pub mod frontend;
 pub mod lock;
+mod online;
 pub mod reencrypting;
 pub mod runtime;
+pub mod server;
 pub mod switch;

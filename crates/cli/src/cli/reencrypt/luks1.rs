@@ -558,7 +558,7 @@ pub(super) fn run(a: &Args) -> Result<(), CliError> {
         );
         clean(&files);
     }
-    let _claimed = super::super::instance::claim_for_header_change(&a.dev)?;
+    let _claimed = super::super::luks::claim_for_header_change(&a.dev)?;
     let log_file = {
         use std::os::unix::fs::OpenOptionsExt;
         let mut o = std::fs::OpenOptions::new();

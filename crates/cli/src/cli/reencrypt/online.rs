@@ -2,7 +2,7 @@
 //! is serving, as cryptsetup's online reencryption of an active device. This side writes
 //! the reencryption metadata (libcryptsetup, as offline) unless it is there already, hands
 //! the passphrase to the instance, which runs the data pass while clients keep reading and
-//! writing (`cli::instance::online`), and draws the progress from the instance's status.
+//! writing (`ucrypt::instance::server`), and draws the progress from the instance's status.
 //! Ctrl-C stops the pass after its current hotzone; the instance keeps serving both keys,
 //! and a later `reencrypt --active-name NAME` (or an offline `--resume-only` after `close`)
 //! finishes it.
@@ -14,8 +14,9 @@ use crate::cli::progress;
 use crate::cli::secret;
 use crate::cli::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use anyhow::anyhow;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::{Duration, Instant};
+use ucrypt::instance::control::{PassState, Reencryption, Reply, Request};
 
 fn refuse(what: &str) -> Result<(), CliError> {
     Err(anyhow!(
@@ -34,18 +35,23 @@ pub(super) fn run(a: &mut Args, name: &str) -> Result<(), CliError> {
         return refuse("--device-size (a part of the data area)");
     }
     let (p, _) = live(name)?;
-    let st = call(&p, json!({"op": "status"}), None, Duration::from_secs(10))?;
-    let st = &st["status"];
-    if st["type"] != "LUKS2" || st["from_header"] != true {
+    let Reply::Status(st) = call(&p, &Request::Status, None, Duration::from_secs(10))? else {
+        return Err(anyhow!(
+            "{name} answered the status request with something else"
+        ))
+        .code(EXIT_DEVICE);
+    };
+    let st = &st.description;
+    if st.kind != "LUKS2" || !st.from_header {
         return Err(anyhow!(
             "{name} is not a LUKS2 volume opened from its header (type {}); online \
              reencryption needs one",
-            st["type"]
+            json!(st.kind)
         ))
         .code(EXIT_PARAMS);
     }
-    let served = std::path::PathBuf::from(st["device"].as_str().unwrap_or_default());
-    let header = st["header"].as_str().map(std::path::PathBuf::from);
+    let served = std::path::PathBuf::from(&st.device);
+    let header = st.header.as_deref().map(std::path::PathBuf::from);
     if let Some(d) = &a.device {
         let same = |x: &std::path::Path, y: &std::path::Path| {
             std::fs::canonicalize(x).ok() == std::fs::canonicalize(y).ok()
@@ -98,64 +104,60 @@ pub(super) fn run(a: &mut Args, name: &str) -> Result<(), CliError> {
             return Ok(());
         }
     }
-    let mut body = json!({"op": "reencrypt"});
-    if let Some(hz) = a.hotzone_size {
-        body["hotzone"] = json!(hz);
-    }
-    call(&p, body, Some(&passphrase), Duration::from_secs(600))?;
+    let request = Request::Reencrypt {
+        hotzone: a.hotzone_size,
+    };
+    call(&p, &request, Some(&passphrase), Duration::from_secs(600))?;
     drop(passphrase);
     // Follow the pass through the instance's status.
     let stop_signal = progress::StopOnSignal::new();
     let device = served.display().to_string();
     let begin = Instant::now();
-    let read = |p| -> Result<Value, CliError> {
-        let v = call(p, json!({"op": "status"}), None, Duration::from_secs(10))?;
-        Ok(v["status"]["reencryption"].clone())
+    let read = |p| -> Result<Reencryption, CliError> {
+        match call(p, &Request::Status, None, Duration::from_secs(10))? {
+            Reply::Status(st) => Ok(st.reencryption.unwrap_or_default()),
+            _ => Ok(Reencryption::default()),
+        }
     };
     let first = read(&p)?;
-    let start = first["done"].as_u64().unwrap_or(0);
-    let size = first["size"].as_u64().unwrap_or(0);
+    let start = first.done;
+    let size = first.size;
     let mut bar = progress::Bytes::new(&a.progress, "Reencrypting", &device, size - start);
     let mut asked_stop = false;
     let last = loop {
         let r = read(&p)?;
-        bar.set(r["done"].as_u64().unwrap_or(start).saturating_sub(start));
-        if r["state"] != "running" {
+        bar.set(r.done.saturating_sub(start));
+        if r.state != PassState::Running {
             break r;
         }
         if stop_signal.stopped() && !asked_stop {
             // The answer is an error only when the pass ended meanwhile.
-            let _ = call(
-                &p,
-                json!({"op": "reencrypt_stop"}),
-                None,
-                Duration::from_secs(10),
-            );
+            let _ = call(&p, &Request::ReencryptStop, None, Duration::from_secs(10));
             asked_stop = true;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let done = last["done"].as_u64().unwrap_or(start) - start;
+    let done = last.done.saturating_sub(start);
     let secs = begin.elapsed().as_secs_f64();
     let quiet_lines = a.progress.progress_json || a.progress.progress_frequency.is_some();
-    match last["state"].as_str() {
-        Some("finished") => {
+    match last.state {
+        PassState::Finished => {
             bar.finish();
             if !quiet_lines {
                 eprintln!("{}", progress::summary_line("Finished", done, secs));
             }
-            if let Some(e) = last["error"].as_str() {
+            if let Some(e) = &last.error {
                 eprintln!("{name}: {e}");
             }
             Ok(())
         }
-        Some("interrupted") => {
+        PassState::Interrupted => {
             bar.abandon();
             eprintln!("{}", progress::summary_line("Interrupted", done, secs));
             eprintln!(
                 "Reencryption of {device} stopped at {} of {size} bytes; {name} serves both \
                  keys meanwhile. Continue with `ucrypt reencrypt --active-name {name}`.",
-                last["done"]
+                last.done
             );
             if stop_signal.stopped() {
                 return Err(anyhow!("interrupted")).code(EXIT_PARAMS);
@@ -166,7 +168,7 @@ pub(super) fn run(a: &mut Args, name: &str) -> Result<(), CliError> {
             bar.abandon();
             Err(anyhow!(
                 "reencryption of {device} in {name} failed: {}",
-                last["error"].as_str().unwrap_or("no reason given")
+                last.error.as_deref().unwrap_or("no reason given")
             ))
             .code(EXIT_DEVICE)
         }

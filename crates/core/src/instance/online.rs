@@ -10,31 +10,22 @@
 //! volume under the new key; when it is stopped (or `close` stops it) the two-segment view
 //! stays, matching the header, until a later run finishes it.
 
-use super::{lock_ignoring_poison, Server, Source, EXIT_BUSY};
-use crate::cli::{EXIT_DEVICE, EXIT_PARAMS};
-use serde_json::{json, Value};
+use super::control::{refuse, PassState, Reencryption, Reply};
+use super::reencrypting::Reencrypting;
+use super::server::{lock_ignoring_poison, Server, Source};
+use crate::error::ErrorKind;
+use crate::reencrypt::{Outcome, Run, RunOptions, DEFAULT_MAX_HOTZONE};
+use crate::OpenOptions;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use ucrypt::instance::control::{self, Request};
-use ucrypt::instance::reencrypting::Reencrypting;
-use ucrypt::reencrypt::{Outcome, Run, RunOptions, DEFAULT_MAX_HOTZONE};
 use ucrypt_backend::Backend;
 use ucrypt_format::TableLine;
 
 /// A data pass running (or ended) in this instance.
 pub(super) struct Job {
     stop: Arc<AtomicBool>,
-    progress: Arc<Mutex<Progress>>,
+    progress: Arc<Mutex<Reencryption>>,
     thread: Option<std::thread::JoinHandle<()>>,
-}
-
-#[derive(Clone, Default)]
-struct Progress {
-    /// running, finished, interrupted or failed.
-    state: &'static str,
-    done: u64,
-    size: u64,
-    error: Option<String>,
 }
 
 impl Job {
@@ -44,11 +35,11 @@ impl Job {
 }
 
 /// The refusal of suspend, resume, resize and refresh while a data pass runs.
-pub(super) fn busy(s: &Server) -> Option<Value> {
+pub(super) fn busy(s: &Server) -> Option<Reply> {
     let job = lock_ignoring_poison(&s.online);
     job.as_ref().filter(|j| j.running()).map(|_| {
-        control::error(
-            EXIT_BUSY,
+        refuse(
+            ErrorKind::Busy,
             format!(
                 "{} is being re-encrypted; wait for it to finish, or stop it with Ctrl-C in \
                  its `ucrypt reencrypt` (`ucrypt close {}` stops it too)",
@@ -59,16 +50,10 @@ pub(super) fn busy(s: &Server) -> Option<Value> {
 }
 
 /// The `reencryption` object of `status`, if a pass ran in this instance.
-pub(super) fn status(s: &Server) -> Option<Value> {
+pub(super) fn status(s: &Server) -> Option<Reencryption> {
     let job = lock_ignoring_poison(&s.online);
-    job.as_ref().map(|j| {
-        let p = lock_ignoring_poison(&j.progress).clone();
-        let mut v = json!({"state": p.state, "done": p.done, "size": p.size});
-        if let Some(e) = p.error {
-            v["error"] = json!(e);
-        }
-        v
-    })
+    job.as_ref()
+        .map(|j| lock_ignoring_poison(&j.progress).clone())
 }
 
 /// Stops a running pass between hotzones and waits for it (metadata consistent).
@@ -83,43 +68,43 @@ pub(super) fn stop(s: &Server) {
 }
 
 /// `reencrypt_stop`: asks a running pass to stop after its hotzone; the answer comes at once.
-pub(super) fn request_stop(s: &Server) -> Value {
+pub(super) fn request_stop(s: &Server) -> Reply {
     match lock_ignoring_poison(&s.online).as_ref() {
         Some(j) if j.running() => {
             j.stop.store(true, Ordering::SeqCst);
-            json!({"ok": true})
+            Reply::Done
         }
-        _ => control::error(
-            EXIT_PARAMS,
+        _ => refuse(
+            ErrorKind::Invalid,
             format!("no reencryption is running in {}", s.name),
         ),
     }
 }
 
 /// One side's volume over the instance's device.
-fn side(line: TableLine, opts: ucrypt::OpenOptions) -> Result<Arc<dyn Backend>, String> {
-    ucrypt::open::open_parsed(line, opts)
+fn side(line: TableLine, opts: OpenOptions) -> Result<Arc<dyn Backend>, String> {
+    crate::open::open_parsed(line, opts)
         .map(|o| o.volume as Arc<dyn Backend>)
         .map_err(|e| format!("{e:#}"))
 }
 
 /// `reencrypt`: opens the run on the instance's device with the passphrase that came
 /// with the request, puts the two-sided view in place and starts the pass.
-pub(super) fn start(s: &Arc<Server>, req: &Request) -> Value {
+pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>) -> Reply {
     if let Some(b) = busy(s) {
         return b;
     }
     if s.switch.is_suspended() {
-        return control::error(
-            EXIT_PARAMS,
+        return refuse(
+            ErrorKind::Invalid,
             format!("{} is suspended; luksResume it first", s.name),
         );
     }
     if lock_ignoring_poison(&s.desc).read_only {
         // A read-only instance holds its image with a shared lock: other read-only
         // instances may serve it too, and would read new-key data with the old key.
-        return control::error(
-            EXIT_PARAMS,
+        return refuse(
+            ErrorKind::Invalid,
             format!(
                 "{} is served read-only; online reencryption writes the device (close it and \
                  open it read-write first)",
@@ -128,13 +113,13 @@ pub(super) fn start(s: &Arc<Server>, req: &Request) -> Value {
         );
     }
     let Source::Header { device, hopts } = &s.source else {
-        return control::error(
-            EXIT_PARAMS,
+        return refuse(
+            ErrorKind::Invalid,
             "online reencryption needs an instance opened from a LUKS2 header",
         );
     };
-    let Some(secret) = req.secret.as_ref() else {
-        return control::error(EXIT_PARAMS, "reencrypt needs the passphrase");
+    let Some(secret) = secret else {
+        return refuse(ErrorKind::Invalid, "reencrypt needs the passphrase");
     };
     let opened = match &hopts.header {
         Some(h) => Run::open_detached(h, device, secret),
@@ -142,14 +127,11 @@ pub(super) fn start(s: &Arc<Server>, req: &Request) -> Value {
     };
     let mut run = match opened {
         Ok(r) => r,
-        Err(e) => {
-            let e = crate::cli::luks::cs_error(e);
-            return control::error(e.code(), crate::cli::error_line(&e.err));
-        }
+        Err(e) => return refuse(e.kind(), format!("{e:#}")),
     };
     if !run.forward_rekey() {
-        return control::error(
-            EXIT_PARAMS,
+        return refuse(
+            ErrorKind::Invalid,
             "online reencryption runs re-keying only (not --encrypt, --decrypt or a data \
              shift); close the volume and run `ucrypt reencrypt` offline",
         );
@@ -169,27 +151,25 @@ pub(super) fn start(s: &Arc<Server>, req: &Request) -> Value {
         });
     let view = match view {
         Ok(v) => v,
-        Err(e) => return control::error(EXIT_DEVICE, e),
+        Err(e) => return refuse(ErrorKind::Device, e),
     };
     if view.info().size_bytes / 512 != lock_ignoring_poison(&s.desc).size_sectors {
-        return control::error(
-            EXIT_PARAMS,
+        return refuse(
+            ErrorKind::Invalid,
             "the instance serves a different size than the header's data area (resized?); \
              re-encrypt it offline",
         );
     }
     if let Err(e) = s.switch.replace(Arc::clone(&view) as Arc<dyn Backend>) {
-        return control::error(EXIT_DEVICE, format!("flushing the previous volume: {e}"));
+        return refuse(
+            ErrorKind::Device,
+            format!("flushing the previous volume: {e}"),
+        );
     }
-    let max_hotzone = req
-        .body
-        .get("hotzone")
-        .and_then(Value::as_u64)
-        .unwrap_or(DEFAULT_MAX_HOTZONE)
-        .max(4096);
+    let max_hotzone = hotzone.unwrap_or(DEFAULT_MAX_HOTZONE).max(4096);
     let stop = Arc::new(AtomicBool::new(false));
-    let progress = Arc::new(Mutex::new(Progress {
-        state: "running",
+    let progress = Arc::new(Mutex::new(Reencryption {
+        state: PassState::Running,
         done: run.done(),
         size: run.device_size(),
         error: None,
@@ -215,21 +195,20 @@ pub(super) fn start(s: &Arc<Server>, req: &Request) -> Value {
                             .side_lines(&device_name, &extra)
                             .map_err(|e| format!("{e:#}"))
                             .and_then(|(_, new)| side(new, opts));
-                        match plain.and_then(|v| s.switch.replace(v).map_err(|e| e.to_string())) {
-                            Ok(()) => p.state = "finished",
-                            // The two-sided view (boundary at the end) stays: correct,
-                            // only slower.
-                            Err(e) => {
-                                p.state = "finished";
-                                p.error = Some(format!("still serving the two-sided view: {e}"));
-                            }
+                        p.state = PassState::Finished;
+                        if let Err(e) =
+                            plain.and_then(|v| s.switch.replace(v).map_err(|e| e.to_string()))
+                        {
+                            // The two-sided view (boundary at the end) stays: correct, only
+                            // slower.
+                            p.error = Some(format!("still serving the two-sided view: {e}"));
                         }
                     }
-                    Ok(Outcome::Interrupted) => p.state = "interrupted",
+                    Ok(Outcome::Interrupted) => p.state = PassState::Interrupted,
                     Err(e) => {
                         view.fail_held();
-                        p.state = "failed";
-                        p.error = Some(crate::cli::error_line(&anyhow::Error::from(e)));
+                        p.state = PassState::Failed;
+                        p.error = Some(format!("{e:#}"));
                     }
                 }
             })
@@ -241,8 +220,8 @@ pub(super) fn start(s: &Arc<Server>, req: &Request) -> Value {
                 progress,
                 thread: Some(t),
             });
-            json!({"ok": true})
+            Reply::Done
         }
-        Err(e) => control::error(EXIT_DEVICE, format!("starting the reencryption: {e}")),
+        Err(e) => refuse(ErrorKind::Device, format!("starting the reencryption: {e}")),
     }
 }

@@ -1,0 +1,701 @@
+//! A named instance's server: the volume behind a [`Switch`], the NBD server, the front
+//! end, the published description and the control socket, until `close` or a signal.
+//!
+//! ```text
+//!  Input (table, raw device, unlocked header) ──build──► Built { volume, Source }
+//!  serve(Built, Listener, Config) ──► Switch ─┬─► NBD server (nbd-accept thread)
+//!                                             ├─► front end (ublk, kernel NBD, FUSE, none)
+//!                                             └─► control socket (control thread): handle(Request) → Reply
+//! ```
+//!
+//! The caller (the `ucrypt` command) claims the name and the image, unlocks, forks, binds
+//! the NBD listener and says when the instance is ready; everything after that is here.
+
+use super::control::{self, refuse, Received, Reply, Request, Status};
+use super::frontend;
+use super::online;
+use super::runtime::{Description, InstanceDir, Paths};
+use super::switch::Switch;
+use crate::config::PerfOptions;
+use crate::error::{Context, Error, ErrorKind, Result};
+use crate::keyring::KeyringLink;
+use crate::{HeaderOptions, OpenOptions, Unlocked};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use ucrypt_backend::Backend;
+use ucrypt_device::{AttachOptions, Attachment, FrontendKind};
+use ucrypt_format::{Mapping, OptParam, TableLine};
+use ucrypt_nbd::{Listener, ServeOptions, Shutdown};
+
+/// What an instance serves, before it is built.
+pub enum Input {
+    /// A table (one line, several targets, stacked devices).
+    Table(Mapping),
+    /// `--raw`: a one-line table's device as it is (ciphertext).
+    Raw(Mapping),
+    /// An unlocked header, and what unlocks it again (`luksResume`, `resize`, `refresh`).
+    Header {
+        /// The volume.
+        unlocked: Box<Unlocked>,
+        /// The options that unlocked it.
+        hopts: Box<HeaderOptions>,
+        /// The encrypted device.
+        device: PathBuf,
+    },
+}
+
+/// How the volume is rebuilt for `luksResume`, `resize` and `refresh`.
+pub enum Source {
+    /// From the header: the secret (passphrase or key file) unlocks it again.
+    Header {
+        /// The encrypted device.
+        device: PathBuf,
+        /// The options that unlock it.
+        hopts: Box<HeaderOptions>,
+    },
+    /// From a table line: the client sends the line again.
+    Table,
+    /// `--raw`: nothing to rebuild.
+    Raw,
+}
+
+/// A built volume, ready to serve.
+pub struct Built {
+    /// The volume.
+    pub volume: Arc<dyn Backend>,
+    /// The NBD export's description.
+    pub description: String,
+    /// How it is rebuilt.
+    pub source: Source,
+}
+
+/// Builds what `input` names with the engine options `opts`.
+///
+/// # Errors
+/// A raw export of a table of several lines; the device or the engine.
+pub fn build(input: Input, opts: OpenOptions) -> Result<Built> {
+    Ok(match input {
+        Input::Raw(m) => {
+            let Some(table) = m.single_line() else {
+                return Err(Error::Invalid(
+                    "--raw exports the device of a one-line table; this table has several \
+                     targets or devices"
+                        .into(),
+                ));
+            };
+            let volume =
+                crate::open::open_device(&table.device.to_string(), opts.read_only, opts.direct)?;
+            Built {
+                volume,
+                description: format!("ucrypt raw export of {}", table.device),
+                source: Source::Raw,
+            }
+        }
+        Input::Table(m) => {
+            let description = m.describe();
+            Built {
+                volume: crate::mapping::open_mapping(m, opts)?,
+                description,
+                source: Source::Table,
+            }
+        }
+        Input::Header {
+            unlocked,
+            hopts,
+            device,
+        } => {
+            let description = unlocked.export_description();
+            Built {
+                volume: crate::open_unlocked(*unlocked, opts)?,
+                description,
+                source: Source::Header { device, hopts },
+            }
+        }
+    })
+}
+
+/// How an instance is served.
+pub struct Config {
+    /// The front end.
+    pub frontend: FrontendKind,
+    /// The engine options the volume was built with (kept for rebuilds).
+    pub opts: OpenOptions,
+    /// A raw export (no 512-byte minimum block: the device's own).
+    pub raw: bool,
+    /// NBD connections served at once.
+    pub max_connections: usize,
+    /// Threads per NBD connection.
+    pub workers: usize,
+    /// Print per-connection errors.
+    pub log_errors: bool,
+    /// TLS on the NBD socket.
+    pub tls: Option<Arc<ucrypt_nbd::TlsConfig>>,
+    /// FUSE mount point (default: `fuse/` in the instance directory).
+    pub fuse_dir: Option<PathBuf>,
+    /// Reattach the device a dead server left (ublk, kernel NBD).
+    pub recover: bool,
+}
+
+/// What the control thread shares with the server.
+pub(super) struct Server {
+    pub(super) name: String,
+    shutdown: Shutdown,
+    pub(super) switch: Arc<Switch>,
+    attachment: Mutex<Option<Box<dyn Attachment>>>,
+    connections: Arc<AtomicUsize>,
+    pub(super) desc: Mutex<Description>,
+    pub(super) source: Source,
+    pub(super) opts: Mutex<OpenOptions>,
+    /// A deferred close is pending.
+    deferred: AtomicBool,
+    /// `close` detached the front end: stop once its answer is sent (stopping earlier
+    /// would let the process exit before the client hears that it worked).
+    stop_after_reply: AtomicBool,
+    /// Path of the description (rewritten on resize/refresh).
+    dir: Paths,
+    /// Online reencryption (`reencrypt --active-name`), once started.
+    pub(super) online: Mutex<Option<online::Job>>,
+}
+
+/// The front end's attach options for a volume of logical block `sector`.
+pub fn attach_options(name: &str, read_only: bool, sector: u32) -> AttachOptions {
+    AttachOptions {
+        name: name.to_string(),
+        read_only,
+        logical_block: sector,
+        queues: std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(64) as u16,
+        queue_depth: 128,
+    }
+}
+
+/// Writes the facts of a table line into a description.
+pub fn describe_table(t: &TableLine, kind: &str, desc: &mut Description) {
+    desc.device = t.device.to_string();
+    desc.kind = kind.to_string();
+    desc.cipher = t.cipher.to_string();
+    desc.key_bits = match &t.key {
+        ucrypt_format::KeySource::Hex(k) => (k.len() * 8) as u32,
+        ucrypt_format::KeySource::Keyring { size, .. } => (*size * 8) as u32,
+    };
+    desc.sector_size = t.sector_size_bytes();
+    desc.offset_sectors = t.offset;
+    desc.iv_offset_sectors = t.iv_offset;
+    desc.size_sectors = t.length;
+    desc.allow_discards = t.has(OptParam::AllowDiscards);
+}
+
+/// Serves `built` as the instance `dir` until `close` or `shutdown` (SIGTERM/SIGINT, when
+/// the caller routed them there): the NBD server on `listener`, the front end, the
+/// description published, the control socket. `ready` is called with what users open
+/// (the node, or the NBD URI without one) once all of it is up; an error from it stops the
+/// instance.
+///
+/// # Errors
+/// Binding the control socket, attaching the front end, publishing the description,
+/// `ready`'s error, and the NBD server's or the front end's failure at the end (kind
+/// [`ErrorKind::Device`]).
+pub fn serve(
+    dir: &InstanceDir,
+    mut desc: Description,
+    built: Built,
+    listener: Listener,
+    config: Config,
+    shutdown: Shutdown,
+    ready: impl FnOnce(&str) -> Result<()>,
+) -> Result<()> {
+    let Built {
+        volume,
+        description,
+        source,
+    } = built;
+    let sector = volume.info().logical_block;
+    let switch = Arc::new(Switch::new(volume));
+    let export: Arc<dyn Backend> = Arc::clone(&switch) as Arc<dyn Backend>;
+
+    let mut uri = named_uri(&listener.uri(), &desc.name);
+    if config.tls.is_some() {
+        uri.replace_range(..3, "nbds");
+    }
+    let nbd_socket = listener.unix_path().map(PathBuf::from);
+    let connections = Arc::new(AtomicUsize::new(0));
+    let serve_opts = ServeOptions {
+        export_name: desc.name.clone(),
+        description,
+        read_only: config.opts.read_only,
+        max_connections: config.max_connections,
+        workers: config.workers,
+        shutdown: shutdown.clone(),
+        log_errors: config.log_errors,
+        tls: config.tls.clone(),
+        // The engine read-modify-writes partial sectors: 512-byte requests are fine.
+        min_block: (!config.raw).then_some(512),
+        connections: Arc::clone(&connections),
+        ..ServeOptions::default()
+    };
+    let control_listener = control::bind(&dir.paths.control())
+        .with_context(|| format!("binding {}", dir.paths.control().display()))?;
+    let nbd_export = Arc::clone(&export);
+    let nbd = std::thread::Builder::new()
+        .name("nbd-accept".into())
+        .spawn(move || ucrypt_nbd::serve(listener, nbd_export, serve_opts))?;
+
+    let ctx = frontend::Context {
+        fuse_dir: config
+            .fuse_dir
+            .clone()
+            .unwrap_or_else(|| dir.paths.fuse_dir()),
+        nbd_socket,
+        recover: config.recover,
+    };
+    let attached = frontend::attach(
+        config.frontend,
+        Arc::clone(&export),
+        &attach_options(&desc.name, config.opts.read_only, sector),
+        &ctx,
+    );
+    let attachment = match attached {
+        Ok(at) => at,
+        Err(e) => {
+            shutdown.trigger();
+            let _ = nbd.join();
+            return Err(Error::from(e));
+        }
+    };
+    desc.node = attachment
+        .as_ref()
+        .map(|at| at.node().display().to_string())
+        .unwrap_or_default();
+    desc.uri = uri.clone();
+    desc.pid = std::process::id();
+    desc.started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    dir.publish(&desc)?;
+    let server = Arc::new(Server {
+        name: desc.name.clone(),
+        shutdown: shutdown.clone(),
+        switch,
+        attachment: Mutex::new(attachment),
+        connections,
+        desc: Mutex::new(desc.clone()),
+        source,
+        opts: Mutex::new(config.opts),
+        deferred: AtomicBool::new(false),
+        stop_after_reply: AtomicBool::new(false),
+        dir: dir.paths.clone(),
+        online: Mutex::new(None),
+    });
+    {
+        let server = Arc::clone(&server);
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                let s2 = Arc::clone(&server);
+                control::serve(
+                    control_listener,
+                    |req| handle(&server, req),
+                    move || {
+                        if s2.stop_after_reply.load(Ordering::SeqCst) {
+                            s2.shutdown.trigger();
+                        }
+                        s2.shutdown.is_triggered()
+                    },
+                );
+            })?;
+    }
+    if let Err(e) = ready(if desc.node.is_empty() {
+        &uri
+    } else {
+        &desc.node
+    }) {
+        shutdown.trigger();
+        return Err(e);
+    }
+
+    let served = nbd
+        .join()
+        .map_err(|_| Error::Invalid("the server thread panicked".into()))?;
+    // A data pass still running stops between hotzones, the header consistent.
+    online::stop(&server);
+    // Stopped by a signal, or by `close` (which detached already).
+    let detached = match lock_ignoring_poison(&server.attachment).take() {
+        Some(at) => at.detach().map_err(Error::from),
+        None => Ok(()),
+    };
+    served.map_err(|e| Error::from(e).with_kind(ErrorKind::Device))?;
+    detached.map_err(|e| e.with_kind(ErrorKind::Device))
+}
+
+pub(super) fn lock_ignoring_poison<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The listener's URI with the export name in it (`nbd+unix:///NAME?socket=...`).
+fn named_uri(uri: &str, name: &str) -> String {
+    if let Some(rest) = uri.strip_prefix("nbd+unix:///") {
+        format!("nbd+unix:///{name}{rest}")
+    } else if uri.ends_with('/') {
+        format!("{uri}{name}")
+    } else {
+        uri.to_string()
+    }
+}
+
+/// Whether the instance is in use, and by what.
+fn usage(s: &Server) -> std::result::Result<Option<String>, String> {
+    let mut why = Vec::new();
+    if let Some(at) = lock_ignoring_poison(&s.attachment).as_ref() {
+        if at.in_use().map_err(|e| e.to_string())? {
+            why.push(format!("{} is open", at.node().display()));
+        }
+    }
+    let n = s.connections.load(Ordering::SeqCst);
+    if n > 0 {
+        why.push(format!("{n} NBD connection(s)"));
+    }
+    Ok((!why.is_empty()).then(|| why.join(", ")))
+}
+
+/// Detaches the front end and stops the server (`now`), or has it stop once the
+/// control request's answer is out.
+fn close_now(s: &Server, now: bool) -> std::result::Result<(), String> {
+    let at = lock_ignoring_poison(&s.attachment).take();
+    let detached = at.map_or(Ok(()), |at| at.detach().map_err(|e| e.to_string()));
+    if now {
+        s.shutdown.trigger();
+    } else {
+        s.stop_after_reply.store(true, Ordering::SeqCst);
+    }
+    detached
+}
+
+/// Answers one control request.
+fn handle(s: &Arc<Server>, received: Received) -> Reply {
+    let Received { request, secret } = received;
+    let secret = secret.as_ref().map(|s| s.as_slice());
+    if matches!(
+        request,
+        Request::Suspend
+            | Request::Resume { .. }
+            | Request::Resize { .. }
+            | Request::Refresh { .. }
+    ) {
+        // Asked once: a pass ending between two looks left the answer empty.
+        if let Some(refusal) = online::busy(s) {
+            return refusal;
+        }
+    }
+    match request {
+        Request::Status => Reply::Status(Box::new(status(s))),
+        Request::Reencrypt { hotzone } => online::start(s, secret, hotzone),
+        Request::ReencryptStop => online::request_stop(s),
+        Request::Close { force, deferred } => close(s, force, deferred),
+        Request::CancelDeferred => {
+            // The watcher of a deferred close stops at its next look (every 200 ms).
+            s.deferred.store(false, Ordering::SeqCst);
+            Reply::Done
+        }
+        Request::Suspend => {
+            if s.switch.is_suspended() {
+                return refuse(
+                    ErrorKind::Invalid,
+                    format!("{} is already suspended", s.name),
+                );
+            }
+            match s.switch.suspend() {
+                Ok(()) => Reply::Done,
+                Err(e) => refuse(ErrorKind::Device, format!("flushing before suspend: {e}")),
+            }
+        }
+        Request::Resume { link_vk_to_keyring } => {
+            reload(s, Reload::Resume, secret, link_vk_to_keyring.as_deref())
+        }
+        Request::Resize { size } => reload(s, Reload::Resize(size), secret, None),
+        Request::Refresh {
+            perf,
+            allow_discards,
+        } => reload(
+            s,
+            Reload::Refresh {
+                perf,
+                allow_discards,
+            },
+            secret,
+            None,
+        ),
+    }
+}
+
+/// `close`: refused while suspended (unless forced) or in use (unless forced or
+/// deferred).
+fn close(s: &Arc<Server>, force: bool, deferred: bool) -> Reply {
+    // A data pass stops between hotzones first (the header consistent).
+    online::stop(s);
+    if s.switch.is_suspended() {
+        if !force {
+            return refuse(
+                ErrorKind::Busy,
+                format!(
+                    "{} is suspended; luksResume it first, or close --force",
+                    s.name
+                ),
+            );
+        }
+        // Everything was flushed at suspend; held requests fail now.
+        s.switch.close_suspended();
+        let at = lock_ignoring_poison(&s.attachment).take();
+        if let Some(at) = at {
+            let _ = at.detach(); // its flush fails without a volume; it unmounts
+        }
+        s.stop_after_reply.store(true, Ordering::SeqCst);
+        return Reply::Done;
+    }
+    // FUSE sends RELEASE after the user's close(2) returned, and udev-like probes come and
+    // go: give a just-closed user a second to be gone, as cryptsetup retries a busy close.
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while !force && matches!(usage(s), Ok(Some(_))) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match usage(s) {
+        Err(e) => refuse(ErrorKind::Invalid, e),
+        Ok(Some(why)) if !force && deferred => {
+            s.deferred.store(true, Ordering::SeqCst);
+            let s = Arc::clone(s);
+            std::thread::spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(200));
+                if s.shutdown.is_triggered() || !s.deferred.load(Ordering::SeqCst) {
+                    return;
+                }
+                if matches!(usage(&s), Ok(None)) {
+                    let _ = close_now(&s, true);
+                    return;
+                }
+            });
+            Reply::Deferred { in_use: why }
+        }
+        Ok(Some(why)) if !force => refuse(
+            ErrorKind::Busy,
+            format!(
+                "{} is still in use ({why}); use --force or --deferred",
+                s.name
+            ),
+        ),
+        _ => match close_now(s, false) {
+            Ok(()) => Reply::Done,
+            Err(e) => refuse(ErrorKind::Device, e),
+        },
+    }
+}
+
+/// The live status.
+fn status(s: &Server) -> Status {
+    let in_use_by = usage(s).ok().flatten();
+    Status {
+        description: lock_ignoring_poison(&s.desc).clone(),
+        in_use: in_use_by.is_some(),
+        in_use_by,
+        nbd_connections: s.connections.load(Ordering::SeqCst),
+        suspended: s.switch.is_suspended(),
+        reencryption: online::status(s),
+        deferred_close: s.deferred.load(Ordering::SeqCst),
+    }
+}
+
+/// Which rebuild.
+#[derive(Clone, Copy)]
+enum Reload {
+    Resume,
+    Resize(Option<u64>),
+    Refresh {
+        perf: PerfOptions,
+        allow_discards: bool,
+    },
+}
+
+impl Reload {
+    fn op(self) -> &'static str {
+        match self {
+            Reload::Resume => "resume",
+            Reload::Resize(_) => "resize",
+            Reload::Refresh { .. } => "refresh",
+        }
+    }
+}
+
+/// A refusal from a library error: its kind, its whole chain as the message.
+fn refuse_error(e: &Error) -> Reply {
+    refuse(e.kind(), format!("{e:#}"))
+}
+
+/// `luksResume`, `resize`, `refresh`: rebuild the volume from the secret (header
+/// instances) or the table line (table instances) and put it in place.
+fn reload(s: &Server, what: Reload, secret: Option<&[u8]>, link: Option<&str>) -> Reply {
+    let op = what.op();
+    let Some(secret) = secret else {
+        return refuse(
+            ErrorKind::Invalid,
+            format!("{op} needs a passphrase or table line"),
+        );
+    };
+    let resume = matches!(what, Reload::Resume);
+    if resume && !s.switch.is_suspended() {
+        return refuse(ErrorKind::Invalid, format!("{} is not suspended", s.name));
+    }
+    if !resume && s.switch.is_suspended() {
+        return refuse(
+            ErrorKind::Invalid,
+            format!("{} is suspended; luksResume it first", s.name),
+        );
+    }
+    let mut opts = *lock_ignoring_poison(&s.opts);
+    let mut allow_discards = None;
+    if let Reload::Refresh {
+        perf,
+        allow_discards: d,
+    } = what
+    {
+        opts.perf = perf;
+        allow_discards = Some(d);
+    }
+    let size = match what {
+        Reload::Resize(n) => n,
+        _ => None,
+    };
+    let current = lock_ignoring_poison(&s.desc).size_sectors;
+    let link = match link.map(KeyringLink::parse).transpose() {
+        Ok(l) => l,
+        Err(e) => return refuse_error(&e),
+    };
+    if link.is_some() && !matches!(s.source, Source::Header { .. }) {
+        return refuse(
+            ErrorKind::Invalid,
+            "--link-vk-to-keyring needs an instance opened from a header (a table line \
+             carries its key itself)",
+        );
+    }
+    let built: std::result::Result<Arc<dyn Backend>, Reply> = match &s.source {
+        Source::Raw => Err(refuse(
+            ErrorKind::Invalid,
+            "a --raw instance has no key to reload",
+        )),
+        Source::Table => {
+            let text = zeroize::Zeroizing::new(String::from_utf8_lossy(secret).into_owned());
+            let opened = |m| {
+                crate::mapping::open_mapping(m, opts)
+                    .map_err(|e| refuse(e.kind(), "opening the table"))
+            };
+            match Mapping::parse(&text) {
+                Err(e) => Err(refuse(
+                    ErrorKind::Invalid,
+                    format!("parsing the table: {e:#}"),
+                )),
+                Ok(m) if size.is_none() && allow_discards.is_none() => opened(m),
+                Ok(mut m) => match m.single_line_mut() {
+                    None => Err(refuse(
+                        ErrorKind::Invalid,
+                        "--size and --allow-discards need a one-line table",
+                    )),
+                    Some(t) => {
+                        if let Some(d) = allow_discards {
+                            set_discards(t, d);
+                        }
+                        if let Some(n) = size {
+                            t.length = n;
+                        }
+                        opened(m)
+                    }
+                },
+            }
+        }
+        Source::Header { device, hopts } => {
+            let mut hopts = (**hopts).clone();
+            if let Some(d) = allow_discards {
+                hopts.allow_discards = d;
+            }
+            match crate::unlock(device, secret, &hopts) {
+                Err(e) => Err(refuse_error(&e)),
+                Ok(mut u) => {
+                    if let Some(n) = size {
+                        let Some(line) = u.mapping.single_line_mut() else {
+                            return refuse(
+                                ErrorKind::Invalid,
+                                "--size is not supported for multi-target volumes",
+                            );
+                        };
+                        if n > line.length {
+                            return refuse(
+                                ErrorKind::Invalid,
+                                format!(
+                                    "--size {n} is larger than the device allows ({} sectors)",
+                                    line.length
+                                ),
+                            );
+                        }
+                        line.length = n;
+                    } else if !matches!(what, Reload::Resize(_)) {
+                        // Keep the size the instance has (a grown device shows up only
+                        // through `resize`, as with cryptsetup).
+                        if let Some(line) = u.mapping.single_line_mut().filter(|_| current > 0) {
+                            line.length = line.length.min(current);
+                        }
+                    }
+                    if let Some(l) = &link {
+                        if let Err(e) = l.add_unlocked(&u) {
+                            return refuse_error(&e);
+                        }
+                    }
+                    crate::open_unlocked(u, opts).map_err(|e| refuse_error(&e))
+                }
+            }
+        }
+    };
+    let volume = match built {
+        Ok(v) => v,
+        Err(reply) => return reply,
+    };
+    let info = volume.info().clone();
+    if resume && info.size_bytes / 512 != current {
+        return refuse(
+            ErrorKind::Invalid,
+            format!(
+                "the key opens a volume of {} sectors, the instance has {current}",
+                info.size_bytes / 512
+            ),
+        );
+    }
+    if let Err(e) = s.switch.replace(volume) {
+        return refuse(
+            ErrorKind::Device,
+            format!("flushing the previous volume: {e}"),
+        );
+    }
+    *lock_ignoring_poison(&s.opts) = opts;
+    let mut desc = lock_ignoring_poison(&s.desc);
+    desc.size_sectors = info.size_bytes / 512;
+    if let Some(d) = allow_discards {
+        desc.allow_discards = d;
+    }
+    let _ = write_description(&s.dir, &desc);
+    Reply::Resized {
+        size_sectors: desc.size_sectors,
+    }
+}
+
+fn write_description(p: &Paths, d: &Description) -> std::io::Result<()> {
+    let tmp = p.description().with_extension("tmp");
+    let json = serde_json::to_string_pretty(d).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, json)?;
+    std::fs::rename(tmp, p.description())
+}
+
+/// Adds or removes `allow_discards` in a table line's optional parameters.
+fn set_discards(t: &mut TableLine, on: bool) {
+    t.opts.retain(|o| *o != OptParam::AllowDiscards);
+    if on {
+        t.opts.push(OptParam::AllowDiscards);
+    }
+}
