@@ -104,6 +104,14 @@ frontend_round() {
     "$UCRYPT" status "$NAME" | sed 's/^/# status: /'
   fi
   check "$front: umount" umount "$MNT"
+  if [ "$ATTACH" = cli ]; then
+    # Held open without O_EXCL (as dd or a VM holds it): close must see it too.
+    sleep 60 < "$DEV" & HOLDER=$!
+    sleep 1
+    "$UCRYPT" close "$NAME" > /dev/null 2>&1; rc=$?
+    check "$front: close refused while a process holds the node (exit $rc, want 5)" test "$rc" = 5
+    kill "$HOLDER"; wait "$HOLDER" 2>/dev/null
+  fi
   check "$front: server stops and detaches on SIGTERM" stop
   check "$front: node removed after detach" sh -c "! test -s /sys/block/$N/size || test \$(cat /sys/block/$N/size) = 0"
   start "$front" || { bad "$front: reopens"; return; }

@@ -1479,3 +1479,109 @@ fn aborting_the_removal_of_the_last_keyslot_exits_2_as_cryptsetup() {
     let out = rt.uc(&["luksRemoveKey", img, "--key-file", pass], b"");
     assert_code(&out, 2, "the keyslot was NOT wiped");
 }
+
+/// A server started with `--table LINE` (named in the background, and in the foreground)
+/// does not keep the key in its command line, which every local user can read in
+/// `/proc/PID/cmdline` for as long as it runs: the value is overwritten once parsed.
+#[test]
+fn a_table_given_on_the_command_line_leaves_no_key_in_the_servers_cmdline() {
+    let rt = Runtime::new();
+    let img = common::image(rt.tmp.path(), "img", 1 << 20);
+    let (line, _) = common::nbd::xts_table(rt.tmp.path(), &img, 4096, &[]);
+    let key = line.split_whitespace().nth(4).unwrap().to_string();
+    let cmdline = |pid: i32| {
+        String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
+            .replace('\0', " ")
+    };
+    rt.ok(&["open", "--table", &line, "bg", "--device", "none"], b"");
+    let bg = cmdline(rt.pid("bg"));
+    let table_eq = format!("--table={line}");
+    let sock = rt.path("fg.sock");
+    let mut fg = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(["open", &table_eq, "--socket"])
+        .arg(&sock)
+        .env("UCRYPT_RUNTIME_DIR", rt.dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(fg.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    let fg_line = cmdline(fg.id() as i32);
+    let _ = fg.kill();
+    let _ = fg.wait();
+    rt.ok(&["close", "bg"], b"");
+    for (what, text) in [("background", &bg), ("foreground", &fg_line)] {
+        assert!(
+            !text.contains(&key),
+            "{what} server's cmdline holds the key: {text}"
+        );
+        assert!(text.contains(&"x".repeat(key.len())), "{what}: {text}");
+        assert!(
+            text.contains("open"),
+            "{what}: the rest stays readable: {text}"
+        );
+    }
+}
+
+/// `VmLck` of a process, in kB.
+fn vm_locked_kb(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmLck:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or_else(|| panic!("no VmLck in {status}"))
+}
+
+/// The background server locks its key material as the foreground one does: the volume key
+/// is unlocked before the fork and memory locks are not inherited, so the child locks its
+/// secrets' pages again (it showed 0 kB locked where the foreground server shows 4).
+#[test]
+fn the_background_server_locks_its_keys_as_the_foreground_one() {
+    if !require("cryptsetup") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 20, "luks2", 4096);
+    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
+    let shared = ["--key-file", pass, "--read-only", "--shared"];
+    let mut args = vec!["open", img, "bg", "--device", "none"];
+    args.extend(shared);
+    rt.ok(&args, b"");
+    let bg = vm_locked_kb(rt.pid("bg"));
+    let sock = rt.path("fg.sock");
+    let mut fg = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(["open", img])
+        .args(shared)
+        .arg("--socket")
+        .arg(&sock)
+        .env("UCRYPT_RUNTIME_DIR", rt.dir())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(fg.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let fg_kb = vm_locked_kb(fg.id() as i32);
+    let _ = fg.kill();
+    let _ = fg.wait();
+    rt.ok(&["close", "bg"], b"");
+    eprintln!("VmLck: background {bg} kB, foreground {fg_kb} kB");
+    if fg_kb == 0 {
+        // RLIMIT_MEMLOCK 0: nothing can be locked here, so nothing to compare.
+        common::require_that(false, "mlock refused (RLIMIT_MEMLOCK)");
+        return;
+    }
+    assert!(
+        bg >= fg_kb,
+        "the background server has {bg} kB locked, the foreground one {fg_kb} kB"
+    );
+}

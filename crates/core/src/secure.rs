@@ -63,3 +63,9 @@ pub fn locked_bytes() -> u64 {
         })
         .map_or(0, |kb| kb * 1024)
 }
+
+/// In a child after `fork`: locks again every page that holds a secret (memory locks are
+/// not inherited). Returns how many pages the kernel refused.
+pub fn relock_after_fork() -> usize {
+    ucrypt_crypto::secret::relock_after_fork()
+}

@@ -101,6 +101,16 @@ pub fn unlock(bytes: &[u8]) {
     }
 }
 
+/// Locks again, in a child after `fork`, every page this table holds: memory locks are
+/// not inherited (fork(2)), but the table is, and it would go on saying they are locked,
+/// so a secret allocated later on one of them would not be locked either. Returns how many
+/// pages the kernel refused (`RLIMIT_MEMLOCK`, as a first [`lock`] can be refused); their
+/// counts stay, so the secrets on them still unlock each other correctly.
+pub fn relock_after_fork() -> usize {
+    let held = PAGES.lock().unwrap_or_else(PoisonError::into_inner);
+    held.keys().filter(|&&p| !mlock_page(p)).count()
+}
+
 /// How many pages are locked through [`lock`] now (for tests and diagnostics).
 pub fn locked_pages() -> usize {
     PAGES.lock().unwrap_or_else(PoisonError::into_inner).len()

@@ -112,6 +112,15 @@ pub(crate) fn detach(log: &Path) -> Result<Ready, CliError> {
         parent(File::from(rd), log)
     }
     drop(rd);
+    // The volume key was unlocked before the fork, and memory locks are not inherited:
+    // lock its pages (and every other secret's) again in the process that serves.
+    let refused = ucrypt::secure::relock_after_fork();
+    if refused > 0 {
+        eprintln!(
+            "ucrypt: warning: {refused} page(s) of key material could not be locked in RAM \
+             (RLIMIT_MEMLOCK)"
+        );
+    }
     // SAFETY: setsid has no memory-safety preconditions; the child is not a group leader.
     unsafe { libc::setsid() };
     // SAFETY: dup2 onto the standard descriptors from descriptors we own.

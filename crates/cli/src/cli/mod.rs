@@ -387,6 +387,50 @@ fn warn_key_on_command_line() {
     );
 }
 
+/// Overwrites the value of every `--table` in this process's command line with `x`s once
+/// the arguments are parsed, so the key is not readable in `/proc/PID/cmdline` (and `ps`)
+/// for as long as a server runs: the kernel reads the command line from the memory that
+/// holds the argument strings, which glibc's `program_invocation_name` (argv\[0\]) points
+/// at. Written by hand: no crate does this (the setproctitle crates rewrite argv\[0\] only).
+/// Nothing is written unless that memory holds exactly what `/proc/self/cmdline` says.
+fn scrub_table_from_argv() {
+    extern "C" {
+        static program_invocation_name: *mut libc::c_char;
+    }
+    let Ok(cmdline) = std::fs::read("/proc/self/cmdline") else {
+        return;
+    };
+    // SAFETY: reading a pointer glibc sets once at start-up and never changes.
+    let base = unsafe { program_invocation_name }.cast::<u8>();
+    if base.is_null() || cmdline.is_empty() {
+        return;
+    }
+    // SAFETY: the argument strings are one contiguous, writable stretch of the initial
+    // stack, `cmdline.len()` bytes from argv[0] (what the kernel reads for
+    // /proc/self/cmdline), live for the whole process; no Rust reference points into it
+    // (std copies the arguments out when asked), and only this thread runs yet.
+    let area = unsafe { std::slice::from_raw_parts_mut(base, cmdline.len()) };
+    if *area != cmdline[..] {
+        return;
+    }
+    let mut pos = 0;
+    let mut after_flag = false;
+    for arg in cmdline.split(|&b| b == 0) {
+        let start = pos;
+        pos += arg.len() + 1;
+        let value = if after_flag {
+            Some(start..start + arg.len())
+        } else {
+            arg.strip_prefix(b"--table=")
+                .map(|v| start + arg.len() - v.len()..start + arg.len())
+        };
+        after_flag = arg == b"--table";
+        if let Some(r) = value {
+            area[r].fill(b'x');
+        }
+    }
+}
+
 /// A clap parser for a number in `LO..=HI`: an absurd value is refused with its range
 /// rather than exhausting threads or memory, or overflowing, later.
 fn bounded<const LO: usize, const HI: usize>(s: &str) -> Result<usize, String> {
@@ -776,6 +820,9 @@ pub fn run() -> ExitCode {
     if let Err(e) = ucrypt::secure::disable_core_dumps() {
         eprintln!("ucrypt: warning: cannot disable core dumps: {e}");
     }
+    // The parsed arguments hold their own copy of a --table line: the command line that
+    // every local user can read need not keep it.
+    scrub_table_from_argv();
     // No mlockall: only secrets are locked, where they are allocated (see secure.rs).
     // Mapped reads of image files survive the file being truncated under them only with
     // this handler; without it files are read with pread (ucrypt_backend::file docs).
