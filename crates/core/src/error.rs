@@ -156,6 +156,18 @@ from!(
     Frontend(ucrypt_device::DeviceError)
 );
 
+/// A dm-integrity device that cannot be opened: its superblock or journal (a format
+/// error), its device (a backend error), or a refusal with the reason.
+impl From<ucrypt_integrity::IntegrityError> for Error {
+    fn from(e: ucrypt_integrity::IntegrityError) -> Self {
+        match e {
+            ucrypt_integrity::IntegrityError::Format(e) => Error::Format(e),
+            ucrypt_integrity::IntegrityError::Backend(e) => Error::Backend(e),
+            ucrypt_integrity::IntegrityError::Refused(m) => Error::Invalid(m),
+        }
+    }
+}
+
 /// A number or a slice of on-disk data that does not fit the type it is read into (a size
 /// beyond `usize`, a short field): a request the library cannot act on.
 impl From<std::num::TryFromIntError> for Error {

@@ -104,6 +104,12 @@ fn open_table_targets(
                 line.start = 0;
                 open_parsed_with(line, opts, |l| below(&l.device))?.volume
             }
+            Target::Integrity(line) => {
+                let dev = below(&line.device)?;
+                let at = line.start;
+                open_integrity(line, dev, opts.read_only)
+                    .with_context(|| format!("integrity target at sector {at}"))?
+            }
             Target::Zero { length, .. } => Arc::new(ZeroBackend::new(length * 512)),
             Target::Linear {
                 start,
@@ -127,6 +133,99 @@ fn open_table_targets(
         return pieces.pop().context("no target");
     }
     Ok(Arc::new(LinearBackend::new(pieces)?))
+}
+
+/// A standalone dm-integrity target ([`ucrypt_integrity::IntegrityBackend`]) on `dev`, as
+/// the kernel's `dm_integrity_ctr` builds it: the superblock at `offset`, checked against
+/// the line's tag and block size; a device whose superblock is all zeros is formatted with
+/// the line's parameters first (the kernel does the same, without wiping); the mapping's
+/// length may be shorter than what the device provides, not longer.
+fn open_integrity(
+    line: ucrypt_format::integrity::IntegrityLine,
+    dev: Arc<dyn Backend>,
+    read_only: bool,
+) -> Result<Arc<dyn Backend>> {
+    use ucrypt_format::integrity::{FormatParams, Superblock, SALT_SIZE};
+    use ucrypt_integrity::{Algorithm, IntegrityBackend, Mode, Options};
+    let (alg, key) = line.internal_hash.clone().context("no internal_hash")?;
+    let hash = Algorithm::from_name(&alg).map_err(anyhow_msg)?;
+    let mut o = Options::new(hash);
+    o.hash_key = key;
+    if let Some((alg, key)) = line.journal_mac.clone() {
+        o.journal_mac = Some((Algorithm::from_name(&alg).map_err(anyhow_msg)?, key));
+    }
+    o.mode = match line.mode {
+        'D' => Mode::Direct,
+        'B' => Mode::Bitmap,
+        'R' => Mode::Recovery,
+        _ => Mode::Journal,
+    };
+    if let Some(b) = line.buffer_sectors {
+        o.buffer_sectors = b;
+    }
+    if let Some(w) = line.journal_watermark {
+        o.journal_watermark = w;
+    }
+    o.sectors_per_bit = line.sectors_per_bit.unwrap_or(0);
+    o.legacy_recalculate = line.legacy_recalculate;
+    o.recalculate = line.recalculate;
+    o.read_only = read_only;
+    o.block_size = line.block_size;
+    o.tag_size = Some(line.tag_size.unwrap_or(hash.digest_size() as u32));
+    let size = dev.info().size_bytes;
+    let off = line.offset.checked_mul(512).filter(|&o| o < size);
+    let Some(off) = off else {
+        bail!("offset {} is beyond the device", line.offset);
+    };
+    let dev: Arc<dyn Backend> = if off == 0 {
+        dev
+    } else {
+        Arc::new(LinearBackend::ranges(vec![(dev, off, size - off)])?)
+    };
+    let mut first = vec![0u8; 512];
+    dev.read_at(&mut first, 0)?;
+    if Superblock::is_blank(&first) && o.mode != Mode::Recovery && !read_only {
+        let mut salt = [0u8; SALT_SIZE];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut salt))
+            .context("reading /dev/urandom")?;
+        let params = FormatParams {
+            sector_size: line.block_size.unwrap_or(512),
+            tag_size: o.tag_size.unwrap_or(4),
+            journal_sectors: line.journal_sectors.map_or(0, u64::from),
+            interleave_sectors: line.interleave_sectors.unwrap_or(0),
+            journal_mac: o.journal_mac.is_some(),
+            keyed_or_hashed: true,
+            fix_hmac: line.fix_hmac,
+            fix_padding: line.fix_padding,
+            bitmap_mode: o.mode == Mode::Bitmap,
+            sectors_per_bitmap_bit: line.sectors_per_bit,
+            salt,
+        };
+        ucrypt_integrity::format(Arc::clone(&dev), &params, &o, false)?;
+    }
+    let integrity = Arc::new(IntegrityBackend::open(dev, o)?);
+    let provided = integrity.info().size_bytes;
+    let want = line.length.saturating_mul(512);
+    if want > provided {
+        bail!(
+            "the line maps {} sectors, the device provides {}",
+            line.length,
+            provided / 512
+        );
+    }
+    if want == provided {
+        return Ok(integrity);
+    }
+    Ok(Arc::new(LinearBackend::ranges(vec![(
+        integrity as Arc<dyn Backend>,
+        0,
+        want,
+    )])?))
+}
+
+fn anyhow_msg(e: String) -> crate::error::Error {
+    crate::error::Error::Invalid(e)
 }
 
 #[cfg(test)]

@@ -60,6 +60,8 @@ pub enum Target {
         /// Start on the device, in 512-byte sectors.
         offset: u64,
     },
+    /// A dm-integrity target (standalone: its own internal hash).
+    Integrity(crate::integrity::IntegrityLine),
 }
 
 fn rule(msg: String) -> FormatError {
@@ -71,6 +73,7 @@ impl Target {
     pub fn start(&self) -> u64 {
         match self {
             Target::Crypt(t) => t.start,
+            Target::Integrity(t) => t.start,
             Target::Zero { start, .. } | Target::Linear { start, .. } => *start,
         }
     }
@@ -79,14 +82,16 @@ impl Target {
     pub fn length(&self) -> u64 {
         match self {
             Target::Crypt(t) => t.length,
+            Target::Integrity(t) => t.length,
             Target::Zero { length, .. } | Target::Linear { length, .. } => *length,
         }
     }
 
-    /// The device a crypt or linear target reads.
+    /// The device a crypt, integrity or linear target reads.
     pub fn device(&self) -> Option<&DeviceRef> {
         match self {
             Target::Crypt(t) => Some(&t.device),
+            Target::Integrity(t) => Some(&t.device),
             Target::Linear { device, .. } => Some(device),
             Target::Zero { .. } => None,
         }
@@ -96,6 +101,7 @@ impl Target {
     pub fn device_mut(&mut self) -> Option<&mut DeviceRef> {
         match self {
             Target::Crypt(t) => Some(&mut t.device),
+            Target::Integrity(t) => Some(&mut t.device),
             Target::Linear { device, .. } => Some(device),
             Target::Zero { .. } => None,
         }
@@ -109,6 +115,7 @@ impl Target {
                 Some(d) => t.to_line_on(show_keys, d),
                 None => t.to_line(show_keys),
             },
+            Target::Integrity(t) => t.to_line_on(show_keys, device),
             Target::Zero { start, length } => format!("{start} {length} zero"),
             Target::Linear {
                 start,
@@ -146,6 +153,7 @@ impl Target {
         };
         match fields.get(2).copied() {
             Some("crypt") => Ok(Target::Crypt(line.parse()?)),
+            Some("integrity") => Ok(Target::Integrity(line.parse()?)),
             Some("zero") => {
                 if fields.len() != 3 {
                     return Err(rule(
@@ -182,9 +190,9 @@ impl Target {
                     "(not shown)".to_string()
                 };
                 Err(rule(format!(
-                    "target type {shown} is not supported: ucrypt serves crypt, linear \
-                     and zero targets only (an integrity, verity, error... target would be \
-                     served as something it is not)"
+                    "target type {shown} is not supported: ucrypt serves crypt, \
+                     integrity, linear and zero targets only (a verity, error... target \
+                     would be served as something it is not)"
                 )))
             }
             // Fewer than three fields: the crypt parser names what is missing.
@@ -531,7 +539,7 @@ impl Mapping {
             .flat_map(|d| &d.targets)
             .filter_map(|t| match t {
                 Target::Crypt(l) => Some(l),
-                Target::Zero { .. } | Target::Linear { .. } => None,
+                Target::Zero { .. } | Target::Linear { .. } | Target::Integrity(_) => None,
             })
     }
 
@@ -541,7 +549,7 @@ impl Mapping {
     pub fn first_crypt(&self) -> Option<&TableLine> {
         self.tables.first()?.targets.iter().find_map(|t| match t {
             Target::Crypt(l) => Some(l),
-            Target::Zero { .. } | Target::Linear { .. } => None,
+            Target::Zero { .. } | Target::Linear { .. } | Target::Integrity(_) => None,
         })
     }
 
@@ -709,7 +717,11 @@ mod tests {
             ),
             (
                 "0 8 integrity /d 0 32 J 0".into(),
-                "target type \"integrity\" is not supported",
+                "an integrity target without internal_hash",
+            ),
+            (
+                "0 8 verity /d /h 4096 4096 1 1 sha256 - -".into(),
+                "target type \"verity\" is not supported",
             ),
             ("0 8 zero 1".into(), "no arguments"),
             (

@@ -70,6 +70,14 @@ pub struct Options {
     /// `legacy_recalculate`: allow recalculating HMAC tags (the kernel refuses it by
     /// default: an attacker could have the kernel sign data it wrote).
     pub legacy_recalculate: bool,
+    /// The table's tag size, which must be the superblock's (`None`: take the
+    /// superblock's).
+    pub tag_size: Option<u32>,
+    /// The table's `block_size`, which must be the superblock's (`None`: take it).
+    pub block_size: Option<u32>,
+    /// `recalculate`: recompute every tag from the data on open (from sector 0 unless a
+    /// recalculation is already under way).
+    pub recalculate: bool,
 }
 
 impl Options {
@@ -85,6 +93,9 @@ impl Options {
             sectors_per_bit: 0,
             read_only: false,
             legacy_recalculate: false,
+            tag_size: None,
+            block_size: None,
+            recalculate: false,
         }
     }
 }
@@ -256,7 +267,27 @@ impl IntegrityBackend {
             )));
         }
         inner.read_at(&mut first, 0)?;
-        let sb = Superblock::parse(&first)?;
+        let mut sb = Superblock::parse(&first)?;
+        if let Some(t) = opts.tag_size {
+            if t != u32::from(sb.tag_size) {
+                return Err(refused(format!(
+                    "tag size {t} does not match the superblock's ({})",
+                    sb.tag_size
+                )));
+            }
+        }
+        if let Some(b) = opts.block_size {
+            if b != sb.block_bytes() {
+                return Err(refused(format!(
+                    "block size {b} does not match the superblock's ({})",
+                    sb.block_bytes()
+                )));
+            }
+        }
+        if opts.recalculate && !sb.flags.has(Flags::RECALCULATING) {
+            sb.flags.0 |= Flags::RECALCULATING;
+            sb.recalc_sector = 0;
+        }
         let hash = Hasher::new(opts.hash, opts.hash_key.as_ref().map(|k| k.as_slice()))
             .map_err(|e| refused(format!("internal hash: {e}")))?;
         let jmac = match &opts.journal_mac {
