@@ -23,61 +23,28 @@
 //! Skipped with a message when `CI` is unset and the guest cannot start (no QEMU, no kernel
 //! to download: `scripts/setup.sh` installs and fetches both); fails when `CI` is set.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-/// The workspace's skip rule (`ucrypt-testkit`): skip by hand, fail under CI.
-fn skip_or_fail(why: &str) {
-    ucrypt_testkit::require_that(false, format_args!("VM block-device test: {why}"));
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("the workspace root exists")
-}
-
 #[test]
 fn open_by_name_as_ublk_and_kernel_nbd_on_a_real_kernel() {
-    let root = workspace();
-    let out = Command::new("bash")
-        .arg(root.join("tests/lab/run.sh"))
-        .arg(root.join("tests/lab/blockdev.sh"))
-        .arg(env!("CARGO_BIN_EXE_ucrypt"))
-        .arg("cli")
-        .args(["ublk", "nbd", "recovery", "nbd-recovery"])
-        .arg(format!(
-            "reencrypt={}",
-            root.join("tests/lab/reencrypt.sh").display()
-        ))
-        .arg(format!(
-            "luks1reenc={}",
-            root.join("tests/lab/reencrypt_luks1.sh").display()
-        ))
-        .current_dir(&root)
-        .env("LAB_TIMEOUT", "1500")
-        .output()
-        .expect("running tests/lab/run.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    match out.status.code() {
-        Some(0) => {
-            assert!(
-                stdout.lines().any(|l| l.ends_with(" passed, 0 failed")),
-                "the lab script did not report its checks"
-            );
-            assert!(!stdout.contains("not ok"), "a lab check failed");
-        }
-        // tests/lab/run.sh: 125 = the guest could not start (no QEMU, no kernel).
-        Some(125) => {
-            skip_or_fail(&format!("the VM did not start: {}", stderr.trim()));
-        }
-        _ => panic!(
-            "VM checks failed (status {:?}; 124 = LAB_TIMEOUT passed); output above",
-            out.status
-        ),
-    }
+    let lab = ucrypt_testkit::repo_root().join("tests/lab");
+    let Some(out) = ucrypt_testkit::run_in_vm(
+        &lab.join("blockdev.sh"),
+        [
+            env!("CARGO_BIN_EXE_ucrypt").to_string(),
+            "cli".into(),
+            "ublk".into(),
+            "nbd".into(),
+            "recovery".into(),
+            "nbd-recovery".into(),
+            format!("reencrypt={}", lab.join("reencrypt.sh").display()),
+            format!("luks1reenc={}", lab.join("reencrypt_luks1.sh").display()),
+        ],
+        &[("LAB_TIMEOUT", "1500")],
+    ) else {
+        return;
+    };
+    assert!(
+        out.lines().any(|l| l.ends_with(" passed, 0 failed")),
+        "the lab script did not report its checks"
+    );
+    assert!(!out.contains("not ok"), "a lab check failed");
 }

@@ -14,24 +14,12 @@ mod common;
 
 use common::{hex, pattern, read_all, second_ranges, snapshot, write_all};
 use sha2::{Digest, Sha256};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 use ucrypt_backend::{Backend, MemoryBackend};
 use ucrypt_format::integrity::FormatParams;
 use ucrypt_integrity::{format, Algorithm, IntegrityBackend, Mode, Options};
 use zeroize::Zeroizing;
-
-fn skip_or_fail(why: &str) {
-    ucrypt_testkit::require_that(false, format_args!("kernel-lab dm-integrity test: {why}"));
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
 
 struct Image {
     name: &'static str,
@@ -159,8 +147,7 @@ fn make(img: &Image, dir: &Path) {
 
 #[test]
 fn the_kernel_reads_what_ucrypt_wrote() {
-    let root = workspace();
-    let run = root.join("tests/lab/run.sh");
+    let root = ucrypt_testkit::repo_root();
     // The guest sees the directory the harness is started from: the workspace.
     let dir = root.join("target/integrity-lab");
     let _ = std::fs::remove_dir_all(&dir);
@@ -225,34 +212,16 @@ fn the_kernel_reads_what_ucrypt_wrote() {
     for img in &images {
         make(img, &dir);
     }
-    let out = Command::new("bash")
-        .arg(&run)
-        .arg(root.join("tests/lab/integrity.sh"))
-        .arg(&dir)
-        .current_dir(&root)
-        .env("LAB_MODULES", "crc32c_generic")
-        .env("LAB_TIMEOUT", "900")
-        .output()
-        .expect("running tests/lab/run.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    match out.status.code() {
-        Some(0) => {
-            assert!(
-                stdout.lines().any(|l| l == "7 passed, 0 failed"),
-                "the lab script did not report its 7 checks"
-            );
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        // tests/lab/run.sh: 125 = the guest could not start (no QEMU, no kernel).
-        Some(125) => {
-            skip_or_fail(&format!("the lab did not start: {}", stderr.trim()));
-        }
-        _ => panic!(
-            "kernel-lab checks failed (status {:?}); output above",
-            out.status
-        ),
-    }
+    let Some(out) = ucrypt_testkit::run_in_vm(
+        &root.join("tests/lab/integrity.sh"),
+        [&dir],
+        &[("LAB_MODULES", "crc32c_generic"), ("LAB_TIMEOUT", "900")],
+    ) else {
+        return;
+    };
+    assert!(
+        out.lines().any(|l| l == "7 passed, 0 failed"),
+        "the lab script did not report its 7 checks"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,6 +9,9 @@
 //!   run can be replayed ([`Rng::from_env`]). Not for keys: those come from
 //!   [`random_bytes`] (the OS).
 //! * **One image helper set** ([`image`], [`image_with`], [`random_bytes`]).
+//! * **One way into the VM** ([`run_in_vm`]): a script run as root in a guest of the
+//!   repository's harness `tests/lab/run.sh` (Debian's 6.12 kernel), for what needs kernel
+//!   drivers (ublk, kernel NBD, dm-crypt, dm-integrity).
 //!
 //! Standard library only, so that every crate (even `ucrypt-crypto`, at the bottom of the
 //! layering) can use it without pulling anything in.
@@ -185,6 +188,69 @@ pub fn image_with(dir: &Path, name: &str, content: &[u8]) -> PathBuf {
     std::fs::write(&p, content)
         .unwrap_or_else(|e| panic!("writing the image {}: {e}", p.display()));
     p
+}
+
+/// The repository's root directory.
+///
+/// # Panics
+/// When it does not exist (the crate is not inside the repository).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the repository root exists")
+}
+
+/// Runs `script` with `args` as root in a guest of the repository's VM harness
+/// (`tests/lab/run.sh`, described in `tests/lab/README.md`), from the repository's root,
+/// which the guest shares read-write; `env` adds the harness's variables (`LAB_TIMEOUT`,
+/// `LAB_MODULES`, ...). Prints what the guest printed and returns its output (stdout and
+/// stderr together) when the script succeeded. `None` when the guest could not start (the
+/// harness's status 125: no QEMU, no kernel), by [`require_that`]'s rule.
+///
+/// # Panics
+/// When the script fails, the guest runs past `LAB_TIMEOUT` (124), or it could not start
+/// under CI.
+pub fn run_in_vm<I, S>(script: &Path, args: I, env: &[(&str, &str)]) -> Option<String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let root = repo_root();
+    let out = std::process::Command::new("bash")
+        .arg(root.join("tests/lab/run.sh"))
+        .arg(script)
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(&root)
+        .output()
+        .expect("running tests/lab/run.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    match out.status.code() {
+        Some(0) => Some(stdout),
+        Some(125) => {
+            require_that(
+                false,
+                format_args!(
+                    "the VM for {} did not start: {}",
+                    script.display(),
+                    stderr.trim()
+                ),
+            );
+            None
+        }
+        Some(124) => panic!(
+            "{} ran past LAB_TIMEOUT in the VM; output above",
+            script.display()
+        ),
+        status => panic!(
+            "{} failed in the VM (status {status:?}); output above",
+            script.display()
+        ),
+    }
 }
 
 #[cfg(test)]
