@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 cargo fmt --all -- --check
+# No module of any crate uses a module that uses it back (ARCHITECTURE.md).
+python3 scripts/module-cycles.py crates/*/src
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --all-targets --quiet
 cargo test --workspace --doc --quiet

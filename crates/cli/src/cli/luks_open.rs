@@ -5,9 +5,9 @@
 //!
 //! Serving the volume over NBD belongs to `ucrypt open`.
 
-use super::luks::{cs_error, CsResult, DeviceArgs};
+use super::luks::{CsResult, DeviceArgs};
 use super::plain_args::PlainArgs;
-use super::secret::{self, KeyFileArgs};
+use super::secret::KeyFileArgs;
 use super::{CliError, WithCode, EXIT_PARAMS};
 use ucrypt::header::{HeaderOptions, VolumeType};
 
@@ -54,54 +54,6 @@ pub(crate) struct Args {
     unlock: super::unlock_opts::UnlockOpts,
 }
 
-/// Builds the header options and reads the secret the way cryptsetup does for `kind`.
-pub(crate) fn unlock_inputs(
-    dev: &DeviceArgs,
-    kind: VolumeType,
-    key: &KeyFileArgs,
-    key_slot: Option<u32>,
-    allow_discards: bool,
-    plain: &PlainArgs,
-) -> Result<(HeaderOptions, secret::Secret), CliError> {
-    let mut hopts = HeaderOptions {
-        kind,
-        header: dev.header.clone(),
-        key_slot,
-        plain: plain.options(),
-        loopaes: plain.loopaes_options(),
-        plain_raw_key: false,
-        allow_discards,
-        tcrypt: Default::default(),
-        allow_null_cipher: false,
-        recover_reencryption: false,
-    };
-    let secret = if kind == VolumeType::Plain {
-        // cryptsetup: a key file other than stdin is the raw key, exactly key-size bytes
-        // from --keyfile-offset (--hash and --keyfile-size do not apply).
-        match key.key_file.as_deref().filter(|p| p.as_os_str() != "-") {
-            Some(p) => {
-                hopts.plain_raw_key = true;
-                let bytes = hopts.plain.key_bytes().map_err(cs_error)?;
-                secret::read_key_file(p, key.keyfile_offset, bytes as u64)?
-            }
-            None => secret::existing(key, &dev.device)?,
-        }
-    } else if kind == VolumeType::Loopaes {
-        // loop-AES keys are a key file's lines, never a typed passphrase.
-        let Some(p) = key.key_file.as_deref() else {
-            return Err(anyhow::anyhow!(
-                "loop-AES volumes open with --key-file (their key file's lines are the keys; \
-                 `--key-file -` reads standard input, e.g. from `gpg --decrypt KEYFILE`)"
-            ))
-            .code(EXIT_PARAMS);
-        };
-        secret::read_key_file(p, key.keyfile_offset, key.keyfile_size)?
-    } else {
-        secret::existing(key, &dev.device)?
-    };
-    Ok((hopts, secret))
-}
-
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let kind: VolumeType = a
         .kind
@@ -143,7 +95,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             a.allow_discards,
         )?
     } else {
-        unlock_inputs(&a.dev, kind, &a.key, a.key_slot, a.allow_discards, &a.plain)?
+        super::unlock::inputs(&a.dev, kind, &a.key, a.key_slot, a.allow_discards, &a.plain)?
     };
     hopts.allow_null_cipher = a.insecure_allow_null_cipher;
     if a.test_passphrase
@@ -166,7 +118,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     }
     let lock = a.unlock.serialize()?;
     let unlocked =
-        super::progress::searching_maybe(super::open_header::unlocking(kind).as_deref(), || {
+        super::progress::searching_maybe(super::unlock::unlocking(kind).as_deref(), || {
             ucrypt::unlock(&a.dev.device, &secret, &hopts)
         })
         .cs()?;

@@ -37,6 +37,7 @@ mod signals;
 mod table;
 mod tcrypt;
 mod token;
+mod unlock;
 mod unlock_opts;
 mod wipe;
 mod write;
@@ -524,6 +525,14 @@ impl PerfArgs {
     }
 }
 
+/// `ucrypt open`: a named instance, or an export in the foreground.
+fn open_command(mut a: open::Args) -> Result<(), CliError> {
+    match open::instance_name(&mut a)? {
+        Some(name) => instance::run(a, name),
+        None => open::run(a),
+    }
+}
+
 /// cryptsetup's old action names that are another action here: every `*Close` and
 /// `remove` are `close`, `luksConfig` is `config` (cryptsetup 2.6-2.8's alias list).
 const RENAMED: &[(&str, &str)] = &[
@@ -890,7 +899,7 @@ pub fn run() -> ExitCode {
         Command::LuksHeaderBackup(a) => luks_header_backup::run(a),
         Command::LuksHeaderRestore(a) => luks_header_restore::run(a),
         Command::LuksOpen(a) => luks_open::run(a),
-        Command::Open(a) => open::run(*a),
+        Command::Open(a) => open_command(*a),
         Command::Status(a) => lifecycle::status(a),
         Command::Ls(a) => lifecycle::ls(a),
         Command::Close(a) => lifecycle::close(a),

@@ -214,7 +214,11 @@ pub(super) fn table_arg(a: &Args) -> TableArg {
     }
 }
 
-pub(crate) fn run(mut a: Args) -> Result<(), CliError> {
+/// Checks the positional arguments and returns the instance name when `a` opens a named
+/// instance (`ucrypt open DEV NAME` or `--table LINE NAME`, without `--run` or
+/// `--test-passphrase`), which `instance::run` serves; `None` for [`run`]'s foreground
+/// export.
+pub(crate) fn instance_name(a: &mut Args) -> Result<Option<String>, CliError> {
     // `open --table LINE NAME`: the one positional is the name, not a device.
     let has_table = a.table.is_some() || a.table_file.is_some();
     if has_table && a.header.device.is_some() {
@@ -236,11 +240,15 @@ pub(crate) fn run(mut a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if let Some(name) = a.header.name.clone() {
-        if a.run.is_none() && !a.header.test_passphrase {
-            return super::instance::run(a, name);
-        }
-    }
+    Ok(a.header
+        .name
+        .clone()
+        .filter(|_| a.run.is_none() && !a.header.test_passphrase))
+}
+
+/// `ucrypt open` without an instance name (after [`instance_name`]): serves in the
+/// foreground until SIGTERM/SIGINT or `--run`'s command ends.
+pub(crate) fn run(a: Args) -> Result<(), CliError> {
     // First, before any thread exists (the engine starts workers): threads inherit the
     // blocked mask, so only the signal thread ever takes SIGTERM/SIGINT.
     let shutdown = Shutdown::default();

@@ -6,7 +6,6 @@
 //! `--test-passphrase` only checks the passphrase and serves nothing.
 
 use super::luks::{cs_error, CsResult, DeviceArgs};
-use super::luks_open::unlock_inputs;
 use super::plain_args::PlainArgs;
 use super::secret::KeyFileArgs;
 use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
@@ -224,7 +223,7 @@ fn unlock_once(
             h.allow_discards,
         )?
     } else {
-        unlock_inputs(&dev, kind, &h.key, h.key_slot, h.allow_discards, &h.plain)?
+        super::unlock::inputs(&dev, kind, &h.key, h.key_slot, h.allow_discards, &h.plain)?
     };
     hopts.allow_null_cipher = h.insecure_allow_null_cipher;
     hopts.recover_reencryption = writable && !h.test_passphrase;
@@ -246,10 +245,11 @@ fn unlock_once(
         return Ok(None);
     }
     let lock = h.unlock.serialize()?;
-    let unlocked = super::progress::searching_maybe(unlocking(kind).as_deref(), || {
-        ucrypt::unlock(&device, &secret, &hopts)
-    })
-    .map_err(cs_error)?;
+    let unlocked =
+        super::progress::searching_maybe(super::unlock::unlocking(kind).as_deref(), || {
+            ucrypt::unlock(&device, &secret, &hopts)
+        })
+        .map_err(cs_error)?;
     drop(lock);
     drop(secret);
     h.unlock.link_unlocked(&unlocked)?;
@@ -257,10 +257,4 @@ fn unlock_once(
         return Ok(None);
     }
     Ok(Some((unlocked, hopts)))
-}
-
-/// What the spinner says while a volume of `kind` is unlocked; none for TCRYPT, whose
-/// search over every KDF and cipher chain draws its own bar (`progress::Search`).
-pub(crate) fn unlocking(kind: VolumeType) -> Option<String> {
-    (kind != VolumeType::Tcrypt).then(|| "Unlocking (key derivation)".to_string())
 }

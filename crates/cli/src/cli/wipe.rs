@@ -6,9 +6,9 @@
 //! --integrity or reencrypt.)
 
 use super::luks::{CsResult, DeviceArgs};
-use super::open_header::unlocking;
 use super::progress::{self, ProgressArgs};
 use super::secret::{self, KeyFileArgs};
+use super::unlock::unlocking;
 use super::{CliError, WithCode, EXIT_PARAMS};
 use ucrypt::header::VolumeType;
 use ucrypt_backend::Backend;

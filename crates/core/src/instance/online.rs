@@ -12,10 +12,12 @@
 
 use super::control::{refuse, PassState, Reencryption, Reply};
 use super::reencrypting::Reencrypting;
-use super::server::{lock_ignoring_poison, Server, Source};
+use super::runtime::Description;
+use super::switch::Switch;
 use crate::error::ErrorKind;
 use crate::reencrypt::{Outcome, Run, RunOptions, DEFAULT_MAX_HOTZONE};
 use crate::OpenOptions;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use ucrypt_backend::Backend;
@@ -34,31 +36,54 @@ impl Job {
     }
 }
 
+/// An instance's slot for its data pass.
+pub(super) type Slot = Mutex<Option<Job>>;
+
+/// What of the instance a pass uses.
+pub(super) struct Instance<'a> {
+    /// Its name (for messages).
+    pub(super) name: &'a str,
+    /// What it serves.
+    pub(super) switch: &'a Arc<Switch>,
+    /// Its description (read-only, size, discards).
+    pub(super) desc: &'a Mutex<Description>,
+    /// The engine options its volume was built with.
+    pub(super) opts: OpenOptions,
+    /// The device and detached header of an instance opened from a header.
+    pub(super) header: Option<(&'a Path, Option<&'a Path>)>,
+    /// Its pass.
+    pub(super) slot: &'a Slot,
+}
+
+fn lock_ignoring_poison<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The refusal of suspend, resume, resize and refresh while a data pass runs.
-pub(super) fn busy(s: &Server) -> Option<Reply> {
-    let job = lock_ignoring_poison(&s.online);
+pub(super) fn busy(slot: &Slot, name: &str) -> Option<Reply> {
+    let job = lock_ignoring_poison(slot);
     job.as_ref().filter(|j| j.running()).map(|_| {
         refuse(
             ErrorKind::Busy,
             format!(
                 "{} is being re-encrypted; wait for it to finish, or stop it with Ctrl-C in \
                  its `ucrypt reencrypt` (`ucrypt close {}` stops it too)",
-                s.name, s.name
+                name, name
             ),
         )
     })
 }
 
 /// The `reencryption` object of `status`, if a pass ran in this instance.
-pub(super) fn status(s: &Server) -> Option<Reencryption> {
-    let job = lock_ignoring_poison(&s.online);
+pub(super) fn status(slot: &Slot) -> Option<Reencryption> {
+    let job = lock_ignoring_poison(slot);
     job.as_ref()
         .map(|j| lock_ignoring_poison(&j.progress).clone())
 }
 
 /// Stops a running pass between hotzones and waits for it (metadata consistent).
-pub(super) fn stop(s: &Server) {
-    let mut job = lock_ignoring_poison(&s.online);
+pub(super) fn stop(slot: &Slot) {
+    let mut job = lock_ignoring_poison(slot);
     if let Some(j) = job.as_mut() {
         j.stop.store(true, Ordering::SeqCst);
         if let Some(t) = j.thread.take() {
@@ -68,15 +93,15 @@ pub(super) fn stop(s: &Server) {
 }
 
 /// `reencrypt_stop`: asks a running pass to stop after its hotzone; the answer comes at once.
-pub(super) fn request_stop(s: &Server) -> Reply {
-    match lock_ignoring_poison(&s.online).as_ref() {
+pub(super) fn request_stop(slot: &Slot, name: &str) -> Reply {
+    match lock_ignoring_poison(slot).as_ref() {
         Some(j) if j.running() => {
             j.stop.store(true, Ordering::SeqCst);
             Reply::Done
         }
         _ => refuse(
             ErrorKind::Invalid,
-            format!("no reencryption is running in {}", s.name),
+            format!("no reencryption is running in {name}"),
         ),
     }
 }
@@ -90,8 +115,8 @@ fn side(line: TableLine, opts: OpenOptions) -> Result<Arc<dyn Backend>, String> 
 
 /// `reencrypt`: opens the run on the instance's device with the passphrase that came
 /// with the request, puts the two-sided view in place and starts the pass.
-pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>) -> Reply {
-    if let Some(b) = busy(s) {
+pub(super) fn start(s: &Instance<'_>, secret: Option<&[u8]>, hotzone: Option<u64>) -> Reply {
+    if let Some(b) = busy(s.slot, s.name) {
         return b;
     }
     if s.switch.is_suspended() {
@@ -100,7 +125,7 @@ pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>
             format!("{} is suspended; luksResume it first", s.name),
         );
     }
-    if lock_ignoring_poison(&s.desc).read_only {
+    if lock_ignoring_poison(s.desc).read_only {
         // A read-only instance holds its image with a shared lock: other read-only
         // instances may serve it too, and would read new-key data with the old key.
         return refuse(
@@ -112,7 +137,7 @@ pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>
             ),
         );
     }
-    let Source::Header { device, hopts } = &s.source else {
+    let Some((device, header)) = s.header else {
         return refuse(
             ErrorKind::Invalid,
             "online reencryption needs an instance opened from a LUKS2 header",
@@ -121,7 +146,7 @@ pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>
     let Some(secret) = secret else {
         return refuse(ErrorKind::Invalid, "reencrypt needs the passphrase");
     };
-    let opened = match &hopts.header {
+    let opened = match header {
         Some(h) => Run::open_detached(h, device, secret),
         None => Run::open(device, secret),
     };
@@ -136,8 +161,8 @@ pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>
              shift); close the volume and run `ucrypt reencrypt` offline",
         );
     }
-    let opts = *lock_ignoring_poison(&s.opts);
-    let extra = if lock_ignoring_poison(&s.desc).allow_discards {
+    let opts = s.opts;
+    let extra = if lock_ignoring_poison(s.desc).allow_discards {
         vec![ucrypt_format::OptParam::AllowDiscards]
     } else {
         Vec::new()
@@ -153,7 +178,7 @@ pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>
         Ok(v) => v,
         Err(e) => return refuse(ErrorKind::Device, e),
     };
-    if view.info().size_bytes / 512 != lock_ignoring_poison(&s.desc).size_sectors {
+    if view.info().size_bytes / 512 != lock_ignoring_poison(s.desc).size_sectors {
         return refuse(
             ErrorKind::Invalid,
             "the instance serves a different size than the header's data area (resized?); \
@@ -175,7 +200,11 @@ pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>
         error: None,
     }));
     let thread = {
-        let (stop, progress, s) = (Arc::clone(&stop), Arc::clone(&progress), Arc::clone(s));
+        let (stop, progress, switch) = (
+            Arc::clone(&stop),
+            Arc::clone(&progress),
+            Arc::clone(s.switch),
+        );
         std::thread::Builder::new()
             .name("reencrypt".into())
             .spawn(move || {
@@ -197,7 +226,7 @@ pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>
                             .and_then(|(_, new)| side(new, opts));
                         p.state = PassState::Finished;
                         if let Err(e) =
-                            plain.and_then(|v| s.switch.replace(v).map_err(|e| e.to_string()))
+                            plain.and_then(|v| switch.replace(v).map_err(|e| e.to_string()))
                         {
                             // The two-sided view (boundary at the end) stays: correct, only
                             // slower.
@@ -215,7 +244,7 @@ pub(super) fn start(s: &Arc<Server>, secret: Option<&[u8]>, hotzone: Option<u64>
     };
     match thread {
         Ok(t) => {
-            *lock_ignoring_poison(&s.online) = Some(Job {
+            *lock_ignoring_poison(s.slot) = Some(Job {
                 stop,
                 progress,
                 thread: Some(t),

@@ -139,15 +139,15 @@ pub struct Config {
 }
 
 /// What the control thread shares with the server.
-pub(super) struct Server {
-    pub(super) name: String,
+struct Server {
+    name: String,
     shutdown: Shutdown,
-    pub(super) switch: Arc<Switch>,
+    switch: Arc<Switch>,
     attachment: Mutex<Option<Box<dyn Attachment>>>,
     connections: Arc<AtomicUsize>,
-    pub(super) desc: Mutex<Description>,
-    pub(super) source: Source,
-    pub(super) opts: Mutex<OpenOptions>,
+    desc: Mutex<Description>,
+    source: Source,
+    opts: Mutex<OpenOptions>,
     /// A deferred close is pending.
     deferred: AtomicBool,
     /// `close` detached the front end: stop once its answer is sent (stopping earlier
@@ -156,7 +156,7 @@ pub(super) struct Server {
     /// Path of the description (rewritten on resize/refresh).
     dir: Paths,
     /// Online reencryption (`reencrypt --active-name`), once started.
-    pub(super) online: Mutex<Option<online::Job>>,
+    online: online::Slot,
 }
 
 /// The front end's attach options for a volume of logical block `sector`.
@@ -320,7 +320,7 @@ pub fn serve(
         .join()
         .map_err(|_| Error::Invalid("the server thread panicked".into()))?;
     // A data pass still running stops between hotzones, the header consistent.
-    online::stop(&server);
+    online::stop(&server.online);
     // Stopped by a signal, or by `close` (which detached already).
     let detached = match lock_ignoring_poison(&server.attachment).take() {
         Some(at) => at.detach().map_err(Error::from),
@@ -330,7 +330,7 @@ pub fn serve(
     detached.map_err(|e| e.with_kind(ErrorKind::Device))
 }
 
-pub(super) fn lock_ignoring_poison<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock_ignoring_poison<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -385,14 +385,30 @@ fn handle(s: &Arc<Server>, received: Received) -> Reply {
             | Request::Refresh { .. }
     ) {
         // Asked once: a pass ending between two looks left the answer empty.
-        if let Some(refusal) = online::busy(s) {
+        if let Some(refusal) = online::busy(&s.online, &s.name) {
             return refusal;
         }
     }
     match request {
         Request::Status => Reply::Status(Box::new(status(s))),
-        Request::Reencrypt { hotzone } => online::start(s, secret, hotzone),
-        Request::ReencryptStop => online::request_stop(s),
+        Request::Reencrypt { hotzone } => {
+            let header = match &s.source {
+                Source::Header { device, hopts } => {
+                    Some((device.as_path(), hopts.header.as_deref()))
+                }
+                _ => None,
+            };
+            let instance = online::Instance {
+                name: &s.name,
+                switch: &s.switch,
+                desc: &s.desc,
+                opts: *lock_ignoring_poison(&s.opts),
+                header,
+                slot: &s.online,
+            };
+            online::start(&instance, secret, hotzone)
+        }
+        Request::ReencryptStop => online::request_stop(&s.online, &s.name),
         Request::Close { force, deferred } => close(s, force, deferred),
         Request::CancelDeferred => {
             // The watcher of a deferred close stops at its next look (every 200 ms).
@@ -434,7 +450,7 @@ fn handle(s: &Arc<Server>, received: Received) -> Reply {
 /// deferred).
 fn close(s: &Arc<Server>, force: bool, deferred: bool) -> Reply {
     // A data pass stops between hotzones first (the header consistent).
-    online::stop(s);
+    online::stop(&s.online);
     if s.switch.is_suspended() {
         if !force {
             return refuse(
@@ -500,7 +516,7 @@ fn status(s: &Server) -> Status {
         in_use_by,
         nbd_connections: s.connections.load(Ordering::SeqCst),
         suspended: s.switch.is_suspended(),
-        reencryption: online::status(s),
+        reencryption: online::status(&s.online),
         deferred_close: s.deferred.load(Ordering::SeqCst),
     }
 }
