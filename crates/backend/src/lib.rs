@@ -2,22 +2,25 @@
 //!
 //! One small trait, [`Backend`], for every kind of storage: regular files and block devices
 //! ([`mod@file`]), Ceph RBD images through librbd ([`rbd`], loaded at run time), a sparse
-//! ramdisk like brd ([`memory`]), a sink like dm-zero ([`zero`]) and an error-injecting
-//! wrapper for tests like dm-flakey ([`faulty`]). The decrypted view
+//! ramdisk like brd ([`memory`]) and a sink like dm-zero ([`zero`]). The decrypted view
 //! (`ucrypt_engine::Volume`) implements the same trait, so layers stack and a raw
-//! passthrough needs no special path. Knows nothing of encryption.
+//! passthrough needs no special path. Knows nothing of encryption. [`aligned`] holds the
+//! aligned buffers `O_DIRECT` needs.
 //!
-//! `testing` (behind the feature of that name, for tests only) holds the conformance suite
-//! every implementation runs; [`aligned`] the aligned buffers `O_DIRECT` needs.
+//! For tests only, behind the `testing` feature (which only the workspace's
+//! dev-dependencies turn on): `testing`, the conformance suite every implementation runs,
+//! and `faulty`, an error-injecting wrapper like dm-flakey (`FaultyBackend`).
 //!
 //! ```text
 //!   engine::Volume ──► Arc<dyn Backend> ──► FileBackend | RbdBackend | MemoryBackend | ZeroBackend
 //!                                                 ▲
-//!                                     FaultyBackend (wraps any)
+//!                                     FaultyBackend (wraps any; tests only)
 //! ```
 
 pub mod aligned;
 mod error;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
 pub mod faulty;
 pub mod file;
 pub mod linear;
@@ -31,6 +34,7 @@ pub mod zero;
 
 pub use aligned::AlignedBuf;
 pub use error::BackendError;
+#[cfg(any(test, feature = "testing"))]
 pub use faulty::FaultyBackend;
 pub use file::{install_sigbus_handler, sigbus_handler_installed, FileBackend, FileOptions};
 pub use linear::LinearBackend;
