@@ -1,18 +1,23 @@
 //! # ucrypt: dm-crypt rebuilt in userspace
 //!
-//! The library half of the `ucrypt` command: it assembles the layers (table line →
-//! cipher, device → backend, both → [`ucrypt_engine::Volume`]) so the CLI stays thin.
+//! The library behind the `ucrypt` command (package `ucrypt-cli`): it assembles the layers
+//! (table line or unlocked header → [`format::Mapping`](ucrypt_format::Mapping) → backends
+//! and [`ucrypt_engine::Volume`]) and runs named instances, so the command only parses,
+//! prompts and prints.
 //!
 //! ```text
-//!  cli (parse, print) ──► open::open_table ──► format::TableLine ──► crypto::SectorCipher
-//!                                         └──► backend::FileBackend ─┐
-//!                                                                    ▼
-//!                                                           engine::Volume
+//!  table line ──► open::open_table ──► format::TableLine ──► crypto::SectorCipher
+//!  header ──► header::unlock ──► Unlocked ─┐      └──► backend::FileBackend ─┐
+//!                                          ▼                                 ▼
+//!                             mapping::open_mapping ─────────────► engine::Volume
+//!                                                                            │
+//!  instance::server::serve: Switch ─► NBD server, front end, control socket ◄┘
 //! ```
 //!
 //! Every operation fails with a typed [`Error`] (what failed: the format layer's, the
-//! backend's, the engine's error..., under `Context` links saying what was being done), so
-//! callers choose by type, never by message text.
+//! backend's, the engine's error..., under `Context` links saying what was being done), and
+//! [`Error::kind`] sorts it into an [`ErrorKind`], so callers choose by type, never by
+//! message text.
 
 pub mod bench;
 pub mod config;
