@@ -1585,3 +1585,48 @@ fn the_background_server_locks_its_keys_as_the_foreground_one() {
         "the background server has {bg} kB locked, the foreground one {fg_kb} kB"
     );
 }
+
+/// The control socket serves each client on its own, against a deadline: 300 idle
+/// connections, 20 that sent half a request and 20 that sent garbage do not delay `status`
+/// or `close` of anyone else (one idle connection used to block every command for 30 s).
+#[test]
+fn stuck_or_hostile_control_clients_delay_no_one() {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    let rt = Runtime::new();
+    let img = common::image(rt.tmp.path(), "img", 1 << 20);
+    let (_, table) = common::nbd::xts_table(rt.tmp.path(), &img, 4096, &[]);
+    let t = table.to_str().unwrap();
+    rt.ok(
+        &["open", "--table-file", t, "busy", "--device", "none"],
+        b"",
+    );
+    let ctl = rt.dir().join("busy/control.sock");
+    let mut held = Vec::new();
+    for i in 0..340 {
+        let mut s = UnixStream::connect(&ctl).unwrap();
+        match i % 17 {
+            0 => s.write_all(br#"{"op":"sta"#).unwrap(),
+            1 => s.write_all(b"\x00\xffgarbage\n").unwrap(),
+            _ => {}
+        }
+        held.push(s);
+    }
+    let t0 = Instant::now();
+    let st = rt.status("busy");
+    let took = t0.elapsed();
+    assert_eq!(st["name"], "busy", "{st}");
+    assert!(
+        took < Duration::from_secs(2),
+        "status took {took:?} behind stuck clients"
+    );
+    let t0 = Instant::now();
+    rt.ok(&["close", "busy"], b"");
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "close took {took:?} behind stuck clients"
+    );
+    wait_gone(&rt, "busy");
+    drop(held);
+}

@@ -27,6 +27,15 @@ use zeroize::Zeroizing;
 const MAX_LINE: u64 = 64 * 1024;
 /// Longest secret accepted (cryptsetup's key-file limit, 8 MiB).
 const MAX_SECRET: usize = 8192 * 1024;
+/// How long a client has to send its whole request (line and secret), from its connect.
+/// An idle, slow or half-sent request is refused then; it never holds up anyone else,
+/// since each connection is read on a thread of its own.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// Connections being read at once; one more is refused at once as busy. Each reader ends
+/// within [`REQUEST_DEADLINE`], and only this user and root can connect at all.
+const MAX_READERS: usize = 1024;
+/// How often the accept loop looks whether serving should stop.
+const ACCEPT_POLL: Duration = Duration::from_millis(500);
 
 /// What a client asks a running instance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -230,9 +239,48 @@ fn peer_uid(s: &UnixStream) -> std::io::Result<u32> {
     }
 }
 
-/// Reads one request from `s`.
+/// A connection read against a deadline: each read waits at most until `until`.
+struct Deadline<'a> {
+    s: &'a UnixStream,
+    until: std::time::Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no complete request within {} s",
+                    REQUEST_DEADLINE.as_secs()
+                ),
+            ));
+        }
+        self.s.set_read_timeout(Some(left))?;
+        match self.s.read(buf) {
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock) => {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no complete request within {} s",
+                        REQUEST_DEADLINE.as_secs()
+                    ),
+                ))
+            }
+            r => r,
+        }
+    }
+}
+
+/// Reads one request from `s`, all of it before `REQUEST_DEADLINE` has passed.
 fn read_request(s: &UnixStream) -> Result<Received, String> {
-    let mut r = BufReader::new(s);
+    let mut r = BufReader::new(Deadline {
+        s,
+        until: std::time::Instant::now() + REQUEST_DEADLINE,
+    });
     let mut line = Zeroizing::new(String::new());
     (&mut r)
         .take(MAX_LINE)
@@ -256,39 +304,122 @@ fn read_request(s: &UnixStream) -> Result<Received, String> {
     Ok(Received { request, secret })
 }
 
-/// Serves requests on `listener` one at a time until `stop()` is true after a request (or
-/// the listener fails). `handle` answers each.
+/// Serves requests on `listener` until `stop()` is true after a request (or the listener
+/// fails). Each connection is read on a thread of its own, against a deadline, so an idle,
+/// slow or hostile client delays nobody; complete requests are answered by `handle` one
+/// at a time, in the order they were complete, on the calling thread.
 pub fn serve(
     listener: UnixListener,
     mut handle: impl FnMut(Received) -> Reply,
     stop: impl Fn() -> bool,
 ) {
+    let (tx, rx) = std::sync::mpsc::channel::<(UnixStream, Result<Received, Reply>)>();
+    let stopping = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        // The accept loop owns the sender: once it has ended (the listener failed) and the
+        // readers it started are done, `rx` ends too.
+        let (listener, stopping) = (&listener, &stopping);
+        let accept = sc.spawn(move || accept_loop(listener, tx, stopping));
+        for (mut s, got) in &rx {
+            let answer = match got {
+                Ok(req) => handle(req),
+                Err(refusal) => refusal,
+            };
+            answer_with(&mut s, &answer);
+            drop(s);
+            if stop() {
+                break;
+            }
+        }
+        stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = accept.join();
+    });
+}
+
+/// Writes `answer` as one JSON line (a client that never reads its answer cannot hold the
+/// writer: the line fits the socket's buffer, and the write gives up after a while).
+fn answer_with(s: &mut UnixStream, answer: &Reply) {
+    let line = serde_json::to_string(answer).unwrap_or_else(|e| {
+        format!(r#"{{"reply":"refused","kind":"invalid","message":"encoding the answer: {e}"}}"#)
+    });
+    let _ = s.set_write_timeout(Some(REQUEST_DEADLINE));
+    let _ = writeln!(s, "{line}");
+    let _ = s.flush();
+}
+
+/// Accepts connections until `stopping` (looked at every [`ACCEPT_POLL`]) or the listener
+/// fails; checks each peer's credentials and hands the connection to a reader thread,
+/// which sends what it read (or the refusal) to `tx`.
+fn accept_loop(
+    listener: &UnixListener,
+    tx: std::sync::mpsc::Sender<(UnixStream, Result<Received, Reply>)>,
+    stopping: &std::sync::atomic::AtomicBool,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    for conn in listener.incoming() {
-        let Ok(mut s) = conn else { continue };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-        let answer = match peer_uid(&s) {
-            Ok(uid) if uid == me || uid == 0 => match read_request(&s) {
-                Ok(req) => handle(req),
-                Err(e) => refuse(ErrorKind::Invalid, e),
-            },
-            Ok(uid) => refuse(
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    let readers = Arc::new(AtomicUsize::new(0));
+    while !stopping.load(Ordering::SeqCst) {
+        let mut s = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut fd = libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd that lives for the call.
+                unsafe { libc::poll(&mut fd, 1, ACCEPT_POLL.as_millis() as libc::c_int) };
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        if s.set_nonblocking(false).is_err() {
+            continue;
+        }
+        let refusal = match peer_uid(&s) {
+            Ok(uid) if uid == me || uid == 0 => None,
+            Ok(uid) => Some(refuse(
                 ErrorKind::Permission,
                 format!("uid {uid} may not control this instance"),
-            ),
-            Err(e) => refuse(ErrorKind::Invalid, format!("reading peer credentials: {e}")),
+            )),
+            Err(e) => Some(refuse(
+                ErrorKind::Invalid,
+                format!("reading peer credentials: {e}"),
+            )),
         };
-        let line = serde_json::to_string(&answer).unwrap_or_else(|e| {
-            format!(
-                r#"{{"reply":"refused","kind":"invalid","message":"encoding the answer: {e}"}}"#
-            )
-        });
-        let _ = writeln!(s, "{line}");
-        let _ = s.flush();
-        drop(s);
-        if stop() {
-            break;
+        if let Some(r) = refusal {
+            answer_with(&mut s, &r);
+            continue;
+        }
+        if readers.fetch_add(1, Ordering::SeqCst) >= MAX_READERS {
+            readers.fetch_sub(1, Ordering::SeqCst);
+            answer_with(
+                &mut s,
+                &refuse(
+                    ErrorKind::Busy,
+                    format!("{MAX_READERS} control requests are being read; try again"),
+                ),
+            );
+            continue;
+        }
+        let (tx, readers2) = (tx.clone(), Arc::clone(&readers));
+        let spawned = std::thread::Builder::new()
+            .name("control-read".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let got = read_request(&s).map_err(|e| refuse(ErrorKind::Invalid, e));
+                readers2.fetch_sub(1, Ordering::SeqCst);
+                // The serving loop may be gone (stopping): then nobody answers.
+                let _ = tx.send((s, got));
+            });
+        if spawned.is_err() {
+            readers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
