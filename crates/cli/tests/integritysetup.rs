@@ -229,3 +229,66 @@ fn an_integrity_table_line_is_served() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("integrity tag mismatch"));
 }
+
+/// `integritysetup open DEVICE -- --socket PATH` serves the device over NBD in the
+/// foreground: qemu-img reads what the kernel read; with one tag byte flipped, the read
+/// fails (EIO over NBD).
+#[test]
+fn open_serves_the_device_over_nbd() {
+    let Some(dir) = data() else { return };
+    if !ucrypt_testkit::require("qemu-img") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("k.img");
+    unxz(&dir.join("hmac-sha256-4096-J.img.xz"), &img);
+    let key = dir.join("key32.bin");
+    let want = std::fs::read_to_string(dir.join("hmac-sha256-4096-J.sha256")).unwrap();
+    for tamper in [false, true] {
+        if tamper {
+            // The tag of block 10: the first tag byte is after the superblock and the
+            // one-section journal (8 + 264 sectors), 32 bytes a block.
+            let mut bytes = std::fs::read(&img).unwrap();
+            bytes[(8 + 264) * 512 + 10 * 32] ^= 1;
+            std::fs::write(&img, bytes).unwrap();
+        }
+        let sock = tmp.path().join(format!("s{tamper}"));
+        let mut server = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+            .args(["integritysetup", "open", img.to_str().unwrap()])
+            .args(["--integrity", "hmac-sha256", "--integrity-key-file"])
+            .arg(&key)
+            .args(["--", "--socket"])
+            .arg(&sock)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..100 {
+            if sock.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let plain = tmp.path().join("plain");
+        let out = Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "raw"])
+            .arg(format!("nbd+unix:///?socket={}", sock.display()))
+            .arg(&plain)
+            .output()
+            .unwrap();
+        let _ = server.kill();
+        let _ = server.wait();
+        if tamper {
+            assert!(!out.status.success(), "a tampered block read over NBD");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("Input/output error"), "{err}");
+        } else {
+            assert!(out.status.success(), "{out:?}");
+            use sha2::Digest;
+            let got: String = sha2::Sha256::digest(std::fs::read(&plain).unwrap())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(got, want.trim());
+        }
+    }
+}

@@ -1,11 +1,11 @@
-//! `ucrypt integritysetup dump|format DEVICE`: standalone dm-integrity, as cryptsetup's
+//! `ucrypt integritysetup dump|format|open DEVICE`: standalone dm-integrity, as cryptsetup's
 //! `integritysetup` (2.6) does it, with `ucrypt-integrity` in place of the kernel.
 //!
 //! `format` writes what the kernel writes when `integritysetup format` activates its
 //! temporary table (superblock, empty journal) and then, unless `--integrity-no-wipe`,
-//! zeros with valid tags over the data; `dump` prints the superblock as integritysetup does.
-//! Serving a device (`open`) is not here yet: it needs the integrity target in the table
-//! model that `ucrypt open` serves.
+//! zeros with valid tags over the data; `dump` prints the superblock as integritysetup does;
+//! `open` builds the kernel's table line from the superblock and the options and runs
+//! `ucrypt open` on it (the line through a pipe, so no key is on a command line).
 
 use super::secret::confirm;
 use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
@@ -34,6 +34,73 @@ enum Action {
     },
     /// Format a device for dm-integrity (integritysetup format).
     Format(Box<FormatArgs>),
+    /// Serve a dm-integrity device (integritysetup open): as `ucrypt open` serves a table,
+    /// with NAME a named instance (ublk, kernel NBD, FUSE), without it NBD in the
+    /// foreground. Options of `ucrypt open` go after `--`.
+    Open(Box<OpenArgs>),
+}
+
+/// Arguments of `ucrypt integritysetup open`.
+#[derive(clap::Args)]
+struct OpenArgs {
+    /// The device or image.
+    device: String,
+    /// Instance name (as `ucrypt open NAME`).
+    name: Option<String>,
+    /// Internal hash (must be the one the device was formatted with).
+    #[arg(long = "integrity", short = 'I', default_value = "crc32c")]
+    integrity: String,
+    /// Key of an HMAC internal hash, read from this file.
+    #[arg(long = "integrity-key-file")]
+    integrity_key_file: Option<String>,
+    /// Bytes of that key to read (default: the hash's digest size).
+    #[arg(long = "integrity-key-size")]
+    integrity_key_size: Option<usize>,
+    /// Journal MAC (when the device has one).
+    #[arg(long = "journal-integrity")]
+    journal_integrity: Option<String>,
+    /// Key of the journal MAC, read from this file.
+    #[arg(long = "journal-integrity-key-file")]
+    journal_integrity_key_file: Option<String>,
+    /// Bytes of that key to read.
+    #[arg(long = "journal-integrity-key-size")]
+    journal_integrity_key_size: Option<usize>,
+    /// Direct writes (mode D): no journal, a crash can leave blocks whose tag fails.
+    #[arg(long = "integrity-no-journal", short = 'D')]
+    no_journal: bool,
+    /// Bitmap mode (B).
+    #[arg(long = "integrity-bitmap-mode", short = 'B')]
+    bitmap_mode: bool,
+    /// Recovery mode (R): read-only, tags not checked, journal not replayed.
+    #[arg(long = "integrity-recovery-mode", short = 'R')]
+    recovery: bool,
+    /// Recompute every tag from the data.
+    #[arg(long = "integrity-recalculate")]
+    recalculate: bool,
+    /// Allow recalculating HMAC tags (the kernel refuses it by default).
+    #[arg(long = "integrity-legacy-recalculate")]
+    legacy_recalculate: bool,
+    /// Tag buffer sectors (the kernel's buffer_sectors).
+    #[arg(long = "buffer-sectors")]
+    buffer_sectors: Option<u32>,
+    /// Journal watermark in percent.
+    #[arg(long = "journal-watermark")]
+    journal_watermark: Option<u32>,
+    /// Journal commit time in milliseconds (accepted; ucrypt commits on flush and FUA).
+    #[arg(long = "journal-commit-time")]
+    journal_commit_time: Option<u32>,
+    /// Sectors per bitmap bit (bitmap mode).
+    #[arg(long = "bitmap-sectors-per-bit")]
+    sectors_per_bit: Option<u64>,
+    /// Bitmap flush interval in milliseconds (accepted; ucrypt clears the bitmap on flush).
+    #[arg(long = "bitmap-flush-time")]
+    bitmap_flush_time: Option<u32>,
+    /// Serve read-only.
+    #[arg(long = "read-only", short = 'r')]
+    read_only: bool,
+    /// Options for `ucrypt open` (`--device ublk`, `--socket PATH`, `--foreground`...).
+    #[arg(last = true)]
+    open_args: Vec<String>,
 }
 
 /// Arguments of `ucrypt integritysetup format`.
@@ -97,6 +164,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     match a.action {
         Action::Dump { device } => dump(&device),
         Action::Format(f) => format(*f, a.batch_mode),
+        Action::Open(o) => open(*o),
     }
 }
 
@@ -215,4 +283,127 @@ fn format(a: FormatArgs, batch: bool) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+fn hex(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The kernel's table line for the device, as integritysetup builds it from the superblock
+/// and the options (`dmsetup table` shows it), keys in hex.
+fn open_line(a: &OpenArgs) -> Result<Zeroizing<String>, CliError> {
+    let dev = ucrypt::open::open_device(&a.device, true, false).code(EXIT_DEVICE)?;
+    let mut first = vec![0u8; 512];
+    dev.read_at(&mut first, 0)
+        .with_context(|| format!("reading {}", a.device))
+        .code(EXIT_DEVICE)?;
+    let sb = Superblock::parse(&first)
+        .map_err(|e| anyhow!("Device {} is not a valid INTEGRITY device ({e}).", a.device))
+        .code(EXIT_PARAMS)?;
+    let hash = algorithm(&a.integrity)?;
+    let mode = match (a.no_journal, a.bitmap_mode, a.recovery) {
+        (false, false, false) => 'J',
+        (true, false, false) => 'D',
+        (false, true, false) => 'B',
+        (false, false, true) => 'R',
+        _ => {
+            return Err(anyhow!(
+                "--integrity-no-journal, --integrity-bitmap-mode and --integrity-recovery-mode \
+                 exclude each other"
+            ))
+            .code(EXIT_PARAMS)
+        }
+    };
+    let mut args: Vec<String> = Vec::new();
+    if sb.block_bytes() != 512 {
+        args.push(format!("block_size:{}", sb.block_bytes()));
+    }
+    for (k, v) in [
+        ("buffer_sectors", a.buffer_sectors.map(u64::from)),
+        ("journal_watermark", a.journal_watermark.map(u64::from)),
+        ("commit_time", a.journal_commit_time.map(u64::from)),
+        ("sectors_per_bit", a.sectors_per_bit),
+        ("bitmap_flush_interval", a.bitmap_flush_time.map(u64::from)),
+    ] {
+        if let Some(v) = v {
+            args.push(format!("{k}:{v}"));
+        }
+    }
+    if a.recalculate {
+        args.push("recalculate".into());
+    }
+    if a.legacy_recalculate {
+        args.push("legacy_recalculate".into());
+    }
+    let mut line = Zeroizing::new(String::new());
+    let keyed = |what: &str, alg: Algorithm, file: &Option<String>, size: Option<usize>| match (
+        alg.keyed(),
+        file,
+    ) {
+        (true, Some(f)) => {
+            let key = key_file(f, Some(size.unwrap_or(alg.digest_size())))?;
+            Ok(format!("{what}:{}:{}", alg.kernel_name(), hex(&key)))
+        }
+        (true, None) => Err(anyhow!("{} needs a key file", alg.kernel_name())).code(EXIT_PARAMS),
+        (false, Some(_)) => Err(anyhow!("{} takes no key", alg.kernel_name())).code(EXIT_PARAMS),
+        (false, None) => Ok(format!("{what}:{}", alg.kernel_name())),
+    };
+    let mut secret_args = vec![Zeroizing::new(keyed(
+        "internal_hash",
+        hash,
+        &a.integrity_key_file,
+        a.integrity_key_size,
+    )?)];
+    if let Some(j) = &a.journal_integrity {
+        secret_args.push(Zeroizing::new(keyed(
+            "journal_mac",
+            algorithm(j)?,
+            &a.journal_integrity_key_file,
+            a.journal_integrity_key_size,
+        )?));
+    }
+    line.push_str(&format!(
+        "0 {} integrity {} 0 {} {mode} {}",
+        sb.provided_data_sectors,
+        a.device,
+        sb.tag_size,
+        args.len() + secret_args.len()
+    ));
+    for x in args
+        .iter()
+        .map(String::as_str)
+        .chain(secret_args.iter().map(|s| s.as_str()))
+    {
+        line.push(' ');
+        line.push_str(x);
+    }
+    line.push('\n');
+    Ok(line)
+}
+
+/// `integritysetup open`: the table line, handed to `ucrypt open` through a pipe (the keys
+/// never on a command line or on disk).
+fn open(a: OpenArgs) -> Result<(), CliError> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let line = open_line(&a)?;
+    let (reader, mut writer) = std::io::pipe().context("creating a pipe")?;
+    writer
+        .write_all(line.as_bytes())
+        .context("writing the table to the pipe")?;
+    drop(writer);
+    let mut argv: Vec<String> = vec![
+        "ucrypt".into(),
+        "open".into(),
+        "--table-file".into(),
+        format!("/dev/fd/{}", reader.as_raw_fd()),
+    ];
+    if a.read_only {
+        argv.push("--read-only".into());
+    }
+    argv.extend(a.open_args.iter().cloned());
+    if let Some(n) = &a.name {
+        argv.push(n.clone());
+    }
+    super::run_open_args(argv, reader)
 }

@@ -263,7 +263,7 @@ enum Command {
     /// Exit 0 if the device holds a valid LUKS header.
     #[command(name = "isLuks")]
     IsLuks(is_luks::Args),
-    /// Standalone dm-integrity (integritysetup): dump, format.
+    /// Standalone dm-integrity (integritysetup): dump, format, open.
     Integritysetup(integritysetup::Args),
     /// Print or set the LUKS header UUID.
     #[command(name = "luksUUID")]
@@ -531,6 +531,19 @@ fn open_command(mut a: open::Args) -> Result<(), CliError> {
         Some(name) => instance::run(a, name),
         None => open::run(a),
     }
+}
+
+/// Runs `ucrypt open` with `argv` (from `ucrypt`), as a command that builds a table for
+/// it does (`integritysetup open`); `keep` (the pipe the table is read from) lives until
+/// `open` returns.
+pub(crate) fn run_open_args<K>(argv: Vec<String>, keep: K) -> Result<(), CliError> {
+    let cli = Cli::try_parse_from(argv).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let r = match cli.command {
+        Command::Open(a) => open_command(*a),
+        _ => Err(anyhow::anyhow!("not an open command").into()),
+    };
+    drop(keep);
+    r
 }
 
 /// cryptsetup's old action names that are another action here: every `*Close` and
