@@ -292,3 +292,16 @@ fn open_serves_the_device_over_nbd() {
         }
     }
 }
+
+/// A named instance is refused with the reason (the instance machinery describes crypt
+/// targets only).
+#[test]
+fn open_with_a_name_is_refused_for_now() {
+    let Some(dir) = data() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("k.img");
+    unxz(&dir.join("crc32c-512-J.img.xz"), &img);
+    let out = ucrypt(&["integritysetup", "open", img.to_str().unwrap(), "vol"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("named instances"));
+}

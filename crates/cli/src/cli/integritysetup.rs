@@ -34,9 +34,9 @@ enum Action {
     },
     /// Format a device for dm-integrity (integritysetup format).
     Format(Box<FormatArgs>),
-    /// Serve a dm-integrity device (integritysetup open): as `ucrypt open` serves a table,
-    /// with NAME a named instance (ublk, kernel NBD, FUSE), without it NBD in the
-    /// foreground. Options of `ucrypt open` go after `--`.
+    /// Serve a dm-integrity device (integritysetup open) over NBD in the foreground, as
+    /// `ucrypt open` serves a table; options of `ucrypt open` go after `--`. Named
+    /// instances (NAME) are refused for now.
     Open(Box<OpenArgs>),
 }
 
@@ -45,7 +45,7 @@ enum Action {
 struct OpenArgs {
     /// The device or image.
     device: String,
-    /// Instance name (as `ucrypt open NAME`).
+    /// Instance name (refused for now: named instances describe crypt targets only).
     name: Option<String>,
     /// Internal hash (must be the one the device was formatted with).
     #[arg(long = "integrity", short = 'I', default_value = "crc32c")]
@@ -386,6 +386,16 @@ fn open_line(a: &OpenArgs) -> Result<Zeroizing<String>, CliError> {
 fn open(a: OpenArgs) -> Result<(), CliError> {
     use std::io::Write;
     use std::os::fd::AsRawFd;
+    if let Some(n) = &a.name {
+        // The instance machinery (status, close, resize) describes crypt targets only.
+        return Err(anyhow!(
+            "integritysetup open {n}: named instances of a dm-integrity device are not \
+             supported yet; serve it in the foreground (integritysetup open {} -- --socket \
+             PATH, or --listen)",
+            a.device
+        ))
+        .code(EXIT_PARAMS);
+    }
     let line = open_line(&a)?;
     let (reader, mut writer) = std::io::pipe().context("creating a pipe")?;
     writer
@@ -402,8 +412,5 @@ fn open(a: OpenArgs) -> Result<(), CliError> {
         argv.push("--read-only".into());
     }
     argv.extend(a.open_args.iter().cloned());
-    if let Some(n) = &a.name {
-        argv.push(n.clone());
-    }
     super::run_open_args(argv, reader)
 }
