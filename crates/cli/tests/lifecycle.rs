@@ -55,6 +55,25 @@ impl Runtime {
     fn pid(&self, name: &str) -> i32 {
         self.status(name)["pid"].as_i64().unwrap() as i32
     }
+    /// Starts a foreground server with this runtime directory and returns once it is ready
+    /// (its first line, the URI, printed); the caller kills it.
+    fn foreground(&self, args: &[&str]) -> std::process::Child {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+            .args(args)
+            .env("UCRYPT_RUNTIME_DIR", self.dir())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert!(!ready.is_empty(), "ucrypt {args:?} did not become ready");
+        child
+    }
 }
 
 impl Drop for Runtime {
@@ -1497,20 +1516,7 @@ fn a_table_given_on_the_command_line_leaves_no_key_in_the_servers_cmdline() {
     let bg = cmdline(rt.pid("bg"));
     let table_eq = format!("--table={line}");
     let sock = rt.path("fg.sock");
-    let mut fg = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
-        .args(["open", &table_eq, "--socket"])
-        .arg(&sock)
-        .env("UCRYPT_RUNTIME_DIR", rt.dir())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(fg.stdout.take().unwrap()),
-        &mut ready,
-    )
-    .unwrap();
+    let mut fg = rt.foreground(&["open", &table_eq, "--socket", sock.to_str().unwrap()]);
     let fg_line = cmdline(fg.id() as i32);
     let _ = fg.kill();
     let _ = fg.wait();
@@ -1555,21 +1561,10 @@ fn the_background_server_locks_its_keys_as_the_foreground_one() {
     rt.ok(&args, b"");
     let bg = vm_locked_kb(rt.pid("bg"));
     let sock = rt.path("fg.sock");
-    let mut fg = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
-        .args(["open", img])
-        .args(shared)
-        .arg("--socket")
-        .arg(&sock)
-        .env("UCRYPT_RUNTIME_DIR", rt.dir())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(fg.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let mut args = vec!["open", img];
+    args.extend(shared);
+    args.extend(["--socket", sock.to_str().unwrap()]);
+    let mut fg = rt.foreground(&args);
     let fg_kb = vm_locked_kb(fg.id() as i32);
     let _ = fg.kill();
     let _ = fg.wait();
