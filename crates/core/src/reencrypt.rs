@@ -691,7 +691,7 @@ impl Run {
     /// Whether this is a re-key from the start of the data area to its end (cryptsetup's
     /// mode `reencrypt`, direction `forward`): the one kind ucrypt runs online.
     pub fn forward_rekey(&self) -> bool {
-        self.state.mode == "reencrypt" && !self.state.backward()
+        self.state.mode == reencrypt::Mode::Reencrypt && !self.state.backward()
     }
 
     /// dm-crypt table lines of the old and the new side, each over the whole data area of

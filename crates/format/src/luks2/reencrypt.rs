@@ -118,6 +118,78 @@ pub enum Progress {
     },
 }
 
+/// A reencryption's `mode`: what the new side is to the old.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `reencrypt`: re-keying, both sides encrypted.
+    Reencrypt,
+    /// `encrypt`: the old side is plaintext (a linear segment).
+    Encrypt,
+    /// `decrypt`: the new side is plaintext (a linear segment).
+    Decrypt,
+}
+
+impl Mode {
+    /// The metadata's word for `s`, if it is one.
+    pub fn parse(s: &str) -> Option<Mode> {
+        Some(match s {
+            "reencrypt" => Mode::Reencrypt,
+            "encrypt" => Mode::Encrypt,
+            "decrypt" => Mode::Decrypt,
+            _ => return None,
+        })
+    }
+
+    /// The metadata's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Reencrypt => "reencrypt",
+            Mode::Encrypt => "encrypt",
+            Mode::Decrypt => "decrypt",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A reencryption's `direction`: which end of the data area the pass starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// `forward`: from the start.
+    Forward,
+    /// `backward`: from the end.
+    Backward,
+}
+
+impl Direction {
+    /// The metadata's word for `s`, if it is one.
+    pub fn parse(s: &str) -> Option<Direction> {
+        match s {
+            "forward" => Some(Direction::Forward),
+            "backward" => Some(Direction::Backward),
+            _ => None,
+        }
+    }
+
+    /// The metadata's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Forward => "forward",
+            Direction::Backward => "backward",
+        }
+    }
+}
+
+impl std::fmt::Display for Direction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A LUKS2 header's reencryption state: mode `reencrypt` (re-key), `encrypt` (a linear old
 /// side) or `decrypt` (a linear new side), direction `forward` (done from the start) or
 /// `backward` (done from the end, cryptsetup's `--decrypt`).
@@ -126,9 +198,9 @@ pub struct Reencrypt {
     /// The `reencrypt` keyslot's id.
     pub keyslot: u32,
     /// `mode`.
-    pub mode: String,
+    pub mode: Mode,
     /// `direction`.
-    pub direction: String,
+    pub direction: Direction,
     /// The keyslot's area: byte offset and size.
     pub area: (u64, u64),
     /// Resilience.
@@ -385,14 +457,11 @@ impl Reencrypt {
             .parse()
             .map_err(|_| bad(format!("keyslot id {kid:?} is not a number")))?;
         let path = format!("keyslots.{kid}");
-        let mode = str_of(ks, "mode", &path)?.to_string();
-        let direction = str_of(ks, "direction", &path)?.to_string();
-        if !["reencrypt", "encrypt", "decrypt"].contains(&mode.as_str()) {
-            return Err(unsupported(format!("mode \"{mode}\"")));
-        }
-        if !["forward", "backward"].contains(&direction.as_str()) {
-            return Err(unsupported(format!("direction \"{direction}\"")));
-        }
+        let mode = str_of(ks, "mode", &path)?;
+        let direction = str_of(ks, "direction", &path)?;
+        let mode = Mode::parse(mode).ok_or_else(|| unsupported(format!("mode \"{mode}\"")))?;
+        let direction = Direction::parse(direction)
+            .ok_or_else(|| unsupported(format!("direction \"{direction}\"")))?;
         let area = field(ks, "area", &path)?;
         let apath = format!("{path}.area");
         let area_pos = (
@@ -436,11 +505,11 @@ impl Reencrypt {
         }
         let (oid, oseg) = backup_old.ok_or_else(|| bad("no backup-previous segment".into()))?;
         let (nid, nseg) = backup_new.ok_or_else(|| bad("no backup-final segment".into()))?;
-        let old = side_of(json, oid, oseg, mode == "encrypt")?;
-        let new = side_of(json, nid, nseg, mode == "decrypt")?;
+        let old = side_of(json, oid, oseg, mode == Mode::Encrypt)?;
+        let new = side_of(json, nid, nseg, mode == Mode::Decrypt)?;
         let moved = match (&resilience, moved) {
             (Resilience::Datashift { shift }, Some((id, seg))) => Some(Self::moved_of(
-                json, &mode, &direction, *shift, &old, &new, id, seg,
+                json, mode, direction, *shift, &old, &new, id, seg,
             )?),
             (Resilience::Datashift { .. }, None) => {
                 return Err(unsupported(
@@ -471,15 +540,15 @@ impl Reencrypt {
             return Err(bad("neither backup segment is encrypted".into()));
         }
         live.sort_by_key(|(id, _)| *id);
-        let backward = direction == "backward";
-        if moved_resilience.is_some() != (moved.is_some() && mode == "decrypt") {
+        let backward = direction == Direction::Backward;
+        if moved_resilience.is_some() != (moved.is_some() && mode == Mode::Decrypt) {
             return Err(bad(format!(
                 "resilience \"{}\" with mode \"{mode}\"",
                 str_of(area, "type", &apath)?
             )));
         }
         let progress = match &moved {
-            Some(m) if mode == "decrypt" => {
+            Some(m) if mode == Mode::Decrypt => {
                 Self::progress_decrypt_shifted(&live, &new, m, &resilience, device_size)?
             }
             Some(m) => Self::progress_shifted(json, &live, &new, m, &resilience)?,
@@ -591,8 +660,8 @@ impl Reencrypt {
     #[allow(clippy::too_many_arguments)]
     fn moved_of(
         json: &Json,
-        mode: &str,
-        direction: &str,
+        mode: Mode,
+        direction: Direction,
         shift: u64,
         old: &Side,
         new: &Side,
@@ -600,7 +669,7 @@ impl Reencrypt {
         seg: &Json,
     ) -> Result<Moved, FormatError> {
         let path = format!("segments.{id}");
-        if mode == "decrypt" && direction == "forward" {
+        if mode == Mode::Decrypt && direction == Direction::Forward {
             // [moved ciphertext, size S][gap][old data from `shift`] -> plaintext from 0.
             let offset = u64_of(seg, "offset", &path)?;
             let size = u64_of(seg, "size", &path)?;
@@ -632,7 +701,7 @@ impl Reencrypt {
                 json: seg.clone(),
             });
         }
-        if mode != "encrypt" || direction != "backward" {
+        if mode != Mode::Encrypt || direction != Direction::Backward {
             return Err(unsupported(format!(
                 "a data shift in mode \"{mode}\", direction \"{direction}\" (only \
                  --encrypt --reduce-device-size and --decrypt of an attached header are)"
@@ -737,7 +806,7 @@ impl Reencrypt {
     /// The data shift (bytes) and its moved copy, for an encryption with a data shift.
     fn shifted(&self) -> Option<(u64, &Moved)> {
         match (&self.resilience, &self.moved) {
-            (Resilience::Datashift { shift }, Some(m)) if self.mode == "encrypt" => {
+            (Resilience::Datashift { shift }, Some(m)) if self.mode == Mode::Encrypt => {
                 Some((*shift, m))
             }
             _ => None,
@@ -754,7 +823,7 @@ impl Reencrypt {
     /// ```
     pub fn decrypt_shifted(&self) -> Option<(u64, u64)> {
         match (&self.resilience, &self.moved) {
-            (Resilience::Datashift { shift }, Some(m)) if self.mode == "decrypt" => {
+            (Resilience::Datashift { shift }, Some(m)) if self.mode == Mode::Decrypt => {
                 Some((*shift, m.size))
             }
             _ => None,
@@ -786,7 +855,7 @@ impl Reencrypt {
         match self.shifted() {
             Some((_, m)) if at == 0 => m.offset,
             _ => match &self.moved {
-                Some(m) if at == 0 && self.mode == "decrypt" => m.offset,
+                Some(m) if at == 0 && self.mode == Mode::Decrypt => m.offset,
                 _ => self.old.offset + at,
             },
         }
@@ -890,7 +959,7 @@ impl Reencrypt {
 
     /// Whether the run goes from the end of the data area to its start.
     pub fn backward(&self) -> bool {
-        self.direction == "backward"
+        self.direction == Direction::Backward
     }
 
     /// The next hotzone once `done` bytes are done: (offset, length) as cryptsetup's
@@ -980,7 +1049,7 @@ impl Reencrypt {
         let mut segs: Vec<(String, Json)> = Vec::new();
         let mut bind: Vec<(u32, Option<u32>)> = Vec::new();
         let n = list.len() as u32;
-        if self.mode != "reencrypt" {
+        if self.mode != Mode::Reencrypt {
             if self.new.linear {
                 bind.push((n, self.old.digest));
             } else {
