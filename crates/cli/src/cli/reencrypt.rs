@@ -54,8 +54,8 @@ pub(crate) struct Args {
     sector_size: Option<u32>,
     /// How an interrupted hotzone is recovered: checksum (the default), journal or none;
     /// datashift (the only one) with --reduce-device-size.
-    #[arg(long, value_parser = ["checksum", "journal", "none", "datashift"])]
-    resilience: Option<String>,
+    #[arg(long, value_enum)]
+    resilience: Option<ResilienceArg>,
     /// Hash of the checksum resilience.
     #[arg(long, default_value = "sha256")]
     resilience_hash: String,
@@ -156,10 +156,42 @@ pub(crate) struct Args {
     batch_mode: bool,
 }
 
+/// `--resilience`: how an interrupted hotzone is recovered (checksum, journal, none, or a
+/// data shift's datashift). The variants carry no doc comments: clap would print them as a
+/// list in `--help` instead of cryptsetup's one line of possible values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ResilienceArg {
+    Checksum,
+    Journal,
+    None,
+    Datashift,
+}
+
+impl ResilienceArg {
+    /// libcryptsetup's and the metadata's word.
+    fn as_str(self) -> &'static str {
+        match self {
+            ResilienceArg::Checksum => "checksum",
+            ResilienceArg::Journal => "journal",
+            ResilienceArg::None => "none",
+            ResilienceArg::Datashift => "datashift",
+        }
+    }
+}
+
+impl std::fmt::Display for ResilienceArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Args {
     /// The resilience asked for (cryptsetup's default: checksum).
     fn resilience(&self) -> String {
-        self.resilience.clone().unwrap_or_else(|| "checksum".into())
+        self.resilience
+            .unwrap_or(ResilienceArg::Checksum)
+            .as_str()
+            .into()
     }
 }
 
@@ -642,8 +674,8 @@ fn initialise_decrypt_shift(
         mode: ReencryptMode::Decrypt,
         cipher: String::new(),
         sector_size: 0,
-        resilience: match a.resilience.as_deref() {
-            Some("journal") => "datashift-journal".into(),
+        resilience: match a.resilience {
+            Some(ResilienceArg::Journal) => "datashift-journal".into(),
             _ => "datashift-checksum".into(),
         },
         hash: Some(a.resilience_hash.clone()),
@@ -844,8 +876,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
                     .into(),
             )
         } else {
-            match a.resilience.as_deref() {
-                Some(x) if x != "datashift" => Some(format!(
+            match a.resilience {
+                Some(x) if x != ResilienceArg::Datashift => Some(format!(
                     "--resilience {x} does not apply to --reduce-device-size: a data shift's \
                      resilience is datashift (each hotzone is written a shift above its old \
                      data, which stays until it is done)"
@@ -874,7 +906,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
                 );
             }
         }
-    } else if a.resilience.as_deref() == Some("datashift") {
+    } else if a.resilience == Some(ResilienceArg::Datashift) {
         return Err(anyhow!(
             "--resilience datashift is the resilience of --encrypt --reduce-device-size"
         ))
@@ -885,8 +917,8 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let export =
         a.decrypt && a.dev.header.as_deref().is_some_and(|h| !h.exists()) && is_luks(&a.dev.device);
     if export {
-        let refusal = match a.resilience.as_deref() {
-            Some("datashift") | Some("none") => Some(
+        let refusal = match a.resilience {
+            Some(ResilienceArg::Datashift | ResilienceArg::None) => Some(
                 "Requested --resilience option cannot be applied to current reencryption \
                  operation."
                     .to_string(),
@@ -949,7 +981,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if a.decrypt && a.resilience.as_deref() == Some("none") {
+    if a.decrypt && a.resilience == Some(ResilienceArg::None) {
         // cryptsetup 2.6.1 refuses it too (decrypt_verify_and_set_params).
         return Err(anyhow!(
             "Requested --resilience option cannot be applied to current reencryption operation."
@@ -1028,7 +1060,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         // A data shift's resilience cannot change (cryptsetup refuses it too).
         // A decryption with a data shift keeps its moved segment's resilience too
         // (`--resilience checksum` names datashift-checksum, as with cryptsetup).
-        if let (Some(r), Some(t)) = (a.resilience.as_deref(), shifted.as_deref()) {
+        if let (Some(r), Some(t)) = (a.resilience.map(ResilienceArg::as_str), shifted.as_deref()) {
             let same = r == t || t.strip_prefix("datashift-") == Some(r);
             if !same {
                 return Err(anyhow!(
