@@ -1625,3 +1625,114 @@ fn stuck_or_hostile_control_clients_delay_no_one() {
     wait_gone(&rt, "busy");
     drop(held);
 }
+
+/// Waits until process `pid` is gone; false if it is still there after `secs`.
+fn exits_within(pid: i32, secs: u64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        // A zombie of ours would stay: the servers are daemons (not our children).
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+fn sigterm(pid: i32) {
+    // SAFETY: kill(2) on a server this test started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+}
+
+fn table_image(rt: &Runtime, mib: u64) -> String {
+    let img = rt.path("img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    format!(
+        "0 {} crypt aes-xts-plain64 {} 0 {} 0",
+        mib << 11,
+        "ab".repeat(64),
+        img.display()
+    )
+}
+
+#[test]
+fn sigterm_stops_a_suspended_instance_cleanly() {
+    let rt = Runtime::new();
+    let t = table_image(&rt, 4);
+    let mut devices = vec!["none"];
+    if fuse_usable() {
+        devices.push("fuse");
+    }
+    for dev in devices {
+        rt.ok(&["open", "--table", &t, "s", "--device", dev], b"");
+        let pid = rt.pid("s");
+        rt.ok(&["luksSuspend", "s"], b"");
+        assert_eq!(rt.status("s")["suspended"], true);
+        sigterm(pid);
+        // Before: the final flush waited on the held gate for ever.
+        assert!(
+            exits_within(pid, 10),
+            "{dev}: a suspended server ignored SIGTERM"
+        );
+        assert!(
+            !rt.dir().join("s").exists(),
+            "{dev}: the runtime directory stayed"
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        assert!(
+            !mounts.contains(rt.dir().to_str().unwrap()),
+            "{dev}: a mount stayed: {mounts}"
+        );
+        // Nothing left behind: the name opens again.
+        rt.ok(&["open", "--table", &t, "s", "--device", dev], b"");
+        rt.ok(&["close", "s"], b"");
+        wait_gone(&rt, "s");
+    }
+}
+
+#[test]
+fn sigterm_is_a_close_refused_while_the_device_is_in_use() {
+    if !fuse_usable() {
+        return;
+    }
+    let rt = Runtime::new();
+    let t = table_image(&rt, 4);
+    let node = rt.ok(&["open", "--table", &t, "busy", "--device", "fuse"], b"");
+    let pid = rt.pid("busy");
+    let user = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&node)
+        .unwrap();
+    // close refuses (exit 5); SIGTERM, twice, is logged and ignored, as close.
+    assert_code(&rt.uc(&["close", "busy"], b""), 5, "in use");
+    sigterm(pid);
+    std::thread::sleep(Duration::from_millis(300));
+    sigterm(pid);
+    assert!(!exits_within(pid, 3), "SIGTERM detached a device in use");
+    let log = std::fs::read_to_string(rt.dir().join("busy/log")).unwrap();
+    assert!(
+        log.contains("SIGTERM ignored") && log.contains("close --force"),
+        "{log}"
+    );
+    // The user's I/O still works.
+    use std::os::unix::fs::FileExt;
+    user.write_all_at(&[7u8; 4096], 8192).unwrap();
+    let mut back = [0u8; 4096];
+    user.read_exact_at(&mut back, 8192).unwrap();
+    assert_eq!(back, [7u8; 4096]);
+    // Once the user is gone, SIGTERM stops it as it always did.
+    drop(user);
+    sigterm(pid);
+    assert!(exits_within(pid, 10), "an unused instance ignored SIGTERM");
+    wait_gone(&rt, "busy");
+    // No user at all: SIGTERM stops at once (--device none).
+    rt.ok(&["open", "--table", &t, "idle", "--device", "none"], b"");
+    let pid = rt.pid("idle");
+    sigterm(pid);
+    assert!(exits_within(pid, 10));
+    wait_gone(&rt, "idle");
+}

@@ -66,6 +66,7 @@ fn an_instance_starts_answers_its_control_socket_and_stops() {
         tls: None,
         fuse_dir: None,
         recover: false,
+        signals: None,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {

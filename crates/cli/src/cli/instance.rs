@@ -8,9 +8,11 @@
 //! published, and only then does `ucrypt open` return 0 (printing the node, or the NBD URI
 //! without one). Every failure before that is the command's exit status.
 //!
-//! The server then runs until `ucrypt close NAME` or SIGTERM/SIGINT: the front end is
-//! detached (flushed), the NBD server stops (in-flight requests finish, the volume is
-//! flushed), and the runtime directory is removed.
+//! The server then runs until `ucrypt close NAME` or SIGTERM/SIGINT, which mean the same
+//! (`close` without `--force`: while the device is in use the signal is logged and
+//! ignored; a suspended instance stops too): the front end is detached (flushed), the NBD
+//! server stops (in-flight requests finish, the volume is flushed), and the runtime
+//! directory is removed.
 
 use super::daemon::{self, Ready};
 use super::exit::{instance_error, lib_error, lock_error};
@@ -211,9 +213,14 @@ fn serve(
     tls: Option<Arc<ucrypt_nbd::TlsConfig>>,
     ready: &mut Ready,
 ) -> Result<(), CliError> {
-    // Before any other thread: only the signal thread takes SIGTERM/SIGINT.
+    // Before any other thread: only the signal thread takes SIGTERM/SIGINT, and hands
+    // them to the server, for which each one means `close` (refused while in use).
     let shutdown = Shutdown::default();
-    ucrypt_nbd::server::shutdown_on_signals(&shutdown).code(EXIT_PARAMS)?;
+    let (signal_tx, signals) = std::sync::mpsc::channel();
+    ucrypt_nbd::server::on_signals(move |sig| {
+        let _ = signal_tx.send(sig);
+    })
+    .code(EXIT_PARAMS)?;
     let opts = ucrypt::OpenOptions {
         read_only: a.read_only,
         direct: a.direct,
@@ -258,6 +265,7 @@ fn serve(
         tls,
         fuse_dir: a.fuse.clone(),
         recover: a.recover,
+        signals: Some(signals),
     };
     let pid_file = a.pid_file.clone();
     let served = server::serve(dir, desc, built, listener, config, shutdown, |shown| {

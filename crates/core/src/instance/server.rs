@@ -136,6 +136,11 @@ pub struct Config {
     pub fuse_dir: Option<PathBuf>,
     /// Reattach the device a dead server left (ublk, kernel NBD).
     pub recover: bool,
+    /// SIGTERM/SIGINT as the caller's signal thread takes them
+    /// (`ucrypt_nbd::server::on_signals`): each one is a `close` without `--force`, logged
+    /// and ignored while the device is in use.
+    /// `None`: the caller routes signals elsewhere (to `shutdown`, say).
+    pub signals: Option<std::sync::mpsc::Receiver<i32>>,
 }
 
 /// What the control thread shares with the server.
@@ -307,6 +312,16 @@ pub fn serve(
                 );
             })?;
     }
+    if let Some(signals) = config.signals {
+        let server = Arc::clone(&server);
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                while let Ok(sig) = signals.recv() {
+                    on_signal(&server, sig);
+                }
+            })?;
+    }
     if let Err(e) = ready(if desc.node.is_empty() {
         &uri
     } else {
@@ -371,6 +386,51 @@ fn close_now(s: &Server, now: bool) -> std::result::Result<(), String> {
         s.stop_after_reply.store(true, Ordering::SeqCst);
     }
     detached
+}
+
+/// A termination signal is a `close` without `--force`: while the device is in use (what
+/// `close` refuses, exit 5) it is logged and ignored, since detaching would fail the I/O
+/// of a mounted filesystem; otherwise the instance stops. A suspended instance stops too
+/// (everything was flushed at suspend; the held gate is closed, so nothing waits on it).
+/// A second signal is judged the same way: none exits without detaching.
+fn on_signal(s: &Arc<Server>, sig: i32) {
+    let name = match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "signal",
+    };
+    if s.shutdown.is_triggered() || s.stop_after_reply.load(Ordering::SeqCst) {
+        eprintln!("ucrypt: {name}: {} is already stopping", s.name);
+        return;
+    }
+    // As `close`: a user that just closed the device may still be leaving (FUSE's RELEASE).
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while matches!(usage(s), Ok(Some(_))) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match usage(s) {
+        Err(e) => eprintln!(
+            "ucrypt: {name} ignored: cannot tell whether {} is in use ({e}); \
+             `ucrypt close --force {}` stops it",
+            s.name, s.name
+        ),
+        Ok(Some(why)) => eprintln!(
+            "ucrypt: {name} ignored: {} is in use ({why}); `ucrypt close {}` once it is \
+             free, or `ucrypt close --force {}` to pull it from under its users",
+            s.name, s.name, s.name
+        ),
+        Ok(None) => {
+            eprintln!("ucrypt: {name}: closing {}", s.name);
+            online::stop(&s.online);
+            let suspended = s.switch.is_suspended();
+            // Flushed at suspend; held requests (none: not in use) would fail now.
+            s.switch.close_suspended();
+            match close_now(s, true) {
+                Err(e) if !suspended => eprintln!("ucrypt: closing {}: {e}", s.name),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Answers one control request.

@@ -261,7 +261,13 @@ impl Backend for Switch {
         self.with(|v| v.write_in_place_ctx(buf, offset, fua, ctx))?
     }
     fn flush(&self) -> Result<(), BackendError> {
-        self.with(|v| v.flush())?
+        match self.with(|v| v.flush()) {
+            Ok(r) => r,
+            // Closed while suspended: everything written before was flushed at suspend,
+            // and every write since failed. Nothing is left to make durable.
+            Err(_) if *self.gate() == Gate::Closed => Ok(()),
+            Err(e) => Err(e),
+        }
     }
     fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         self.with(|v| v.discard(offset, len))?

@@ -40,7 +40,7 @@ mod conn;
 mod signal;
 mod tls_stream;
 
-pub use signal::shutdown_on_signals;
+pub use signal::{on_signals, shutdown_on_signals};
 
 use crate::handshake::ExportInfo;
 use crate::proto::*;

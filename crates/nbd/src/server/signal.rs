@@ -17,29 +17,40 @@ use crate::NbdError;
 /// # Errors
 /// [`NbdError::Signals`] if the mask cannot be set or the thread cannot start.
 pub fn shutdown_on_signals(shutdown: &Shutdown) -> Result<(), NbdError> {
+    let shutdown = shutdown.clone();
+    let mut count = 0;
+    on_signals(move |_| {
+        count += 1;
+        if count > 1 {
+            std::process::exit(1);
+        }
+        shutdown.trigger();
+    })
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread and starts a thread that calls `f`
+/// with each one taken (`libc::SIGINT` or `libc::SIGTERM`), as ordinary code: what a
+/// signal means is the caller's (a named instance treats it as `close`, which may refuse).
+///
+/// The same rule as [`shutdown_on_signals`]: call it before spawning any other thread.
+///
+/// # Errors
+/// [`NbdError::Signals`] if the mask cannot be set or the thread cannot start.
+pub fn on_signals(mut f: impl FnMut(libc::c_int) + Send + 'static) -> Result<(), NbdError> {
     let set = termination_set();
     // SAFETY: `set` is a valid, initialised sigset_t; a null old-set pointer is allowed.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     if rc != 0 {
         return Err(NbdError::Signals(std::io::Error::from_raw_os_error(rc)));
     }
-    let shutdown = shutdown.clone();
     std::thread::Builder::new()
         .name("nbd-signals".into())
-        .spawn(move || {
-            let mut count = 0;
-            loop {
-                let mut sig: libc::c_int = 0;
-                // SAFETY: `set` is initialised and `sig` is a valid place for the result.
-                let rc = unsafe { libc::sigwait(&set, &mut sig) };
-                if rc != 0 {
-                    continue;
-                }
-                count += 1;
-                if count > 1 {
-                    std::process::exit(1);
-                }
-                shutdown.trigger();
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is initialised and `sig` is a valid place for the result.
+            let rc = unsafe { libc::sigwait(&set, &mut sig) };
+            if rc == 0 {
+                f(sig);
             }
         })
         .map_err(NbdError::Signals)?;
