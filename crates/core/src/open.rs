@@ -90,22 +90,63 @@ pub fn open_parsed_with(
     })
 }
 
+/// What kind of device a device string names: wherever ucrypt takes a device it takes a
+/// local path (a file or block device), an NBD URI, a Ceph RBD image or a memory device.
+/// Decided here, once, from the string's form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A file or block device.
+    Local,
+    /// A remote NBD export (`nbd+unix:///EXPORT?socket=PATH`, `nbd://HOST[:PORT]/EXPORT`).
+    Nbd,
+    /// A Ceph RBD image (`rbd:POOL/IMAGE`).
+    Rbd,
+    /// Memory (`ram:SIZE`, [`open_ram`]).
+    Ram,
+}
+
+impl DeviceKind {
+    /// The kind `device` names.
+    pub fn of(device: &str) -> DeviceKind {
+        if device.starts_with(RAM_PREFIX) {
+            DeviceKind::Ram
+        } else if ucrypt_backend::rbd::is_rbd(device) {
+            DeviceKind::Rbd
+        } else if ucrypt_nbd::remote::is_nbd_uri(device) {
+            DeviceKind::Nbd
+        } else {
+            DeviceKind::Local
+        }
+    }
+
+    /// The kind a path names (a path that is not UTF-8 is a local one).
+    pub fn of_path(device: &std::path::Path) -> DeviceKind {
+        device.to_str().map_or(DeviceKind::Local, DeviceKind::of)
+    }
+
+    /// Whether it is anything but a local path (no file to stat, lock or canonicalize).
+    pub fn is_remote(self) -> bool {
+        self != DeviceKind::Local
+    }
+}
+
 /// Opens a device that is not a local path: an NBD URI, an RBD image (`rbd:POOL/IMAGE`) or
-/// a memory device (`ram:SIZE`), as its backend ([`is_remote`] tells which devices these
+/// a memory device (`ram:SIZE`), as its backend ([`DeviceKind`] tells which devices these
 /// are). A read-write RBD open takes the image's exclusive lock (`ucrypt_backend::rbd`).
 ///
 /// # Errors
 /// Connection or open failures, with the device named; an RBD image another client holds
 /// fails with `EBUSY` in its [`ucrypt_backend::BackendError::Open`].
 pub fn open_remote(device: &str, read_only: bool) -> Result<Box<dyn Backend>> {
-    if is_ram(device) {
-        return Ok(Box::new(open_ram(device)?));
-    }
-    if ucrypt_backend::rbd::is_rbd(device) {
-        let rbd =
-            ucrypt_backend::RbdBackend::open(device, ucrypt_backend::RbdOptions { read_only })
-                .with_context(|| format!("opening RBD device {device}"))?;
-        return Ok(Box::new(rbd));
+    match DeviceKind::of(device) {
+        DeviceKind::Ram => return Ok(Box::new(open_ram(device)?)),
+        DeviceKind::Rbd => {
+            let rbd =
+                ucrypt_backend::RbdBackend::open(device, ucrypt_backend::RbdOptions { read_only })
+                    .with_context(|| format!("opening RBD device {device}"))?;
+            return Ok(Box::new(rbd));
+        }
+        DeviceKind::Nbd | DeviceKind::Local => {}
     }
     let remote = ucrypt_nbd::NbdBackend::connect(
         device,
@@ -118,10 +159,9 @@ pub fn open_remote(device: &str, read_only: bool) -> Result<Box<dyn Backend>> {
     Ok(Box::new(remote))
 }
 
-/// Whether `device` names a device that is not a local path ([`open_remote`]): an NBD URI,
-/// an RBD image or a memory device.
+/// Whether `device` names a device that is not a local path ([`DeviceKind::is_remote`]).
 pub fn is_remote(device: &str) -> bool {
-    ucrypt_nbd::remote::is_nbd_uri(device) || ucrypt_backend::rbd::is_rbd(device) || is_ram(device)
+    DeviceKind::of(device).is_remote()
 }
 
 /// The prefix of ucrypt's memory device, `ram:SIZE` (`ram:64M`, `ram:1G`; sizes as
@@ -130,7 +170,7 @@ pub const RAM_PREFIX: &str = "ram:";
 
 /// Whether `device` names a memory device (`ram:SIZE`).
 pub fn is_ram(device: &str) -> bool {
-    device.starts_with(RAM_PREFIX)
+    DeviceKind::of(device) == DeviceKind::Ram
 }
 
 /// Memory devices alive in this process, by the string that names them.

@@ -77,10 +77,10 @@ impl std::fmt::Debug for StagedHeader {
     }
 }
 
-/// Whether `device` names a remote device (an NBD export or an RBD image) rather than a
-/// local path.
+/// Whether `device` names a remote device (an NBD export, an RBD image, memory) rather
+/// than a local path ([`crate::open::DeviceKind`]).
 pub fn is_remote(device: &std::path::Path) -> bool {
-    device.to_str().is_some_and(crate::open::is_remote)
+    crate::open::DeviceKind::of_path(device).is_remote()
 }
 
 /// How many leading bytes of a device hold its LUKS header area, judged from its first
