@@ -41,7 +41,10 @@
 //! clients hold in both modes: a flush (`rbd_aio_flush`) covers every completed write on
 //! this image handle, a FUA write is a write followed by that flush, and a read never
 //! sees a sector older than a completed write. With `rbd_cache = false` every write
-//! completes only when the OSD has it. (The mode decides 4 KiB write rates:
+//! completes only when the OSD has it. A named instance whose device outlives its server
+//! (ublk, kernel NBD: `open --recover`) forces that write-through mode
+//! ([`set_writethrough`]): there a completed write must already be on an OSD, since the
+//! kernel goes on with the recovered device as if nothing had happened. (The mode decides 4 KiB write rates:
 //! BENCHMARKING.md, "Ceph RBD".)
 
 use crate::{
@@ -280,6 +283,21 @@ unsafe impl Sync for RbdBackend {}
 pub struct RbdOptions {
     /// `rbd_open_read_only`: no lock, no writes.
     pub read_only: bool,
+    /// librbd's cache in write-through whatever the configuration says (see
+    /// [`set_writethrough`]): a write completes only once an OSD has it.
+    pub writethrough: bool,
+}
+
+static WRITETHROUGH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every later `rbd:` open of this process write-through (as
+/// [`RbdOptions::writethrough`]). A server whose device outlives it (a ublk or kernel-NBD
+/// instance, which `open --recover` gives to a new server) must not acknowledge a write
+/// that lives only in its own memory: with librbd's write-around or write-back cache the
+/// kernel would keep believing a write that died with the process, and no journal replay
+/// follows a recovery.
+pub fn set_writethrough(on: bool) {
+    WRITETHROUGH.store(on, std::sync::atomic::Ordering::SeqCst);
 }
 
 fn os(ret: i64) -> std::io::Error {
@@ -381,6 +399,11 @@ impl RbdBackend {
         }
         if let Some(k) = &keyring {
             set(&b, "keyring", &k.display().to_string())?;
+        }
+        if opts.writethrough || WRITETHROUGH.load(std::sync::atomic::Ordering::SeqCst) {
+            // After ceph.conf and $CEPH_ARGS, which cannot turn it back. No cache at all:
+            // a write completes when the OSD has it, whatever the cache policy would be.
+            set(&b, "rbd_cache", "false")?;
         }
         // SAFETY: a configured cluster handle.
         let r = unsafe { (api.rados_connect)(b.cluster) };

@@ -890,3 +890,67 @@ fn a_two_target_table_on_one_image_holds_one_handle_and_the_lock() {
     );
     close(c, "twot3");
 }
+
+/// A recoverable instance's writes (`rbd::set_writethrough`, what `open --device ublk|nbd`
+/// and `--recover` set) complete only once an OSD has them: with the OSD stopped
+/// (SIGSTOP) a write after the first flush stays pending, where librbd's default
+/// write-around cache completes it at once (checked in the same run, so the test can fail).
+#[test]
+fn a_recoverable_instance_acknowledges_only_writes_an_osd_has() {
+    let Some(c) = shared() else { return };
+    c.create("wthrough", "8M");
+    let dev = format!("rbd:rbd/wthrough:conf={}", c.conf.display());
+    // The OSD stopped (SIGSTOP), not `ceph osd pause`: a client that has not seen the new
+    // map yet sends its writes anyway.
+    let osd: i32 = std::fs::read_to_string(c.dir.join("run/osd.0.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let ceph = |arg: &str| {
+        let sig = if arg == "pause" {
+            libc::SIGSTOP
+        } else {
+            libc::SIGCONT
+        };
+        // SAFETY: kill(2) on this test's own cluster's OSD.
+        assert_eq!(unsafe { libc::kill(osd, sig) }, 0, "signalling the OSD");
+    };
+    // Whether a write completes within 2 s while the OSD is stopped.
+    let acked_while_paused = |writethrough: bool| -> bool {
+        let b = Arc::new(
+            ucrypt_backend::RbdBackend::open(
+                &dev,
+                ucrypt_backend::RbdOptions {
+                    read_only: false,
+                    writethrough,
+                },
+            )
+            .unwrap(),
+        );
+        // Past librbd's writethrough-until-flush start.
+        b.write_at(&[1u8; 4096], 0, false).unwrap();
+        b.flush().unwrap();
+        ceph("pause");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w = Arc::clone(&b);
+        let t = std::thread::spawn(move || {
+            let r = w.write_at(&[2u8; 4096], 1 << 20, false);
+            let _ = tx.send(());
+            r
+        });
+        let acked = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+        ceph("unpause");
+        t.join().unwrap().unwrap();
+        b.flush().unwrap();
+        acked
+    };
+    assert!(
+        acked_while_paused(false),
+        "librbd's default cache waited for the OSD: this test would prove nothing"
+    );
+    assert!(
+        !acked_while_paused(true),
+        "a write-through open acknowledged a write no OSD has"
+    );
+}

@@ -141,9 +141,14 @@ pub fn open_remote(device: &str, read_only: bool) -> Result<Box<dyn Backend>> {
     match DeviceKind::of(device) {
         DeviceKind::Ram => return Ok(Box::new(open_ram(device)?)),
         DeviceKind::Rbd => {
-            let rbd =
-                ucrypt_backend::RbdBackend::open(device, ucrypt_backend::RbdOptions { read_only })
-                    .with_context(|| format!("opening RBD device {device}"))?;
+            let rbd = ucrypt_backend::RbdBackend::open(
+                device,
+                ucrypt_backend::RbdOptions {
+                    read_only,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("opening RBD device {device}"))?;
             return Ok(Box::new(rbd));
         }
         DeviceKind::Nbd | DeviceKind::Local => {}

@@ -237,6 +237,11 @@ fn serve(
         },
         (None, None) => unreachable!("one of the two is given"),
     };
+    // A device that outlives its server (ublk, kernel NBD; given to a new server by
+    // --recover) must have every completed write on an OSD: librbd write-through.
+    if a.recover || matches!(kind, FrontendKind::Ublk | FrontendKind::Nbd) {
+        ucrypt_backend::rbd::set_writethrough(true);
+    }
     let header_mode = matches!(input, Input::Header { .. });
     let built = server::build(input, opts).map_err(|e| {
         if header_mode {
