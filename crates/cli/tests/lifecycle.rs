@@ -1736,3 +1736,44 @@ fn sigterm_is_a_close_refused_while_the_device_is_in_use() {
     assert!(exits_within(pid, 10));
     wait_gone(&rt, "idle");
 }
+
+/// luksAddKey, luksRemoveKey and luksChangeKey ask for the existing passphrase in
+/// cryptsetup's words (luksRemoveKey says that passphrase is the one deleted), and a wrong
+/// answer ends both tools the same way: side by side in tmux.
+#[test]
+fn key_commands_ask_in_cryptsetups_words() {
+    if !require("cryptsetup") || !require("tmux") {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, _) = luks_image(&rt, "img", 20, "luks2", 512);
+    let img = img.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    let cs = sh_ok("command -v cryptsetup");
+    let t = Tmux::new("keywords", &[]);
+    let mut n = 0;
+    for (action, prompt) in [
+        ("luksAddKey", "Enter any existing passphrase: "),
+        ("luksRemoveKey", "Enter passphrase to be deleted: "),
+        ("luksChangeKey", "Enter passphrase to be changed: "),
+    ] {
+        let mut codes = Vec::new();
+        for tool in [bin, cs.as_str()] {
+            n += 1;
+            let end = format!("end{n}");
+            t.send(&[&format!("{tool} {action} {img}; echo rc=$? {end}"), "Enter"]);
+            t.answer_nth(prompt.trim_end(), 1, "wrong");
+            let text = t.wait_until(&end, 30, |p| {
+                p.lines().any(|l| l.starts_with("rc=") && l.ends_with(&end))
+            });
+            let rc = text
+                .lines()
+                .find(|l| l.starts_with("rc=") && l.ends_with(&end))
+                .unwrap()
+                .to_string();
+            codes.push(rc.replace(&end, ""));
+            t.clear(prompt.trim_end());
+        }
+        assert_eq!(codes[0], codes[1], "{action}: ucrypt vs cryptsetup");
+    }
+}

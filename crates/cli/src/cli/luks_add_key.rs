@@ -218,7 +218,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
             key
         }
         (None, None) => {
-            let old = secret::existing(&a.key, &a.dev.device)?;
+            let old = secret::existing_asking(&a.key, "Enter any existing passphrase: ")?;
             let (slot, key) = super::progress::searching("Checking the passphrase", || {
                 cd.volume_key(old_slot, &old)
             })

@@ -47,7 +47,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let mut cd = a.dev.load(a.kind)?;
     ucrypt::header::check_requirements(&mut cd).cs()?;
     a.keyslot_cipher.apply(&mut cd)?;
-    let old = secret::existing(&a.key, &a.dev.device)?;
+    let old = secret::existing_asking(&a.key, "Enter passphrase to be changed: ")?;
     // As cryptsetup: the old passphrase is checked before the new one is asked for.
     let unlocked = super::progress::searching("Checking the passphrase", || {
         cd.check_passphrase(a.key_slot, &old)

@@ -36,7 +36,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     if let Some(p) = a.remove_key_file.clone() {
         k.key_file = Some(p);
     }
-    let pass = secret::existing(&k, &a.dev.device)?;
+    let pass = secret::existing_asking(&k, "Enter passphrase to be deleted: ")?;
     let slot = super::progress::searching("Checking the passphrase", || {
         cd.check_passphrase(None, &pass)
     })

@@ -370,11 +370,17 @@ pub(crate) fn prompts(k: &KeyFileArgs) -> bool {
 
 /// The existing passphrase for `device`, from `--key-file` or a prompt.
 pub(crate) fn existing(k: &KeyFileArgs, device: &Path) -> Result<Secret, CliError> {
+    existing_asking(k, &format!("Enter passphrase for {}: ", device.display()))
+}
+
+/// [`existing`] with the prompt a command asks with (cryptsetup's own words: luksAddKey's
+/// "Enter any existing passphrase: ", luksRemoveKey's "Enter passphrase to be deleted: ").
+pub(crate) fn existing_asking(k: &KeyFileArgs, prompt: &str) -> Result<Secret, CliError> {
     get(
         k.key_file
             .as_deref()
             .map(|p| (p, k.keyfile_offset, k.keyfile_size)),
-        &format!("Enter passphrase for {}: ", device.display()),
+        prompt,
         false,
     )
 }
