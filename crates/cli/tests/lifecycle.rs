@@ -1777,3 +1777,48 @@ fn key_commands_ask_in_cryptsetups_words() {
         assert_eq!(codes[0], codes[1], "{action}: ucrypt vs cryptsetup");
     }
 }
+
+#[test]
+fn a_killed_fuse_instance_is_shown_and_its_mount_taken_away() {
+    if !fuse_usable() {
+        return;
+    }
+    let rt = Runtime::new();
+    let t = table_image(&rt, 4);
+    let mnt = rt.path("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .contains(&format!(" {} fuse", mnt.display()))
+    };
+    // close, ls and status each meet one killed server (its mount at --fuse DIR).
+    for cmd in ["close", "ls", "status"] {
+        let m = mnt.to_str().unwrap();
+        rt.ok(
+            &["open", "--table", &t, "k", "--device", "fuse", "--fuse", m],
+            b"",
+        );
+        let pid = rt.pid("k");
+        // SAFETY: kill(2) on the server this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert!(exits_within(pid, 10));
+        assert!(mounted(), "{cmd}: the dead mount is there to take away");
+        let out = match cmd {
+            "close" => rt.uc(&["close", "k"], b""),
+            "ls" => rt.uc(&["ls"], b""),
+            _ => rt.uc(&["status", "k"], b""),
+        };
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Before: close exited 4 ("not active") and ls/status said nothing; the mount stayed.
+        assert!(
+            err.contains(&format!("server (pid {pid}) had died"))
+                && err.contains(&format!("dead FUSE mount {m} detached")),
+            "{cmd}: {out:?}"
+        );
+        let code = if cmd == "status" { 4 } else { 0 };
+        assert_eq!(out.status.code(), Some(code), "{cmd}: {out:?}");
+        assert!(!mounted(), "{cmd}: the dead mount stayed");
+        assert!(!rt.dir().join("k").exists());
+    }
+}

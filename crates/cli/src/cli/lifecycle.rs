@@ -119,6 +119,10 @@ pub(crate) fn live(name: &str) -> Result<(Paths, u32), CliError> {
     let p = Paths::of(name).map_err(instance_error)?;
     match runtime::probe(&p).map_err(instance_error)? {
         Probe::Live { pid } => Ok((p, pid)),
+        Probe::Dead(debris) => {
+            eprintln!("ucrypt: {name}: {debris}");
+            Err(instance_error(InstanceError::NotActive(name.to_string())))
+        }
         Probe::Absent => Err(instance_error(InstanceError::NotActive(name.to_string()))),
     }
 }
@@ -216,7 +220,10 @@ pub(crate) fn status(a: StatusArgs) -> Result<(), CliError> {
     let p = Paths::of(&name).map_err(instance_error)?;
     let pid = match runtime::probe(&p).map_err(instance_error)? {
         Probe::Live { pid } => pid,
-        Probe::Absent => {
+        dead_or_absent => {
+            if let Probe::Dead(debris) = dead_or_absent {
+                eprintln!("ucrypt: {name}: {debris}");
+            }
             if a.json {
                 println!("{}", json!({"name": name, "active": false}));
             } else {
@@ -248,7 +255,14 @@ fn quiet(code: u8) -> CliError {
 }
 
 pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
-    let all: Vec<Value> = runtime::list().iter().map(|(p, _)| status_of(p)).collect();
+    let mut all: Vec<Value> = Vec::new();
+    for (p, probe) in runtime::scan() {
+        match probe {
+            Probe::Live { .. } => all.push(status_of(&p)),
+            Probe::Dead(debris) => eprintln!("ucrypt: {}: {debris}", p.name),
+            Probe::Absent => {}
+        }
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&all).unwrap_or_default());
         return Ok(());
@@ -287,6 +301,13 @@ pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
 }
 
 pub(crate) fn close(a: CloseArgs) -> Result<(), CliError> {
+    // A dead server's instance: its debris (directory, FUSE mount) is what there is to
+    // close; once it is taken away, the close is done.
+    let p = Paths::of(&a.name).map_err(instance_error)?;
+    if let Probe::Dead(debris) = runtime::probe(&p).map_err(instance_error)? {
+        eprintln!("ucrypt: {}: {debris}", a.name);
+        return Ok(());
+    }
     let (p, _) = live(&a.name)?;
     if a.cancel_deferred {
         call(&p, &Request::CancelDeferred, None, Duration::from_secs(30))?;
@@ -307,7 +328,7 @@ pub(crate) fn close(a: CloseArgs) -> Result<(), CliError> {
     // Wait for the server to be gone (flushed, socket and directory removed).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if matches!(runtime::probe(&p), Ok(Probe::Absent)) {
+        if matches!(runtime::probe(&p), Ok(Probe::Absent | Probe::Dead(_))) {
             return Ok(());
         }
         if Instant::now() > deadline {

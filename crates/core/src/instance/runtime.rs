@@ -15,7 +15,8 @@
 //!
 //! A directory whose `lock` nobody holds belongs to a server that died (the kernel drops
 //! `flock` locks with the last descriptor, whatever killed the process): it is removed,
-//! never trusted, by the next `open`, `status`, `ls` or `close` that meets it.
+//! never trusted, with the dead server's FUSE mount, by the next `open`, `status`, `ls` or
+//! `close` that meets it, which says so ([`Probe::Dead`]).
 
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -254,13 +255,40 @@ impl Paths {
 /// What is found under a name.
 #[derive(Debug)]
 pub enum Probe {
-    /// No directory (or a stale one, now removed).
+    /// No directory.
     Absent,
+    /// A server that died had left its directory (and perhaps its FUSE mount): both are
+    /// gone now.
+    Dead(Debris),
     /// A live server holds the lock (`pid` 0: still starting up).
     Live {
         /// Its pid.
         pid: u32,
     },
+}
+
+/// What a dead server left and [`probe`] took away.
+#[derive(Debug, Clone, Default)]
+pub struct Debris {
+    /// The dead server's pid (0 if it never wrote it).
+    pub pid: u32,
+    /// FUSE mounts of the dead server that were detached.
+    pub unmounted: Vec<PathBuf>,
+}
+
+impl std::fmt::Display for Debris {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.pid == 0 {
+            write!(f, "its server had died")?;
+        } else {
+            write!(f, "its server (pid {}) had died", self.pid)?;
+        }
+        write!(f, "; its runtime directory was removed")?;
+        for m in &self.unmounted {
+            write!(f, ", its dead FUSE mount {} detached", m.display())?;
+        }
+        Ok(())
+    }
 }
 
 /// Whether `p`'s server is alive; a stale directory is removed.
@@ -274,7 +302,7 @@ pub fn probe(p: &Paths) -> Result<Probe, InstanceError> {
             if p.dir.exists() {
                 // A directory without a lock file: a server that died before taking it
                 // (between mkdir and lock, microseconds), or debris. Not a live instance.
-                remove_stale(p);
+                return Ok(Probe::Dead(remove_stale(p)));
             }
             return Ok(Probe::Absent);
         }
@@ -282,18 +310,83 @@ pub fn probe(p: &Paths) -> Result<Probe, InstanceError> {
     };
     let free = try_flock(&lock, true).map_err(io_err(format!("locking {}", p.lock().display())))?;
     if free {
-        remove_stale(p);
-        return Ok(Probe::Absent);
+        return Ok(Probe::Dead(remove_stale(p)));
     }
     Ok(Probe::Live { pid: p.read_pid() })
 }
 
-/// Removes a dead server's directory, including a FUSE mount point whose server died
-/// (the kernel leaves the mount; `fusermount3 -u -z` or `umount -l` takes it away).
-fn remove_stale(p: &Paths) {
-    // Not `exists()`: a dead FUSE mount fails stat with ENOTCONN.
-    lazy_unmount(&p.fuse_dir());
+/// Removes a dead server's directory, and its FUSE mount (the kernel leaves the mount of
+/// a dead server; `fusermount3 -u -z` or `umount -l` takes it away): at the default mount
+/// point and at the one its description names (`--fuse DIR`), if a FUSE file system of
+/// this instance (source `ucrypt:NAME`) is mounted there.
+fn remove_stale(p: &Paths) -> Debris {
+    let mut debris = Debris {
+        pid: p.read_pid(),
+        unmounted: Vec::new(),
+    };
+    let mut points = vec![p.fuse_dir()];
+    if let Some(d) = p.read_description().filter(|d| d.frontend == "fuse") {
+        if let Some(dir) = Path::new(&d.node)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            if !points.iter().any(|q| q == dir) {
+                points.push(dir.to_path_buf());
+            }
+        }
+    }
+    let source = format!("ucrypt:{}", p.name);
+    for dir in points {
+        if fuse_mount_of(&dir, &source) {
+            lazy_unmount(&dir);
+            if !fuse_mount_of(&dir, &source) {
+                debris.unmounted.push(dir);
+            }
+        }
+    }
     let _ = std::fs::remove_dir_all(&p.dir);
+    debris
+}
+
+/// Whether a FUSE file system with `source` is mounted at `dir` (`/proc/self/mountinfo`:
+/// the mount point is field 5, then after `-` the type and the source; octal escapes).
+fn fuse_mount_of(dir: &Path, source: &str) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = dir.as_os_str().as_encoded_bytes();
+    info.lines().any(|line| {
+        let mut halves = line.splitn(2, " - ");
+        let (Some(head), Some(tail)) = (halves.next(), halves.next()) else {
+            return false;
+        };
+        let point = head.split(' ').nth(4).map(unescape_mountinfo);
+        let mut t = tail.split(' ');
+        let (fstype, src) = (t.next().unwrap_or(""), t.next().map(unescape_mountinfo));
+        point.as_deref() == Some(want)
+            && (fstype == "fuse" || fstype.starts_with("fuse."))
+            && src.as_deref() == Some(source.as_bytes())
+    })
+}
+
+/// `\040`-style octal escapes of `/proc/self/mountinfo` undone.
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
 }
 
 /// Detaches a mount of a dead FUSE server at `dir` (lazily: nothing can use it anyway).
@@ -400,6 +493,18 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<(), InstanceError> {
 
 /// Every live instance under the base directory, by name (stale ones are removed).
 pub fn list() -> Vec<(Paths, u32)> {
+    scan()
+        .into_iter()
+        .filter_map(|(p, probe)| match probe {
+            Probe::Live { pid } => Some((p, pid)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every instance directory under the base directory, by name, live or dead (the dead
+/// ones' debris removed, as [`probe`] does).
+pub fn scan() -> Vec<(Paths, Probe)> {
     let Ok(rd) = std::fs::read_dir(base_dir()) else {
         return Vec::new();
     };
@@ -413,10 +518,8 @@ pub fn list() -> Vec<(Paths, u32)> {
         .into_iter()
         .filter_map(|n| {
             let p = Paths::of(&n).ok()?;
-            match probe(&p) {
-                Ok(Probe::Live { pid }) => Some((p, pid)),
-                _ => None,
-            }
+            let probe = probe(&p).ok()?;
+            Some((p, probe))
         })
         .collect()
 }
