@@ -58,11 +58,6 @@ use std::sync::{Mutex, OnceLock};
 /// The prefix that names an RBD device.
 pub const PREFIX: &str = "rbd:";
 
-/// Whether `device` names an RBD image (`rbd:POOL/IMAGE...`) rather than a path.
-pub fn is_rbd(device: &str) -> bool {
-    device.starts_with(PREFIX)
-}
-
 /// How to reach the cluster, where the device string does not say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RbdDefaults {
@@ -870,6 +865,5 @@ mod tests {
             let e = RbdSpec::parse(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
-        assert!(is_rbd("rbd:p/i") && !is_rbd("/rbd:x") && !is_rbd("nbd://h/"));
     }
 }

@@ -466,8 +466,8 @@ fn unlock_remote(device: &Path, secret: &[u8], opts: &HeaderOptions) -> Result<U
     // Every target names the remote device, not the staged copy (a volume mid-reencryption
     // maps as two targets, crypt or linear).
     for t in u.mapping.tables.iter_mut().flat_map(|t| &mut t.targets) {
-        if let Some(device @ DeviceRef::Path(_)) = t.device_mut() {
-            *device = DeviceRef::Path(uri.clone());
+        if let Some(device @ DeviceRef::Device(_)) = t.device_mut() {
+            *device = DeviceRef::from(uri.as_str());
         }
     }
     Ok(u)

@@ -24,7 +24,7 @@
 //! from each other at every write).
 
 use crate::error::{bail, Context, Result};
-use crate::open::{open_device, open_parsed_with, OpenOptions};
+use crate::open::{open_device, open_parsed_with, Device, OpenOptions};
 use std::collections::HashMap;
 use std::sync::Arc;
 use ucrypt_backend::{Backend, LinearBackend, ZeroBackend};
@@ -61,17 +61,16 @@ impl Devices {
     /// The backend of `path`, opened on first use. Local paths are compared by their
     /// canonical form (`disk.img`, `./disk.img` and a symlink to it are one device); NBD URIs,
     /// `rbd:` and `ram:` names by their text.
-    fn open(&mut self, path: &str, opts: OpenOptions) -> Result<Arc<dyn Backend>> {
-        let key = if crate::open::is_remote(path) {
-            path.to_string()
-        } else {
-            std::fs::canonicalize(path)
-                .map_or_else(|_| path.to_string(), |c| c.display().to_string())
+    fn open(&mut self, device: &Device, opts: OpenOptions) -> Result<Arc<dyn Backend>> {
+        let key = match device.local_path() {
+            Some(path) => std::fs::canonicalize(path)
+                .map_or_else(|_| device.to_string(), |c| c.display().to_string()),
+            None => device.to_string(),
         };
         if let Some(b) = self.0.get(&key) {
             return Ok(b.clone());
         }
-        let b = open_device(path, opts.read_only, opts.direct)?;
+        let b = open_device(device, opts.read_only, opts.direct)?;
         self.0.insert(key, b.clone());
         Ok(b)
     }
@@ -93,7 +92,7 @@ fn open_table_targets(
                 Some(b) => Ok(b.clone()),
                 None => bail!("a target sits on table {j}, which is not below it"),
             },
-            DeviceRef::Path(p) => devices.open(p, opts),
+            DeviceRef::Device(d) => devices.open(d, opts),
         }
     };
     let mut pieces: Vec<Arc<dyn Backend>> = Vec::with_capacity(targets.len());

@@ -47,7 +47,7 @@ pub fn open_table(line: &str, opts: OpenOptions) -> Result<OpenedTable> {
 /// As [`open_table`], without the parse step.
 pub fn open_parsed(table: TableLine, opts: OpenOptions) -> Result<OpenedTable> {
     open_parsed_with(table, opts, |t| match &t.device {
-        DeviceRef::Path(p) => open_device(p, opts.read_only, opts.direct),
+        DeviceRef::Device(d) => open_device(d, opts.read_only, opts.direct),
         DeviceRef::Layer(j) => crate::error::bail!(
             "the line sits on table {j} of a mapping: open the whole mapping \
              (crate::mapping::open_mapping)"
@@ -90,45 +90,7 @@ pub fn open_parsed_with(
     })
 }
 
-/// What kind of device a device string names: wherever ucrypt takes a device it takes a
-/// local path (a file or block device), an NBD URI, a Ceph RBD image or a memory device.
-/// Decided here, once, from the string's form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
-    /// A file or block device.
-    Local,
-    /// A remote NBD export (`nbd+unix:///EXPORT?socket=PATH`, `nbd://HOST[:PORT]/EXPORT`).
-    Nbd,
-    /// A Ceph RBD image (`rbd:POOL/IMAGE`).
-    Rbd,
-    /// Memory (`ram:SIZE`, [`open_ram`]).
-    Ram,
-}
-
-impl DeviceKind {
-    /// The kind `device` names.
-    pub fn of(device: &str) -> DeviceKind {
-        if device.starts_with(RAM_PREFIX) {
-            DeviceKind::Ram
-        } else if ucrypt_backend::rbd::is_rbd(device) {
-            DeviceKind::Rbd
-        } else if ucrypt_nbd::remote::is_nbd_uri(device) {
-            DeviceKind::Nbd
-        } else {
-            DeviceKind::Local
-        }
-    }
-
-    /// The kind a path names (a path that is not UTF-8 is a local one).
-    pub fn of_path(device: &std::path::Path) -> DeviceKind {
-        device.to_str().map_or(DeviceKind::Local, DeviceKind::of)
-    }
-
-    /// Whether it is anything but a local path (no file to stat, lock or canonicalize).
-    pub fn is_remote(self) -> bool {
-        self != DeviceKind::Local
-    }
-}
+pub use ucrypt_format::device::{Device, DeviceKind, RAM_PREFIX};
 
 /// Opens a device that is not a local path: an NBD URI, an RBD image (`rbd:POOL/IMAGE`) or
 /// a memory device (`ram:SIZE`), as its backend ([`DeviceKind`] tells which devices these
@@ -137,12 +99,12 @@ impl DeviceKind {
 /// # Errors
 /// Connection or open failures, with the device named; an RBD image another client holds
 /// fails with `EBUSY` in its [`ucrypt_backend::BackendError::Open`].
-pub fn open_remote(device: &str, read_only: bool) -> Result<Box<dyn Backend>> {
-    match DeviceKind::of(device) {
-        DeviceKind::Ram => return Ok(Box::new(open_ram(device)?)),
-        DeviceKind::Rbd => {
+pub fn open_remote(device: &Device, read_only: bool) -> Result<Box<dyn Backend>> {
+    let device = match device {
+        Device::Ram(text) => return Ok(Box::new(open_ram(text)?)),
+        Device::Rbd(text) => {
             let rbd = ucrypt_backend::RbdBackend::open(
-                device,
+                text,
                 ucrypt_backend::RbdOptions {
                     read_only,
                     ..Default::default()
@@ -151,8 +113,8 @@ pub fn open_remote(device: &str, read_only: bool) -> Result<Box<dyn Backend>> {
             .with_context(|| format!("opening RBD device {device}"))?;
             return Ok(Box::new(rbd));
         }
-        DeviceKind::Nbd | DeviceKind::Local => {}
-    }
+        Device::Nbd(text) | Device::Local(text) => text.as_str(),
+    };
     let remote = ucrypt_nbd::NbdBackend::connect(
         device,
         ucrypt_nbd::RemoteOptions {
@@ -163,15 +125,6 @@ pub fn open_remote(device: &str, read_only: bool) -> Result<Box<dyn Backend>> {
     .with_context(|| format!("connecting to NBD device {device}"))?;
     Ok(Box::new(remote))
 }
-
-/// Whether `device` names a device that is not a local path ([`DeviceKind::is_remote`]).
-pub fn is_remote(device: &str) -> bool {
-    DeviceKind::of(device).is_remote()
-}
-
-/// The prefix of ucrypt's memory device, `ram:SIZE` (`ram:64M`, `ram:1G`; sizes as
-/// cryptsetup's size arguments, [`ucrypt_format::size::parse_size`]).
-pub const RAM_PREFIX: &str = "ram:";
 
 /// Whether `device` names a memory device (`ram:SIZE`).
 pub fn is_ram(device: &str) -> bool {
@@ -224,10 +177,11 @@ pub fn open_ram(device: &str) -> Result<Arc<MemoryBackend>> {
 ///
 /// # Errors
 /// Open or connection failures, with the device named.
-pub fn open_device(device: &str, read_only: bool, direct: bool) -> Result<Arc<dyn Backend>> {
-    if is_remote(device) {
-        return Ok(Arc::from(open_remote(device, read_only)?));
-    }
+pub fn open_device(device: &Device, read_only: bool, direct: bool) -> Result<Arc<dyn Backend>> {
+    let device = match device {
+        Device::Local(path) => path.as_str(),
+        remote => return Ok(Arc::from(open_remote(remote, read_only)?)),
+    };
     // A malformed line can shift the key into the device field: the error then describes
     // the field instead of echoing it (the backend's error would name it as its path).
     let named = ucrypt_format::table::shown(device);
@@ -307,7 +261,7 @@ mod tests {
         drop(a);
         open_ram("ram:8S").unwrap().read_at(&mut b, 0).unwrap();
         assert_eq!(b, [0; 512], "a device nothing holds kept its data");
-        assert!(is_remote("ram:1G") && is_ram("ram:1G") && !is_ram("/dev/ram0"));
+        assert!(Device::parse("ram:1G").is_remote() && is_ram("ram:1G") && !is_ram("/dev/ram0"));
     }
 
     #[test]

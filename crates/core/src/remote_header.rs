@@ -41,6 +41,7 @@
 //! catches changes to the copied ranges.
 
 use crate::error::{bail, Context, Result};
+use crate::open::{Device, DeviceKind};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -80,7 +81,7 @@ impl std::fmt::Debug for StagedHeader {
 /// Whether `device` names a remote device (an NBD export, an RBD image, memory) rather
 /// than a local path ([`crate::open::DeviceKind`]).
 pub fn is_remote(device: &std::path::Path) -> bool {
-    crate::open::DeviceKind::of_path(device).is_remote()
+    DeviceKind::of_path(device).is_remote()
 }
 
 /// How many leading bytes of a device hold its LUKS header area, judged from its first
@@ -141,7 +142,7 @@ pub fn header_bytes(
 /// # Errors
 /// Connection or read failures, or an implausible header.
 pub fn stage(uri: &str, copy: bool) -> Result<StagedHeader> {
-    let remote = crate::open::open_remote(uri, true)?;
+    let remote = crate::open::open_remote(&Device::parse(uri), true)?;
     let size = remote.info().size_bytes;
     let mut read = |at: u64, len: usize| -> Result<Vec<u8>> {
         let len = len.min(size.saturating_sub(at) as usize);
@@ -305,21 +306,22 @@ impl RemoteHeader {
     /// # Errors
     /// Connection or read failures, an implausible header.
     pub fn stage(uri: &str, copy: bool) -> Result<RemoteHeader> {
-        let remote: Box<dyn Backend> =
-            if ucrypt_backend::rbd::is_rbd(uri) || crate::open::is_ram(uri) {
-                crate::open::open_remote(uri, true)?
-            } else {
-                Box::new(
-                    ucrypt_nbd::NbdBackend::connect(
-                        uri,
-                        ucrypt_nbd::RemoteOptions {
-                            connections: 1,
-                            read_only: false,
-                        },
-                    )
-                    .with_context(|| format!("connecting to NBD device {uri}"))?,
+        let device = Device::parse(uri);
+        let remote: Box<dyn Backend> = if matches!(device.kind(), DeviceKind::Rbd | DeviceKind::Ram)
+        {
+            crate::open::open_remote(&device, true)?
+        } else {
+            Box::new(
+                ucrypt_nbd::NbdBackend::connect(
+                    uri,
+                    ucrypt_nbd::RemoteOptions {
+                        connections: 1,
+                        read_only: false,
+                    },
                 )
-            };
+                .with_context(|| format!("connecting to NBD device {uri}"))?,
+            )
+        };
         let size = remote.info().size_bytes;
         let mut read = |at: u64, len: usize| -> Result<Vec<u8>> {
             let len = len.min(size.saturating_sub(at) as usize);
@@ -466,8 +468,9 @@ impl RemoteHeader {
         // (refused while a mapping holds the image, EBUSY), and the copied ranges are
         // compared again under it.
         let rw;
-        let remote: &dyn Backend = if ucrypt_backend::rbd::is_rbd(&self.uri) {
-            rw = crate::open::open_remote(&self.uri, false)?;
+        let device = Device::parse(&self.uri);
+        let remote: &dyn Backend = if device.kind() == DeviceKind::Rbd {
+            rw = crate::open::open_remote(&device, false)?;
             for (o, snap) in &self.snapshot {
                 let mut server = vec![0u8; snap.len()];
                 rw.read_at(&mut server, *o)

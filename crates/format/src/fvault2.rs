@@ -471,7 +471,7 @@ impl Metadata {
             cipher,
             key: KeySource::Hex(key),
             iv_offset: 0,
-            device: DeviceRef::Path(device.to_string()),
+            device: DeviceRef::from(device),
             offset: self.lv_offset / 512,
             opts: if allow_discards {
                 vec![OptParam::AllowDiscards]

@@ -1156,7 +1156,7 @@ impl std::str::FromStr for IntegrityLine {
         let mut l = IntegrityLine {
             start: num(0, "start")?,
             length: num(1, "length")?,
-            device: crate::DeviceRef::Path(f[3].to_string()),
+            device: crate::DeviceRef::from(f[3]),
             offset: num(4, "offset")?,
             tag_size: if f[5] == "-" {
                 None

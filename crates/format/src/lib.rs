@@ -26,6 +26,7 @@
 pub mod af;
 pub mod bitlk;
 mod bytes;
+pub mod device;
 mod error;
 pub mod fvault2;
 pub mod info;
@@ -41,6 +42,7 @@ pub mod size;
 pub mod table;
 pub mod tcrypt;
 
+pub use device::{Device, DeviceKind};
 pub use error::FormatError;
 pub use info::{HeaderType, VolumeInfo};
 pub use mapping::{Mapping, Table, Target};

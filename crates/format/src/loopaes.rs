@@ -225,7 +225,7 @@ impl LoopaesOptions {
             cipher: self.cipher_spec(key.keys)?,
             key: KeySource::Hex(key.key),
             iv_offset: self.skip,
-            device: DeviceRef::Path(device.to_string()),
+            device: DeviceRef::from(device),
             offset: self.offset,
             opts,
         }))

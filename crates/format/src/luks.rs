@@ -360,7 +360,7 @@ pub fn segment_mapping(
         cipher,
         key: KeySource::Hex(key),
         iv_offset: info.iv_offset,
-        device: DeviceRef::Path(device.to_string()),
+        device: DeviceRef::from(device),
         offset: info.data_offset,
         opts: with_discards(info.flags, allow_discards).table_options(info.sector_size),
     }))
@@ -492,7 +492,7 @@ pub fn reencrypting_mapping(
                     cipher: cipher.parse()?,
                     key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
                     iv_offset: iv_tweak,
-                    device: DeviceRef::Path(device.to_string()),
+                    device: DeviceRef::from(device),
                     offset: offset / 512,
                     opts: flags.table_options(sector_size),
                 })
@@ -500,7 +500,7 @@ pub fn reencrypting_mapping(
             "linear" => Target::Linear {
                 start,
                 length,
-                device: DeviceRef::Path(device.to_string()),
+                device: DeviceRef::from(device),
                 offset: offset / 512,
             },
             other => {

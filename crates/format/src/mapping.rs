@@ -8,7 +8,7 @@
 //! ```text
 //!  Mapping { tables: [ Table 0, Table 1, … ] }      lower tables first, the last is served
 //!   Table { name, targets: [Target, …] }            contiguous from sector 0, like a dm table
-//!   Target::Crypt(TableLine { device: DeviceRef::Path("disk.img") | DeviceRef::Layer(0), … })
+//!   Target::Crypt(TableLine { device: DeviceRef::Device(Device::Local("disk.img")) | DeviceRef::Layer(0), … })
 //!   Target::Zero { start, length }                  reads zeros, drops writes
 //!   Target::Linear { start, length, device, offset } `length` sectors of `device` from
 //!                                                   `offset`, as they are (dm-linear)
@@ -174,7 +174,7 @@ impl Target {
                 Ok(Target::Linear {
                     start: num(0, "linear", "start")?,
                     length: num(1, "linear", "length")?,
-                    device: DeviceRef::Path(fields[3].to_string()),
+                    device: DeviceRef::from(fields[3]),
                     offset: num(4, "linear", "offset")?,
                 })
             }
@@ -681,10 +681,7 @@ mod tests {
             crypt(0, 8, "/d")
         ))
         .unwrap();
-        assert_eq!(
-            m.first_crypt().unwrap().device,
-            DeviceRef::Path("/d".into())
-        );
+        assert_eq!(m.first_crypt().unwrap().device, DeviceRef::from("/d"));
         assert_eq!(m.tables[1].targets.len(), 1);
         let Target::Crypt(top) = &m.tables[1].targets[0] else {
             panic!("crypt")
@@ -788,7 +785,7 @@ mod tests {
             panic!("linear")
         };
         assert_eq!((*start, *length, *offset), (8, 24, 2048));
-        assert_eq!(*device, DeviceRef::Path("/d".into()));
+        assert_eq!(*device, DeviceRef::from("/d"));
         assert_eq!(m.size_bytes(), 32 * 512);
         assert_eq!(
             m.to_lines(false),

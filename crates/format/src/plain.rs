@@ -135,7 +135,7 @@ impl PlainOptions {
             cipher,
             key: KeySource::Hex(key),
             iv_offset: self.skip,
-            device: DeviceRef::Path(device.to_string()),
+            device: DeviceRef::from(device),
             offset: self.offset,
             opts,
         }))

@@ -11,6 +11,7 @@
 //! `crypt_status` in drivers/md/dm-crypt.c (6.1) and Documentation/admin-guide/device-mapper/
 //! dm-crypt.rst.
 
+use crate::device::Device;
 use crate::FormatError;
 use std::fmt;
 use std::str::FromStr;
@@ -209,9 +210,9 @@ pub struct ValidateOptions {
 /// The device a crypt target reads its ciphertext from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DeviceRef {
-    /// A file or block device path, an NBD URI or an RBD image (`rbd:POOL/IMAGE`), as
-    /// written in the line or as the header was found.
-    Path(String),
+    /// A file or block device, an NBD export, an RBD image or a memory device, as written
+    /// in the line or as the header was found.
+    Device(Device),
     /// Table `n` of the same [`crate::mapping::Mapping`], which lies below the table of
     /// this line (a TCRYPT cascade layer, a stacked table input's `/dev/mapper/NAME`).
     Layer(usize),
@@ -221,7 +222,15 @@ impl DeviceRef {
     /// The path or URI, `None` for a lower table.
     pub fn path(&self) -> Option<&str> {
         match self {
-            DeviceRef::Path(p) => Some(p),
+            DeviceRef::Device(d) => Some(d.as_str()),
+            DeviceRef::Layer(_) => None,
+        }
+    }
+
+    /// The device, `None` for a lower table.
+    pub fn device(&self) -> Option<&Device> {
+        match self {
+            DeviceRef::Device(d) => Some(d),
             DeviceRef::Layer(_) => None,
         }
     }
@@ -232,7 +241,7 @@ impl fmt::Display for DeviceRef {
     /// mapping prints its lower tables by name, see [`crate::mapping::Mapping::to_lines`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DeviceRef::Path(p) => f.write_str(p),
+            DeviceRef::Device(d) => f.write_str(d.as_str()),
             DeviceRef::Layer(n) => write!(f, "table {n} of the mapping"),
         }
     }
@@ -240,13 +249,13 @@ impl fmt::Display for DeviceRef {
 
 impl From<String> for DeviceRef {
     fn from(p: String) -> Self {
-        DeviceRef::Path(p)
+        DeviceRef::Device(Device::parse(&p))
     }
 }
 
 impl From<&str> for DeviceRef {
     fn from(p: &str) -> Self {
-        DeviceRef::Path(p.to_string())
+        DeviceRef::Device(Device::parse(p))
     }
 }
 
@@ -352,7 +361,7 @@ impl FromStr for TableLine {
         })?;
         let key = KeySource::parse(args[4])?;
         let iv_offset = number("iv_offset", args[5])?;
-        let device = DeviceRef::Path(args[6].to_string());
+        let device = DeviceRef::from(args[6]);
         let offset = number("offset", args[7])?;
         let mut opts = Vec::new();
         if let Some(count) = args.get(8) {

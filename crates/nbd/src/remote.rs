@@ -61,13 +61,6 @@ impl Default for RemoteOptions {
     }
 }
 
-/// Whether `device` is an NBD URI rather than a path.
-pub fn is_nbd_uri(device: &str) -> bool {
-    ["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"]
-        .iter()
-        .any(|s| device.starts_with(s))
-}
-
 /// Parses `nbd+unix:///EXPORT?socket=PATH` and `nbd://HOST[:PORT][/EXPORT]`, and their
 /// TLS forms `nbds+unix://` and `nbds://` (see [`parse_uri_tls`]); percent-escapes in the
 /// query are decoded.
@@ -592,8 +585,6 @@ mod tests {
         ] {
             assert!(parse_uri(bad).is_err(), "{bad}");
         }
-        assert!(is_nbd_uri("nbd+unix:///?socket=x") && !is_nbd_uri("/tmp/nbd"));
-        assert!(is_nbd_uri("nbds://h/") && is_nbd_uri("nbds+unix:///?socket=x"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use super::secret::confirm;
 use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use anyhow::{anyhow, Context};
 use std::io::Read;
+use ucrypt::open::Device;
 use ucrypt_format::integrity::{FormatParams, Superblock, SALT_SIZE};
 use ucrypt_integrity::{Algorithm, Mode, Options};
 use zeroize::Zeroizing;
@@ -169,7 +170,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
 }
 
 fn dump(device: &str) -> Result<(), CliError> {
-    let dev = ucrypt::open::open_device(device, true, false).code(EXIT_DEVICE)?;
+    let dev = ucrypt::open::open_device(&Device::parse(device), true, false).code(EXIT_DEVICE)?;
     let mut first = vec![0u8; 512];
     dev.read_at(&mut first, 0)
         .with_context(|| format!("reading {device}"))
@@ -265,7 +266,8 @@ fn format(a: FormatArgs, batch: bool) -> Result<(), CliError> {
         sectors_per_bitmap_bit: a.sectors_per_bit,
         salt,
     };
-    let dev = ucrypt::open::open_device(&a.device, false, false).code(EXIT_DEVICE)?;
+    let dev =
+        ucrypt::open::open_device(&Device::parse(&a.device), false, false).code(EXIT_DEVICE)?;
     confirm(
         batch,
         &format!("This will overwrite data on {} irrevocably", a.device),
@@ -292,7 +294,8 @@ fn hex(key: &[u8]) -> String {
 /// The kernel's table line for the device, as integritysetup builds it from the superblock
 /// and the options (`dmsetup table` shows it), keys in hex.
 fn open_line(a: &OpenArgs) -> Result<Zeroizing<String>, CliError> {
-    let dev = ucrypt::open::open_device(&a.device, true, false).code(EXIT_DEVICE)?;
+    let dev =
+        ucrypt::open::open_device(&Device::parse(&a.device), true, false).code(EXIT_DEVICE)?;
     let mut first = vec![0u8; 512];
     dev.read_at(&mut first, 0)
         .with_context(|| format!("reading {}", a.device))

@@ -410,8 +410,14 @@ fn open_export(a: &Args) -> Result<(Arc<dyn Backend>, String), CliError> {
             ))
             .code(EXIT_PARAMS);
         };
-        let file = ucrypt::open::open_device(&table.device.to_string(), a.read_only, a.direct)
-            .map_err(super::open_error)?;
+        let Some(device) = table.device.device() else {
+            return Err(anyhow::anyhow!(
+                "--raw exports a device; this table sits on another table"
+            ))
+            .code(EXIT_PARAMS);
+        };
+        let file =
+            ucrypt::open::open_device(device, a.read_only, a.direct).map_err(super::open_error)?;
         return Ok((file, format!("ucrypt raw export of {}", table.device)));
     }
     super::read::open_input(&table_arg(a), opts)
@@ -599,9 +605,12 @@ impl Args {
                 .header
                 .device
                 .as_deref()
-                .and_then(|d| d.to_str())
-                .is_some_and(|d| {
-                    ucrypt_backend::rbd::is_rbd(d) || ucrypt_nbd::remote::is_nbd_uri(d)
+                .map(ucrypt::open::DeviceKind::of_path)
+                .is_some_and(|k| {
+                    matches!(
+                        k,
+                        ucrypt::open::DeviceKind::Rbd | ucrypt::open::DeviceKind::Nbd
+                    )
                 });
             if remote {
                 32

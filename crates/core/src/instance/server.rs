@@ -85,8 +85,12 @@ pub fn build(input: Input, opts: OpenOptions) -> Result<Built> {
                         .into(),
                 ));
             };
-            let volume =
-                crate::open::open_device(&table.device.to_string(), opts.read_only, opts.direct)?;
+            let Some(device) = table.device.device() else {
+                return Err(Error::Invalid(
+                    "--raw exports a device; this table sits on another table".into(),
+                ));
+            };
+            let volume = crate::open::open_device(device, opts.read_only, opts.direct)?;
             Built {
                 volume,
                 description: format!("ucrypt raw export of {}", table.device),

@@ -298,7 +298,7 @@ impl Layout {
                     cipher: cipher.clone(),
                     key: KeySource::Hex(VolumeKey::new(key.as_bytes().to_vec())),
                     iv_offset: at,
-                    device: DeviceRef::Path(device.to_string()),
+                    device: DeviceRef::from(device),
                     offset: at,
                     opts: opts.clone(),
                 }),

@@ -309,7 +309,7 @@ impl TcryptHeader {
                 key: KeySource::Hex(layer.key),
                 iv_offset: area.iv_offset,
                 device: if i == 0 {
-                    DeviceRef::Path(device.to_string())
+                    DeviceRef::from(device)
                 } else {
                     DeviceRef::Layer(i - 1)
                 },
