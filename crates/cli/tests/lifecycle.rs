@@ -452,6 +452,180 @@ fn images_in_use_refuse_a_second_open_and_header_changes_with_exit_5() {
     );
 }
 
+/// `ucrypt open`s started together, each waited for: `(name, exit code, stderr)`.
+fn open_together(rt: &Runtime, opens: &[(String, Vec<String>)]) -> Vec<(String, i32, String)> {
+    let children: Vec<_> = opens
+        .iter()
+        .map(|(name, args)| {
+            let child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+                .args(args)
+                .env("UCRYPT_RUNTIME_DIR", rt.dir())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            (name.clone(), child)
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|(name, child)| {
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            (name, out.status.code().unwrap_or(-1), err)
+        })
+        .collect()
+}
+
+/// Many `open ... NAME` of one name started at once (each with its own image): exactly
+/// one wins, the others exit 5 "already exists"; exclusive and `--shared` opens of one
+/// image under different names started at once: an exclusive one never wins beside
+/// another. Once the winners are closed nothing is left but the name locks.
+#[test]
+fn concurrent_opens_of_one_name_or_one_image_have_one_winner() {
+    let rt = Runtime::new();
+    std::fs::create_dir_all(rt.dir()).unwrap();
+    let key = "ab".repeat(64);
+    let table = |img: &Path| format!("0 2048 crypt aes-xts-plain64 {key} 0 {} 0", img.display());
+    let image = |name: &str| {
+        let img = rt.path(name);
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        img
+    };
+    let words = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let images: Vec<PathBuf> = (0..8).map(|i| image(&format!("img{i}"))).collect();
+    for round in 0..6 {
+        let opens: Vec<_> = images
+            .iter()
+            .map(|img| {
+                let t = table(img);
+                (
+                    "same".to_string(),
+                    words(&["open", "--table", &t, "same", "--device", "none"]),
+                )
+            })
+            .collect();
+        let results = open_together(&rt, &opens);
+        let won = results.iter().filter(|r| r.1 == 0).count();
+        assert_eq!(won, 1, "round {round}: {results:#?}");
+        for (_, code, err) in results.iter().filter(|r| r.1 != 0) {
+            assert_eq!(*code, 5, "round {round}: {err}");
+            assert!(err.contains("already exists"), "round {round}: {err}");
+        }
+        assert_eq!(rt.ok(&["ls", "--json"], b"").matches("\"name\"").count(), 1);
+        rt.ok(&["close", "same"], b"");
+        wait_gone(&rt, "same");
+    }
+    let shared_img = image("shared");
+    let t = table(&shared_img);
+    for round in 0..6 {
+        let opens: Vec<_> = (0..4)
+            .map(|i| {
+                let name = format!("m{i}");
+                let mut args = words(&["open", "--table", &t, &name, "--device", "none"]);
+                if i % 2 == 1 {
+                    args.extend(words(&["--read-only", "--shared"]));
+                }
+                (name, args)
+            })
+            .collect();
+        let results = open_together(&rt, &opens);
+        let winners: Vec<&str> = results
+            .iter()
+            .filter(|r| r.1 == 0)
+            .map(|r| r.0.as_str())
+            .collect();
+        assert!(!winners.is_empty(), "round {round}: {results:#?}");
+        if winners.contains(&"m0") || winners.contains(&"m2") {
+            assert_eq!(
+                winners.len(),
+                1,
+                "round {round}: exclusive beside another: {results:#?}"
+            );
+        }
+        for (_, code, err) in results.iter().filter(|r| r.1 != 0) {
+            assert_eq!(*code, 5, "round {round}: {err}");
+            assert!(err.contains("is in use by"), "round {round}: {err}");
+        }
+        for name in winners {
+            rt.ok(&["close", name], b"");
+            wait_gone(&rt, name);
+        }
+    }
+    let mut left: Vec<String> = std::fs::read_dir(rt.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [".m0.lock", ".m1.lock", ".m2.lock", ".m3.lock", ".same.lock"]
+    );
+}
+
+/// `resize` reaches the FUSE file: `stat` shows the new size at once (not after the
+/// kernel's attribute timeout), shrunk and grown again, with the file held open meanwhile;
+/// a new NBD connection sees it too, and the bytes below the old end are intact.
+#[test]
+fn resize_reaches_the_fuse_file_at_once() {
+    if !fuse_usable() {
+        return;
+    }
+    let rt = Runtime::new();
+    let img = rt.path("img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let t = format!(
+        "0 8192 crypt aes-xts-plain64 {} 0 {} 0",
+        "e1".repeat(64),
+        img.display()
+    );
+    rt.ok(&["open", "--table", &t, "rs", "--device", "fuse"], b"");
+    let st = rt.status("rs");
+    let node = PathBuf::from(st["node"].as_str().unwrap());
+    let uri = st["uri"].as_str().unwrap().to_string();
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 3) as u8).collect();
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&node).unwrap();
+        f.write_all(&data).unwrap();
+        f.sync_all().unwrap();
+    }
+    let held = std::fs::File::open(&node).unwrap();
+    let size = |what: &str| {
+        let via_path = std::fs::metadata(&node).unwrap().len();
+        let via_fd = held.metadata().unwrap().len();
+        assert_eq!(via_path, via_fd, "{what}: stat and fstat differ");
+        via_path
+    };
+    assert_eq!(size("opened"), 8192 * 512);
+    rt.ok(&["resize", "rs", "--size", "4096", "--table", &t], b"");
+    assert_eq!(size("shrunk"), 4096 * 512, "stat right after the resize");
+    if common::nbd::require("nbdinfo") {
+        assert_eq!(
+            sh_ok(&format!("nbdinfo --size '{uri}'")),
+            (4096 * 512).to_string(),
+            "a new NBD connection"
+        );
+    }
+    rt.ok(&["resize", "rs", "--table", &t], b"");
+    assert_eq!(size("grown"), 8192 * 512, "stat right after the growth");
+    drop(held);
+    let back = std::fs::read(&node).unwrap();
+    assert!(
+        back[..data.len()] == data[..],
+        "the data below the old end changed"
+    );
+    rt.ok(&["close", "rs"], b"");
+    wait_gone(&rt, "rs");
+}
+
 #[test]
 fn a_dead_servers_directory_is_recognised_and_cleaned() {
     let rt = Runtime::new();

@@ -222,7 +222,11 @@ impl Error {
         match self {
             Error::Format(f) => ErrorKind::from_exit_code(f.exit_code()),
             Error::Backend(_) | Error::Engine(_) | Error::Frontend(_) => ErrorKind::Device,
-            Error::Instance(InstanceError::Exists { .. }) => ErrorKind::Busy,
+            Error::Instance(
+                InstanceError::Exists { .. }
+                | InstanceError::DeadDevice { .. }
+                | InstanceError::DeadDeviceInUse { .. },
+            ) => ErrorKind::Busy,
             Error::Instance(InstanceError::NotActive(_)) => ErrorKind::Device,
             Error::Lock(LockError::InUse { .. }) => ErrorKind::Busy,
             Error::Lock(LockError::Io { .. }) => ErrorKind::Device,

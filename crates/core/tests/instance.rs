@@ -40,10 +40,10 @@ fn an_instance_starts_answers_its_control_socket_and_stops() {
     std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
     let line = format!("0 8192 crypt aes-xts-plain64 {KEY} 0 {} 0", img.display());
 
-    let dir = InstanceDir::create("lib-test").unwrap();
+    let dir = InstanceDir::create("lib-test", false).unwrap();
     let paths = dir.paths.clone();
     // The name is claimed: a second instance of it is refused as busy.
-    let again = InstanceDir::create("lib-test").unwrap_err();
+    let again = InstanceDir::create("lib-test", false).unwrap_err();
     assert_eq!(ucrypt::Error::from(again).kind(), ErrorKind::Busy);
 
     let opts = OpenOptions::default();

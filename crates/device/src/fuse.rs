@@ -498,6 +498,29 @@ impl Attachment for FuseAttachment {
             DeviceError::io("flushing the volume", std::io::Error::other(e.to_string()))
         })
     }
+
+    fn can_resize(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// The size is read from the export at each `getattr`; the kernel's cached attributes
+    /// (and pages: past a shrunk end they are stale) are dropped so that `stat` shows the
+    /// new size at once, not after the attribute timeout.
+    fn resize(&self, _size_bytes: u64) -> Result<(), DeviceError> {
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        match session.notifier().inval_inode(FILE, 0, 0) {
+            // The kernel has not looked the file up yet: nothing cached.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r.map_err(|e| {
+                DeviceError::io(
+                    format!("telling the kernel the new size of {}", self.node.display()),
+                    e,
+                )
+            }),
+        }
+    }
 }
 
 /// Aborts the FUSE connection mounted at `dir` through the FUSE control file system

@@ -115,6 +115,104 @@ pub trait Attachment: Send {
     /// [`DeviceError::Busy`] is not returned here: callers check [`Attachment::in_use`]
     /// first when they want to refuse; detaching a busy device fails its users' I/O.
     fn detach(self: Box<Self>) -> Result<(), DeviceError>;
+    /// Whether [`Attachment::resize`] can work here (asked before the volume changes, so
+    /// that a front end that cannot follow refuses the resize instead of keeping its
+    /// old size).
+    ///
+    /// # Errors
+    /// [`DeviceError::Unavailable`] saying why not.
+    fn can_resize(&self) -> Result<(), DeviceError>;
+    /// Makes the node show the volume's new size, `size_bytes`.
+    ///
+    /// # Errors
+    /// The driver refused.
+    fn resize(&self, size_bytes: u64) -> Result<(), DeviceError>;
+}
+
+/// A kernel device left by an instance whose server died.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    /// ublk or nbd.
+    pub kind: FrontendKind,
+    /// `/dev/ublkbN`, `/dev/nbdN`.
+    pub node: PathBuf,
+    /// What happens to its I/O.
+    pub state: &'static str,
+}
+
+/// The kernel devices instance `name` left when its server died (ublk devices waiting for
+/// recovery, kernel NBD devices still configured). Reads sysfs, `/run/ublksrvd` and
+/// `/proc` only: it runs in `ucrypt open` before the fork.
+pub fn orphans_of(name: &str) -> Vec<Orphan> {
+    let mut found: Vec<Orphan> = ublk::orphans_of(name)
+        .into_iter()
+        .map(|id| Orphan {
+            kind: FrontendKind::Ublk,
+            node: PathBuf::from(format!("/dev/ublkb{id}")),
+            state: "waiting for a new server: its I/O is held",
+        })
+        .collect();
+    found.extend(nbd_kernel::orphans_of(name).into_iter().map(|i| Orphan {
+        kind: FrontendKind::Nbd,
+        node: PathBuf::from(format!("/dev/nbd{i}")),
+        state: "its connections are dead: I/O waits, then fails after the dead-connection timeout",
+    }));
+    found
+}
+
+/// Removes a device [`orphans_of`] found (ublk: stopped and deleted; kernel NBD:
+/// disconnected). Its users' I/O fails from then on: callers check
+/// [`block_device_in_use`] first.
+///
+/// # Errors
+/// The driver refused.
+pub fn remove_orphan(o: &Orphan) -> Result<(), DeviceError> {
+    let number = |prefix: &str| -> Result<u32, DeviceError> {
+        o.node
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| {
+                DeviceError::io(
+                    o.node.display().to_string(),
+                    std::io::Error::other("not a device node of this front end"),
+                )
+            })
+    };
+    match o.kind {
+        FrontendKind::Ublk => ublk::remove(number("/dev/ublkb")?),
+        FrontendKind::Nbd => nbd_kernel::disconnect(number("/dev/nbd")?),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a process has the character or block device `rdev` open (`want_block`: a
+/// block device), by `/proc/PID/fd`. `except` is left out (this process, say).
+pub(crate) fn device_open_anywhere(rdev: u64, want_block: bool, except: Option<u32>) -> bool {
+    let except = except.map(|p| p.to_string());
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|p| {
+        let pid = p.file_name();
+        let pid = pid.to_string_lossy();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || except.as_deref() == Some(&*pid) {
+            return false;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            return false; // gone, or not ours to look at
+        };
+        fds.flatten().any(|fd| {
+            std::fs::metadata(fd.path()).is_ok_and(|m| {
+                let t = m.file_type();
+                (if want_block {
+                    t.is_block_device()
+                } else {
+                    t.is_char_device()
+                }) && m.rdev() == rdev
+            })
+        })
+    })
 }
 
 /// Whether a block device node is held open or mounted, as `cryptsetup close` asks the
@@ -179,24 +277,7 @@ fn held_in_sysfs(node: &Path, rdev: u64) -> bool {
 
 /// Whether a process other than this one has the block device `rdev` open.
 fn open_in_a_process(rdev: u64) -> bool {
-    let me = std::process::id().to_string();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    procs.flatten().any(|p| {
-        let pid = p.file_name();
-        let pid = pid.to_string_lossy();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me.as_str() {
-            return false;
-        }
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
-            return false; // gone, or not ours to look at
-        };
-        fds.flatten().any(|fd| {
-            std::fs::metadata(fd.path())
-                .is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == rdev)
-        })
-    })
+    device_open_anywhere(rdev, true, Some(std::process::id()))
 }
 
 /// Re-exported so front ends and their callers name one trait.

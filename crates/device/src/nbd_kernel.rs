@@ -294,6 +294,8 @@ fn serve_and_negotiate(
         index: None,
         shutdown,
         server: Some(server),
+        name: opts.name.clone(),
+        block: u64::from(opts.logical_block.max(512)),
     };
     // From here on, dropping `attachment` stops the server (and disconnects, once indexed).
     let negotiated =
@@ -429,6 +431,53 @@ pub fn find_by_instance(name: &str) -> Option<u32> {
     found.first().copied()
 }
 
+/// The kernel NBD devices of instance `name` whose server died: configured with its
+/// backend identifier, and the process that connected them (`/sys/block/nbdN/pid`) is
+/// gone. Sysfs only.
+pub fn orphans_of(name: &str) -> Vec<u32> {
+    let want = backend_identifier(name);
+    let mut found: Vec<u32> = std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n: u32 = e.file_name().to_str()?.strip_prefix("nbd")?.parse().ok()?;
+            let id = std::fs::read_to_string(e.path().join("backend")).ok()?;
+            if id.trim() != want {
+                return None;
+            }
+            let pid: Option<i32> = std::fs::read_to_string(e.path().join("pid"))
+                .ok()
+                .and_then(|p| p.trim().parse().ok());
+            let alive = pid.is_some_and(|p| {
+                // SAFETY: kill with signal 0 only asks whether the process exists.
+                let r = unsafe { libc::kill(p, 0) };
+                r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+            });
+            (!alive).then_some(n)
+        })
+        .collect();
+    found.sort_unstable();
+    found
+}
+
+/// Disconnects `/dev/nbd{index}` (`NBD_CMD_DISCONNECT`): what `ucrypt close` does to the
+/// device of an instance whose server died. Its waiting I/O fails.
+///
+/// # Errors
+/// The kernel refused.
+pub fn disconnect(index: u32) -> Result<(), DeviceError> {
+    available()?;
+    let mut attrs: GenlBuffer<NbdAttr, Buffer> = GenlBuffer::new();
+    attrs.push(attr(NbdAttr::Index, index)?);
+    call(
+        NbdCmd::Disconnect,
+        attrs,
+        &format!("disconnecting /dev/nbd{index} (NBD_CMD_DISCONNECT)"),
+    )
+    .map(|_| ())
+}
+
 /// Hands freshly negotiated sockets of a new server to `/dev/nbd{index}`, whose server
 /// died, with `NBD_CMD_RECONFIGURE`: the kernel replaces its dead connections with them
 /// and requeues what was waiting, so the device and whatever is mounted on it continue
@@ -525,6 +574,10 @@ pub struct NbdAttachment {
     index: Option<u32>,
     shutdown: Shutdown,
     server: Option<JoinHandle<()>>,
+    /// The instance name (the backend identifier the kernel checks on reconfigure).
+    name: String,
+    /// The device's block size.
+    block: u64,
 }
 
 impl std::fmt::Debug for NbdAttachment {
@@ -579,6 +632,36 @@ impl Attachment for NbdAttachment {
 
     fn detach(mut self: Box<Self>) -> Result<(), DeviceError> {
         self.shut_down()
+    }
+
+    fn can_resize(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// `NBD_CMD_RECONFIGURE` with the new size: the kernel sets the capacity and tells the
+    /// block layer (what `NBD_SET_SIZE` does for devices set up by ioctl, which the kernel
+    /// refuses on netlink devices).
+    fn resize(&self, size_bytes: u64) -> Result<(), DeviceError> {
+        let Some(index) = self.index else {
+            return Ok(());
+        };
+        let mut attrs: GenlBuffer<NbdAttr, Buffer> = GenlBuffer::new();
+        attrs.push(attr(NbdAttr::Index, index)?);
+        attrs.push(attr(
+            NbdAttr::BackendIdentifier,
+            backend_identifier(&self.name),
+        )?);
+        attrs.push(attr(
+            NbdAttr::SizeBytes,
+            size_bytes / self.block * self.block,
+        )?);
+        attrs.push(attr(NbdAttr::BlockSizeBytes, self.block)?);
+        call(
+            NbdCmd::Reconfigure,
+            attrs,
+            &format!("resizing /dev/nbd{index} (NBD_CMD_RECONFIGURE)"),
+        )
+        .map(|_| ())
     }
 }
 

@@ -226,6 +226,72 @@ fn device_ids() -> Vec<u32> {
     ids
 }
 
+/// The instance name in the JSON libublk exported for device `dev_id`
+/// (`/run/ublksrvd/NNNN.json`, kept until the device is deleted), read as a file: no
+/// control command, so it can run before `ucrypt open` forks.
+fn exported_name(dev_id: u32) -> Option<String> {
+    let path = format!("{}/{dev_id:04}.json", UblkCtrl::run_dir());
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v.get("target_data")?
+        .get("name")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Whether some process has `/dev/ublkc{dev_id}` open: a live server always does.
+fn served(dev_id: u32) -> bool {
+    let Ok(numbers) = std::fs::read_to_string(format!("/sys/class/ublk-char/ublkc{dev_id}/dev"))
+    else {
+        return false;
+    };
+    let Some((major, minor)) = numbers
+        .trim()
+        .split_once(':')
+        .and_then(|(a, b)| Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?)))
+    else {
+        return false;
+    };
+    crate::device_open_anywhere(libc::makedev(major, minor), false, None)
+}
+
+/// The ublk devices of instance `name` that no server serves (what a server killed with
+/// `-9` leaves: quiesced, its I/O held for [`recover`]). Files only: sysfs, the exported
+/// JSON, `/proc`.
+pub fn orphans_of(name: &str) -> Vec<u32> {
+    device_ids()
+        .into_iter()
+        .filter(|&id| exported_name(id).as_deref() == Some(name) && !served(id))
+        .collect()
+}
+
+/// Stops and deletes device `dev_id`, whose server is gone: its held I/O fails. The
+/// deletion does not wait for the last opener (a filesystem still mounted on it).
+///
+/// # Errors
+/// The driver refused.
+pub fn remove(dev_id: u32) -> Result<(), DeviceError> {
+    available()?;
+    let id = i32::try_from(dev_id).map_err(|_| DeviceError::Unavailable {
+        frontend: "ublk",
+        why: format!("device id {dev_id} out of range"),
+    })?;
+    ctrl_ring().map_err(|e| ublk_err("creating a ublk control ring", e))?;
+    let ctrl =
+        UblkCtrl::new_simple(id).map_err(|e| ublk_err(&format!("ublk device {dev_id}"), e))?;
+    let stopped = ctrl
+        .kill_dev()
+        .map(|_| ())
+        .map_err(|e| ublk_err(&format!("stopping /dev/ublkb{dev_id}"), e));
+    let deleted = ctrl
+        .del_dev_async()
+        .or_else(|_| ctrl.del_dev())
+        .map(|_| ())
+        .map_err(|e| ublk_err(&format!("deleting /dev/ublkb{dev_id}"), e));
+    ctrl.disown();
+    stopped.and(deleted)
+}
+
 /// The device of instance `name` whose server died and which waits for [`recover`]
 /// (`ucrypt open --recover NAME` finds it by name: no state of the dead server needed).
 ///
@@ -349,6 +415,7 @@ fn start(
         pool: pool.as_ref().map(Pool::sender),
     });
     let params = device_params(&*export, opts);
+    let logical_shift = params.basic.logical_bs_shift;
     let name = opts.name.clone();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let server = {
@@ -410,6 +477,7 @@ fn start(
         server: Some(server),
         pool,
         user_recovery: uopts.user_recovery || recovering,
+        logical_shift,
     })
 }
 
@@ -851,6 +919,8 @@ pub struct UblkAttachment {
     server: Option<JoinHandle<()>>,
     pool: Option<Pool>,
     user_recovery: bool,
+    /// log2 of the logical block size the device advertises.
+    logical_shift: u8,
 }
 
 impl std::fmt::Debug for UblkAttachment {
@@ -918,6 +988,32 @@ impl Attachment for UblkAttachment {
 
     fn detach(mut self: Box<Self>) -> Result<(), DeviceError> {
         self.shut_down()
+    }
+
+    fn can_resize(&self) -> Result<(), DeviceError> {
+        let features = self.ctrl.get_driver_features().unwrap_or(0);
+        if features & u64::from(sys::UBLK_F_UPDATE_SIZE) == 0 {
+            return Err(DeviceError::Unavailable {
+                frontend: "ublk",
+                why: format!(
+                    "the ublk driver of this kernel cannot change the size of {} \
+                     (UBLK_CMD_UPDATE_SIZE: Linux 6.16 or later); close the instance and \
+                     open it again to serve the new size",
+                    self.node.display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn resize(&self, size_bytes: u64) -> Result<(), DeviceError> {
+        self.can_resize()?;
+        ctrl_ring().map_err(|e| ublk_err("creating a ublk control ring", e))?;
+        let shift = self.logical_shift;
+        self.ctrl
+            .update_size(size_bytes >> shift << shift)
+            .map(|_| ())
+            .map_err(|e| ublk_err(&format!("resizing {}", self.node.display()), e))
     }
 }
 

@@ -74,7 +74,7 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
     let tls = open::tls_config(&a)?;
     open::check_exposure(&a, tls.is_some())?;
     let kind = choose_frontend(&a, &name)?;
-    let dir = InstanceDir::create(&name).map_err(instance_error)?;
+    let dir = InstanceDir::create(&name, a.recover).map_err(instance_error)?;
 
     // What to serve, and the image to lock (the table input is read once: it may be
     // standard input).

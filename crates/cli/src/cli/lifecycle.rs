@@ -8,7 +8,7 @@ use super::{CliError, PerfArgs, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use ucrypt::instance::control::{self, Reply, Request};
-use ucrypt::instance::runtime::{self, InstanceError, Paths, Probe};
+use ucrypt::instance::runtime::{self, Debris, InstanceError, Paths, Probe};
 
 /// `ucrypt status [NAME] [--json]`.
 #[derive(clap::Args)]
@@ -220,6 +220,17 @@ pub(crate) fn status(a: StatusArgs) -> Result<(), CliError> {
     let p = Paths::of(&name).map_err(instance_error)?;
     let pid = match runtime::probe(&p).map_err(instance_error)? {
         Probe::Live { pid } => pid,
+        Probe::Dead(debris) if !debris.devices.is_empty() => {
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&dead_json(&debris)).unwrap_or_default()
+                );
+            } else {
+                print_dead(&debris);
+            }
+            return Err(quiet(EXIT_DEVICE));
+        }
         dead_or_absent => {
             if let Probe::Dead(debris) = dead_or_absent {
                 eprintln!("ucrypt: {name}: {debris}");
@@ -245,6 +256,54 @@ pub(crate) fn status(a: StatusArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// What `status --json` and `ls --json` say of a dead instance whose kernel device
+/// remains.
+fn dead_json(d: &Debris) -> Value {
+    let first = d.devices.first();
+    json!({
+        "name": d.name,
+        "active": false,
+        "dead": true,
+        "pid": d.pid,
+        "frontend": first.map(|o| o.kind.as_str()).unwrap_or_default(),
+        "node": first.map(|o| o.node.display().to_string()).unwrap_or_default(),
+        "device": d.image,
+        "devices": d.devices.iter().map(|o| json!({
+            "node": o.node.display().to_string(),
+            "frontend": o.kind.as_str(),
+            "state": o.state,
+        })).collect::<Vec<_>>(),
+        "recover": format!("ucrypt open --recover {} {}", d.image_or_placeholder(), d.name),
+        "remove": format!("ucrypt close {}", d.name),
+    })
+}
+
+/// `status NAME` of a dead instance whose kernel device remains.
+fn print_dead(d: &Debris) {
+    if d.pid == 0 {
+        println!("{} is inactive: its server died.", d.name);
+    } else {
+        println!("{} is inactive: its server (pid {}) died.", d.name, d.pid);
+    }
+    if !d.image.is_empty() {
+        println!("  device:  {}", d.image);
+    }
+    for o in &d.devices {
+        println!(
+            "  left:    {} ({}: {})",
+            o.node.display(),
+            o.kind.as_str(),
+            o.state
+        );
+    }
+    println!(
+        "  recover: ucrypt open --recover {} {}",
+        d.image_or_placeholder(),
+        d.name
+    );
+    println!("  remove:  ucrypt close {}", d.name);
+}
+
 /// An error whose message was already printed (cryptsetup prints "NAME is inactive." on
 /// stdout and exits 4): keep the code, print nothing more.
 fn quiet(code: u8) -> CliError {
@@ -259,7 +318,12 @@ pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
     for (p, probe) in runtime::scan() {
         match probe {
             Probe::Live { .. } => all.push(status_of(&p)),
-            Probe::Dead(debris) => eprintln!("ucrypt: {}: {debris}", p.name),
+            Probe::Dead(debris) => {
+                eprintln!("ucrypt: {}: {debris}", p.name);
+                if !debris.devices.is_empty() {
+                    all.push(dead_json(&debris));
+                }
+            }
             Probe::Absent => {}
         }
     }
@@ -275,7 +339,9 @@ pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
         "NAME", "PID", "FRONT", "STATE", "NODE"
     );
     for v in all {
-        let state = if v["suspended"].as_bool() == Some(true) {
+        let state = if v["dead"].as_bool() == Some(true) {
+            "dead"
+        } else if v["suspended"].as_bool() == Some(true) {
             "suspended"
         } else if v["in_use"].as_bool() == Some(true) {
             "in use"
@@ -301,10 +367,11 @@ pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
 }
 
 pub(crate) fn close(a: CloseArgs) -> Result<(), CliError> {
-    // A dead server's instance: its debris (directory, FUSE mount) is what there is to
-    // close; once it is taken away, the close is done.
+    // A dead server's instance: its debris (directory, FUSE mount, the kernel device it
+    // left, unless that is in use and not --force) is what there is to close; once it is
+    // taken away, the close is done.
     let p = Paths::of(&a.name).map_err(instance_error)?;
-    if let Probe::Dead(debris) = runtime::probe(&p).map_err(instance_error)? {
+    if let Some(debris) = runtime::close_dead(&p, a.force).map_err(instance_error)? {
         eprintln!("ucrypt: {}: {debris}", a.name);
         return Ok(());
     }

@@ -156,8 +156,8 @@ fn nbd(
 }
 
 /// For `open --recover` without `--device`: the front end instance `name` used, from the
-/// description its dead server left in the runtime directory, else a kernel NBD device
-/// carrying its name. Reads files only: it runs before `open` forks, where no thread may
+/// description its dead server left in the runtime directory, else a ublk or kernel NBD
+/// device carrying its name. Reads files only: it runs before `open` forks, where no thread may
 /// have been started yet (libublk's control calls would start some).
 pub fn recover_kind(name: &str) -> Option<FrontendKind> {
     let described = super::runtime::Paths::of(name)
@@ -168,5 +168,8 @@ pub fn recover_kind(name: &str) -> Option<FrontendKind> {
     if described.is_some() {
         return described;
     }
-    ucrypt_device::nbd_kernel::find_by_instance(name).map(|_| FrontendKind::Nbd)
+    ucrypt_device::orphans_of(name)
+        .first()
+        .map(|o| o.kind)
+        .or_else(|| ucrypt_device::nbd_kernel::find_by_instance(name).map(|_| FrontendKind::Nbd))
 }

@@ -3,9 +3,16 @@
 //! `XDG_RUNTIME_DIR`; `$UCRYPT_RUNTIME_DIR/NAME/` when that is set, for tests and
 //! containers).
 //!
+//! Beside the instance directories, `BASE/.NAME.lock` (never removed: a lock on a file
+//! that can be unlinked and recreated is no lock) holds the name. Its byte [`LIVE`] is
+//! locked by the server for its whole life: the liveness test. Its byte [`GATE`] is held
+//! for a moment by whoever creates the directory or removes a dead server's: two `open
+//! NAME`s, or an `open` and a `status`, never both decide under the same name. (A name
+//! never starts with `.`, so these files never meet an instance directory.)
+//!
 //! | file | what |
 //! |---|---|
-//! | `lock` | `flock`ed by the server for its whole life: the liveness test |
+//! | `lock` | `flock`ed by the server for its whole life, for older `ucrypt` binaries |
 //! | `pid` | the server's pid |
 //! | `instance.json` | the [`Description`] |
 //! | `control.sock` | the control socket (status, close, suspend, resume, resize, refresh) |
@@ -13,16 +20,26 @@
 //! | `log` | the server's standard error after it went to the background |
 //! | `fuse/` | the default FUSE mount point (`fuse/NAME` is the volume file) |
 //!
-//! A directory whose `lock` nobody holds belongs to a server that died (the kernel drops
-//! `flock` locks with the last descriptor, whatever killed the process): it is removed,
+//! A directory whose name lock nobody holds belongs to a server that died (the kernel drops
+//! the locks with the last descriptor, whatever killed the process): it is removed,
 //! never trusted, with the dead server's FUSE mount, by the next `open`, `status`, `ls` or
 //! `close` that meets it, which says so ([`Probe::Dead`]).
 
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The byte of the name lock a server holds while it lives.
+const LIVE: i64 = 0;
+/// The byte of the name lock held while a directory is created or a dead one removed.
+const GATE: i64 = 1;
+/// How long to wait for someone else's creation or clean-up under a name: both take
+/// milliseconds; a stuck one (a hung unmount) must not hang every command.
+const GATE_WAIT: Duration = Duration::from_secs(20);
 
 /// Why an instance operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +60,35 @@ pub enum InstanceError {
     /// No running instance of that name.
     #[error("instance {0} is not active")]
     NotActive(String),
+    /// The server of that name died, but the kernel device it served remains.
+    #[error(
+        "the server of instance {name} died, but its device {} remains; `ucrypt open \
+         --recover {image} {name}` serves it again, `ucrypt close {name}` removes it",
+        show_nodes(devices)
+    )]
+    DeadDevice {
+        /// Its name.
+        name: String,
+        /// Its devices.
+        devices: Vec<PathBuf>,
+        /// The image it served (`IMAGE` when unknown).
+        image: String,
+    },
+    /// `close` of a dead instance whose device is still open (mounted, a process).
+    #[error(
+        "the server of instance {name} died and its device {} is in use; `ucrypt open \
+         --recover {image} {name}` serves it again, `ucrypt close --force {name}` removes \
+         it (its users' I/O fails)",
+        show_nodes(devices)
+    )]
+    DeadDeviceInUse {
+        /// Its name.
+        name: String,
+        /// Its devices in use.
+        devices: Vec<PathBuf>,
+        /// The image it served (`IMAGE` when unknown).
+        image: String,
+    },
     /// A file-system operation failed.
     #[error("{what}")]
     Io {
@@ -52,6 +98,14 @@ pub enum InstanceError {
         #[source]
         source: io::Error,
     },
+}
+
+fn show_nodes(nodes: &[PathBuf]) -> String {
+    nodes
+        .iter()
+        .map(|n| n.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> InstanceError {
@@ -208,9 +262,14 @@ impl Paths {
             dir: base_dir().join(name),
         })
     }
-    /// The liveness lock.
+    /// The lock of older binaries' servers, inside the directory.
     pub fn lock(&self) -> PathBuf {
         self.dir.join("lock")
+    }
+    /// The name lock, `BASE/.NAME.lock`, beside the directory (never removed).
+    pub fn name_lock(&self) -> PathBuf {
+        let base = self.dir.parent().unwrap_or_else(|| Path::new("."));
+        base.join(format!(".{}.lock", self.name))
     }
     /// The pid file.
     pub fn pid(&self) -> PathBuf {
@@ -267,13 +326,34 @@ pub enum Probe {
     },
 }
 
-/// What a dead server left and [`probe`] took away.
+/// What a dead server left and [`probe`] took away, or could not.
 #[derive(Debug, Clone, Default)]
 pub struct Debris {
+    /// The instance's name.
+    pub name: String,
     /// The dead server's pid (0 if it never wrote it).
     pub pid: u32,
     /// FUSE mounts of the dead server that were detached.
     pub unmounted: Vec<PathBuf>,
+    /// Kernel devices (ublk, kernel NBD) the dead server left: they stay until `open
+    /// --recover` serves them or `close` removes them, and so does the directory (its
+    /// description says what they served).
+    pub devices: Vec<ucrypt_device::Orphan>,
+    /// What the description says the instance served (empty when unknown).
+    pub image: String,
+    /// Kernel devices `close` removed.
+    pub removed: Vec<PathBuf>,
+}
+
+impl Debris {
+    /// The image to name in a hint: the described one, or a placeholder.
+    pub fn image_or_placeholder(&self) -> &str {
+        if self.image.is_empty() {
+            "IMAGE"
+        } else {
+            &self.image
+        }
+    }
 }
 
 impl std::fmt::Display for Debris {
@@ -283,12 +363,126 @@ impl std::fmt::Display for Debris {
         } else {
             write!(f, "its server (pid {}) had died", self.pid)?;
         }
-        write!(f, "; its runtime directory was removed")?;
+        for d in &self.removed {
+            write!(f, "; its device {} was removed", d.display())?;
+        }
+        if self.devices.is_empty() {
+            write!(f, "; its runtime directory was removed")?;
+        }
         for m in &self.unmounted {
             write!(f, ", its dead FUSE mount {} detached", m.display())?;
         }
+        for d in &self.devices {
+            write!(
+                f,
+                "; its {} device {} remains ({})",
+                d.kind.as_str(),
+                d.node.display(),
+                d.state
+            )?;
+        }
+        if !self.devices.is_empty() {
+            write!(
+                f,
+                ": `ucrypt open --recover {} {name}` serves it again, `ucrypt close {name}` \
+                 removes it",
+                self.image_or_placeholder(),
+                name = self.name
+            )?;
+        }
         Ok(())
     }
+}
+
+/// An OFD lock command on one byte of the name lock.
+fn lock_byte(f: &File, at: i64, cmd: libc::c_int, typ: libc::c_int) -> io::Result<libc::flock> {
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = at;
+    fl.l_len = 1;
+    // SAFETY: fcntl with an OFD lock command reads and writes the `flock` we pass, which
+    // lives for the call; the descriptor is ours.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut fl) };
+    if r == 0 {
+        Ok(fl)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Write-locks byte `at`: `Ok(false)` when another open file description has it.
+fn try_lock_byte(f: &File, at: i64) -> io::Result<bool> {
+    match lock_byte(f, at, libc::F_OFD_SETLK, libc::F_WRLCK) {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether another open file description locks byte `at`.
+fn byte_held(f: &File, at: i64) -> io::Result<bool> {
+    let fl = lock_byte(f, at, libc::F_OFD_GETLK, libc::F_WRLCK)?;
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+/// The name's gate, held until dropped.
+struct Gate<'a>(&'a File);
+
+impl<'a> Gate<'a> {
+    /// Waits (polling: `F_OFD_SETLKW` cannot time out) for the gate of name lock `f`.
+    fn take(f: &'a File, what: &Path) -> Result<Gate<'a>, InstanceError> {
+        let deadline = Instant::now() + GATE_WAIT;
+        loop {
+            if try_lock_byte(f, GATE).map_err(io_err(format!("locking {}", what.display())))? {
+                return Ok(Gate(f));
+            }
+            if Instant::now() > deadline {
+                return Err(InstanceError::Io {
+                    what: format!("locking {}", what.display()),
+                    source: io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "another ucrypt command has held it for 20 s",
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        let _ = lock_byte(self.0, GATE, libc::F_OFD_SETLK, libc::F_UNLCK);
+    }
+}
+
+/// Opens the name lock (created when `create`); `None` when it does not exist.
+fn open_name_lock(p: &Paths, create: bool) -> Result<Option<File>, InstanceError> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(p.name_lock())
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !create => Ok(None),
+        Err(e) => Err(io_err(format!("opening {}", p.name_lock().display()))(e)),
+    }
+}
+
+/// Whether a server of an older binary (which locks only `lock` in the directory) lives.
+fn old_server_lives(p: &Paths) -> Result<bool, InstanceError> {
+    let lock = match File::open(p.lock()) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_err(format!("opening {}", p.lock().display()))(e)),
+    };
+    let free = try_flock(&lock, true).map_err(io_err(format!("locking {}", p.lock().display())))?;
+    Ok(!free)
 }
 
 /// Whether `p`'s server is alive; a stale directory is removed.
@@ -296,23 +490,28 @@ impl std::fmt::Display for Debris {
 /// # Errors
 /// I/O errors other than "not there".
 pub fn probe(p: &Paths) -> Result<Probe, InstanceError> {
-    let lock = match File::open(p.lock()) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            if p.dir.exists() {
-                // A directory without a lock file: a server that died before taking it
-                // (between mkdir and lock, microseconds), or debris. Not a live instance.
-                return Ok(Probe::Dead(remove_stale(p)));
-            }
+    let Some(name_lock) = open_name_lock(p, false)? else {
+        // Every directory is made after its name lock: without one, this is a directory
+        // of an older binary's server, or debris.
+        if !p.dir.exists() {
             return Ok(Probe::Absent);
         }
-        Err(e) => return Err(io_err(format!("opening {}", p.lock().display()))(e)),
-    };
-    let free = try_flock(&lock, true).map_err(io_err(format!("locking {}", p.lock().display())))?;
-    if free {
+        if old_server_lives(p)? {
+            return Ok(Probe::Live { pid: p.read_pid() });
+        }
         return Ok(Probe::Dead(remove_stale(p)));
+    };
+    let _gate = Gate::take(&name_lock, &p.name_lock())?;
+    let live = byte_held(&name_lock, LIVE)
+        .map_err(io_err(format!("locking {}", p.name_lock().display())))?;
+    if live || old_server_lives(p)? {
+        return Ok(Probe::Live { pid: p.read_pid() });
     }
-    Ok(Probe::Live { pid: p.read_pid() })
+    // Without a directory, a device carrying the name is still the dead instance's.
+    if std::fs::symlink_metadata(&p.dir).is_err() && ucrypt_device::orphans_of(&p.name).is_empty() {
+        return Ok(Probe::Absent);
+    }
+    Ok(Probe::Dead(remove_stale(p)))
 }
 
 /// Removes a dead server's directory, and its FUSE mount (the kernel leaves the mount of
@@ -321,8 +520,11 @@ pub fn probe(p: &Paths) -> Result<Probe, InstanceError> {
 /// this instance (source `ucrypt:NAME`) is mounted there.
 fn remove_stale(p: &Paths) -> Debris {
     let mut debris = Debris {
+        name: p.name.clone(),
         pid: p.read_pid(),
-        unmounted: Vec::new(),
+        devices: ucrypt_device::orphans_of(&p.name),
+        image: p.read_description().map(|d| d.device).unwrap_or_default(),
+        ..Debris::default()
     };
     let mut points = vec![p.fuse_dir()];
     if let Some(d) = p.read_description().filter(|d| d.frontend == "fuse") {
@@ -344,8 +546,60 @@ fn remove_stale(p: &Paths) -> Debris {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&p.dir);
+    if debris.devices.is_empty() {
+        let _ = std::fs::remove_dir_all(&p.dir);
+    }
     debris
+}
+
+/// `close` of an instance whose server died: removes the kernel devices it left (refused
+/// while one is in use, unless `force`: its users' I/O then fails), then its directory.
+/// `None` when a live server has the name, or there is nothing under it.
+///
+/// # Errors
+/// [`InstanceError::DeadDeviceInUse`]; the driver's refusal; I/O errors.
+pub fn close_dead(p: &Paths, force: bool) -> Result<Option<Debris>, InstanceError> {
+    let Some(name_lock) = open_name_lock(p, false)? else {
+        return match probe(p)? {
+            Probe::Dead(d) if d.devices.is_empty() => Ok(Some(d)),
+            _ => Ok(None),
+        };
+    };
+    let _gate = Gate::take(&name_lock, &p.name_lock())?;
+    let live = byte_held(&name_lock, LIVE)
+        .map_err(io_err(format!("locking {}", p.name_lock().display())))?;
+    if live || old_server_lives(p)? {
+        return Ok(None);
+    }
+    let exists = std::fs::symlink_metadata(&p.dir).is_ok();
+    let mut debris = remove_stale(p);
+    if !exists && debris.devices.is_empty() {
+        return Ok(None);
+    }
+    if !force {
+        let busy: Vec<PathBuf> = debris
+            .devices
+            .iter()
+            .filter(|d| ucrypt_device::block_device_in_use(&d.node).unwrap_or(true))
+            .map(|d| d.node.clone())
+            .collect();
+        if !busy.is_empty() {
+            return Err(InstanceError::DeadDeviceInUse {
+                name: p.name.clone(),
+                devices: busy,
+                image: debris.image_or_placeholder().to_string(),
+            });
+        }
+    }
+    for d in std::mem::take(&mut debris.devices) {
+        ucrypt_device::remove_orphan(&d).map_err(|e| InstanceError::Io {
+            what: format!("removing {}", d.node.display()),
+            source: io::Error::other(e),
+        })?;
+        debris.removed.push(d.node);
+    }
+    let _ = std::fs::remove_dir_all(&p.dir);
+    Ok(Some(debris))
 }
 
 /// Whether a FUSE file system with `source` is mounted at `dir` (`/proc/self/mountinfo`:
@@ -406,56 +660,76 @@ pub fn lazy_unmount(dir: &Path) {
 }
 
 /// An instance directory created and locked by the server that owns it. Dropping it
-/// removes the directory (the lock goes with the descriptor).
+/// removes the directory (the locks go with the descriptors).
 #[derive(Debug)]
 pub struct InstanceDir {
     /// Its paths.
     pub paths: Paths,
     lock: Option<File>,
+    /// The name lock, its [`LIVE`] byte held.
+    name_lock: Option<File>,
 }
 
 impl InstanceDir {
-    /// Creates and locks `BASE/NAME`, cleaning a stale one first.
+    /// Takes the name (`BASE/.NAME.lock`) and creates `BASE/NAME`, removing what a dead
+    /// server left there first. A kernel device a dead server of the name left is taken
+    /// over only by `recover` (`open --recover`); otherwise it is refused.
     ///
     /// # Errors
-    /// [`InstanceError::Exists`] when a live server has the name; I/O errors.
-    pub fn create(name: &str) -> Result<InstanceDir, InstanceError> {
+    /// [`InstanceError::Exists`] when a live server (or one starting) has the name,
+    /// [`InstanceError::DeadDevice`] when a dead one left a device and not `recover`; I/O
+    /// errors.
+    pub fn create(name: &str, recover: bool) -> Result<InstanceDir, InstanceError> {
         let paths = Paths::of(name)?;
         ensure_base()?;
-        for _ in 0..3 {
-            match std::fs::DirBuilder::new().mode(0o700).create(&paths.dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    if let Probe::Live { pid } = probe(&paths)? {
-                        return Err(InstanceError::Exists {
-                            name: name.to_string(),
-                            pid,
-                        });
-                    }
-                    continue; // stale, removed: try again
-                }
-                Err(e) => return Err(io_err(format!("creating {}", paths.dir.display()))(e)),
-            }
-            let lock = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(paths.lock())
-                .map_err(io_err(format!("creating {}", paths.lock().display())))?;
-            if !try_flock(&lock, true).map_err(io_err("locking the instance"))? {
-                return Err(InstanceError::Exists {
-                    name: name.to_string(),
-                    pid: 0,
-                });
-            }
-            return Ok(InstanceDir {
-                paths,
-                lock: Some(lock),
-            });
-        }
-        Err(InstanceError::Exists {
+        let name_lock = open_name_lock(&paths, true)?.ok_or_else(|| InstanceError::Io {
+            what: format!("opening {}", paths.name_lock().display()),
+            source: io::ErrorKind::NotFound.into(),
+        })?;
+        let exists = |paths: &Paths| InstanceError::Exists {
             name: name.to_string(),
             pid: paths.read_pid(),
+        };
+        let gate = Gate::take(&name_lock, &paths.name_lock())?;
+        let ours = try_lock_byte(&name_lock, LIVE)
+            .map_err(io_err(format!("locking {}", paths.name_lock().display())))?;
+        if !ours || old_server_lives(&paths)? {
+            return Err(exists(&paths));
+        }
+        let orphans = ucrypt_device::orphans_of(name);
+        if !orphans.is_empty() && !recover {
+            return Err(InstanceError::DeadDevice {
+                name: name.to_string(),
+                devices: orphans.into_iter().map(|o| o.node).collect(),
+                image: paths
+                    .read_description()
+                    .map_or_else(|| "IMAGE".to_string(), |d| d.device),
+            });
+        }
+        if std::fs::symlink_metadata(&paths.dir).is_ok() {
+            remove_stale(&paths);
+            // Kept for its devices, which this server is about to take over.
+            let _ = std::fs::remove_dir_all(&paths.dir);
+        }
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&paths.dir)
+            .map_err(io_err(format!("creating {}", paths.dir.display())))?;
+        let lock = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(paths.lock())
+            .map_err(io_err(format!("creating {}", paths.lock().display())))?;
+        if !try_flock(&lock, true).map_err(io_err("locking the instance"))? {
+            let _ = std::fs::remove_dir_all(&paths.dir);
+            return Err(exists(&paths));
+        }
+        drop(gate);
+        Ok(InstanceDir {
+            paths,
+            lock: Some(lock),
+            name_lock: Some(name_lock),
         })
     }
 
@@ -476,10 +750,11 @@ impl InstanceDir {
 
 impl Drop for InstanceDir {
     fn drop(&mut self) {
-        // Remove first, unlock after: a concurrent `open NAME` that sees the lock free
+        // Remove first, unlock after: a concurrent `open NAME` that sees the name free
         // finds no directory of ours to delete under its feet.
         let _ = std::fs::remove_dir_all(&self.paths.dir);
         self.lock.take();
+        self.name_lock.take();
     }
 }
 
@@ -489,6 +764,25 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<(), InstanceError> {
         .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)))
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(io_err(format!("writing {}", path.display())))
+}
+
+/// A dead instance whose kernel device still serves `image` (its description names it as
+/// the device or the header): the name and the debris. Such an image is in use: a second
+/// device on it would be written beside the first one's held I/O.
+pub fn dead_holder(image: &Path) -> Option<(String, Debris)> {
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let target = id(image)?;
+    scan().into_iter().find_map(|(p, probe)| match probe {
+        Probe::Dead(debris) if !debris.devices.is_empty() => {
+            let d = p.read_description()?;
+            let same = id(Path::new(&d.device)) == Some(target)
+                || d.header
+                    .as_deref()
+                    .is_some_and(|h| id(Path::new(h)) == Some(target));
+            same.then_some((p.name, debris))
+        }
+        _ => None,
+    })
 }
 
 /// Every live instance under the base directory, by name (stale ones are removed).

@@ -283,7 +283,25 @@ pub fn serve(
     desc.started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    dir.publish(&desc)?;
+    // From here on a failure must not leave a new device behind: a ublk device would stay
+    // quiesced with nobody to serve or close it. One taken over by --recover is left as it
+    // was found, waiting for the next try.
+    let recovered = config.recover;
+    let abandon = |at: Option<Box<dyn Attachment>>| {
+        shutdown.trigger();
+        match at {
+            Some(at) if !recovered => {
+                if let Err(e) = at.detach() {
+                    eprintln!("ucrypt: removing {} after a failed start: {e}", desc.node);
+                }
+            }
+            other => drop(other),
+        }
+    };
+    if let Err(e) = dir.publish(&desc) {
+        abandon(attachment);
+        return Err(e.into());
+    }
     let server = Arc::new(Server {
         name: desc.name.clone(),
         shutdown: shutdown.clone(),
@@ -298,15 +316,15 @@ pub fn serve(
         dir: dir.paths.clone(),
         online: Mutex::new(None),
     });
-    {
-        let server = Arc::clone(&server);
+    let started = (|| -> Result<()> {
+        let control_server = Arc::clone(&server);
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                let s2 = Arc::clone(&server);
+                let s2 = Arc::clone(&control_server);
                 control::serve(
                     control_listener,
-                    |req| handle(&server, req),
+                    |req| handle(&control_server, req),
                     move || {
                         if s2.stop_after_reply.load(Ordering::SeqCst) {
                             s2.shutdown.trigger();
@@ -315,23 +333,24 @@ pub fn serve(
                     },
                 );
             })?;
-    }
-    if let Some(signals) = config.signals {
-        let server = Arc::clone(&server);
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || {
-                while let Ok(sig) = signals.recv() {
-                    on_signal(&server, sig);
-                }
-            })?;
-    }
-    if let Err(e) = ready(if desc.node.is_empty() {
-        &uri
-    } else {
-        &desc.node
-    }) {
-        shutdown.trigger();
+        if let Some(signals) = config.signals {
+            let server = Arc::clone(&server);
+            std::thread::Builder::new()
+                .name("signals".into())
+                .spawn(move || {
+                    while let Ok(sig) = signals.recv() {
+                        on_signal(&server, sig);
+                    }
+                })?;
+        }
+        ready(if desc.node.is_empty() {
+            &uri
+        } else {
+            &desc.node
+        })
+    })();
+    if let Err(e) = started {
+        abandon(lock_ignoring_poison(&server.attachment).take());
         return Err(e);
     }
 
@@ -738,6 +757,27 @@ fn reload(s: &Server, what: Reload, secret: Option<&[u8]>, link: Option<&str>) -
         Err(reply) => return reply,
     };
     let info = volume.info().clone();
+    let old_bytes = current * 512;
+    let new_bytes = info.size_bytes;
+    // The front end follows a resize (a shrink before the volume shrinks, a growth after
+    // it grew), or the resize is refused before anything changed.
+    let attachment = lock_ignoring_poison(&s.attachment);
+    let front = attachment
+        .as_ref()
+        .filter(|_| matches!(what, Reload::Resize(_)) && new_bytes != old_bytes);
+    if let Some(at) = front {
+        if let Err(e) = at.can_resize() {
+            return refuse(ErrorKind::Device, format!("{} keeps its size: {e}", s.name));
+        }
+        if new_bytes < old_bytes {
+            if let Err(e) = at.resize(new_bytes) {
+                return refuse(
+                    ErrorKind::Device,
+                    format!("shrinking {}: {e}", at.node().display()),
+                );
+            }
+        }
+    }
     if resume && info.size_bytes / 512 != current {
         return refuse(
             ErrorKind::Invalid,
@@ -753,6 +793,17 @@ fn reload(s: &Server, what: Reload, secret: Option<&[u8]>, link: Option<&str>) -
             format!("flushing the previous volume: {e}"),
         );
     }
+    let grown = match front {
+        Some(at) if new_bytes > old_bytes => at.resize(new_bytes).map_err(|e| {
+            format!(
+                "the volume grew to {} sectors, but {} keeps its old size: {e}",
+                new_bytes / 512,
+                at.node().display()
+            )
+        }),
+        _ => Ok(()),
+    };
+    drop(attachment);
     *lock_ignoring_poison(&s.opts) = opts;
     let mut desc = lock_ignoring_poison(&s.desc);
     desc.size_sectors = info.size_bytes / 512;
@@ -760,6 +811,9 @@ fn reload(s: &Server, what: Reload, secret: Option<&[u8]>, link: Option<&str>) -
         desc.allow_discards = d;
     }
     let _ = write_description(&s.dir, &desc);
+    if let Err(e) = grown {
+        return refuse(ErrorKind::Device, e);
+    }
     Reply::Resized {
         size_sectors: desc.size_sectors,
     }

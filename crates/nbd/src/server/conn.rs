@@ -614,7 +614,23 @@ fn next_request<R: Transport, W: Transport>(
         // received requests SHOULD be ESHUTDOWN."
         Err(Errno::ESHUTDOWN)
     } else {
-        validate(&req, &sh.limits)
+        // A connection keeps the size it was told at its handshake, but an export that grew
+        // since (an instance resized under a kernel NBD device, which learnt the new size
+        // from NBD_CMD_RECONFIGURE) is served up to its new end.
+        validate(&req, &sh.limits).or_else(|refused| {
+            let now = sh.export.info().size_bytes;
+            if now > sh.limits.size_bytes {
+                validate(
+                    &req,
+                    &Limits {
+                        size_bytes: now,
+                        ..sh.limits
+                    },
+                )
+            } else {
+                Err(refused)
+            }
+        })
     };
     let read_offset = (req.kind == NBD_CMD_READ).then_some(req.offset);
     match checked {
