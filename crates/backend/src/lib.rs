@@ -36,7 +36,9 @@ pub use aligned::AlignedBuf;
 pub use error::BackendError;
 #[cfg(any(test, feature = "testing"))]
 pub use faulty::FaultyBackend;
-pub use file::{install_sigbus_handler, sigbus_handler_installed, FileBackend, FileOptions};
+pub use file::{
+    install_sigbus_handler, sigbus_handler_installed, FileBackend, FileOptions, LEND_MIN_BYTES,
+};
 pub use linear::LinearBackend;
 pub use memory::MemoryBackend;
 pub use rbd::{RbdBackend, RbdOptions};
@@ -164,9 +166,11 @@ pub trait Backend: Send + Sync {
 
     /// Lends the `len` bytes at `offset` to `f` in place, without copying them into a
     /// buffer, where the backend can (a regular file through a memory mapping). `None`:
-    /// it cannot (the default), or the lent bytes turned out not to be the data (the file
-    /// shrank under a mapping), and the caller uses [`Backend::read_at`]; what `f` saw, if
-    /// it was called, must be discarded. `Some(Err)`: the read failed.
+    /// it cannot (the default), it would rather copy a read this short (a mapped page
+    /// costs a fault: `len == 0` asks only whether it lends at all), or the lent bytes
+    /// turned out not to be the data (the file shrank under a mapping), and the caller
+    /// uses [`Backend::read_at`]; what `f` saw, if it was called, must be discarded.
+    /// `Some(Err)`: the read failed.
     ///
     /// The caller must keep its own writes off the range while `f` runs (the engine's
     /// range locks do): the bytes are the backend's live storage, not a copy.
@@ -322,6 +326,15 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Whether requests are served from this machine (memory, the page cache, a local
+    /// file or device) and never wait on another party (a network round trip, a gate held
+    /// closed): a server may then run small ones on the thread that read them, one after
+    /// another, instead of handing each to a thread of its own. A hint; false by default
+    /// (every request may block for long), wrappers forward it.
+    fn local(&self) -> bool {
+        false
+    }
+
     /// Starts `io` and returns without waiting for it: the asynchronous request path, for
     /// backends whose I/O completes on threads of their own (librbd), so that no caller
     /// thread blocks per request.
@@ -428,6 +441,9 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
     }
     fn supports_async(&self) -> bool {
         (**self).supports_async()
+    }
+    fn local(&self) -> bool {
+        (**self).local()
     }
     fn submit_async(self: std::sync::Arc<Self>, io: AsyncIo) -> Result<(), AsyncIo> {
         std::sync::Arc::clone(&*self).submit_async(io)

@@ -132,6 +132,10 @@ impl Backend for LinearBackend {
         &self.info
     }
 
+    fn local(&self) -> bool {
+        self.pieces.iter().all(|(_, p, _, _)| p.local())
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         let len = buf.len();
         self.each(offset, len, |p, at, r| p.read_at(&mut buf[r], at))

@@ -180,6 +180,11 @@ impl Backend for MemoryBackend {
         &self.info
     }
 
+    /// Memory: every request is a copy.
+    fn local(&self) -> bool {
+        true
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         for s in spans(offset, buf.len() as u64) {

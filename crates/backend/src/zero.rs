@@ -42,6 +42,10 @@ impl Backend for ZeroBackend {
         &self.info
     }
 
+    fn local(&self) -> bool {
+        true
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         buf.fill(0);

@@ -736,6 +736,10 @@ impl Backend for Volume {
         self.async_lower
     }
 
+    fn local(&self) -> bool {
+        self.backend.local()
+    }
+
     /// The asynchronous path, for a backend that has one (RBD): whole-sector requests whose
     /// crypto the placement puts inline. A write takes its range lock (only if free: see
     /// below) and is encrypted in the caller's buffer here, then submitted; its completion

@@ -151,6 +151,118 @@ fn many_pipelined_requests_are_all_answered() {
     }
 }
 
+/// Small requests of a local export run on the reading thread with their replies sent
+/// together; a large one goes to another thread meanwhile; refusals join the batch. Every
+/// reply must come whole (frames never interleave) with the right data.
+#[test]
+fn batched_small_replies_and_handed_off_large_ones_stay_whole() {
+    let (server, _) = Server::memory(4 * MIB);
+    let mut s = server.connect();
+    go(&mut s, true);
+    let block = |i: u64| vec![(i * 7 + 1) as u8; 4096];
+    let big: Vec<u8> = (0..MIB as usize).map(|i| (i % 251) as u8).collect();
+    for i in 0..40u64 {
+        request(&mut s, NBD_CMD_WRITE, 0, i, i * 4096, 4096, &block(i));
+    }
+    request(&mut s, NBD_CMD_WRITE, 0, 100, 2 * MIB, MIB as u32, &big);
+    let mut done: Vec<u64> = (0..41)
+        .map(|_| simple(&mut s))
+        .map(|(e, c)| {
+            assert_eq!(e, 0);
+            c
+        })
+        .collect();
+    done.sort_unstable();
+    assert_eq!(done, (0..40).chain([100]).collect::<Vec<_>>());
+    // Reads: small ones inline, the large one beside them, one past the end refused.
+    for i in 0..40u64 {
+        request(&mut s, NBD_CMD_READ, 0, i, i * 4096, 4096, &[]);
+        if i == 20 {
+            request(&mut s, NBD_CMD_READ, 0, 100, 2 * MIB, MIB as u32, &[]);
+            request(&mut s, NBD_CMD_READ, 0, 200, 4 * MIB, 4096, &[]);
+        }
+    }
+    let mut seen = Vec::new();
+    for _ in 0..42 {
+        let (flags, t, cookie, p) = chunk(&mut s);
+        assert_eq!(flags & NBD_REPLY_FLAG_DONE, NBD_REPLY_FLAG_DONE);
+        match cookie {
+            200 => assert_eq!(t, NBD_REPLY_TYPE_ERROR),
+            100 => {
+                assert_eq!(t, NBD_REPLY_TYPE_OFFSET_DATA);
+                assert_eq!(u64_at(&p, 0), 2 * MIB);
+                assert!(p[8..] == big[..], "the large read's data");
+            }
+            i => {
+                assert_eq!(t, NBD_REPLY_TYPE_OFFSET_DATA);
+                assert_eq!(u64_at(&p, 0), i * 4096);
+                assert_eq!(p[8..], block(i)[..], "read {i}");
+            }
+        }
+        seen.push(cookie);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..40).chain([100, 200]).collect::<Vec<_>>());
+}
+
+/// A local export whose requests turn out slow (a disk to be read, here a sleep) gets its
+/// small requests spread over the connection's threads again instead of run one after
+/// another by the reader.
+#[test]
+fn slow_local_requests_are_spread_over_threads_again() {
+    use std::sync::atomic::AtomicUsize;
+    struct Slow {
+        inner: MemoryBackend,
+        now: AtomicUsize,
+        most: AtomicUsize,
+    }
+    impl Backend for Slow {
+        fn info(&self) -> &ucrypt_backend::BackendInfo {
+            self.inner.info()
+        }
+        fn local(&self) -> bool {
+            true
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(n, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(
+            &self,
+            buf: &[u8],
+            offset: u64,
+            fua: bool,
+        ) -> Result<(), ucrypt_backend::BackendError> {
+            self.inner.write_at(buf, offset, fua)
+        }
+        fn flush(&self) -> Result<(), ucrypt_backend::BackendError> {
+            Ok(())
+        }
+    }
+    let slow = Arc::new(Slow {
+        inner: MemoryBackend::new(MIB).unwrap(),
+        now: AtomicUsize::new(0),
+        most: AtomicUsize::new(0),
+    });
+    let server = Server::start(slow.clone(), ServeOptions::default());
+    let mut s = server.connect();
+    go(&mut s, false);
+    for i in 0..64u64 {
+        request(&mut s, NBD_CMD_READ, 0, i, (i % 16) * 4096, 4096, &[]);
+    }
+    for _ in 0..64 {
+        assert_eq!(simple(&mut s).0, 0);
+        read_n(&mut s, 4096);
+    }
+    assert!(
+        slow.most.load(Ordering::SeqCst) >= 2,
+        "slow requests ran one at a time"
+    );
+}
+
 #[test]
 fn flush_on_one_connection_covers_writes_completed_on_another() {
     let gate = Arc::new(GateBackend::new(MIB, u64::MAX));

@@ -12,7 +12,9 @@
 //!
 //! The thread that received a request runs it and replies: "inline" means the receiving
 //! thread, and there is no hand-off on the request path. With `workers <= 1` one thread does
-//! everything, one request at a time. Memory is bounded by the thread count and [`Budget`]
+//! everything, one request at a time. Small reads and writes of a local export run while
+//! the thread keeps the read side, their replies sent together ([`serve_requests`]): at
+//! depth 32 the other threads then sleep, and a request costs no wake-up at all. Memory is bounded by the thread count and [`Budget`]
 //! (`max_in_flight_bytes` of payload between "header read" and "reply sent"; a request
 //! larger than the budget runs alone), and payloads are at most `max_payload`.
 //!
@@ -41,6 +43,23 @@ const MAX_MESSAGE_BYTES: usize = 512;
 /// steady state of typical clients (1 MiB requests at depth 4..16) without holding a burst's
 /// worth of 32 MiB buffers per idle connection.
 const POOL_RETAIN_BYTES: usize = 16 << 20;
+/// Requests at most this long run on the thread that read them, which keeps the read side
+/// ([`serve_requests`]): reads and writes of a local export, whose run is a copy and a
+/// cipher pass of a few microseconds, cheaper than waking another thread for it. Longer
+/// ones go to threads side by side: 64 KiB reads of 512-byte AES-XTS sectors (about
+/// 15 µs of cipher each) ran at 0.6-0.7x the rate inline that they reach on two CPUs
+/// (bench/nbd-read.sh, BENCHMARKING.md).
+const INLINE_MAX_BYTES: usize = 16 * 1024;
+/// Replies of such requests held back to go out together, in one `writev`.
+const BATCH_REPLIES: usize = 16;
+/// Reply payload bytes held back at most.
+const BATCH_BYTES: usize = 256 * 1024;
+/// An inline request slower than this waited on something (a disk, a lock)...
+const SLOW_INLINE: std::time::Duration = std::time::Duration::from_micros(100);
+/// ...and after this many slow ones in a row (one can be a preemption, not the backend)...
+const SLOW_STREAK: u32 = 3;
+/// ...this many requests go to other threads before running inline is tried again.
+const HAND_OFF_AFTER_SLOW: u32 = 1024;
 /// Source of zeroes when the backend cannot write zeroes itself.
 static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
 
@@ -225,11 +244,27 @@ impl Budget {
         u.1 += bytes;
     }
 
+    /// [`Budget::acquire`] if that would not wait.
+    fn try_acquire(&self, bytes: usize) -> bool {
+        let mut u = lock(&self.used);
+        if u.0 >= self.max_requests || (u.0 > 0 && u.1 + bytes > self.max_bytes) {
+            return false;
+        }
+        u.0 += 1;
+        u.1 += bytes;
+        true
+    }
+
     /// Returns a request's share. Wakes waiters only when there are some (a notify is a
     /// system call: one per request otherwise).
     fn release(&self, bytes: usize) {
+        self.release_many(1, bytes);
+    }
+
+    /// Returns the shares of `requests` requests, `bytes` in all.
+    fn release_many(&self, requests: usize, bytes: usize) {
         let mut u = lock(&self.used);
-        u.0 -= 1;
+        u.0 -= requests;
         u.1 -= bytes;
         let waiting = u.2 > 0;
         drop(u);
@@ -326,6 +361,9 @@ struct Shared<'a, R, W> {
     /// Reads and writes go to [`Backend::submit_async`] first (plaintext connections of an
     /// export that takes asynchronous requests).
     asynchronous: bool,
+    /// Small reads and writes may run on the thread that read them ([`serve_requests`]):
+    /// a synchronous [`Backend::local`] export.
+    inline: bool,
 }
 
 /// The answering side of a connection: used by its threads and by the completions of its
@@ -349,6 +387,10 @@ struct Out<W> {
 struct ReadSide<R> {
     rd: BufReader<R>,
     ended: Option<Result<(), NbdError>>,
+    /// Slow inline requests in a row ([`SLOW_STREAK`]).
+    slow: u32,
+    /// Small requests still to hand to other threads before running one inline again.
+    hand_off: u32,
 }
 
 struct WriteSide<W> {
@@ -428,7 +470,12 @@ fn transmission<R: Transport, W: Transport>(
         wr.bound_writes(opts.reply_timeout);
     }
     let shared = Shared {
-        rd: Mutex::new(ReadSide { rd, ended: None }),
+        rd: Mutex::new(ReadSide {
+            rd,
+            ended: None,
+            slow: 0,
+            hand_off: 0,
+        }),
         out: Arc::new(Out {
             wr: Mutex::new(WriteSide {
                 wr: Some(wr),
@@ -441,7 +488,8 @@ fn transmission<R: Transport, W: Transport>(
             budget: Budget {
                 used: Mutex::new((0, 0, 0)),
                 freed: Condvar::new(),
-                max_requests: threads,
+                // The reading thread's held-back replies count too.
+                max_requests: threads + BATCH_REPLIES,
                 max_bytes: opts.max_in_flight_bytes.max(1),
             },
             pool: BufPool {
@@ -461,6 +509,7 @@ fn transmission<R: Transport, W: Transport>(
         export,
         ctx: IoCtx { client: id },
         asynchronous,
+        inline: !asynchronous && export.local(),
     };
     std::thread::scope(|s| {
         // The writer of queued replies: it must run until the last reply is sent, so it
@@ -499,7 +548,7 @@ fn transmission<R: Transport, W: Transport>(
         lock(&shared.out.wr).closing = true;
         shared.out.queued.notify_all();
     });
-    let ReadSide { rd, ended } = shared
+    let ReadSide { rd, ended, .. } = shared
         .rd
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -509,6 +558,18 @@ fn transmission<R: Transport, W: Transport>(
 
 /// One thread's loop: read a request, run it, reply; until reading ends.
 ///
+/// Small reads and writes of a local export run on the thread that read them, and it keeps
+/// the read side: it goes on with the next request already in the read buffer, holds the
+/// replies back and sends them together (one `writev` for up to [`BATCH_REPLIES`]) when
+/// the buffer holds no complete request (the next read could block), the batch is full,
+/// or it lets the read side go. At depth 32 a 4 KiB read then costs no thread wake-up and
+/// a share of one `writev` and one `read`, where handing each request to the next thread
+/// cost a futex wake-up and a task switch, and each reply its own `writev`. Other
+/// requests (flush, trim, larger than [`INLINE_MAX_BYTES`]) and every request of an export
+/// that is not [`Backend::local`] (whose requests may wait on a network) let the read side go to the
+/// next thread and run here, as do small requests for a while after inline ones were
+/// found slow ([`SLOW_INLINE`]: a disk that must be read), so that they run side by side.
+///
 /// A read or write that the export takes asynchronously ([`Backend::submit_async`]) is
 /// submitted and this thread goes on reading, keeping the read side: its reply is sent by
 /// its completion, on the backend's thread. So with an asynchronous export (RBD) one thread
@@ -517,35 +578,122 @@ fn transmission<R: Transport, W: Transport>(
 /// completion each woke one). A request that has no asynchronous path (flush, trim,
 /// FUA, partial sectors, ...) lets the read side go and runs here as before.
 fn serve_requests<R: Transport, W: Transport>(sh: &Shared<'_, R, W>) {
+    let mut batch = Batch::default();
     loop {
         let next = {
             let mut r = lock(&sh.rd);
             loop {
                 if r.ended.is_some() {
-                    return;
+                    break None;
                 }
-                match next_request(&mut r.rd, sh) {
+                if !batch.is_empty() && !request_buffered(&r.rd) {
+                    sh.out.send_batch(&mut batch);
+                }
+                match next_request(&mut r.rd, sh, &mut batch) {
                     Ok(Some(Next::Run(job))) if sh.asynchronous => match submit(sh, job) {
                         Ok(()) => continue,
-                        Err(job) => break Next::Run(job),
+                        Err(job) => break Some(Next::Run(job)),
                     },
-                    Ok(Some(next)) => break next,
+                    Ok(Some(Next::Run(job))) if sh.inline && runs_inline(&job) => {
+                        if r.hand_off > 0 {
+                            r.hand_off -= 1;
+                            break Some(Next::Run(job));
+                        }
+                        let started = std::time::Instant::now();
+                        let reply = execute_caught(sh, job);
+                        if started.elapsed() > SLOW_INLINE {
+                            r.slow += 1;
+                            if r.slow >= SLOW_STREAK {
+                                r.slow = 0;
+                                r.hand_off = HAND_OFF_AFTER_SLOW;
+                            }
+                        } else {
+                            r.slow = 0;
+                        }
+                        batch.push(reply, sh.out.structured);
+                        if batch.is_full() {
+                            sh.out.send_batch(&mut batch);
+                        }
+                    }
+                    // A refusal costs nothing to answer: with the others.
+                    Ok(Some(Next::Refused(reply))) if sh.inline => {
+                        batch.push(reply, sh.out.structured);
+                        if batch.is_full() {
+                            sh.out.send_batch(&mut batch);
+                        }
+                    }
+                    Ok(Some(next)) => break Some(next),
                     Ok(None) => {
                         r.ended = Some(Ok(()));
-                        return;
+                        break None;
                     }
                     Err(e) => {
                         r.ended = Some(Err(e));
-                        return;
+                        break None;
                     }
                 }
             }
         };
+        // The read side is the next thread's now; what this one held back goes first.
+        sh.out.send_batch(&mut batch);
+        let Some(next) = next else { return };
         let reply = match next {
             Next::Run(job) => execute_caught(sh, job),
             Next::Refused(reply) => reply,
         };
         sh.out.send(reply);
+    }
+}
+
+/// Whether `job` may run on the reading thread: a read or a write (without FUA, whose
+/// flush can take long) of at most [`INLINE_MAX_BYTES`].
+fn runs_inline(job: &Job) -> bool {
+    match job.cmd {
+        Command::Read { len, .. }
+        | Command::Write {
+            len, fua: false, ..
+        } => len as usize <= INLINE_MAX_BYTES,
+        _ => false,
+    }
+}
+
+/// Whether the read buffer holds a whole request (its header, and a write's payload), so
+/// that taking it cannot block on the socket.
+fn request_buffered<R: Read>(rd: &BufReader<R>) -> bool {
+    let b = rd.buffer();
+    let Some(h) = b.get(..REQUEST_HEADER_BYTES) else {
+        return false;
+    };
+    let kind = u16::from_be_bytes([h[6], h[7]]);
+    let len = u32::from_be_bytes([h[24], h[25], h[26], h[27]]) as usize;
+    kind != NBD_CMD_WRITE || b.len() - REQUEST_HEADER_BYTES >= len
+}
+
+/// Replies held back by the thread that has the read side, sent together by
+/// [`Out::send_batch`]: their frames in one buffer, reused from batch to batch.
+#[derive(Default)]
+struct Batch {
+    /// The frames of `replies`, one after another.
+    heads: Vec<u8>,
+    /// Each reply and where its frame ends in `heads`.
+    replies: Vec<(usize, Reply)>,
+    /// Payload bytes held.
+    bytes: usize,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.replies.is_empty()
+    }
+
+    fn is_full(&self) -> bool {
+        self.replies.len() >= BATCH_REPLIES || self.bytes >= BATCH_BYTES
+    }
+
+    fn push(&mut self, reply: Reply, structured: bool) {
+        frame_into(&reply, structured, &mut self.heads);
+        self.bytes += payload(&reply).len();
+        self.replies.push((self.heads.len(), reply));
     }
 }
 
@@ -592,9 +740,13 @@ fn submit<R: Transport, W: Transport>(sh: &Shared<'_, R, W>, mut job: Job) -> Re
 
 /// Reads and validates the next request; `None` on DISC or EOF (the client hung up, or our
 /// shutdown closed the read side).
+///
+/// `batch` holds this thread's replies not sent yet: they go out before it waits for the
+/// budget (which they hold a share of).
 fn next_request<R: Transport, W: Transport>(
     rd: &mut BufReader<R>,
     sh: &Shared<'_, R, W>,
+    batch: &mut Batch,
 ) -> Result<Option<Next>, NbdError> {
     let mut header = [0u8; REQUEST_HEADER_BYTES];
     match rd.read_exact(&mut header) {
@@ -644,7 +796,7 @@ fn next_request<R: Transport, W: Transport>(
             if sh.cfg.opts.log_errors && errno != Errno::ESHUTDOWN {
                 eprintln!("ucrypt-nbd: refused {req:?}: {errno:?}");
             }
-            sh.out.budget.acquire(0);
+            sh.out.acquire(0, batch);
             Ok(Some(Next::Refused(Reply {
                 cookie: req.cookie,
                 read_offset,
@@ -662,7 +814,7 @@ fn next_request<R: Transport, W: Transport>(
             };
             // Under the read lock: while the budget is spent nobody reads the socket, which
             // is the back-pressure on a client that queues faster than we complete.
-            sh.out.budget.acquire(len);
+            sh.out.acquire(len, batch);
             let mut buf = (len > 0).then(|| sh.out.pool.get(len));
             if let (Command::Write { .. }, Some(b)) = (cmd, buf.as_mut()) {
                 if let Err(e) = rd.read_exact(&mut b[..len]) {
@@ -1003,6 +1155,64 @@ impl<W: Transport> Out<W> {
         self.queued.notify_one();
     }
 
+    /// Takes a request's share of the budget, sending `batch` first if it must wait.
+    fn acquire(&self, bytes: usize, batch: &mut Batch) {
+        if !self.budget.try_acquire(bytes) {
+            self.send_batch(batch);
+            self.budget.acquire(bytes);
+        }
+    }
+
+    /// Sends the held-back replies of `batch` in one `writev` (more if the socket takes
+    /// part), then returns their buffers and budget; `batch` is empty after.
+    fn send_batch(&self, batch: &mut Batch) {
+        if batch.replies.is_empty() {
+            return;
+        }
+        if self.queueing {
+            // Never batched (asynchronous connections answer from completions), but
+            // should one come, the queue keeps replies whole.
+            for (_, reply) in batch.replies.drain(..) {
+                self.send(reply);
+            }
+        } else {
+            {
+                let mut guard = lock(&self.wr);
+                let w = &mut *guard;
+                if let (false, Some(wr)) = (w.failed, w.wr.as_mut()) {
+                    let mut iov = [IoSlice::new(&[]); 2 * BATCH_REPLIES];
+                    let mut n = 0;
+                    let mut start = 0;
+                    for (end, reply) in &batch.replies {
+                        iov[n] = IoSlice::new(&batch.heads[start..*end]);
+                        n += 1;
+                        let data = payload(reply);
+                        if !data.is_empty() {
+                            iov[n] = IoSlice::new(data);
+                            n += 1;
+                        }
+                        start = *end;
+                    }
+                    if write_all_vectored(wr, &mut iov[..n]).is_err() {
+                        w.failed = true;
+                        wr.shut();
+                    }
+                }
+            }
+            let (mut count, mut bytes) = (0, 0);
+            for (_, reply) in batch.replies.drain(..) {
+                count += 1;
+                bytes += reply.cost;
+                if let Some(b) = reply.buf {
+                    self.pool.put(b);
+                }
+            }
+            self.budget.release_many(count, bytes);
+        }
+        batch.heads.clear();
+        batch.bytes = 0;
+    }
+
     /// A reply's end: its buffer back to the pool, its budget released.
     fn done(&self, reply: Reply) {
         if let Some(b) = reply.buf {
@@ -1098,10 +1308,17 @@ fn payload(r: &Reply) -> &[u8] {
 /// A reply's bytes before its [`payload`]: simple, or (READ with structured replies) one
 /// chunk with DONE set, or one block status chunk.
 fn frame(r: &Reply, structured: bool) -> Vec<u8> {
+    let mut h = Vec::new();
+    frame_into(r, structured, &mut h);
+    h
+}
+
+/// [`frame`], appended to `h`.
+fn frame_into(r: &Reply, structured: bool, h: &mut Vec<u8>) {
     if let (true, Some(desc), None) = (structured, &r.block_status, &r.error) {
         // One NBD_REPLY_TYPE_BLOCK_STATUS chunk with DONE: the context id, then the
         // descriptors (length, status flags).
-        let mut h = Vec::with_capacity(STRUCTURED_REPLY_BYTES + 4 + 8 * desc.len());
+        h.reserve(STRUCTURED_REPLY_BYTES + 4 + 8 * desc.len());
         h.extend_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
         h.extend_from_slice(&NBD_REPLY_FLAG_DONE.to_be_bytes());
         h.extend_from_slice(&NBD_REPLY_TYPE_BLOCK_STATUS.to_be_bytes());
@@ -1113,38 +1330,34 @@ fn frame(r: &Reply, structured: bool) -> Vec<u8> {
             h.extend_from_slice(&l.to_be_bytes());
             h.extend_from_slice(&f.to_be_bytes());
         }
-        return h;
+        return;
     }
     if let (true, Some(offset)) = (structured, r.read_offset) {
         // "If structured replies are negotiated ... MUST NOT use a simple reply for
         // NBD_CMD_READ (even for the case of an early EINVAL due to bad flags)".
-        let mut h = vec![0u8; STRUCTURED_REPLY_BYTES + 8];
-        h[..4].copy_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
-        h[4..6].copy_from_slice(&NBD_REPLY_FLAG_DONE.to_be_bytes());
-        h[8..16].copy_from_slice(&r.cookie.to_be_bytes());
+        h.extend_from_slice(&NBD_STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        h.extend_from_slice(&NBD_REPLY_FLAG_DONE.to_be_bytes());
         match &r.error {
             None => {
-                h[6..8].copy_from_slice(&NBD_REPLY_TYPE_OFFSET_DATA.to_be_bytes());
+                h.extend_from_slice(&NBD_REPLY_TYPE_OFFSET_DATA.to_be_bytes());
+                h.extend_from_slice(&r.cookie.to_be_bytes());
                 // len <= max payload (32 MiB by default), far below 2^32 - 8.
-                h[16..20].copy_from_slice(&((payload(r).len() + 8) as u32).to_be_bytes());
-                h[20..].copy_from_slice(&offset.to_be_bytes());
+                h.extend_from_slice(&((payload(r).len() + 8) as u32).to_be_bytes());
+                h.extend_from_slice(&offset.to_be_bytes());
             }
             Some((errno, msg)) => {
-                h[6..8].copy_from_slice(&NBD_REPLY_TYPE_ERROR.to_be_bytes());
-                h[16..20].copy_from_slice(&((6 + msg.len()) as u32).to_be_bytes());
-                h[20..24].copy_from_slice(&errno.value().to_be_bytes());
-                h[24..26].copy_from_slice(&(msg.len() as u16).to_be_bytes());
-                h.truncate(26);
+                h.extend_from_slice(&NBD_REPLY_TYPE_ERROR.to_be_bytes());
+                h.extend_from_slice(&r.cookie.to_be_bytes());
+                h.extend_from_slice(&((6 + msg.len()) as u32).to_be_bytes());
+                h.extend_from_slice(&errno.value().to_be_bytes());
+                h.extend_from_slice(&(msg.len() as u16).to_be_bytes());
                 h.extend_from_slice(msg.as_bytes());
             }
         }
-        h
     } else {
-        let mut h = vec![0u8; SIMPLE_REPLY_BYTES];
-        h[..4].copy_from_slice(&NBD_SIMPLE_REPLY_MAGIC.to_be_bytes());
+        h.extend_from_slice(&NBD_SIMPLE_REPLY_MAGIC.to_be_bytes());
         let errno = r.error.as_ref().map_or(0, |(e, _)| e.value());
-        h[4..8].copy_from_slice(&errno.to_be_bytes());
-        h[8..].copy_from_slice(&r.cookie.to_be_bytes());
-        h
+        h.extend_from_slice(&errno.to_be_bytes());
+        h.extend_from_slice(&r.cookie.to_be_bytes());
     }
 }
