@@ -19,6 +19,7 @@ OUT=$2
 [ -x "$BIN" ] || { echo "$0: $BIN is not executable" >&2; exit 1; }
 rm -rf "$OUT" && mkdir -p "$OUT" || exit 1
 OUT=$(realpath "$OUT")
+REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d /tmp/cli-compare.XXXXXX) || exit 1
 export UCRYPT_RUNTIME_DIR="$WORK/run"
 trap 'for p in "$UCRYPT_RUNTIME_DIR"/*/pid; do [ -f "$p" ] && kill -9 "$(cat "$p")" 2>/dev/null; done; rm -rf "$WORK"' EXIT
@@ -130,4 +131,45 @@ run open-plain-stdin -- open img p --type plain --device none
 run close-plain -- close p
 run open-missing -- open nosuch vol --device none --key-file pass
 run open-bad-device-kind -- open luks vol --device nosuch --key-file pass
+
+# The unlock policy: key files with offset and size, standard input, keyslots, tokens,
+# --test-passphrase, --volume-key-file, refusals before anything is asked.
+printf 'XXpwYY' >passoff
+printf 'pw\n' >passline
+run unlock-keyfile-offset -- open luks --test-passphrase --key-file passoff --keyfile-offset 2 --keyfile-size 2
+run unlock-keyfile-short -- open luks --test-passphrase --key-file passoff --keyfile-offset 2 --keyfile-size 100
+run unlock-keyfile-stdin pass -- open luks --test-passphrase --key-file - --keyfile-size 2
+run unlock-piped-line passline -- open luks --test-passphrase --tries 3
+run unlock-piped-wrong bad -- open luks --test-passphrase --tries 3
+run unlock-keyslot-wrong -- luksOpen luks --print-table --key-file pass --key-slot 1
+run unlock-keyslot-right -- luksOpen luks --print-table --key-file pass --key-slot 0 vol
+run unlock-luksOpen-test-table -- luksOpen luks --test-passphrase --print-table --key-file pass
+run unlock-luksOpen-test-plain -- luksOpen img --type plain --test-passphrase --key-file pass
+run unlock-token-only -- open luks --test-passphrase --token-only
+run unlock-token-only-plain -- open img --type plain --token-only --key-file pass --test-passphrase
+run unlock-unbound-plain -- open img --type plain --test-passphrase --unbound --key-file pass
+run unlock-offset-luks -- open luks --test-passphrase --offset 8 --key-file pass
+run unlock-no-signature -- open img --test-passphrase --key-file pass
+run unlock-loopaes-no-keyfile -- open img --type loopaes --device none p2
+run unlock-link-bad -- open luks --test-passphrase --key-file pass --link-vk-to-keyring nonsense
+run unlock-serialize -- open luks --test-passphrase --key-file pass --serialize-memory-hard-pbkdf
+run unlock-vk-dump -- luksDump -q luks --dump-volume-key --volume-key-file vk --key-file pass
+run unlock-vk-file -- open luks --test-passphrase --volume-key-file vk
+run unlock-vk-file-wrong -- open luks --test-passphrase --volume-key-file pass
+run unlock-plain-table -- luksOpen img --type plain --print-table --key-file pass --cipher aes-xts-plain64 --key-size 256
+head -c 40 /dev/zero | tr '\0' k >plainkey
+run unlock-plain-table-raw -- luksOpen img --type plain --print-table --key-file plainkey --keyfile-offset 8 --cipher aes-xts-plain64 --key-size 256
+run unlock-plain-table-hashed pass -- luksOpen img --type plain --print-table --key-file - --hash sha256
+TC=$REPO/testdata/peer-tests/cryptsetup/tcrypt-images.tar.xz
+if [ -f "$TC" ] && tar xJf "$TC" tcrypt-images/tc_2-ripemd160-cbc-aes-hidden 2>/dev/null; then
+    TI=tcrypt-images/tc_2-ripemd160-cbc-aes-hidden
+    printf 'aaaaaaaaaaaa\n' >tcpass
+    printf 'bbbbbbbbbbbb\n' >tchidden
+    run unlock-tcrypt-test tcpass -- open "$TI" --type tcrypt --test-passphrase --hash ripemd160 --cipher aes
+    run unlock-tcrypt-table tchidden -- luksOpen "$TI" --type tcrypt --print-table --tcrypt-hidden --hash ripemd160 --cipher aes tc
+    run unlock-tcrypt-wrong tcpass -- luksOpen "$TI" --type tcrypt --print-table --tcrypt-hidden --hash ripemd160 --cipher aes tc
+    run unlock-tcrypt-stdin tcpass -- luksOpen "$TI" --type tcrypt --print-table --key-file - --hash ripemd160 --cipher aes
+    run unlock-tcrypt-dump tcpass -- tcryptDump "$TI" --hash ripemd160 --cipher aes
+    run unlock-tcrypt-pim tcpass -- open "$TI" --type tcrypt --test-passphrase --veracrypt-query-pim --hash ripemd160
+fi
 exit 0

@@ -32,6 +32,7 @@ pub mod reencrypt_luks1;
 pub mod remote_header;
 pub mod secure;
 pub mod tcrypt;
+pub mod unlock;
 pub mod unlocked;
 
 pub use error::{Error, ErrorKind, Result};

@@ -205,7 +205,14 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     // is checked before the new one is asked for (as cryptsetup does).
     let by_token = match &a.volume_key_file {
         Some(_) => None,
-        None => a.token.try_tokens(&a.dev, a.kind)?,
+        None => ucrypt::unlock::token::volume_key(
+            &a.dev.device,
+            a.dev.header.as_deref(),
+            a.kind,
+            &a.token.tokens(),
+            &mut super::prompt::Terminal::default(),
+        )
+        .map_err(super::exit::lib_error)?,
     };
     let key = match (&a.volume_key_file, by_token) {
         (_, Some(key)) => key,

@@ -5,11 +5,14 @@
 //!
 //! Serving the volume over NBD belongs to `ucrypt open`.
 
-use super::luks::{CsResult, DeviceArgs};
+use super::exit::lib_error;
+use super::luks::DeviceArgs;
 use super::plain_args::PlainArgs;
+use super::prompt::Terminal;
 use super::secret::KeyFileArgs;
 use super::{CliError, WithCode, EXIT_PARAMS};
-use ucrypt::header::{HeaderOptions, VolumeType};
+use ucrypt::header::VolumeType;
+use ucrypt::unlock::{Outcome, Request};
 
 /// Arguments of `ucrypt luksOpen`.
 #[derive(clap::Args)]
@@ -60,8 +63,26 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .parse()
         .map_err(anyhow::Error::from)
         .code(EXIT_PARAMS)?;
-    a.unlock.check_kind(kind)?;
-    a.plain.check_kind(kind, a.test_passphrase)?;
+    let request = Request {
+        header: a.dev.header.clone(),
+        kind: Some(kind),
+        key: a.key.inputs(),
+        key_slot: a.key_slot,
+        tokens: a.token.tokens(),
+        plain: a.plain.inputs(),
+        tcrypt: a.tcrypt.inputs(),
+        allow_discards: a.allow_discards,
+        allow_null_cipher: a.insecure_allow_null_cipher,
+        // luksOpen asks once.
+        tries: 1,
+        test_passphrase: a.test_passphrase,
+        volume_wanted: a.print_table,
+        unbound: a.unlock.unbound,
+        serialize_memory_hard_pbkdf: a.unlock.serialize_memory_hard_pbkdf,
+        link_vk_to_keyring: a.unlock.link_vk_to_keyring.clone(),
+        ..Request::new(&a.dev.device)
+    };
+    request.check().map_err(lib_error)?;
     if !a.test_passphrase && !a.print_table {
         return Err(anyhow::anyhow!(
             "luksOpen only checks (--test-passphrase) or prints the table (--print-table); \
@@ -69,62 +90,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_PARAMS);
     }
-    if kind != VolumeType::Tcrypt && kind != VolumeType::Plain {
-        if let Some(vk) = a.token.try_tokens(&a.dev, kind)? {
-            let hopts = HeaderOptions {
-                kind,
-                header: a.dev.header.clone(),
-                allow_discards: a.allow_discards,
-                allow_null_cipher: a.insecure_allow_null_cipher,
-                ..HeaderOptions::default()
-            };
-            let unlocked =
-                ucrypt::header::unlock_by_volume_key(&a.dev.device, vk.as_bytes(), &hopts).cs()?;
-            a.unlock.link_unlocked(&unlocked)?;
-            print_table(&a, &unlocked);
-            return Ok(());
-        }
+    let mut prompt = Terminal::new(&a.tcrypt.progress);
+    if let Outcome::Unlocked(unlocked, _) = request.unlock(&mut prompt).map_err(lib_error)? {
+        print_table(&a, &unlocked);
     }
-    let (mut hopts, secret) = if kind == VolumeType::Tcrypt {
-        super::tcrypt::inputs(
-            &a.dev.device,
-            a.dev.header.clone(),
-            &a.key,
-            &a.tcrypt,
-            &a.plain,
-            a.allow_discards,
-        )?
-    } else {
-        super::unlock::inputs(&a.dev, kind, &a.key, a.key_slot, a.allow_discards, &a.plain)?
-    };
-    hopts.allow_null_cipher = a.insecure_allow_null_cipher;
-    if a.test_passphrase
-        && !a.print_table
-        && a.unlock.link_vk_to_keyring.is_none()
-        && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
-        && !ucrypt::remote_header::is_remote(&a.dev.device)
-    {
-        // The passphrase check alone, exactly as `cryptsetup open --test-passphrase`.
-        let mut cd = a.dev.load(kind)?;
-        let info = cd.info();
-        ucrypt::header::check_luks_ciphers(&mut cd, &info, hopts.allow_null_cipher).cs()?;
-        let _lock = a.unlock.serialize()?;
-        let unbound = a.key_slot.is_some() || a.unlock.unbound;
-        super::progress::searching("Checking the passphrase", || {
-            cd.check_passphrase_allowing(a.key_slot, &secret, unbound)
-        })
-        .cs()?;
-        return Ok(());
-    }
-    let lock = a.unlock.serialize()?;
-    let unlocked =
-        super::progress::searching_maybe(super::unlock::unlocking(kind).as_deref(), || {
-            ucrypt::unlock(&a.dev.device, &secret, &hopts)
-        })
-        .cs()?;
-    drop(lock);
-    a.unlock.link_unlocked(&unlocked)?;
-    print_table(&a, &unlocked);
     Ok(())
 }
 

@@ -5,13 +5,16 @@
 //! the passphrase from `--key-file` or a prompt. The volume is then served like a table's.
 //! `--test-passphrase` only checks the passphrase and serves nothing.
 
-use super::luks::{cs_error, CsResult, DeviceArgs};
+use super::exit::lib_error;
+use super::luks::cs_error;
 use super::plain_args::PlainArgs;
+use super::prompt::Terminal;
 use super::secret::KeyFileArgs;
-use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
+use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
 use std::sync::Arc;
 use ucrypt::header::VolumeType;
+use ucrypt::unlock::{Outcome, Request};
 use ucrypt_backend::Backend;
 
 /// The cryptsetup-style arguments of `ucrypt open`.
@@ -93,11 +96,9 @@ pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<Header
     Ok(HeaderExport::Serve(volume, description))
 }
 
-/// Exit code of a wrong passphrase (cryptsetup's 2).
-const EXIT_BAD_PASSPHRASE: u8 = 2;
-
-/// Reads the secret and unlocks `h.device`: the volume key and table, and the header
-/// options that unlock it again (`luksResume`, `resize`, `refresh`). `None` with
+/// Reads the secret and unlocks `h.device` (the library's policy,
+/// [`ucrypt::unlock::Request::unlock`]): the volume key and table, and the header options
+/// that unlock it again (`luksResume`, `resize`, `refresh`). `None` with
 /// `--test-passphrase` once the passphrase checked out. A wrong passphrase typed at a
 /// terminal is asked for again, `--tries` times in all (as cryptsetup does). `writable`: the
 /// open is read-write and holds the image lock, so a LUKS2 reencryption hotzone a crash
@@ -106,155 +107,37 @@ pub(crate) fn unlock(
     h: &HeaderArgs,
     writable: bool,
 ) -> Result<Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>, CliError> {
-    let tries = if super::secret::prompts(&h.key) {
-        h.tries.max(1)
-    } else {
-        1
-    };
-    let mut attempt = 1;
-    loop {
-        match unlock_once(h, writable) {
-            Err(e) if e.code() == EXIT_BAD_PASSPHRASE && attempt < tries => {
-                eprintln!("No key available with this passphrase.");
-                attempt += 1;
-            }
-            r => return r,
-        }
-    }
-}
-
-/// One attempt of [`unlock`].
-fn unlock_once(
-    h: &HeaderArgs,
-    writable: bool,
-) -> Result<Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>, CliError> {
     let device = h.device.clone().expect("called only with a device");
-    let kind: VolumeType = match &h.kind {
-        Some(k) => k.parse().map_err(anyhow::Error::from).code(EXIT_PARAMS)?,
-        None if h.header.is_none() => ucrypt::header::detect_type(&device),
-        None => VolumeType::Luks,
+    let kind = match &h.kind {
+        Some(k) => Some(
+            k.parse::<VolumeType>()
+                .map_err(anyhow::Error::from)
+                .code(EXIT_PARAMS)?,
+        ),
+        None => None,
     };
-    h.unlock.check_kind(kind)?;
-    h.plain.check_kind(kind, h.test_passphrase)?;
-    let dev = DeviceArgs {
-        device: device.clone(),
+    let request = Request {
         header: h.header.clone(),
+        kind,
+        key: h.key.inputs(),
+        key_slot: h.key_slot,
+        volume_key_file: h.volume_key_file.clone(),
+        tokens: h.token.tokens(),
+        plain: h.plain.inputs(),
+        tcrypt: h.tcrypt.inputs(),
+        allow_discards: h.allow_discards,
+        allow_null_cipher: h.insecure_allow_null_cipher,
+        tries: h.tries,
+        test_passphrase: h.test_passphrase,
+        unbound: h.unlock.unbound,
+        serialize_memory_hard_pbkdf: h.unlock.serialize_memory_hard_pbkdf,
+        link_vk_to_keyring: h.unlock.link_vk_to_keyring.clone(),
+        recover_reencryption: writable,
+        ..Request::new(device)
     };
-    // No --type and no signature: say what to add before asking for a passphrase that
-    // could not help (cryptsetup only says "not a valid LUKS device"). A device that
-    // cannot be read is an I/O error, not a missing signature: no --type would help.
-    let probe = h.kind.is_none()
-        && h.header.is_none()
-        && kind == VolumeType::Luks
-        && !ucrypt::remote_header::is_remote(&device);
-    if probe {
-        if let Ok(f) = std::fs::File::open(&device) {
-            let mut first = [0u8; 4096];
-            if let Err(e) = std::os::unix::fs::FileExt::read_at(&f, &mut first, 0) {
-                return Err(anyhow::anyhow!(
-                    "cannot read the header of {}: {e}",
-                    device.display()
-                ))
-                .code(EXIT_DEVICE);
-            }
-            if dev.load(VolumeType::Luks).is_err() {
-                return Err(anyhow::anyhow!(
-                    "{} is not a LUKS, BitLocker or FileVault2 volume (no signature found); a \
-                     TrueCrypt/VeraCrypt volume needs --type tcrypt, plain dm-crypt --type plain",
-                    device.display()
-                ))
-                .code(EXIT_PARAMS);
-            }
-        }
+    let mut prompt = Terminal::new(&h.tcrypt.progress);
+    match request.unlock(&mut prompt).map_err(lib_error)? {
+        Outcome::Unlocked(unlocked, hopts) if !h.test_passphrase => Ok(Some((*unlocked, *hopts))),
+        _ => Ok(None),
     }
-    if let Some(vk_file) = &h.volume_key_file {
-        let hopts = ucrypt::HeaderOptions {
-            kind,
-            header: h.header.clone(),
-            key_slot: None,
-            plain: h.plain.options(),
-            loopaes: h.plain.loopaes_options(),
-            plain_raw_key: false,
-            allow_discards: h.allow_discards,
-            tcrypt: Default::default(),
-            allow_null_cipher: h.insecure_allow_null_cipher,
-            recover_reencryption: false,
-        };
-        // The whole file; its length must be the header's key size (checked on unlock).
-        let vk = super::secret::read_key_file(vk_file, 0, 0)?;
-        let unlocked = super::progress::searching("Checking the volume key", || {
-            ucrypt::header::unlock_by_volume_key(&device, &vk, &hopts)
-        })
-        .map_err(cs_error)?;
-        drop(vk);
-        h.unlock.link_unlocked(&unlocked)?;
-        if h.test_passphrase {
-            return Ok(None);
-        }
-        return Ok(Some((unlocked, hopts)));
-    }
-    // LUKS2 tokens first, as cryptsetup (a luks2-keyring token's passphrase comes from the
-    // kernel keyring; nothing is asked).
-    if kind != VolumeType::Tcrypt && kind != VolumeType::Plain {
-        if let Some(vk) = h.token.try_tokens(&dev, kind)? {
-            let hopts = ucrypt::HeaderOptions {
-                kind,
-                header: h.header.clone(),
-                allow_discards: h.allow_discards,
-                allow_null_cipher: h.insecure_allow_null_cipher,
-                ..ucrypt::HeaderOptions::default()
-            };
-            let unlocked = ucrypt::header::unlock_by_volume_key(&device, vk.as_bytes(), &hopts)
-                .map_err(cs_error)?;
-            h.unlock.link_unlocked(&unlocked)?;
-            if h.test_passphrase {
-                return Ok(None);
-            }
-            return Ok(Some((unlocked, hopts)));
-        }
-    }
-    let (mut hopts, secret) = if kind == VolumeType::Tcrypt {
-        super::tcrypt::inputs(
-            &device,
-            h.header.clone(),
-            &h.key,
-            &h.tcrypt,
-            &h.plain,
-            h.allow_discards,
-        )?
-    } else {
-        super::unlock::inputs(&dev, kind, &h.key, h.key_slot, h.allow_discards, &h.plain)?
-    };
-    hopts.allow_null_cipher = h.insecure_allow_null_cipher;
-    hopts.recover_reencryption = writable && !h.test_passphrase;
-    if h.test_passphrase
-        && h.unlock.link_vk_to_keyring.is_none()
-        && !matches!(kind, VolumeType::Plain | VolumeType::Tcrypt)
-        && !ucrypt::remote_header::is_remote(&device)
-    {
-        let mut cd = dev.load(kind)?;
-        let info = cd.info();
-        ucrypt::header::check_luks_ciphers(&mut cd, &info, hopts.allow_null_cipher).cs()?;
-        let _lock = h.unlock.serialize()?;
-        // cryptsetup: an explicit keyslot or --unbound may be an unbound one.
-        let unbound = h.key_slot.is_some() || h.unlock.unbound;
-        super::progress::searching("Checking the passphrase", || {
-            cd.check_passphrase_allowing(h.key_slot, &secret, unbound)
-        })
-        .cs()?;
-        return Ok(None);
-    }
-    let lock = h.unlock.serialize()?;
-    let unlocked =
-        super::progress::searching_maybe(super::unlock::unlocking(kind).as_deref(), || {
-            ucrypt::unlock(&device, &secret, &hopts)
-        })
-        .map_err(cs_error)?;
-    drop(lock);
-    drop(secret);
-    h.unlock.link_unlocked(&unlocked)?;
-    if h.test_passphrase {
-        return Ok(None);
-    }
-    Ok(Some((unlocked, hopts)))
 }

@@ -11,66 +11,15 @@
 //! through the standard library's shared buffer, which is neither; a key file is read
 //! directly.)
 
+use super::exit::lib_error;
 use super::{CliError, WithCode, EXIT_PARAMS};
-use std::io::{BufRead, Read};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use ucrypt_crypto::secret::SecretBytes;
+pub(crate) use ucrypt::unlock::Secret;
 
-/// cryptsetup's maximum key file size (8192 kB).
-const MAX_KEYFILE: u64 = 8192 * 1024;
 /// cryptsetup's maximum interactive passphrase length.
 const MAX_PASSPHRASE: usize = 512;
-
-/// A secret's bytes: locked in RAM, zeroed on drop, grown by moving to a bigger locked
-/// buffer (the old one is zeroed), never printed.
-pub(crate) struct Secret {
-    buf: SecretBytes,
-    len: usize,
-}
-
-impl Secret {
-    fn new() -> Self {
-        Secret {
-            buf: SecretBytes::zeroed(0),
-            len: 0,
-        }
-    }
-
-    /// Room for `more` bytes after the current ones, as a slice to fill.
-    fn spare(&mut self, more: usize) -> &mut [u8] {
-        if self.buf.len() - self.len < more {
-            let cap = (self.len + more).max(self.buf.len() * 2).max(256);
-            let mut bigger = SecretBytes::zeroed(cap);
-            bigger[..self.len].copy_from_slice(&self.buf[..self.len]);
-            self.buf = bigger;
-        }
-        &mut self.buf[self.len..self.len + more]
-    }
-
-    /// Drops the last byte (the bytes stay in the buffer until it is zeroed on drop).
-    pub(crate) fn pop(&mut self) {
-        self.len = self.len.saturating_sub(1);
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        self.spare(bytes.len()).copy_from_slice(bytes);
-        self.len += bytes.len();
-    }
-}
-
-impl std::ops::Deref for Secret {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Secret(<redacted>, {} bytes)", self.len)
-    }
-}
 
 /// `--key-file` and its modifiers, as cryptsetup spells them.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -84,6 +33,17 @@ pub(crate) struct KeyFileArgs {
     /// Read at most this many bytes from the key file (0: all).
     #[arg(short = 'l', long, default_value_t = 0, value_name = "BYTES")]
     pub(crate) keyfile_size: u64,
+}
+
+impl KeyFileArgs {
+    /// The options as the library's unlock takes them.
+    pub(crate) fn inputs(&self) -> ucrypt::unlock::KeyFile {
+        ucrypt::unlock::KeyFile {
+            path: self.key_file.clone(),
+            offset: self.keyfile_offset,
+            size: self.keyfile_size,
+        }
+    }
 }
 
 /// `--new-keyfile-offset` and `--new-keyfile-size`: where the new passphrase is in the new
@@ -110,42 +70,18 @@ impl NewKeyFileArgs {
     }
 }
 
-/// Reads `size` bytes (0: up to the cryptsetup limit) from `r` after skipping `offset`.
-fn read_limited(mut r: impl Read, what: &str, offset: u64, size: u64) -> Result<Secret, CliError> {
-    std::io::copy(&mut (&mut r).take(offset), &mut std::io::sink())
-        .map_err(|e| anyhow::anyhow!("reading {what}: {e}"))?;
-    let limit = if size == 0 { MAX_KEYFILE } else { size };
-    let mut buf = Secret::new();
-    while (buf.len as u64) < limit {
-        let want = (limit - buf.len as u64).min(4096) as usize;
-        match r.read(buf.spare(want)) {
-            Ok(0) => break,
-            Ok(n) => buf.len += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(anyhow::anyhow!("reading {what}: {e}").into()),
-        }
-    }
-    if size != 0 && (buf.len() as u64) < size {
-        return Err(anyhow::anyhow!(
-            "cannot read {size} bytes from {what} (only {} available after offset {offset})",
-            buf.len()
-        ))
-        .code(EXIT_PARAMS);
-    }
-    Ok(buf)
-}
-
-/// Reads a key file: a path or '-' for standard input.
+/// Reads a key file: a path or '-' for standard input (from `offset`, at most `size`
+/// bytes, 0: all; the library's rules, [`ucrypt::unlock::read_key`]).
 pub(crate) fn read_key_file(path: &Path, offset: u64, size: u64) -> Result<Secret, CliError> {
     if path.as_os_str() == "-" {
-        return read_limited(std::io::stdin().lock(), "standard input", offset, size);
+        return ucrypt::unlock::read_key(std::io::stdin().lock(), "standard input", offset, size)
+            .map_err(lib_error);
     }
-    let f = std::fs::File::open(path)
-        .map_err(|e| anyhow::anyhow!("cannot open key file {}: {e}", path.display()))?;
-    read_limited(f, &format!("key file {}", path.display()), offset, size)
+    ucrypt::unlock::read_key_file(path, offset, size).map_err(lib_error)
 }
 
-fn stdin_is_tty() -> bool {
+/// Whether standard input is a terminal (passphrases are then prompted for, echo off).
+pub(crate) fn stdin_is_tty() -> bool {
     // SAFETY: isatty only inspects the descriptor.
     unsafe { libc::isatty(libc::STDIN_FILENO) == 1 }
 }

@@ -3,13 +3,13 @@
 //! TrueCrypt key files (mixed into the password), not the passphrase, which comes from a
 //! prompt or one line of standard input (`--key-file -` reads it from standard input).
 
+use super::exit::lib_error;
 use super::luks::cs_error;
-use super::plain_args::PlainArgs;
-use super::secret::{self, KeyFileArgs, Secret};
+use super::prompt::Terminal;
+use super::secret::{self, KeyFileArgs};
 use super::CliError;
-use std::path::{Path, PathBuf};
-use ucrypt::header::{HeaderOptions, VolumeType};
-use ucrypt_format::tcrypt::TcryptOptions;
+use std::path::PathBuf;
+use ucrypt::unlock::{PlainInputs, Request, TcryptInputs};
 
 /// The TCRYPT options.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -45,75 +45,19 @@ pub(crate) struct TcryptArgs {
     pub(crate) progress: super::progress::ProgressArgs,
 }
 
-/// Header options and passphrase for a TCRYPT device; `--hash` and `--cipher` are search
-/// hints (substrings of the KDF hash and of the cipher chain).
-pub(crate) fn inputs(
-    device: &Path,
-    header: Option<PathBuf>,
-    key: &KeyFileArgs,
-    t: &TcryptArgs,
-    plain: &PlainArgs,
-    allow_discards: bool,
-) -> Result<(HeaderOptions, Secret), CliError> {
-    let mut key_files = Vec::new();
-    let mut pass_from_stdin = false;
-    match key.key_file.as_deref() {
-        Some(p) if p.as_os_str() == "-" => pass_from_stdin = true,
-        Some(p) => key_files.push(p.to_path_buf()),
-        None => {}
-    }
-    key_files.extend(t.key_files.iter().cloned());
-    let pass_args = KeyFileArgs {
-        key_file: pass_from_stdin.then(|| PathBuf::from("-")),
-        ..KeyFileArgs::default()
-    };
-    let mut secret = secret::existing(&pass_args, device)?;
-    if pass_from_stdin && secret.last() == Some(&b'\n') {
-        secret.pop();
-    }
-    let pim = if t.veracrypt_query_pim {
-        Some(query_pim()?)
-    } else {
-        t.veracrypt_pim.filter(|&p| p != 0)
-    };
-    let hopts = HeaderOptions {
-        kind: VolumeType::Tcrypt,
-        header,
-        allow_discards,
-        tcrypt: TcryptOptions {
-            veracrypt: !t.disable_veracrypt,
-            pim,
-            hidden: t.tcrypt_hidden,
-            system: t.tcrypt_system,
-            backup: t.tcrypt_backup,
-            hash: plain.hash.clone(),
-            cipher: plain.cipher.clone(),
-            key_files,
-            progress: super::progress::Search::callback(&t.progress, &device.display().to_string()),
-        },
-        ..HeaderOptions::default()
-    };
-    Ok((hopts, secret))
-}
-
-/// `--veracrypt-query-pim`: the PIM asked for after the passphrase, with cryptsetup's
-/// checks (a decimal number, not 0, at most 2^32-1; exit 1 otherwise).
-fn query_pim() -> Result<u32, CliError> {
-    let answer = secret::get(None, "Enter VeraCrypt PIM: ", false)?;
-    let text = std::str::from_utf8(&answer).unwrap_or("");
-    let why = if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        "parse error"
-    } else {
-        match text.parse::<u64>() {
-            Ok(0) => "0",
-            Ok(n) => match u32::try_from(n) {
-                Ok(p) => return Ok(p),
-                Err(_) => "outside of range",
-            },
-            Err(_) => "outside of range",
+impl TcryptArgs {
+    /// The options as the library's unlock takes them.
+    pub(crate) fn inputs(&self) -> TcryptInputs {
+        TcryptInputs {
+            veracrypt: !self.disable_veracrypt,
+            pim: self.veracrypt_pim,
+            query_pim: self.veracrypt_query_pim,
+            hidden: self.tcrypt_hidden,
+            system: self.tcrypt_system,
+            backup: self.tcrypt_backup,
+            key_files: self.key_files.clone(),
         }
-    };
-    Err(anyhow::anyhow!("invalid PIM value: {why}").into())
+    }
 }
 
 /// Arguments of `ucrypt tcryptDump`.
@@ -153,17 +97,6 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
              encrypted in a safe place",
         )?;
     }
-    let plain = PlainArgs {
-        cipher: a.cipher.clone(),
-        key_size: None,
-        hash: a.hash.clone(),
-        offset: 0,
-        skip: None,
-        size: None,
-        sector_size: None,
-        iv_large_sectors: false,
-        device_size: None,
-    };
     // NBD URIs are read through staged copies (super::luks::local_path); the dump names
     // what the user named.
     let header = match &a.header {
@@ -171,7 +104,21 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
         None => None,
     };
     let device = super::luks::local_path(&a.device, header.is_none())?;
-    let (hopts, secret) = inputs(&a.device, header, &a.key, &a.tcrypt, &plain, false)?;
+    let request = Request {
+        header,
+        kind: Some(ucrypt::VolumeType::Tcrypt),
+        key: a.key.inputs(),
+        plain: PlainInputs {
+            cipher: a.cipher.clone(),
+            hash: a.hash.clone(),
+            ..PlainInputs::default()
+        },
+        tcrypt: a.tcrypt.inputs(),
+        ..Request::new(&a.device)
+    };
+    let (hopts, secret) = request
+        .tcrypt_inputs(&mut Terminal::new(&a.tcrypt.progress))
+        .map_err(lib_error)?;
     let (hdr, meta) = super::progress::searching_maybe(None, || {
         ucrypt::tcrypt::load_header(&device, &secret, &hopts)
     })

@@ -305,56 +305,12 @@ pub(crate) struct UnlockArgs {
 }
 
 impl UnlockArgs {
-    /// The volume key through a token of `dev` (local LUKS2 only), or None to go on with a
-    /// passphrase. Errors only with `--token-only` (exit 1 when no token is usable, 2 when
-    /// a token's passphrase opens none of its keyslots).
-    pub(crate) fn try_tokens(
-        &self,
-        dev: &DeviceArgs,
-        kind: VolumeType,
-    ) -> Result<Option<ucrypt_crypto::VolumeKey>, CliError> {
-        let local_luks = matches!(kind, VolumeType::Luks | VolumeType::Luks2)
-            && !ucrypt::remote_header::is_remote(&dev.device);
-        if !local_luks {
-            if self.token_only {
-                return Err(usage(
-                    "--token-only needs a local LUKS2 volume (tokens are a LUKS2 feature)",
-                ));
-            }
-            return Ok(None);
-        }
-        let mut cd = match dev.load(kind) {
-            Ok(cd) => cd,
-            Err(_) if !self.token_only => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        if cd.info().kind != Some(ucrypt_cryptsetup::HeaderType::Luks2) {
-            if self.token_only {
-                return Err(usage("--token-only needs LUKS2 (LUKS1 has no tokens)"));
-            }
-            return Ok(None);
-        }
-        // No token at all: nothing to try (and no spinner flash on every open).
-        if !(0..32).any(|t| cd.token_status(t).0.in_use()) {
-            if self.token_only {
-                return Err(usage(&format!(
-                    "{} has no LUKS2 token (--token-only)",
-                    dev.device.display()
-                )));
-            }
-            return Ok(None);
-        }
-        let r = super::progress::searching("Unlocking by token", || {
-            cd.volume_key_by_token(self.token_id, self.token_type.as_deref())
-        });
-        match r {
-            Ok((_, key)) => Ok(Some(key)),
-            Err(_) if !self.token_only => Ok(None),
-            Err(e) => Err(anyhow::Error::new(e).context(format!(
-                "no token unlocks {} (--token-only)",
-                dev.device.display()
-            )))
-            .cs(),
+    /// The options as the library's unlock takes them.
+    pub(crate) fn tokens(&self) -> ucrypt::unlock::Tokens {
+        ucrypt::unlock::Tokens {
+            id: self.token_id,
+            only: self.token_only,
+            kind: self.token_type.clone(),
         }
     }
 }

@@ -8,7 +8,6 @@
 use super::luks::{CsResult, DeviceArgs};
 use super::progress::{self, ProgressArgs};
 use super::secret::{self, KeyFileArgs};
-use super::unlock::unlocking;
 use super::{CliError, WithCode, EXIT_PARAMS};
 use ucrypt::header::VolumeType;
 use ucrypt_backend::Backend;
@@ -59,10 +58,11 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ..ucrypt::HeaderOptions::default()
     };
     let pass = secret::existing(&a.key, &a.dev.device)?;
-    let unlocked = progress::searching_maybe(unlocking(kind).as_deref(), || {
-        ucrypt::unlock(&a.dev.device, &pass, &hopts)
-    })
-    .cs()?;
+    let unlocked =
+        progress::searching_maybe(ucrypt::unlock::Step::unlocking(kind).message(), || {
+            ucrypt::unlock(&a.dev.device, &pass, &hopts)
+        })
+        .cs()?;
     drop(pass);
     let volume = ucrypt::open_unlocked(unlocked, ucrypt::OpenOptions::default()).cs()?;
     fill(&*volume, &a.dev, a.offset, &a.progress)
