@@ -18,6 +18,7 @@
 //! ```
 
 pub mod aligned;
+pub mod emulate;
 mod error;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use ucrypt_backend::{BackendError, Support};
+use ucrypt_backend::{emulate, BackendError, IoCtx};
 
 /// Inode of the mount's root directory (FUSE's fixed root).
 const ROOT: INodeNo = INodeNo(1);
@@ -292,12 +292,9 @@ impl Filesystem for VolumeFs {
             // partial sectors, so the hole is encrypted zeroes, partial sectors
             // read-modify-written. Without allow_discards the request is refused instead
             // (as dm-crypt refuses discards): the kernel then writes the zeroes itself.
-            if self.0.export.info().caps.discard == Support::None {
-                return reply.error(Errno::EOPNOTSUPP);
-            }
-            self.0.export.write_zeroes(offset, len, false)
+            emulate::punch_hole(&*self.0.export, offset, len, false, IoCtx::default())
         } else if mode & libc::FALLOC_FL_ZERO_RANGE != 0 {
-            self.0.export.write_zeroes(offset, len, false)
+            emulate::write_zeroes(&*self.0.export, offset, len, false, IoCtx::default())
         } else if mode & !libc::FALLOC_FL_KEEP_SIZE == 0 {
             Ok(()) // plain preallocation: every byte of a volume is allocated
         } else {

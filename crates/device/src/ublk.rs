@@ -59,7 +59,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use ucrypt_backend::{Backend, BackendError, IoCtx, Support};
+use ucrypt_backend::{emulate, Backend, BackendError, IoCtx, Support};
 
 /// The control node whose presence means the driver is loaded.
 pub const CONTROL: &str = "/dev/ublk-control";
@@ -411,7 +411,6 @@ fn start(
     };
     let shared = Arc::new(Shared {
         export: Arc::clone(&export),
-        emulate_zeroes: export.info().caps.write_zeroes == Support::None,
         pool: pool.as_ref().map(Pool::sender),
     });
     let params = device_params(&*export, opts);
@@ -589,7 +588,6 @@ fn device_params(export: &dyn Backend, opts: &AttachOptions) -> sys::ublk_params
 /// What every queue thread shares.
 struct Shared {
     export: Export,
-    emulate_zeroes: bool,
     pool: Option<mpsc::Sender<Job>>,
 }
 
@@ -669,7 +667,6 @@ impl Pool {
     fn start(n: usize, export: Export) -> Result<Self, DeviceError> {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
-        let emulate_zeroes = export.info().caps.write_zeroes == Support::None;
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
             let rx = Arc::clone(&rx);
@@ -685,7 +682,7 @@ impl Pool {
                     // SAFETY: the slot was handed over with the job; the queue task does
                     // not touch its buffer until `done` is signalled below.
                     let data = unsafe { job.slot.data() };
-                    let res = execute(&*export, job.req, data, emulate_zeroes);
+                    let res = execute(&*export, job.req, data);
                     job.slot.result.store(res, Ordering::Release);
                     let one: u64 = 1;
                     // SAFETY: writes 8 bytes from a live u64 to an eventfd we own.
@@ -776,7 +773,7 @@ async fn io_task(
             None => {
                 // SAFETY: no worker holds this slot (inline mode): the task owns it.
                 let data = unsafe { slot.data() };
-                execute(&*shared.export, req, data, shared.emulate_zeroes)
+                execute(&*shared.export, req, data)
             }
             Some(tx) => offload(tx, req, &slot, shared).await,
         };
@@ -795,7 +792,7 @@ async fn offload(tx: &mpsc::Sender<Job>, req: Request, slot: &Arc<Slot>, shared:
         // The pool is gone (shutting down): run it here.
         // SAFETY: the job was not taken by any worker (send failed), so the task owns it.
         let data = unsafe { slot.data() };
-        return execute(&*shared.export, req, data, shared.emulate_zeroes);
+        return execute(&*shared.export, req, data);
     }
     let sqe = io_uring::opcode::Read::new(
         io_uring::types::Fd(slot.done.as_raw_fd()),
@@ -833,7 +830,7 @@ async fn offload(tx: &mpsc::Sender<Job>, req: Request, slot: &Arc<Slot>, shared:
 
 /// Runs one request on the backend; returns what the driver expects: bytes for reads and
 /// writes, 0 for the others, `-errno` on failure.
-fn execute(export: &dyn Backend, req: Request, data: &mut [u8], emulate_zeroes: bool) -> i32 {
+fn execute(export: &dyn Backend, req: Request, data: &mut [u8]) -> i32 {
     let size = export.info().size_bytes;
     let ctx = IoCtx { client: req.client };
     let in_range = req
@@ -859,13 +856,12 @@ fn execute(export: &dyn Backend, req: Request, data: &mut [u8], emulate_zeroes: 
             .map(|()| len as i32)
         }
         sys::UBLK_IO_OP_FLUSH => export.flush().map(|()| 0),
-        sys::UBLK_IO_OP_DISCARD if in_range => export.discard(req.offset, req.len).map(|()| 0),
-        sys::UBLK_IO_OP_WRITE_ZEROES if in_range => if emulate_zeroes {
-            zero_fill(export, req, data)
-        } else {
-            export.write_zeroes(req.offset, req.len, req.fua)
+        sys::UBLK_IO_OP_DISCARD if in_range => {
+            emulate::discard(export, req.offset, req.len, req.fua).map(|()| 0)
         }
-        .map(|()| 0),
+        sys::UBLK_IO_OP_WRITE_ZEROES if in_range => {
+            emulate::write_zeroes(export, req.offset, req.len, req.fua, ctx).map(|()| 0)
+        }
         sys::UBLK_IO_OP_DISCARD | sys::UBLK_IO_OP_WRITE_ZEROES => return -libc::EINVAL,
         _ => return -libc::EOPNOTSUPP,
     };
@@ -873,21 +869,6 @@ fn execute(export: &dyn Backend, req: Request, data: &mut [u8], emulate_zeroes: 
         Ok(n) => n,
         Err(e) => -e.errno().max(1),
     }
-}
-
-/// Write-zeroes for a backend without it: zero-filled writes through the tag's buffer.
-fn zero_fill(export: &dyn Backend, req: Request, data: &mut [u8]) -> Result<(), BackendError> {
-    data.fill(0);
-    let chunk = data.len().max(1) as u64;
-    let mut done = 0u64;
-    while done < req.len {
-        let n = (req.len - done).min(chunk);
-        let last = done + n == req.len;
-        // n ≤ data.len(), which is a usize.
-        export.write_at(&data[..n as usize], req.offset + done, req.fua && last)?;
-        done += n;
-    }
-    Ok(())
 }
 
 fn describe(e: &UblkError) -> String {
@@ -1152,36 +1133,28 @@ mod tests {
         let b = Recorder::new(1 << 20, Support::Native, Support::Native);
         let mut buf = vec![0x5au8; 64 * 1024];
         assert_eq!(
-            execute(&b, req(sys::UBLK_IO_OP_WRITE, 8192, 4096), &mut buf, false),
+            execute(&b, req(sys::UBLK_IO_OP_WRITE, 8192, 4096), &mut buf),
             4096
         );
         let mut fua = req(sys::UBLK_IO_OP_WRITE, 0, 4096);
         fua.fua = true;
-        assert_eq!(execute(&b, fua, &mut buf, false), 4096);
+        assert_eq!(execute(&b, fua, &mut buf), 4096);
         buf.fill(0);
         assert_eq!(
-            execute(&b, req(sys::UBLK_IO_OP_READ, 8192, 4096), &mut buf, false),
+            execute(&b, req(sys::UBLK_IO_OP_READ, 8192, 4096), &mut buf),
             4096
         );
         assert!(
             buf[..4096].iter().all(|&x| x == 0x5a),
             "read back what was written"
         );
+        assert_eq!(execute(&b, req(sys::UBLK_IO_OP_FLUSH, 0, 0), &mut buf), 0);
         assert_eq!(
-            execute(&b, req(sys::UBLK_IO_OP_FLUSH, 0, 0), &mut buf, false),
+            execute(&b, req(sys::UBLK_IO_OP_DISCARD, 0, 8192), &mut buf),
             0
         );
         assert_eq!(
-            execute(&b, req(sys::UBLK_IO_OP_DISCARD, 0, 8192), &mut buf, false),
-            0
-        );
-        assert_eq!(
-            execute(
-                &b,
-                req(sys::UBLK_IO_OP_WRITE_ZEROES, 4096, 4096),
-                &mut buf,
-                false
-            ),
+            execute(&b, req(sys::UBLK_IO_OP_WRITE_ZEROES, 4096, 4096), &mut buf,),
             0
         );
         let calls = b.calls.lock().expect("lock").clone();
@@ -1204,16 +1177,11 @@ mod tests {
         let mut buf = vec![0u8; 8192];
         // Past the end, larger than the buffer, overflowing, unknown op.
         assert_eq!(
-            execute(
-                &b,
-                req(sys::UBLK_IO_OP_READ, 1 << 20, 4096),
-                &mut buf,
-                false
-            ),
+            execute(&b, req(sys::UBLK_IO_OP_READ, 1 << 20, 4096), &mut buf,),
             -libc::EINVAL
         );
         assert_eq!(
-            execute(&b, req(sys::UBLK_IO_OP_WRITE, 0, 16384), &mut buf, false),
+            execute(&b, req(sys::UBLK_IO_OP_WRITE, 0, 16384), &mut buf),
             -libc::EINVAL
         );
         assert_eq!(
@@ -1221,12 +1189,11 @@ mod tests {
                 &b,
                 req(sys::UBLK_IO_OP_DISCARD, u64::MAX - 10, 4096),
                 &mut buf,
-                false
             ),
             -libc::EINVAL
         );
         assert_eq!(
-            execute(&b, req(sys::UBLK_IO_OP_ZONE_OPEN, 0, 4096), &mut buf, false),
+            execute(&b, req(sys::UBLK_IO_OP_ZONE_OPEN, 0, 4096), &mut buf),
             -libc::EOPNOTSUPP
         );
         assert!(
@@ -1237,7 +1204,7 @@ mod tests {
         let ro = MemoryBackend::new(1 << 20).expect("memory");
         let ro = ucrypt_backend::FaultyBackend::new(Arc::new(ro));
         ro.fail_writes_in(0..4096);
-        let res = execute(&ro, req(sys::UBLK_IO_OP_WRITE, 0, 4096), &mut buf, false);
+        let res = execute(&ro, req(sys::UBLK_IO_OP_WRITE, 0, 4096), &mut buf);
         assert!(res < 0, "a failed write is not acknowledged: {res}");
     }
 
@@ -1248,19 +1215,15 @@ mod tests {
         b.inner.write_at(&[0xffu8; 20480], 0, false).expect("fill");
         let mut r = req(sys::UBLK_IO_OP_WRITE_ZEROES, 0, 20480);
         r.fua = true;
-        assert_eq!(execute(&b, r, &mut buf, true), 0);
+        assert_eq!(execute(&b, r, &mut buf), 0);
         let mut back = vec![1u8; 20480];
         b.inner.read_at(&mut back, 0).expect("read");
         assert!(back.iter().all(|&x| x == 0));
         let calls = b.calls.lock().expect("lock").clone();
         assert_eq!(
             calls,
-            [
-                "write 0 8192 fua=false",
-                "write 8192 8192 fua=false",
-                "write 16384 4096 fua=true"
-            ],
-            "zero-filled writes through the tag buffer, FUA on the last"
+            ["write 0 20480 fua=false", "flush"],
+            "zero-filled writes (backend::emulate), FUA as one flush after them"
         );
     }
 }

@@ -32,7 +32,7 @@ use crate::proto::*;
 use crate::NbdError;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::sync::{Arc, Condvar, Mutex};
-use ucrypt_backend::{AsyncIo, AsyncOp, Backend, BackendError, IoCtx};
+use ucrypt_backend::{emulate, AsyncIo, AsyncOp, Backend, BackendError, IoCtx};
 
 /// Read-side buffering: many small pipelined requests per `read` syscall. Larger payloads
 /// bypass the buffer (`BufReader` reads straight into the destination when it is empty).
@@ -60,8 +60,6 @@ const SLOW_INLINE: std::time::Duration = std::time::Duration::from_micros(100);
 const SLOW_STREAK: u32 = 3;
 /// ...this many requests go to other threads before running inline is tried again.
 const HAND_OFF_AFTER_SLOW: u32 = 1024;
-/// Source of zeroes when the backend cannot write zeroes itself.
-static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
 
 /// The transmission phase's view of a socket: read and write it, and shut it down (to wake
 /// a blocked reader, or after a failed send). A plaintext [`Stream`], or a [`TlsStream`].
@@ -866,15 +864,7 @@ fn refusal(errno: Errno) -> &'static str {
 /// the panic hook; the client only learns which operation failed.
 fn execute_caught<R: Transport, W: Transport>(sh: &Shared<'_, R, W>, job: Job) -> Reply {
     let (cookie, cmd, cost) = (job.cookie, job.cmd, job.cost);
-    let run = || {
-        execute(
-            &**sh.export,
-            job,
-            sh.ctx,
-            sh.cfg.emulate_zeroes,
-            sh.cfg.opts.log_errors,
-        )
-    };
+    let run = || execute(&**sh.export, job, sh.ctx, sh.cfg.opts.log_errors);
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         Ok(reply) => reply,
         Err(_) => {
@@ -927,7 +917,7 @@ fn wire_message(cmd: Command, errno: Errno, host: Option<i32>) -> String {
 }
 
 /// Runs one validated command against the export.
-fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log: bool) -> Reply {
+fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, log: bool) -> Reply {
     let Job {
         cookie,
         cmd,
@@ -968,20 +958,10 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, emulate_zeroes: bool, log
         ) => export.write_in_place_ctx(&mut b[..l as usize], offset, fua, ctx),
         (Command::Flush, _) => export.flush(),
         (Command::Trim { offset, len, fua }, _) => {
-            // FUA on a trim: the discard must be durable before the reply.
-            export.discard(offset, u64::from(len)).and_then(|()| {
-                if fua {
-                    export.flush()
-                } else {
-                    Ok(())
-                }
-            })
-        }
-        (Command::WriteZeroes { offset, len, fua }, _) if emulate_zeroes => {
-            write_zeroes(export, offset, u64::from(len), fua, ctx)
+            emulate::discard(export, offset, u64::from(len), fua)
         }
         (Command::WriteZeroes { offset, len, fua }, _) => {
-            export.write_zeroes(offset, u64::from(len), fua)
+            emulate::write_zeroes(export, offset, u64::from(len), fua, ctx)
         }
         // Validation guarantees READ/WRITE carry a buffer and DISC never reaches a worker.
         _ => Err(BackendError::Other(
@@ -1065,26 +1045,6 @@ fn allocation(export: &dyn Backend, offset: u64, len: u32, one: bool) -> Vec<(u3
     }
     out.truncate(if one { 1 } else { MAX_DESCRIPTORS });
     out
-}
-
-/// Write-zeroes for a backend without it: zeroes written as ordinary data.
-fn write_zeroes(
-    export: &dyn Backend,
-    offset: u64,
-    len: u64,
-    fua: bool,
-    ctx: IoCtx,
-) -> Result<(), BackendError> {
-    let mut pos = 0;
-    while pos < len {
-        let n = (len - pos).min(ZEROES.len() as u64) as usize;
-        export.write_at_ctx(&ZEROES[..n], offset + pos, false, ctx)?;
-        pos += n as u64;
-    }
-    if fua {
-        export.flush()?;
-    }
-    Ok(())
 }
 
 impl<W: Transport> Out<W> {

@@ -629,7 +629,6 @@ struct Shared {
 #[derive(Debug, Clone)]
 pub(crate) struct ExportConfig {
     pub(crate) info: ExportInfo,
-    pub(crate) emulate_zeroes: bool,
     pub(crate) opts: ServeOptions,
 }
 
@@ -711,7 +710,6 @@ pub fn serve(
     let info = export_info(&*export, &opts)?;
     let cfg = Arc::new(ExportConfig {
         info,
-        emulate_zeroes: export.info().caps.write_zeroes == Support::None,
         opts: opts.clone(),
     });
     let shared = Arc::new(Shared {
