@@ -28,7 +28,7 @@ cd "$WORK" || exit 1
 mkdir bin && ln -s "$BIN" bin/ucrypt && BIN=$WORK/bin/ucrypt
 
 # Normalizes what differs from run to run: the scratch directory, pids, UUIDs, long hex
-# strings (salts, digests, keys), PBKDF timings and benchmark speeds.
+# strings (salts, digests, keys), PBKDF timings and iterations, and speeds.
 norm() {
     sed -e "s|$WORK|WORK|g" \
         -e 's/[0-9a-f]\{8\}-[0-9a-f]\{4\}-[0-9a-f]\{4\}-[0-9a-f]\{4\}-[0-9a-f]\{12\}/UUID/g' \
@@ -37,7 +37,9 @@ norm() {
         -e 's/"pid": *[0-9]*/"pid": PID/g' -e 's/pid [0-9]\+/pid PID/g' \
         -e 's/^\([a-z0-9]\+\) \+[0-9]\+ /\1 PID /' \
         -e 's/"started": *[0-9]*/"started": TIME/' \
-        -e 's/[0-9.]\+ \(MiB\|GiB\|KiB\)\/s/RATE/g' \
+        -e 's/ *[0-9.]\+ \(MiB\|GiB\|KiB\)\/s/ RATE/g' \
+        -e 's/Iterations: *[0-9]\+/Iterations: N/' \
+        -e 's/time [0-9]\+m[0-9]\+s/time T/' \
         -e 's/[0-9]\+ ms/N ms/g'
 }
 
@@ -125,6 +127,103 @@ run reencrypt-luks1-type -- reencrypt -q --type luks1 luks --key-file pass
 run reencrypt-wrong-pass -- reencrypt -q luks --key-file bad
 run reencrypt-encrypt-decrypt -- reencrypt -q --encrypt --decrypt luks --key-file pass
 run reencrypt-not-luks -- reencrypt -q img --key-file pass
+
+# Reencryption runs (small images, fast PBKDF): re-key, keep-key, new cipher, interrupted
+# and resumed, init-only, encrypt and decrypt with a detached header, encrypt with a data
+# shift, LUKS1 re-key/encrypt/decrypt, and refusals; each image is read back through
+# luksOpen --print-table's table where a run finished.
+F="--pbkdf pbkdf2 --pbkdf-force-iterations 1000"
+rr() { # rr NAME IMAGE [ARGS...]: a run and luksDump after it
+    n=$1; i=$2; shift 2
+    run "re-$n" -- reencrypt -q "$@"
+    run "re-$n-dump" -- luksDump "$i"
+}
+truncate -s 20M r2
+run re-fmt -- luksFormat -q --type luks2 $F --uuid 11111111-2222-3333-4444-666666666666 \
+    --key-file pass r2
+rr rekey r2 $F --key-file pass r2
+rr cipher r2 $F --key-file pass --cipher aes-cbc-essiv:sha256 --key-size 256 r2
+rr keepkey-same r2 --key-file pass --keep-key r2
+rr keepkey r2 --key-file pass --keep-key --sector-size 512 --cipher aes-xts-plain64 r2
+rr stop r2 $F --key-file pass --hotzone-size 1M --debug-stop-after 2M r2
+rr init-again r2 --key-file pass --init-only r2
+rr resume r2 --key-file pass --resume-only r2
+rr init-only r2 $F --key-file pass --init-only --resilience journal r2
+rr resume-2 r2 --key-file pass --resume-only --resilience none r2
+rr resume-3 r2 --key-file pass --resume-only r2
+# Online: the instance re-encrypts while it serves.
+run re-online-open -- open r2 rv --device none --key-file pass
+rr online-encrypt r2 --key-file pass --active-name rv --encrypt
+rr online-size r2 --key-file pass --active-name rv --device-size 1M
+rr online-other r2 --key-file pass --active-name rv e2
+rr online r2 $F --key-file pass --active-name rv --hotzone-size 1M
+rr online-gone r2 --key-file pass --active-name nosuch
+run re-online-close -- close rv
+run re-two-slots-add -- luksAddKey -q $F --key-file pass r2 pass2
+rr two-slots r2 $F --key-file pass r2
+rr slot1 r2 $F --key-file pass2 --key-slot 1 r2
+rr vkfile r2 $F --key-file pass2 --volume-key-file plain --key-size 256 r2
+rr devsize r2 $F --key-file pass2 --device-size 1000 r2
+rr devsize-zero r2 $F --key-file pass2 --device-size 0 r2
+rr reduce-rekey r2 $F --key-file pass2 --reduce-device-size 1M r2
+rr datashift r2 $F --key-file pass2 --resilience datashift r2
+rr meta r2 $F --key-file pass2 --luks2-metadata-size 64K r2
+rr uuid r2 $F --key-file pass2 --uuid 11111111-2222-3333-4444-777777777777 r2
+rr luks1-blocksize r2 $F --key-file pass2 --block-size 2 r2
+rr type-x r2 $F --key-file pass2 --type foo r2
+rr offset r2 $F --key-file pass2 --offset 8 --hotzone-size 4M r2
+rr keep-key-decrypt r2 --key-file pass2 --keep-key --decrypt --header hx r2
+rr decrypt-no-header r2 --key-file pass2 --decrypt r2
+rr remote r2 --key-file pass2 nbd://127.0.0.1:1/x
+# Encryption with a detached header, then decryption of it.
+truncate -s 8M e2
+printf 'plaintext at the head' | dd of=e2 conv=notrunc 2>/dev/null
+rr enc-no-header e2 $F --key-file pass --encrypt e2
+rr enc e2-h $F --key-file pass --encrypt --header e2-h --uuid 11111111-2222-3333-4444-888888888888 \
+    --label L --subsystem S --cipher aes-xts-plain64 e2
+rr enc-again e2-h $F --key-file pass --encrypt --header e2-h e2
+run re-enc-read -- luksOpen e2 --header e2-h --print-table --key-file pass
+rr dec-cipher e2-h --key-file pass --decrypt --header e2-h --cipher aes-cbc-essiv:sha256 e2
+rr dec-none e2-h --key-file pass --decrypt --header e2-h --resilience none e2
+rr dec-stop e2-h --key-file pass --decrypt --header e2-h --hotzone-size 1M --debug-stop-after 1M e2
+rr dec-encrypt e2-h --key-file pass --encrypt --header e2-h e2
+rr dec e2-h --key-file pass --decrypt --header e2-h e2
+run re-dec-head -- read --table "0 1 crypt cipher_null-ecb - 0 $WORK/e2 0" --offset 0 --length 21
+# Encryption with a data shift (header at the head), then decryption exporting it.
+truncate -s 8M s2
+printf 'shifted plaintext' | dd of=s2 conv=notrunc 2>/dev/null
+rr shift-big s2 $F --key-file pass --encrypt --reduce-device-size 2G s2
+rr shift-odd s2 $F --key-file pass --encrypt --reduce-device-size 1000 s2
+rr shift-res s2 $F --key-file pass --encrypt --reduce-device-size 4M --resilience journal s2
+rr shift-off s2 $F --key-file pass --encrypt --reduce-device-size 4M --offset 8192 s2
+rr shift-hdr s2 $F --key-file pass --encrypt --reduce-device-size 4M --header s2-h s2
+rr shift s2 $F --key-file pass --encrypt --reduce-device-size 4M --offset 2048 \
+    --luks2-keyslots-size 4M --hotzone-size 1M s2
+run re-shift-table -- luksOpen s2 --print-table --key-file pass
+rr export-none s2 --key-file pass --decrypt --header s2-x --resilience none s2
+rr export-size s2 --key-file pass --decrypt --header s2-x --device-size 1M s2
+rr export s2 --key-file pass --decrypt --header s2-x s2
+run re-export-head -- read --table "0 1 crypt cipher_null-ecb - 0 $WORK/s2 0" --offset 0 --length 17
+# LUKS1: re-key, keep-key, interrupted and resumed, decryption, encryption.
+mkdir l1 && cd l1 || exit 1
+truncate -s 8M r1
+run re-l1-fmt -- luksFormat -q --type luks1 $F --key-file ../pass r1
+rr l1-rekey r1 $F --key-file ../pass --resilience journal --sector-size 4096 r1
+rr l1-type2 r1 $F --key-file ../pass --type luks2 r1
+rr l1-active r1 $F --key-file ../pass --type luks1 --active-name x r1
+rr l1-block r1 $F --key-file ../pass --block-size 0 r1
+rr l1-slot r1 $F --key-file ../pass --key-slot 9 r1
+rr l1-reduce r1 $F --key-file ../pass --reduce-device-size 1M r1
+rr l1-keepkey r1 $F --key-file ../pass --keep-key --hash sha512 r1
+rr l1-stop r1 $F --key-file ../pass --block-size 1 --debug-stop-after 2M r1
+ls | norm >"$OUT/re-l1-files.out"
+rr l1-resume r1 --key-file ../pass r1
+rr l1-uuid r1 --key-file ../pass --decrypt --uuid 11111111-2222-3333-4444-999999999999 r1
+rr l1-dec r1 --key-file ../pass --decrypt r1
+rr l1-enc-noheader r1 $F --key-file ../pass --encrypt --type luks1 r1
+rr l1-enc r1 $F --key-file ../pass --encrypt --type luks1 --reduce-device-size 2M r1
+run re-l1-table -- luksOpen r1 --print-table --key-file ../pass
+cd .. || exit 1
 
 # Opening refusals.
 run open-plain-stdin -- open img p --type plain --device none

@@ -28,7 +28,6 @@ pub mod keyring;
 pub mod mapping;
 pub mod open;
 pub mod reencrypt;
-pub mod reencrypt_luks1;
 pub mod remote_header;
 pub mod secure;
 pub mod tcrypt;

@@ -32,6 +32,13 @@ pub(crate) fn lib_error(e: ucrypt::Error) -> CliError {
     }
 }
 
+/// A command's error as the library's, for a callback the library made (a prompt that
+/// was interrupted, timed out, got a passphrase too long): its message chain on one line,
+/// the kind of its exit code.
+pub(crate) fn caller_error(e: CliError) -> ucrypt::Error {
+    ucrypt::Error::Invalid(error_line(&e.err)).with_kind(ErrorKind::from_exit_code(e.code))
+}
+
 /// Maps instance errors to exit codes: an existing name is "busy" (5).
 pub(crate) fn instance_error(e: InstanceError) -> CliError {
     lib_error(ucrypt::Error::Instance(e))

@@ -1,12 +1,12 @@
 //! `ucrypt luksAddKey <device> [<new key file>]`: a new keyslot, unlocked by an existing
 //! passphrase (`--key-file` or the first prompt/line), holding the new one.
 
+use super::exit::cs_error;
 use super::luks::{luks_type, verbose, CsResult, DeviceArgs};
 use super::secret::{self, KeyFileArgs, NewKeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
-use ucrypt_cryptsetup::Pbkdf;
 
 /// PBKDF choices for a new keyslot (shared by luksAddKey and luksChangeKey).
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -32,18 +32,21 @@ pub(crate) struct PbkdfArgs {
 }
 
 impl PbkdfArgs {
+    /// The library's PBKDF choice for these options.
+    pub(crate) fn choice(&self) -> ucrypt::reencrypt::PbkdfChoice {
+        ucrypt::reencrypt::PbkdfChoice {
+            kind: self.pbkdf.clone(),
+            iterations: self.pbkdf_force_iterations,
+            time_ms: self.iter_time,
+            memory_kb: self.pbkdf_memory,
+            parallel: self.pbkdf_parallel,
+            hash: self.hash.clone(),
+        }
+    }
+
     /// Applies the choices (if any) for the next keyslot.
     pub(crate) fn apply(&self, cd: &mut ucrypt_cryptsetup::CryptDevice) -> Result<(), CliError> {
-        let any = self.pbkdf.is_some()
-            || self.pbkdf_force_iterations.is_some()
-            || self.iter_time.is_some()
-            || self.pbkdf_memory.is_some()
-            || self.pbkdf_parallel.is_some()
-            || self.hash.is_some();
-        if !any {
-            return Ok(());
-        }
-        self.apply_always(cd)
+        self.choice().apply(cd).map_err(cs_error)
     }
 
     /// Sets the PBKDF for the next keyslot: the choices, cryptsetup's defaults for the
@@ -52,20 +55,7 @@ impl PbkdfArgs {
         &self,
         cd: &mut ucrypt_cryptsetup::CryptDevice,
     ) -> Result<(), CliError> {
-        let luks1 = cd.info().kind == Some(ucrypt_cryptsetup::HeaderType::Luks1);
-        let kind = self
-            .pbkdf
-            .clone()
-            .unwrap_or_else(|| if luks1 { "pbkdf2" } else { "argon2id" }.to_string());
-        cd.set_pbkdf(&Pbkdf {
-            kind,
-            hash: self.hash.clone(),
-            iterations: self.pbkdf_force_iterations,
-            time_ms: self.iter_time,
-            memory_kb: self.pbkdf_memory,
-            parallel: self.pbkdf_parallel,
-        })
-        .cs()
+        self.choice().apply_always(cd).map_err(cs_error)
     }
 }
 

@@ -4,8 +4,8 @@
 //! lines, a spinner with Ctrl-C ending the command while a step runs (nothing is written
 //! then), and the TCRYPT search's bar or JSON lines.
 
+use super::exit::caller_error;
 use super::progress::{ExitOnSignal, ProgressArgs, Search, Spinner};
-use super::CliError;
 use std::path::Path;
 use ucrypt::unlock::{Prompt, Secret, Step};
 
@@ -25,16 +25,9 @@ impl Terminal {
     }
 }
 
-/// A prompt's failure (interrupted, timed out, a passphrase too long) as the library's
-/// error, keeping its message and exit code.
-fn to_library(e: CliError) -> ucrypt::Error {
-    ucrypt::Error::Invalid(super::error_line(&e.err))
-        .with_kind(ucrypt::ErrorKind::from_exit_code(e.code))
-}
-
 impl Prompt for Terminal {
     fn passphrase(&mut self, prompt: &str) -> ucrypt::Result<Secret> {
-        super::secret::get(None, prompt, false).map_err(to_library)
+        super::secret::get(None, prompt, false).map_err(caller_error)
     }
 
     fn interactive(&self) -> bool {

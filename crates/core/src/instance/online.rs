@@ -1,6 +1,7 @@
 //! Online reencryption inside a named instance (`ucrypt reencrypt --active-name NAME`):
 //! the control requests `reencrypt` (start, with the passphrase), `reencrypt_stop`, and
-//! the `reencryption` object of `status`, which the command polls for its progress bar.
+//! the `reencryption` object of `status`, which the client ([`crate::reencrypt::run`] with
+//! an instance name) polls for its progress.
 //!
 //! The client side has already written the reencryption metadata (as offline:
 //! libcryptsetup's `crypt_reencrypt_init`); this side opens the run on the instance's own
