@@ -1,0 +1,212 @@
+use super::queue::{execute, Request};
+use super::*;
+use std::sync::Arc;
+use ucrypt_backend::{BackendInfo, Caps, MemoryBackend};
+
+fn opts(logical_block: u32, read_only: bool) -> AttachOptions {
+    AttachOptions {
+        name: "t".into(),
+        read_only,
+        logical_block,
+        queues: 1,
+        queue_depth: 4,
+    }
+}
+
+fn req(op: u32, offset: u64, len: u64) -> Request {
+    Request {
+        op,
+        fua: false,
+        offset,
+        len,
+        client: 1,
+    }
+}
+
+/// A backend that records which operations reached it, over a memory backend.
+struct Recorder {
+    inner: MemoryBackend,
+    info: BackendInfo,
+    calls: Mutex<Vec<String>>,
+}
+
+impl Recorder {
+    fn new(size: u64, discard: Support, write_zeroes: Support) -> Self {
+        let inner = MemoryBackend::new(size).expect("memory backend");
+        let mut info = inner.info().clone();
+        info.logical_block = 4096;
+        info.caps = Caps {
+            flush: Support::Native,
+            discard,
+            write_zeroes,
+            read_only: false,
+        };
+        Recorder {
+            inner,
+            info,
+            calls: Mutex::new(Vec::new()),
+        }
+    }
+    fn log(&self, s: String) {
+        self.calls.lock().expect("lock").push(s);
+    }
+}
+
+impl Backend for Recorder {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+        self.log(format!("read {offset} {}", buf.len()));
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+        self.log(format!("write {offset} {} fua={fua}", buf.len()));
+        self.inner.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        self.log("flush".into());
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.log(format!("discard {offset} {len}"));
+        Ok(())
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
+        self.log(format!("zeroes {offset} {len} fua={fua}"));
+        Ok(())
+    }
+}
+
+#[test]
+fn params_follow_the_volume() {
+    let b = Recorder::new(1 << 20, Support::None, Support::Emulate);
+    let p = device_params(&b, &opts(4096, false));
+    assert_eq!(p.basic.logical_bs_shift, 12, "logical block = sector size");
+    assert_eq!(p.basic.dev_sectors, (1 << 20) >> 9);
+    assert_ne!(
+        p.basic.attrs & sys::UBLK_ATTR_VOLATILE_CACHE,
+        0,
+        "flush reaches us"
+    );
+    assert_ne!(p.basic.attrs & sys::UBLK_ATTR_FUA, 0);
+    assert_eq!(p.basic.attrs & sys::UBLK_ATTR_READ_ONLY, 0);
+    assert_eq!(
+        p.discard.max_discard_sectors, 0,
+        "no discard without allow_discards"
+    );
+    assert_ne!(p.discard.max_write_zeroes_sectors, 0);
+    assert_eq!(p.discard.max_discard_segments, 1, "the driver wants 1");
+
+    let b = Recorder::new(1 << 20, Support::Native, Support::Native);
+    let p = device_params(&b, &opts(512, true));
+    assert_eq!(
+        p.basic.logical_bs_shift, 12,
+        "never below the backend's block"
+    );
+    assert_ne!(p.basic.attrs & sys::UBLK_ATTR_READ_ONLY, 0);
+    assert_eq!(
+        p.types & sys::UBLK_PARAM_TYPE_DISCARD,
+        0,
+        "read-only: no discard"
+    );
+}
+
+#[test]
+fn requests_map_to_backend_calls() {
+    let b = Recorder::new(1 << 20, Support::Native, Support::Native);
+    let mut buf = vec![0x5au8; 64 * 1024];
+    assert_eq!(
+        execute(&b, req(sys::UBLK_IO_OP_WRITE, 8192, 4096), &mut buf),
+        4096
+    );
+    let mut fua = req(sys::UBLK_IO_OP_WRITE, 0, 4096);
+    fua.fua = true;
+    assert_eq!(execute(&b, fua, &mut buf), 4096);
+    buf.fill(0);
+    assert_eq!(
+        execute(&b, req(sys::UBLK_IO_OP_READ, 8192, 4096), &mut buf),
+        4096
+    );
+    assert!(
+        buf[..4096].iter().all(|&x| x == 0x5a),
+        "read back what was written"
+    );
+    assert_eq!(execute(&b, req(sys::UBLK_IO_OP_FLUSH, 0, 0), &mut buf), 0);
+    assert_eq!(
+        execute(&b, req(sys::UBLK_IO_OP_DISCARD, 0, 8192), &mut buf),
+        0
+    );
+    assert_eq!(
+        execute(&b, req(sys::UBLK_IO_OP_WRITE_ZEROES, 4096, 4096), &mut buf,),
+        0
+    );
+    let calls = b.calls.lock().expect("lock").clone();
+    assert_eq!(
+        calls,
+        [
+            "write 8192 4096 fua=false",
+            "write 0 4096 fua=true",
+            "read 8192 4096",
+            "flush",
+            "discard 0 8192",
+            "zeroes 4096 4096 fua=false"
+        ]
+    );
+}
+
+#[test]
+fn bad_requests_are_refused_not_served() {
+    let b = Recorder::new(1 << 20, Support::Native, Support::Native);
+    let mut buf = vec![0u8; 8192];
+    // Past the end, larger than the buffer, overflowing, unknown op.
+    assert_eq!(
+        execute(&b, req(sys::UBLK_IO_OP_READ, 1 << 20, 4096), &mut buf,),
+        -libc::EINVAL
+    );
+    assert_eq!(
+        execute(&b, req(sys::UBLK_IO_OP_WRITE, 0, 16384), &mut buf),
+        -libc::EINVAL
+    );
+    assert_eq!(
+        execute(
+            &b,
+            req(sys::UBLK_IO_OP_DISCARD, u64::MAX - 10, 4096),
+            &mut buf,
+        ),
+        -libc::EINVAL
+    );
+    assert_eq!(
+        execute(&b, req(sys::UBLK_IO_OP_ZONE_OPEN, 0, 4096), &mut buf),
+        -libc::EOPNOTSUPP
+    );
+    assert!(
+        b.calls.lock().expect("lock").is_empty(),
+        "nothing reached the backend"
+    );
+    // A backend error comes back as its errno.
+    let ro = MemoryBackend::new(1 << 20).expect("memory");
+    let ro = ucrypt_backend::FaultyBackend::new(Arc::new(ro));
+    ro.fail_writes_in(0..4096);
+    let res = execute(&ro, req(sys::UBLK_IO_OP_WRITE, 0, 4096), &mut buf);
+    assert!(res < 0, "a failed write is not acknowledged: {res}");
+}
+
+#[test]
+fn write_zeroes_without_backend_support_writes_zeroes() {
+    let b = Recorder::new(1 << 20, Support::None, Support::None);
+    let mut buf = vec![0x77u8; 8192];
+    b.inner.write_at(&[0xffu8; 20480], 0, false).expect("fill");
+    let mut r = req(sys::UBLK_IO_OP_WRITE_ZEROES, 0, 20480);
+    r.fua = true;
+    assert_eq!(execute(&b, r, &mut buf), 0);
+    let mut back = vec![1u8; 20480];
+    b.inner.read_at(&mut back, 0).expect("read");
+    assert!(back.iter().all(|&x| x == 0));
+    let calls = b.calls.lock().expect("lock").clone();
+    assert_eq!(
+        calls,
+        ["write 0 20480 fua=false", "flush"],
+        "zero-filled writes (backend::emulate), FUA as one flush after them"
+    );
+}
