@@ -259,12 +259,7 @@ async fn io_task(
 }
 
 /// Hands `req` to a worker and waits (without blocking the queue thread) for its eventfd.
-async fn offload(
-    tx: &mpsc::Sender<Job>,
-    req: Request,
-    slot: &Arc<Slot>,
-    shared: &Shared,
-) -> i32 {
+async fn offload(tx: &mpsc::Sender<Job>, req: Request, slot: &Arc<Slot>, shared: &Shared) -> i32 {
     let job = Job {
         req,
         slot: Arc::clone(slot),
