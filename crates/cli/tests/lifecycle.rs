@@ -520,7 +520,7 @@ fn concurrent_opens_of_one_name_or_one_image_have_one_winner() {
         rt.ok(&["close", "same"], b"");
         wait_gone(&rt, "same");
     }
-    let shared_img = image("shared");
+    let shared_img = image("readers.img");
     let t = table(&shared_img);
     for round in 0..6 {
         let opens: Vec<_> = (0..4)
