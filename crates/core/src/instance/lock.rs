@@ -30,9 +30,9 @@
 //! refuse a device that is mounted or held.
 
 use super::runtime;
+use super::runtime::lock_byte;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -81,23 +81,6 @@ pub enum LockMode {
 pub struct ImageLock {
     _file: File,
     _excl: Option<File>,
-}
-
-fn lock_byte(f: &File, start: i64, cmd: libc::c_int, typ: libc::c_int) -> io::Result<libc::flock> {
-    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = typ as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = start;
-    fl.l_len = 1;
-    // SAFETY: fcntl with an OFD lock command reads and writes the `flock` we pass, which
-    // lives for the call; the descriptor is ours.
-    let r = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut fl) };
-    if r == 0 {
-        Ok(fl)
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// Whether a holder other than `f`'s open file description read-locks byte `at`.

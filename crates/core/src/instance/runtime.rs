@@ -394,8 +394,14 @@ impl std::fmt::Display for Debris {
     }
 }
 
-/// An OFD lock command on one byte of the name lock.
-fn lock_byte(f: &File, at: i64, cmd: libc::c_int, typ: libc::c_int) -> io::Result<libc::flock> {
+/// An OFD lock command (`F_OFD_SETLK`, `F_OFD_GETLK`...) on byte `at` of `f`: the name lock
+/// here, the image locks in `lock.rs`.
+pub(super) fn lock_byte(
+    f: &File,
+    at: i64,
+    cmd: libc::c_int,
+    typ: libc::c_int,
+) -> io::Result<libc::flock> {
     // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
     let mut fl: libc::flock = unsafe { std::mem::zeroed() };
     fl.l_type = typ as libc::c_short;
