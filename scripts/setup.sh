@@ -9,6 +9,8 @@
 #   - NBD interop: nbdinfo/nbdcopy/nbdfuse (all in libnbd-bin on Debian 12), qemu-img and
 #     qemu-io (qemu-utils), fio's nbd engine; the filesystem test adds e2fsprogs (mkfs.ext4)
 #     and util-linux (losetup, mount); the nbdkit baselines in bench/ use its luks filter
+#   - fuse2fs: mounts an ext4 file system on the FUSE front end's file without root (the
+#     README's way for users; Debian 12 ships it apart from e2fsprogs)
 #   - libssl-dev: NBD TLS goes through the system's OpenSSL (the openssl crate);
 #     openssl (the tool) makes the TLS tests' certificates
 #   - strace: the reencryption interop test kills ucrypt and cryptsetup at a chosen write
@@ -34,7 +36,7 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential pkg-config libssl-dev openssl
   keyutils libcryptsetup-dev python3-cryptography tmux
-  cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs util-linux
+  cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux
   tcplay xz-utils strace
   libclang-dev qemu-system-x86 busybox-static cpio kmod swtpm swtpm-tools nbd-client dmsetup
   ceph-mon ceph-osd ceph-common librbd1 python3-rados python3-rbd uuid-runtime qemu-block-extra

@@ -6,6 +6,7 @@
 mod bench;
 mod benchmark;
 mod daemon;
+mod demo;
 mod docs;
 mod exit;
 mod format_dump;
@@ -201,6 +202,9 @@ fn crypto_paths() -> String {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Show ucrypt at work: make a small LUKS2 image, open it, write and read through it,
+    /// close it, and print what to try next.
+    Demo(demo::Args),
     /// Write plaintext through a table's mapping into its device (offline access).
     Write(write::Args),
     /// Read the plaintext view of a table's mapping (offline access).
@@ -891,6 +895,7 @@ pub fn run() -> ExitCode {
         });
     }
     let result = match cli.command {
+        Command::Demo(a) => demo::run(a),
         Command::Write(a) => write::run(a),
         Command::Read(a) => read::run(a),
         Command::Table(a) => table::run(a),

@@ -1,0 +1,259 @@
+//! `ucrypt demo`: the product at work with built-in defaults, for someone who just built
+//! it. It runs the commands a user would type (this same binary, each shown before it
+//! runs): a small LUKS2 image in a fresh directory, `open` with the automatic front end,
+//! a block of text written through the node and read back, the image checked to hold
+//! only ciphertext, `status`, `close`; then where the binary is and what to try next.
+//! The image and its key file stay, so the next commands work on them.
+
+use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
+use std::io::Write as _;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use ucrypt_backend::Backend;
+
+/// Arguments of `ucrypt demo`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Directory to make the demo image in (default: a new one under $TMPDIR or /tmp).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Front end to open the volume with (default auto: what works here).
+    #[arg(long, value_name = "KIND", default_value = "auto",
+          value_parser = ["auto", "ublk", "nbd", "fuse", "none"])]
+    device: String,
+}
+
+/// The demo volume's passphrase (in the key file, so nothing is asked).
+const PASSPHRASE: &str = "ucrypt demo passphrase";
+/// The image's size: the LUKS2 header's 16 MiB and 16 MiB of data.
+const IMAGE_BYTES: u64 = 32 << 20;
+/// One encryption sector (LUKS2's default for a file) of text.
+const BLOCK: usize = 4096;
+
+/// Runs this binary with `args`, shown first as the user would type it; its standard
+/// output is returned (and shown), its standard error passes through.
+fn step(args: &[&str]) -> Result<String, CliError> {
+    println!("$ ucrypt {}", args.join(" "));
+    let exe = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("finding this program's own path: {e}"))
+        .code(EXIT_PARAMS)?;
+    let out = Command::new(exe)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| anyhow::anyhow!("running ucrypt {}: {e}", args[0]))
+        .code(EXIT_PARAMS)?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in stdout.lines() {
+        println!("  {line}");
+    }
+    if !out.status.success() {
+        let code = out
+            .status
+            .code()
+            .and_then(|c| u8::try_from(c).ok())
+            .unwrap_or(EXIT_PARAMS);
+        return Err(anyhow::anyhow!(
+            "the demo stopped: `ucrypt {}` failed (exit {code})",
+            args[0]
+        ))
+        .code(code);
+    }
+    Ok(stdout)
+}
+
+/// The demo's instance: closed however the demo ends.
+struct OpenInstance(Option<String>);
+
+impl OpenInstance {
+    /// `ucrypt close NAME`, and the check that the instance is gone.
+    fn close(mut self) -> Result<(), CliError> {
+        let Some(name) = self.0.take() else {
+            return Ok(());
+        };
+        step(&["close", &name])?;
+        let dir = ucrypt::instance::runtime::Paths::of(&name)
+            .map(|p| p.dir)
+            .unwrap_or_default();
+        if dir.exists() {
+            return Err(anyhow::anyhow!(
+                "instance {name} is still there after close ({})",
+                dir.display()
+            ))
+            .code(EXIT_DEVICE);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OpenInstance {
+    fn drop(&mut self) {
+        if let Some(name) = self.0.take() {
+            if let Err(e) = step(&["close", &name]) {
+                eprintln!("ucrypt: {}", super::error_line(&e.err));
+            }
+        }
+    }
+}
+
+/// Writes `block` at offset 0 of the node (a device or FUSE file, or an NBD URI) and reads
+/// it back.
+fn write_and_read(node: &str, block: &[u8]) -> Result<Vec<u8>, CliError> {
+    let mut back = vec![0u8; block.len()];
+    if node.starts_with("nbd") {
+        let nbd = ucrypt_nbd::NbdBackend::connect(node, ucrypt_nbd::RemoteOptions::default())
+            .map_err(|e| anyhow::anyhow!("connecting to {node}: {e}"))
+            .code(EXIT_DEVICE)?;
+        nbd.write_at(block, 0, true)
+            .and_then(|()| nbd.read_at(&mut back, 0))
+            .map_err(|e| anyhow::anyhow!("I/O through {node}: {e}"))
+            .code(EXIT_DEVICE)?;
+        return Ok(back);
+    }
+    let io = |e: std::io::Error| anyhow::anyhow!("I/O through {node}: {e}");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(node)
+        .map_err(io)
+        .code(EXIT_DEVICE)?;
+    f.write_all_at(block, 0)
+        .and_then(|()| f.sync_all())
+        .map_err(io)
+        .code(EXIT_DEVICE)?;
+    drop(f);
+    let f = std::fs::File::open(node).map_err(io).code(EXIT_DEVICE)?;
+    f.read_exact_at(&mut back, 0)
+        .map_err(io)
+        .code(EXIT_DEVICE)?;
+    Ok(back)
+}
+
+/// Whether `needle` occurs anywhere in the file at `path`.
+fn file_contains(path: &Path, needle: &[u8]) -> std::io::Result<bool> {
+    let data = std::fs::read(path)?;
+    Ok(data.windows(needle.len()).any(|w| w == needle))
+}
+
+/// `ucrypt demo`.
+pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    let started = std::time::Instant::now();
+    let dir = match a.dir {
+        Some(d) => {
+            std::fs::create_dir_all(&d)
+                .map_err(|e| anyhow::anyhow!("creating {}: {e}", d.display()))
+                .code(EXIT_PARAMS)?;
+            d
+        }
+        None => tempfile::Builder::new()
+            .prefix("ucrypt-demo-")
+            .tempdir()
+            .map_err(|e| anyhow::anyhow!("creating a directory in $TMPDIR: {e}"))
+            .code(EXIT_PARAMS)?
+            .keep(),
+    };
+    let image = dir.join("disk.img");
+    let key = dir.join("passphrase");
+    let shown = |p: &Path| p.display().to_string();
+    println!(
+        "ucrypt demo: a {} MiB LUKS2 volume in {}, opened, written and read through, closed.\n",
+        IMAGE_BYTES >> 20,
+        dir.display()
+    );
+    let file = std::fs::File::create(&image)
+        .and_then(|f| f.set_len(IMAGE_BYTES).map(|()| f))
+        .map_err(|e| anyhow::anyhow!("creating {}: {e}", image.display()))
+        .code(EXIT_PARAMS)?;
+    drop(file);
+    std::fs::write(&key, PASSPHRASE)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", key.display()))
+        .code(EXIT_PARAMS)?;
+    println!(
+        "1. Format it as LUKS2 (cryptsetup's defaults, but a cheap Argon2id cost so the demo \
+         is quick;\n   the passphrase is in {}):",
+        key.display()
+    );
+    step(&[
+        "luksFormat",
+        "-q",
+        "--pbkdf-memory",
+        "65536",
+        "--pbkdf-force-iterations",
+        "4",
+        "--key-file",
+        &shown(&key),
+        &shown(&image),
+    ])?;
+    let name = format!("demo-{}", std::process::id());
+    println!("\n2. Open it as instance {name} (a server in the background; it prints the node):");
+    let out = step(&[
+        "open",
+        "--device",
+        &a.device,
+        "--key-file",
+        &shown(&key),
+        &shown(&image),
+        &name,
+    ])?;
+    let instance = OpenInstance(Some(name.clone()));
+    let node = out.lines().last().unwrap_or_default().trim().to_string();
+
+    let text = format!(
+        "Hello from ucrypt: written through {node}, stored encrypted in {}.\n",
+        image.display()
+    );
+    let mut block = text.clone().into_bytes();
+    block.resize(BLOCK, 0);
+    println!("\n3. Write a sector of text through the node and read it back:");
+    let back = write_and_read(&node, &block)?;
+    if back != block {
+        return Err(anyhow::anyhow!(
+            "the sector read back through {node} is not the one written"
+        ))
+        .code(EXIT_DEVICE);
+    }
+    println!("  wrote and read back: {}", text.trim_end());
+    let plain_on_disk = file_contains(&image, text.trim_end().as_bytes())
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", image.display()))
+        .code(EXIT_DEVICE)?;
+    if plain_on_disk {
+        return Err(anyhow::anyhow!(
+            "{} holds the text in the clear: it was not encrypted",
+            image.display()
+        ))
+        .code(EXIT_DEVICE);
+    }
+    println!(
+        "  {} does not contain the text: only its ciphertext is on disk.",
+        image.display()
+    );
+
+    println!("\n4. What the instance looks like:");
+    step(&["status", &name])?;
+    println!("\n5. Close it (flush, detach, stop the server):");
+    instance.close()?;
+
+    let exe = std::env::current_exe().map_or_else(|_| "ucrypt".into(), |p| shown(&p));
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(
+        o,
+        "\nDone in {:.1} s: the volume opened, served what was written through it, and kept \
+         only ciphertext on disk.\n\
+         The binary is {exe}\n\
+         (`cargo install --locked --path crates/cli` puts it in ~/.cargo/bin as `ucrypt`).\n\
+         \nNext, try it on the same image (the passphrase is \"{PASSPHRASE}\"):\n\
+         \n  ucrypt open {img} mine\
+         \n  ucrypt status mine\
+         \n  mkfs.ext4 -q NODE                # NODE: what open printed\
+         \n  mount NODE /mnt                  # as root (a FUSE file: mount -o loop NODE /mnt)\
+         \n  fuse2fs NODE ~/mnt               # without root: the FUSE file\
+         \n  umount /mnt; ucrypt close mine   # (fusermount3 -u ~/mnt for fuse2fs)\
+         \n  ucrypt --help                    # every command; man pages: ucrypt man DIR\
+         \n\nThe README and docs/ say more. The demo's files: rm -r {dir}",
+        started.elapsed().as_secs_f64(),
+        img = image.display(),
+        dir = dir.display(),
+    );
+    Ok(())
+}
