@@ -57,7 +57,7 @@ run() {
 
 # Help of the command and of every subcommand it lists.
 run help -- --help
-"$BIN" --help | sed -n '/^Commands:/,/^$/p' | awk 'NR>1 && NF {print $1}' | while read -r c; do
+"$BIN" --help | sed -n '/^Usage:/,/^Options:/p' | grep -E '^  [a-zA-Z]' | awk '{print $1}' | while read -r c; do
     [ "$c" = help ] && continue
     run "help-$c" -- "$c" --help
 done

@@ -526,14 +526,14 @@ fn man_pages_and_completions_are_generated_for_every_command() {
     let out = ucrypt(&["man", dir.path().to_str().unwrap()], b"");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let help = String::from_utf8_lossy(&ucrypt(&["--help"], b"").stdout).to_string();
+    // The commands are listed under several headings, before the options.
     let commands: Vec<&str> = help
-        .split("Commands:")
-        .nth(1)
+        .split("\nOptions:")
+        .next()
         .unwrap()
         .lines()
-        .skip(1)
-        .take_while(|l| !l.trim().is_empty())
-        .filter_map(|l| l.strip_prefix("  ")?.split_whitespace().next())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
         .filter(|c| *c != "help")
         .collect();
     assert!(commands.len() > 20, "{commands:?}");

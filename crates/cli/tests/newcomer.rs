@@ -55,3 +55,156 @@ fn demo_opens_writes_reads_and_closes_a_volume() {
         .collect();
     assert!(left.is_empty(), "instances left behind: {left:?}");
 }
+
+/// The command names of `ucrypt --help`, by heading, in order.
+fn help_groups() -> Vec<(String, Vec<String>)> {
+    let out = ok(ucrypt(&["--help"], b""));
+    let text = String::from_utf8(out).unwrap();
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if line == "Options:" {
+            break;
+        }
+        if !line.starts_with(' ') && line.ends_with(':') && !line.starts_with("Usage") {
+            groups.push((line.trim_end_matches(':').to_string(), Vec::new()));
+        } else if let (Some((_, names)), Some(name)) = (groups.last_mut(), line.strip_prefix("  "))
+        {
+            if !name.starts_with(' ') {
+                names.push(name.split_whitespace().next().unwrap().to_string());
+            }
+        }
+    }
+    groups
+}
+
+#[test]
+fn help_lists_commands_grouped_as_cryptsetup_with_open_close_status_first() {
+    let groups = help_groups();
+    let headings: Vec<&str> = groups.iter().map(|(h, _)| h.as_str()).collect();
+    assert_eq!(
+        headings,
+        [
+            "Basic actions",
+            "LUKS actions",
+            "TCRYPT, BITLK and FVAULT2 actions",
+            "Miscellaneous actions",
+            "ucrypt's own"
+        ]
+    );
+    assert_eq!(groups[0].1[..3], ["open", "close", "status"]);
+    assert!(groups[1].1.starts_with(&["luksFormat".to_string()]));
+    assert!(groups[4].1.contains(&"demo".to_string()));
+    // Every command once: the list covers what clap knows (a command missing from the
+    // groups would still be listed, at the end).
+    let all: Vec<&String> = groups.iter().flat_map(|(_, n)| n).collect();
+    for name in [
+        "open",
+        "close",
+        "status",
+        "ls",
+        "luksFormat",
+        "luksAddKey",
+        "luksDump",
+        "reencrypt",
+        "benchmark",
+        "repair",
+        "tcryptDump",
+        "integritysetup",
+        "completions",
+        "man",
+        "help",
+    ] {
+        assert_eq!(
+            all.iter().filter(|n| n.as_str() == name).count(),
+            1,
+            "{name} listed once in {all:?}"
+        );
+    }
+    assert!(all.len() >= 40, "only {} commands listed", all.len());
+}
+
+#[test]
+fn open_help_groups_its_options() {
+    let text = String::from_utf8(ok(ucrypt(&["open", "--help"], b""))).unwrap();
+    let headings: Vec<&str> = text.lines().filter(|l| l.ends_with("options:")).collect();
+    assert_eq!(
+        headings,
+        [
+            "Unlock options:",
+            "Serving options:",
+            "Device options:",
+            "Engine options:",
+            "TLS options:"
+        ]
+    );
+    let section = |h: &str| {
+        let start = text.find(h).unwrap();
+        let end = text[start + h.len()..]
+            .find("options:\n")
+            .map_or(text.len(), |e| start + h.len() + e);
+        text[start..end].to_string()
+    };
+    for (heading, option) in [
+        ("Unlock options:", "--key-file"),
+        ("Unlock options:", "--type"),
+        ("Serving options:", "--socket"),
+        ("Device options:", "--device"),
+        ("Device options:", "--fuse"),
+        ("Engine options:", "--perf-same_cpu_crypt"),
+        ("TLS options:", "--tls-psk"),
+    ] {
+        assert!(
+            section(heading).contains(option),
+            "{option} not under {heading}"
+        );
+    }
+}
+
+#[test]
+fn completions_offer_the_values_of_device_type_and_resilience() {
+    for shell in ["bash", "zsh", "fish"] {
+        let script = String::from_utf8(ok(ucrypt(&["completions", shell], b""))).unwrap();
+        for values in [
+            ["auto", "ublk", "nbd", "fuse", "none"].as_slice(),
+            &[
+                "luks", "luks1", "luks2", "plain", "loopaes", "bitlk", "fvault2", "tcrypt",
+            ],
+            &["checksum", "journal", "none", "datashift"],
+        ] {
+            // bash and zsh list them space-separated; fish one by one, each with its
+            // description after a tab.
+            let listed = match shell {
+                "fish" => values.iter().all(|v| script.contains(&format!("{v}\\t"))),
+                _ => script.contains(&values.join(" ")),
+            };
+            assert!(listed, "{shell} completions do not offer {values:?}");
+        }
+    }
+}
+
+#[test]
+fn man_pages_have_exit_status_files_environment_examples_and_a_typed_synopsis() {
+    let tmp = tempfile::tempdir().unwrap();
+    ok(ucrypt(&["man", tmp.path().to_str().unwrap()], b""));
+    let page = |name: &str| std::fs::read_to_string(tmp.path().join(name)).unwrap();
+    let main = page("ucrypt.1");
+    let open = page("ucrypt-open.1");
+    for (name, text) in [("ucrypt.1", &main), ("ucrypt-open.1", &open)] {
+        for section in [
+            ".SH \"EXIT STATUS\"",
+            ".SH FILES",
+            ".SH ENVIRONMENT",
+            ".SH EXAMPLES",
+        ] {
+            assert!(text.contains(section), "{name} has no {section}");
+        }
+        assert!(text.contains("XDG_RUNTIME_DIR") && text.contains("/tmp/ucrypt\\-UID"));
+    }
+    // The synopsis is the command as typed, the page's name ucrypt-open.
+    let synopsis = open.split(".SH SYNOPSIS").nth(1).unwrap();
+    let first = synopsis.lines().nth(1).unwrap();
+    assert!(first.contains("ucrypt open"), "synopsis: {first}");
+    assert!(!first.contains("ucrypt\\-open"), "synopsis: {first}");
+    assert!(open.contains(".TH ucrypt-open 1"), "{open:.200}");
+    assert!(page("ucrypt-luksDump.1").contains(".SH \"EXIT STATUS\""));
+}

@@ -4,7 +4,6 @@
 
 use super::{CliError, WithCode, EXIT_PARAMS};
 use anyhow::Context;
-use clap::CommandFactory;
 use std::path::PathBuf;
 
 /// Arguments of `ucrypt completions`.
@@ -25,7 +24,7 @@ pub(crate) struct ManArgs {
 /// `ucrypt completions bash > /etc/bash_completion.d/ucrypt`.
 pub(crate) fn completions(a: CompletionsArgs) -> Result<(), CliError> {
     use std::io::Write;
-    let mut cmd = super::Cli::command();
+    let mut cmd = super::cli_command();
     // Into memory first: clap_complete panics when its writer fails (`| head`).
     let mut script = Vec::new();
     clap_complete::generate(a.shell, &mut cmd, "ucrypt", &mut script);
@@ -36,31 +35,214 @@ pub(crate) fn completions(a: CompletionsArgs) -> Result<(), CliError> {
     }
 }
 
+/// Exit codes, as cryptsetup(8)'s RETURN CODES.
+const EXIT_STATUS: &str = r#".SH "EXIT STATUS"
+As cryptsetup's:
+.TP
+.B 0
+success (for
+.BR isLuks :
+a LUKS device)
+.TP
+.B 1
+wrong parameters, or the command failed (for
+.BR isLuks :
+not a LUKS device)
+.TP
+.B 2
+no permission, or a wrong passphrase
+.TP
+.B 3
+out of memory
+.TP
+.B 4
+wrong device: missing, too small, not the type asked for, a front end not available
+here; an inactive instance for
+.B status
+.TP
+.B 5
+busy: the name or the image is in use by another instance, or a device is open
+(mounted) where that is refused
+"#;
+
+/// Where instances live, for the pages of commands that open or find them.
+const FILES: &str = r#".SH FILES
+.TP
+.I RUNDIR
+The runtime directory: \fB/run/ucrypt\fR for root; otherwise
+\fB$XDG_RUNTIME_DIR/ucrypt\fR, or \fB/tmp/ucrypt\-UID\fR (\fB$TMPDIR\fR if set) when
+\fBXDG_RUNTIME_DIR\fR is unset (as under \fBsu \-\fR);
+\fB$UCRYPT_RUNTIME_DIR\fR overrides all three. Made mode 0700; refused when it belongs
+to another user or others can write it.
+.TP
+.I RUNDIR/NAME/
+An instance: \fBpid\fR, \fBinstance.json\fR (device, type, cipher, front end, node,
+NBD URI), \fBcontrol.sock\fR (what status, close, luksSuspend, luksResume, resize and
+refresh talk to), \fBnbd.sock\fR (the NBD export, mode 0600), \fBlog\fR (the server's
+messages once in the background), \fBfuse/NAME\fR (the FUSE front end's file). Removed
+by close, or by the next command that finds its server dead.
+.TP
+.I RUNDIR/.NAME.lock
+The lock that holds the name while its server lives (never removed).
+.TP
+.I IMAGE
+A mapping holds its image with open-file-description locks on bytes past the image's
+end (as QEMU does; \fB\-\-shared\fR shares them); header-changing commands take the same
+locks. Block devices are also opened with O_EXCL.
+.TP
+.I /run/cryptsetup
+libcryptsetup's metadata locks (\fB\-\-disable\-locks\fR skips them).
+"#;
+
+/// The environment ucrypt reads.
+const ENVIRONMENT: &str = r#".SH ENVIRONMENT
+.TP
+.B UCRYPT_RUNTIME_DIR
+The runtime directory (see FILES), for tests, containers and several users sharing one.
+.TP
+.B XDG_RUNTIME_DIR
+A user's runtime directory is \fB$XDG_RUNTIME_DIR/ucrypt\fR; set it when
+\fB/tmp/ucrypt\-UID\fR is not usable (another user made it first).
+.TP
+.B TMPDIR
+Where \fBucrypt\-UID\fR is made without XDG_RUNTIME_DIR, the private socket directory of
+a foreground \fBopen\fR, and \fBdemo\fR's directory.
+.TP
+.BR CEPH_CONF ", " CEPH_ARGS
+librados' configuration for \fBrbd:\fR devices (see \fB\-\-ceph\-conf\fR).
+"#;
+
+/// EXAMPLES of the main page and of the commands a newcomer uses first.
+fn examples(command: Option<&str>) -> Option<&'static str> {
+    Some(match command {
+        None => {
+            r#".SH EXAMPLES
+.nf
+ucrypt demo                          # the whole cycle on a small volume
+ucrypt luksFormat disk.img           # a new LUKS2 volume
+ucrypt open disk.img secret          # prints the node: /dev/ublkb0, /dev/nbd0 or a FUSE file
+mount /dev/ublkb0 /mnt               # as root; a user: fuse2fs FILE ~/mnt
+umount /mnt
+ucrypt close secret
+ucrypt open disk.img \-\-socket /tmp/s.sock   # NBD in the foreground, for QEMU or nbdcopy
+.fi
+"#
+        }
+        Some("open") => {
+            r#".SH EXAMPLES
+.nf
+ucrypt open disk.img secret                   # LUKS, a named instance (auto front end)
+ucrypt open \-\-device fuse disk.img secret     # a file, no root needed
+ucrypt open \-\-type plain \-\-cipher aes\-xts\-plain64 \-s 512 disk.img scratch
+ucrypt open \-\-key\-file key disk.img secret    # no prompt
+ucrypt open disk.img \-\-run 'nbdcopy "$uri" copy.raw'   # foreground, stop when done
+ucrypt open \-\-recover disk.img secret         # reattach after the server died
+.fi
+"#
+        }
+        Some("close") => {
+            r#".SH EXAMPLES
+.nf
+ucrypt close secret              # refused (exit 5) while mounted
+ucrypt close \-\-deferred secret   # when the last user goes
+.fi
+"#
+        }
+        Some("status") => {
+            r#".SH EXAMPLES
+.nf
+ucrypt status secret
+ucrypt status secret \-\-json
+ucrypt status                    # every instance
+.fi
+"#
+        }
+        Some("luksFormat") => {
+            r#".SH EXAMPLES
+.nf
+ucrypt luksFormat disk.img                       # LUKS2, aes\-xts\-plain64, argon2id
+ucrypt luksFormat \-\-type luks1 disk.img
+ucrypt luksFormat \-q \-\-key\-file key disk.img      # no questions
+.fi
+"#
+        }
+        _ => return None,
+    })
+}
+
+/// Commands whose pages get FILES and ENVIRONMENT: they make or find named instances.
+const INSTANCE_COMMANDS: &[&str] = &[
+    "open",
+    "close",
+    "status",
+    "ls",
+    "luksSuspend",
+    "luksResume",
+    "resize",
+    "refresh",
+    "reencrypt",
+    "demo",
+];
+
+/// One page: clap_mangen's sections, then EXIT STATUS, FILES, ENVIRONMENT and EXAMPLES.
+fn render_page(cmd: clap::Command, command: Option<&str>) -> std::io::Result<Vec<u8>> {
+    let man = clap_mangen::Man::new(cmd.clone())
+        .source(format!("ucrypt {}", env!("CARGO_PKG_VERSION")))
+        .manual("User Commands");
+    let mut out = Vec::new();
+    man.render_title(&mut out)?;
+    man.render_name_section(&mut out)?;
+    man.render_synopsis_section(&mut out)?;
+    man.render_description_section(&mut out)?;
+    if cmd.get_arguments().any(|a| !a.is_hide_set()) {
+        man.render_options_section(&mut out)?;
+    }
+    if cmd.has_subcommands() {
+        man.render_subcommands_section(&mut out)?;
+    }
+    out.extend_from_slice(EXIT_STATUS.as_bytes());
+    if command.is_none_or(|c| INSTANCE_COMMANDS.contains(&c)) {
+        out.extend_from_slice(FILES.as_bytes());
+        out.extend_from_slice(ENVIRONMENT.as_bytes());
+    }
+    if let Some(e) = examples(command) {
+        out.extend_from_slice(e.as_bytes());
+    }
+    if cmd.get_after_long_help().is_some() || cmd.get_after_help().is_some() {
+        man.render_extra_section(&mut out)?;
+    }
+    if cmd.get_version().is_some() {
+        man.render_version_section(&mut out)?;
+    }
+    Ok(out)
+}
+
 /// Writes the man pages, e.g. `ucrypt man /usr/local/share/man/man1`.
 pub(crate) fn man(a: ManArgs) -> Result<(), CliError> {
     std::fs::create_dir_all(&a.dir)
         .with_context(|| format!("creating {}", a.dir.display()))
         .code(EXIT_PARAMS)?;
-    let cmd = super::Cli::command();
-    let write = |name: &str, page: clap::Command| -> Result<(), CliError> {
+    let cmd = super::cli_command();
+    let write = |name: &str, page: Vec<u8>| -> Result<(), CliError> {
         let path = a.dir.join(format!("{name}.1"));
-        let mut out = Vec::new();
-        clap_mangen::Man::new(page)
-            .render(&mut out)
-            .with_context(|| format!("rendering {name}.1"))?;
-        std::fs::write(&path, out)
+        std::fs::write(&path, page)
             .with_context(|| format!("writing {}", path.display()))
             .code(EXIT_PARAMS)?;
         Ok(())
     };
     for sub in cmd.get_subcommands() {
-        let name = format!("ucrypt-{}", sub.get_name());
-        // The page's title is the full command (`ucrypt-luksOpen`), as git and cargo name
-        // theirs. clap takes `&'static str` names (without its "string" feature); a few
-        // dozen short strings leaked once by a command that then exits.
-        let title: &'static str = Box::leak(name.clone().into_boxed_str());
-        write(&name, sub.clone().name(title))?;
+        let name = sub.get_name();
+        // The page is ucrypt-COMMAND (as git's and cargo's are), its synopsis the command
+        // as typed: `ucrypt open ...`.
+        let page = sub
+            .clone()
+            .display_name(format!("ucrypt-{name}"))
+            .bin_name(format!("ucrypt {name}"));
+        let text =
+            render_page(page, Some(name)).with_context(|| format!("rendering ucrypt-{name}.1"))?;
+        write(&format!("ucrypt-{name}"), text)?;
     }
-    write("ucrypt", cmd)?;
+    let text = render_page(cmd, None).context("rendering ucrypt.1")?;
+    write("ucrypt", text)?;
     Ok(())
 }

@@ -52,7 +52,15 @@ use std::process::ExitCode;
 
 /// dm-crypt rebuilt in userspace.
 #[derive(Parser)]
-#[command(name = "ucrypt", version, long_version = long_version(), about, long_about = None)]
+#[command(
+    name = "ucrypt",
+    version,
+    long_version = long_version(),
+    about,
+    long_about = None,
+    after_help = "New here? `ucrypt demo` shows ucrypt at work on a small volume. `ucrypt \
+                  COMMAND --help` describes a command; `ucrypt man DIR` writes the man pages."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -308,6 +316,150 @@ enum Command {
     Refresh(lifecycle::RefreshArgs),
 }
 
+/// The commands in `ucrypt --help`, grouped and ordered as cryptsetup(8) groups its
+/// actions (basic actions first: open, close, status), then ucrypt's own. A command missing
+/// here is listed at the end of the last group.
+pub(crate) const GROUPS: &[(&str, &[&str])] = &[
+    (
+        "Basic actions",
+        &[
+            "open",
+            "close",
+            "status",
+            "ls",
+            "resize",
+            "refresh",
+            "reencrypt",
+        ],
+    ),
+    (
+        "LUKS actions",
+        &[
+            "luksFormat",
+            "luksOpen",
+            "luksSuspend",
+            "luksResume",
+            "luksAddKey",
+            "luksRemoveKey",
+            "luksChangeKey",
+            "luksConvertKey",
+            "luksKillSlot",
+            "erase",
+            "luksUUID",
+            "isLuks",
+            "luksDump",
+            "luksHeaderBackup",
+            "luksHeaderRestore",
+            "token",
+            "luksConvert",
+            "config",
+        ],
+    ),
+    (
+        "TCRYPT, BITLK and FVAULT2 actions",
+        &["tcryptDump", "bitlkDump", "fvault2Dump"],
+    ),
+    ("Miscellaneous actions", &["repair", "benchmark", "wipe"]),
+    (
+        "ucrypt's own",
+        &[
+            "demo",
+            "integritysetup",
+            "read",
+            "write",
+            "table",
+            "bench",
+            "man",
+            "completions",
+            "help",
+        ],
+    ),
+];
+
+/// Width of `ucrypt --help`'s command list (clap's own default).
+const HELP_WIDTH: usize = 100;
+
+/// The command-line definition with the commands in [`GROUPS`]' order and `--help` listing
+/// them under the groups' headings (clap lists subcommands under one heading only).
+pub(crate) fn cli_command() -> clap::Command {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut groups: Vec<(&str, Vec<String>)> = GROUPS
+        .iter()
+        .map(|(h, names)| {
+            let present = names
+                .iter()
+                .filter(|n| cmd.find_subcommand(n).is_some())
+                .map(|n| (*n).to_string());
+            (*h, present.collect())
+        })
+        .collect();
+    let unlisted: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .filter(|n| !GROUPS.iter().any(|(_, names)| names.contains(&n.as_str())))
+        .collect();
+    if let Some((_, last)) = groups.last_mut() {
+        last.extend(unlisted);
+    }
+    let width = groups
+        .iter()
+        .flat_map(|(_, names)| names.iter().map(String::len))
+        .max()
+        .unwrap_or(0);
+    let mut listing = String::new();
+    let mut order = 0;
+    for (heading, names) in &groups {
+        listing.push_str(heading);
+        listing.push_str(":\n");
+        for name in names {
+            order += 1;
+            cmd = cmd.mut_subcommand(name.as_str(), |s| s.display_order(order));
+            let about = cmd
+                .find_subcommand(name)
+                .and_then(|s| s.get_about())
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            listing.push_str(&help_line(name, width, &about));
+        }
+        listing.push('\n');
+    }
+    cmd.help_template(format!(
+        "{{before-help}}{{about-with-newline}}\n{{usage-heading}} {{usage}}\n\n{listing}\
+         Options:\n{{options}}{{after-help}}"
+    ))
+}
+
+/// One command of the list: `  NAME  ABOUT`, the text wrapped under itself.
+fn help_line(name: &str, width: usize, about: &str) -> String {
+    let indent = width + 4;
+    let mut out = format!("  {name:<width$}  ");
+    let mut col = indent;
+    for (i, word) in about.split_whitespace().enumerate() {
+        if i > 0 && col + 1 + word.len() > HELP_WIDTH {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent));
+            col = indent;
+        } else if i > 0 {
+            out.push(' ');
+            col += 1;
+        }
+        out.push_str(word);
+        col += word.len();
+    }
+    out.push('\n');
+    out
+}
+
+/// Parses `args` with [`cli_command`]'s definition.
+fn parse_cli(args: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
+    use clap::FromArgMatches;
+    let mut cmd = cli_command();
+    let matches = cmd.try_get_matches_from_mut(args)?;
+    Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
+}
+
 /// Shared table-line input: `--table LINE` or `--table-file PATH` (keeps the key out of
 /// the process's command line).
 #[derive(clap::Args)]
@@ -541,7 +693,8 @@ fn open_command(mut a: open::Args) -> Result<(), CliError> {
 /// it does (`integritysetup open`); `keep` (the pipe the table is read from) lives until
 /// `open` returns.
 pub(crate) fn run_open_args<K>(argv: Vec<String>, keep: K) -> Result<(), CliError> {
-    let cli = Cli::try_parse_from(argv).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cli = parse_cli(argv.into_iter().map(Into::into).collect())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let r = match cli.command {
         Command::Open(a) => open_command(*a),
         _ => Err(anyhow::anyhow!("not an open command").into()),
@@ -812,7 +965,7 @@ pub fn run() -> ExitCode {
     // cryptsetup's --usage: the short usage line, then exit 0 (before the action is parsed,
     // so it works alone as in `cryptsetup --usage`).
     if args.iter().skip(1).any(|a| a == "--usage") {
-        let mut cmd = <Cli as clap::CommandFactory>::command();
+        let mut cmd = cli_command();
         println!("{}", cmd.render_usage());
         println!("Try `ucrypt --help` for the actions and their options.");
         return ExitCode::SUCCESS;
@@ -823,7 +976,7 @@ pub fn run() -> ExitCode {
         .iter()
         .skip(1)
         .any(|a| a == "-q" || a == "--batch-mode");
-    let cli = match Cli::try_parse_from(place_global_flags(expand_open_aliases(
+    let cli = match parse_cli(place_global_flags(expand_open_aliases(
         debug_implies_verbose(args),
     ))) {
         Ok(cli) => cli,

@@ -45,25 +45,26 @@ use ucrypt_nbd::{Listener, ServeOptions, Shutdown, TlsConfig, TlsMode};
 #[derive(clap::Args)]
 pub(crate) struct Args {
     /// The dm-crypt table line: '<start> <length> crypt <cipher> <key> <iv_offset> <device> <offset> [<#opts> <opts>...]'.
-    #[arg(long, conflicts_with = "table_file")]
+    #[arg(help_heading = "Unlock options", long, conflicts_with = "table_file")]
     table: Option<String>,
     /// Read the table from a file ('-' for standard input): one line, several targets of one
     /// device, or several devices as `NAME: <line>` stacked through /dev/mapper/NAME.
-    #[arg(long, value_name = "PATH")]
+    #[arg(help_heading = "Unlock options", long, value_name = "PATH")]
     table_file: Option<PathBuf>,
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Unlock options")]
     pub(super) header: super::open_header::HeaderArgs,
     /// Stay in the foreground (a named instance otherwise goes to the background once
     /// its device is ready).
-    #[arg(long)]
+    #[arg(help_heading = "Serving options", long)]
     pub(super) foreground: bool,
     /// The front end of a named instance: ublk (/dev/ublkbN), nbd (/dev/nbdN), fuse (a
     /// file, DIR/NAME), none (the NBD socket only) or auto (the first that works here).
-    #[arg(
+    #[arg(help_heading = "Device options",
         long = "device",
         id = "frontend",
         default_value = "auto",
-        value_name = "ublk|nbd|fuse|none|auto"
+        value_name = "KIND",
+        value_parser = ["auto", "ublk", "nbd", "fuse", "none"]
     )]
     pub(super) frontend: String,
     /// Crash recovery: the server of NAME died (killed, crashed) and its device waits, with
@@ -72,85 +73,109 @@ pub(crate) struct Args {
     /// deadline. Kernel NBD: new connections replace the dead ones (NBD_CMD_RECONFIGURE)
     /// within the device's 30 s dead-connection timeout. Without --device, the kind the
     /// dead instance used.
-    #[arg(long)]
+    #[arg(help_heading = "Device options", long)]
     pub(super) recover: bool,
     /// FUSE: mount at DIR and expose the volume as DIR/NAME (default: the instance's
     /// runtime directory).
-    #[arg(long, value_name = "DIR")]
+    #[arg(help_heading = "Device options", long, value_name = "DIR")]
     pub(super) fuse: Option<PathBuf>,
     /// Share the image with other --shared mappings (without it a mapping holds the image
     /// exclusively).
-    #[arg(long)]
+    #[arg(help_heading = "Device options", long)]
     pub(super) shared: bool,
     /// Serve on a unix socket at PATH (mode 0600). Without --socket or --listen: a private
     /// socket (0600, in a fresh 0700 directory of the caller's), printed as the URI.
-    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    #[arg(
+        help_heading = "Serving options",
+        long,
+        value_name = "PATH",
+        conflicts_with = "listen"
+    )]
     pub(super) socket: Option<PathBuf>,
     /// Serve on TCP ADDR:PORT (port 0 picks a free port; a bare PORT means
     /// 127.0.0.1:PORT). Needs --tls=require with credentials, or --allow-cleartext-tcp.
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(help_heading = "Serving options", long, value_name = "ADDR:PORT")]
     pub(super) listen: Option<String>,
     /// Allow --listen without --tls=require: the decrypted volume is then served in the
     /// clear, with no authentication, to whoever reaches the port (on loopback every local
     /// user and every container sharing this host's network); a warning is printed.
-    #[arg(long, alias = "allow-cleartext-network")]
+    #[arg(
+        help_heading = "Serving options",
+        long,
+        alias = "allow-cleartext-network"
+    )]
     pub(super) allow_cleartext_tcp: bool,
     /// With --socket: make the socket 0660 owned by GROUP (a name or number) so its
     /// members may connect; without it the socket is 0600 (only this user), whatever the
     /// umask.
-    #[arg(long, value_name = "GROUP", requires = "socket")]
+    #[arg(
+        help_heading = "Serving options",
+        long,
+        value_name = "GROUP",
+        requires = "socket"
+    )]
     socket_group: Option<String>,
     /// Run CMD (via sh -c) once serving, with $uri, $nbd, $unixsocket/$port set; stop when
     /// it exits and return its status.
-    #[arg(long, value_name = "CMD")]
+    #[arg(help_heading = "Serving options", long, value_name = "CMD")]
     pub(super) run: Option<String>,
     /// Write the server's pid to FILE once it is listening.
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Serving options", long, value_name = "FILE")]
     pub(super) pid_file: Option<PathBuf>,
     /// LUKS2: store the activation flags given here (--allow-discards and the --perf-*
     /// flags) in the header's persistent flags, replacing the stored set, as cryptsetup's
     /// `open --persistent` does; later opens apply them without being told.
-    #[arg(long)]
+    #[arg(help_heading = "Unlock options", long)]
     pub(super) persistent: bool,
     /// Export read-only (cryptsetup's `--readonly`/`-r` are accepted too).
-    #[arg(long, short = 'r', visible_alias = "readonly")]
+    #[arg(
+        help_heading = "Device options",
+        long,
+        short = 'r',
+        visible_alias = "readonly"
+    )]
     pub(super) read_only: bool,
     /// Export the table's device as it is (ciphertext, no encryption): a baseline.
-    #[arg(long)]
+    #[arg(help_heading = "Device options", long)]
     pub(super) raw: bool,
     /// Connections served at once (1..=65536; multi-conn is advertised only above 1).
-    #[arg(long, default_value_t = 16, value_parser = super::bounded::<1, 65536>)]
+    #[arg(help_heading = "Serving options", long, default_value_t = 16, value_parser = super::bounded::<1, 65536>)]
     pub(super) max_connections: usize,
     /// Threads per connection, each receiving, running and answering requests (0 or 1: one
     /// request at a time, in the thread that reads the socket; at most 128). Default 8; 32
     /// for an rbd:POOL/IMAGE or NBD URI device, whose requests wait for a network round
     /// trip.
-    #[arg(long, value_parser = super::bounded::<0, { ucrypt_nbd::server::MAX_WORKERS }>)]
+    #[arg(help_heading = "Serving options", long, value_parser = super::bounded::<0, { ucrypt_nbd::server::MAX_WORKERS }>)]
     pub(super) nbd_workers: Option<usize>,
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
-    #[arg(long)]
+    #[arg(help_heading = "Device options", long)]
     pub(super) large_sectors: bool,
     /// Bypass the page cache on the device (O_DIRECT).
-    #[arg(long)]
+    #[arg(help_heading = "Device options", long)]
     pub(super) direct: bool,
+    #[command(flatten, next_help_heading = "Engine options")]
+    pub(super) perf: PerfArgs,
     /// TLS: off (default), on (offered), require (plaintext clients refused).
-    #[arg(long, value_enum, default_value_t = TlsArg::Off, value_name = "off|on|require")]
+    #[arg(help_heading = "TLS options", long, value_enum, default_value_t = TlsArg::Off, value_name = "off|on|require")]
     tls: TlsArg,
     /// x509 credentials: DIR holds server-cert.pem, server-key.pem (and ca-cert.pem for
     /// --tls-verify-peer), as nbdkit's --tls-certificates.
-    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    #[arg(
+        help_heading = "TLS options",
+        long,
+        value_name = "DIR",
+        conflicts_with = "tls_psk"
+    )]
     tls_certificates: Option<PathBuf>,
     /// With x509: refuse clients without a certificate signed by DIR/ca-cert.pem.
-    #[arg(long, requires = "tls_certificates")]
+    #[arg(help_heading = "TLS options", long, requires = "tls_certificates")]
     tls_verify_peer: bool,
     /// Pre-shared keys: FILE holds "username:hexkey" lines (GnuTLS psktool format).
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "TLS options", long, value_name = "FILE")]
     tls_psk: Option<PathBuf>,
     /// Print per-connection errors on stderr.
-    #[arg(long, short)]
+    #[arg(help_heading = "Serving options", long, short)]
     pub(super) verbose: bool,
-    #[command(flatten)]
-    pub(super) perf: PerfArgs,
 }
 
 /// `--tls`: nbdkit's values.

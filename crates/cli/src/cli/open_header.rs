@@ -21,16 +21,17 @@ use ucrypt_backend::Backend;
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct HeaderArgs {
     /// A LUKS (or, with --type plain, plain dm-crypt) device to open instead of a table line.
-    #[arg(value_name = "DEVICE")]
+    #[arg(value_name = "DEVICE", help_heading = None::<&str>)]
     pub(crate) device: Option<PathBuf>,
     /// Instance name: the server goes to the background once its device is ready, and
     /// `status`, `close`, `luksSuspend`, `luksResume`, `resize`, `refresh` find it by name.
-    #[arg(value_name = "NAME")]
+    #[arg(value_name = "NAME", help_heading = None::<&str>)]
     pub(crate) name: Option<String>,
     /// Device type: luks (LUKS1 or LUKS2, detected), luks1, luks2, plain, loopaes, bitlk,
     /// fvault2, tcrypt. Default: LUKS, or BitLocker/FileVault2 when the device carries their
     /// signature (TCRYPT, loop-AES and plain volumes have none: name them).
-    #[arg(long = "type", short = 'M', requires = "device")]
+    #[arg(long = "type", short = 'M', requires = "device", value_name = "TYPE",
+          value_parser = ["luks", "luks1", "luks2", "plain", "loopaes", "bitlk", "fvault2", "tcrypt"])]
     pub(crate) kind: Option<String>,
     /// A detached LUKS header file.
     #[arg(long, value_name = "FILE", requires = "device")]
