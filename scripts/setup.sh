@@ -15,6 +15,7 @@
 #     openssl (the tool) makes the TLS tests' certificates
 #   - strace: the reencryption interop test kills ucrypt and cryptsetup at a chosen write
 #     (SIGKILL injected on syscall entry) to leave a real crashed hotzone
+#   - systemd: systemd-analyze verify checks the units ucrypt's crypttab generator writes
 #   - tcplay: made the TrueCrypt cascade images in testdata/wrongdata (make-images.sh, in the
 #     kernel lab); xz-utils unpacks the committed images
 #   - libclang-dev: libublk-rs-sys (the ublk front end) generates its kernel bindings with
@@ -38,6 +39,7 @@ packages=(
   keyutils libcryptsetup-dev python3-cryptography tmux
   cryptsetup-bin qemu-utils nbdkit libnbd-bin fio fuse3 e2fsprogs fuse2fs util-linux
   tcplay xz-utils strace
+  systemd
   libclang-dev qemu-system-x86 busybox-static cpio kmod swtpm swtpm-tools nbd-client dmsetup
   ceph-mon ceph-osd ceph-common librbd1 python3-rados python3-rbd uuid-runtime qemu-block-extra
 )

@@ -21,6 +21,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod crypttab;
 pub mod error;
 pub mod header;
 pub mod instance;
@@ -29,6 +30,7 @@ pub mod mapping;
 pub mod open;
 pub mod reencrypt;
 pub mod remote_header;
+pub mod sd_notify;
 pub mod secure;
 pub mod tcrypt;
 pub mod unlock;

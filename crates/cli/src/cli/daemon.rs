@@ -21,6 +21,9 @@ use std::path::Path;
 pub(crate) enum Ready {
     /// In the foreground: print it ourselves.
     Foreground,
+    /// In the foreground under a service manager (`--notify`): print it, and tell the
+    /// manager (READY=1 on `$NOTIFY_SOCKET`).
+    Notify,
     /// In the background child: the pipe to the waiting parent (taken when used).
     Pipe(Option<File>),
 }
@@ -29,10 +32,13 @@ impl Ready {
     /// Start-up succeeded: `text` is what the starting command prints.
     pub(crate) fn ok(&mut self, text: &str) {
         match self {
-            Ready::Foreground => {
+            Ready::Foreground | Ready::Notify => {
                 let mut out = std::io::stdout().lock();
                 let _ = writeln!(out, "{text}");
                 let _ = out.flush();
+                if matches!(self, Ready::Notify) {
+                    notify_ready(text);
+                }
             }
             Ready::Pipe(p) => {
                 if let Some(mut f) = p.take() {
@@ -46,7 +52,7 @@ impl Ready {
     /// in the background it goes to the parent. Returns whether it was sent.
     pub(crate) fn fail(&mut self, e: &CliError) -> bool {
         match self {
-            Ready::Foreground => false,
+            Ready::Foreground | Ready::Notify => false,
             Ready::Pipe(p) => match p.take() {
                 Some(mut f) => {
                     let msg = super::error_line(&e.err).replace('\n', " ");
@@ -61,6 +67,16 @@ impl Ready {
     /// Whether the start-up is still being waited for.
     pub(crate) fn pending(&self) -> bool {
         matches!(self, Ready::Pipe(Some(_)))
+    }
+}
+
+/// Tells the service manager the instance is up (`READY=1`, with `shown`, the node or URI,
+/// as its status). Without `$NOTIFY_SOCKET` nothing is sent; a manager that cannot be
+/// reached is said on stderr (the unit will then time out or fail, which says the rest).
+pub(crate) fn notify_ready(shown: &str) {
+    let state = format!("READY=1\nSTATUS=serving {}", shown.replace('\n', " "));
+    if let Err(e) = ucrypt::sd_notify::notify(&state) {
+        eprintln!("ucrypt: telling the service manager READY=1: {e}");
     }
 }
 

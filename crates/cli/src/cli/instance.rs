@@ -71,6 +71,9 @@ fn choose_frontend(a: &Args, name: &str) -> Result<FrontendKind, CliError> {
 /// `ucrypt open ... NAME` without `--run`.
 pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
     ucrypt::instance::runtime::check_name(&name).map_err(instance_error)?;
+    if a.notify {
+        super::secret::set_ask_password(true);
+    }
     let tls = open::tls_config(&a)?;
     open::check_exposure(&a, tls.is_some())?;
     let kind = choose_frontend(&a, &name)?;
@@ -181,7 +184,9 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
         None
     };
 
-    let mut ready = if a.foreground {
+    let mut ready = if a.notify {
+        Ready::Notify
+    } else if a.foreground {
         Ready::Foreground
     } else {
         daemon::detach(&dir.paths.log())?

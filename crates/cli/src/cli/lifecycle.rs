@@ -44,6 +44,18 @@ pub(crate) struct CloseArgs {
     cancel_deferred: bool,
 }
 
+impl CloseArgs {
+    /// A plain `close NAME` (`crypttab close`).
+    pub(crate) fn of(name: String) -> CloseArgs {
+        CloseArgs {
+            name,
+            force: false,
+            deferred: false,
+            cancel_deferred: false,
+        }
+    }
+}
+
 /// `ucrypt luksSuspend NAME`.
 #[derive(clap::Args)]
 pub(crate) struct SuspendArgs {

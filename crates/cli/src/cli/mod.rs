@@ -5,6 +5,7 @@
 
 mod bench;
 mod benchmark;
+mod crypttab;
 mod daemon;
 mod demo;
 mod docs;
@@ -236,6 +237,10 @@ enum Command {
     Wipe(wipe::Args),
     /// Manage LUKS2 tokens: add (luks2-keyring), remove, import, export, unassign.
     Token(token::Args),
+    /// Open, close and list the volumes of a crypttab(5) file (default /etc/ucrypttab),
+    /// and write their systemd units (the ucrypt-generator).
+    #[command(long_about = crypttab::LONG_ABOUT)]
+    Crypttab(crypttab::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(docs::CompletionsArgs),
     /// Write man pages (ucrypt.1 and ucrypt-COMMAND.1) into a directory.
@@ -1084,6 +1089,7 @@ pub fn run() -> ExitCode {
         Command::Erase(a) => metadata::erase(a),
         Command::Repair(a) => metadata::repair(a),
         Command::Token(a) => token::run(a),
+        Command::Crypttab(a) => crypttab::run(a),
         Command::Wipe(a) => wipe::run(a),
         Command::Completions(a) => docs::completions(a),
         Command::Man(a) => docs::man(a),

@@ -57,6 +57,11 @@ pub(crate) struct Args {
     /// its device is ready).
     #[arg(help_heading = "Serving options", long)]
     pub(super) foreground: bool,
+    /// For a systemd service of Type=notify: stay in the foreground (this process is the
+    /// server) and send READY=1 to $NOTIFY_SOCKET once the device (or socket) is ready; a
+    /// passphrase is asked through systemd-ask-password when there is no terminal.
+    #[arg(long)]
+    pub(super) notify: bool,
     /// The front end of a named instance: ublk (/dev/ublkbN), nbd (/dev/nbdN), fuse (a
     /// file, DIR/NAME), none (the NBD socket only) or auto (the first that works here).
     #[arg(help_heading = "Device options",
@@ -274,6 +279,9 @@ pub(crate) fn instance_name(a: &mut Args) -> Result<Option<String>, CliError> {
 /// `ucrypt open` without an instance name (after [`instance_name`]): serves in the
 /// foreground until SIGTERM/SIGINT or `--run`'s command ends.
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    if a.notify {
+        super::secret::set_ask_password(true);
+    }
     // First, before any thread exists (the engine starts workers): threads inherit the
     // blocked mask, so only the signal thread ever takes SIGTERM/SIGINT.
     let shutdown = Shutdown::default();
@@ -313,6 +321,9 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{uri}")?;
         out.flush()?;
+    }
+    if a.notify {
+        super::daemon::notify_ready(&uri);
     }
 
     let opts = ServeOptions {

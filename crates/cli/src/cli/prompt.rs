@@ -31,7 +31,7 @@ impl Prompt for Terminal {
     }
 
     fn interactive(&self) -> bool {
-        super::secret::stdin_is_tty()
+        super::secret::asks_someone()
     }
 
     fn standard_input(&mut self) -> ucrypt::Result<Box<dyn std::io::Read + '_>> {

@@ -285,6 +285,9 @@ pub(crate) fn get(
     if verify && VERIFY.load(Ordering::Relaxed) == 2 && !stdin_is_tty() {
         eprintln!("Can't do passphrase verification on non-tty inputs.");
     }
+    if !stdin_is_tty() && ASK_PASSWORD.load(Ordering::Relaxed) {
+        return ask_password(prompt);
+    }
     if stdin_is_tty() {
         let first = prompt_tty(prompt)?;
         if verify {
@@ -296,6 +299,49 @@ pub(crate) fn get(
         return Ok(first);
     }
     read_line()
+}
+
+/// `--notify`: without a terminal, passphrases are asked through systemd-ask-password
+/// (the console, Plymouth, or `systemd-tty-ask-password-agent`), as systemd-cryptsetup
+/// asks.
+static ASK_PASSWORD: AtomicBool = AtomicBool::new(false);
+
+/// Asks passphrases through systemd-ask-password when standard input is not a terminal.
+pub(crate) fn set_ask_password(on: bool) {
+    ASK_PASSWORD.store(on, Ordering::Relaxed);
+}
+
+/// Whether a passphrase is asked of someone (a terminal, or systemd-ask-password), who
+/// may be asked again after a wrong one (`--tries`).
+pub(crate) fn asks_someone() -> bool {
+    stdin_is_tty() || ASK_PASSWORD.load(Ordering::Relaxed)
+}
+
+/// One passphrase through `systemd-ask-password` (its output: the passphrase and a
+/// newline), within `--timeout` if one is set.
+fn ask_password(prompt: &str) -> Result<Secret, CliError> {
+    let secs = TIMEOUT_SECS.load(Ordering::Relaxed);
+    let out = std::process::Command::new("systemd-ask-password")
+        .arg("--icon=drive-harddisk")
+        .arg("--id=ucrypt")
+        .arg(format!("--timeout={secs}"))
+        .arg(prompt.trim_end())
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| anyhow::anyhow!("running systemd-ask-password: {e}"))?;
+    let mut bytes = zeroize::Zeroizing::new(out.stdout);
+    if !out.status.success() {
+        return Err(anyhow::anyhow!(
+            "no passphrase: systemd-ask-password failed ({})",
+            out.status
+        ))
+        .code(EXIT_PARAMS);
+    }
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+    }
+    Ok(Secret::copy_of(&bytes))
 }
 
 /// Whether the existing passphrase will be asked for on a terminal (so a wrong one may be
