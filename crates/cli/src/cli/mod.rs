@@ -369,6 +369,7 @@ pub(crate) const GROUPS: &[(&str, &[&str])] = &[
         "ucrypt's own",
         &[
             "demo",
+            "crypttab",
             "integritysetup",
             "read",
             "write",

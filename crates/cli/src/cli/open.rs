@@ -60,7 +60,7 @@ pub(crate) struct Args {
     /// For a systemd service of Type=notify: stay in the foreground (this process is the
     /// server) and send READY=1 to $NOTIFY_SOCKET once the device (or socket) is ready; a
     /// passphrase is asked through systemd-ask-password when there is no terminal.
-    #[arg(long)]
+    #[arg(help_heading = "Serving options", long)]
     pub(super) notify: bool,
     /// The front end of a named instance: ublk (/dev/ublkbN), nbd (/dev/nbdN), fuse (a
     /// file, DIR/NAME), none (the NBD socket only) or auto (the first that works here).
