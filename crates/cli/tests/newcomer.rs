@@ -208,3 +208,120 @@ fn man_pages_have_exit_status_files_environment_examples_and_a_typed_synopsis() 
     assert!(open.contains(".TH ucrypt-open 1"), "{open:.200}");
     assert!(page("ucrypt-luksDump.1").contains(".SH \"EXIT STATUS\""));
 }
+
+/// Whether this test runs as root and `runuser` can run a command as `nobody`.
+fn can_run_as_nobody() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() == 0 };
+    root && std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A directory `nobody` can use: a fresh one under /tmp, world-traversable, owned by it.
+fn nobodys_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = tmp.path().join("home");
+    std::fs::create_dir(&dir).unwrap();
+    let ok = std::process::Command::new("chown")
+        .args(["nobody", dir.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    tmp
+}
+
+#[test]
+fn auto_says_which_front_ends_it_passed_over_and_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("d.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let table = tmp.path().join("t.line");
+    std::fs::write(
+        &table,
+        format!(
+            "0 2048 crypt aes-xts-plain64 {} 0 {} 0",
+            "ab".repeat(64),
+            img.display()
+        ),
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let env = [("UCRYPT_RUNTIME_DIR", run.as_os_str())];
+    let t = table.to_str().unwrap();
+    let out = ucrypt_env(&["open", "--table-file", t, "auto1"], b"", &env);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{out:?}");
+    let status =
+        String::from_utf8(ok(ucrypt_env(&["status", "auto1", "--json"], b"", &env))).unwrap();
+    ok(ucrypt_env(&["close", "auto1"], b"", &env));
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let kind = v["frontend"].as_str().unwrap().to_string();
+    if kind == "ublk" {
+        assert!(!stderr.contains("--device auto"), "{stderr}");
+    } else {
+        let line = format!("ucrypt: --device auto: {kind} (ublk: ");
+        assert!(stderr.contains(&line), "no {line:?} in {stderr}");
+    }
+}
+
+#[test]
+fn as_a_user_the_demo_works_and_a_squatted_runtime_directory_names_the_fix() {
+    if !can_run_as_nobody() {
+        eprintln!("skipped: needs root and runuser to run as nobody");
+        return;
+    }
+    let tmp = nobodys_dir();
+    let home = tmp.path().join("home");
+    let bin = env!("CARGO_BIN_EXE_ucrypt");
+    // The demo, start to end, as a user without XDG_RUNTIME_DIR (su -, runuser): its
+    // instances go to its own runtime directory, the front end is FUSE or the NBD socket.
+    let out = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", "env", "-u", "XDG_RUNTIME_DIR"])
+        .arg(format!("UCRYPT_RUNTIME_DIR={}/run", home.display()))
+        .args([bin, "demo", "--dir"])
+        .arg(home.join("demo"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("does not contain the text"), "{stdout}");
+    assert!(
+        stderr.contains("ublk: needs root; nbd: needs root"),
+        "{stderr}"
+    );
+
+    // Another user's directory where this user's runtime directory would be: refused,
+    // with the way out.
+    let squat = tmp.path().join("xdg");
+    std::fs::create_dir_all(squat.join("ucrypt")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(squat.join("ucrypt"), std::fs::Permissions::from_mode(0o777))
+            .unwrap();
+    }
+    let out = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", "env", "-u", "UCRYPT_RUNTIME_DIR"])
+        .arg(format!("XDG_RUNTIME_DIR={}", squat.display()))
+        .args([
+            bin,
+            "open",
+            "--device",
+            "none",
+            "--table-file",
+            "/nonexistent",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("refusing to use it") && stderr.contains("set XDG_RUNTIME_DIR"),
+        "{stderr}"
+    );
+}

@@ -12,6 +12,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use ucrypt_backend::Backend;
 
+/// `println!` that ignores a closed standard output (`ucrypt demo | head`): the demo still
+/// closes its instance.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 /// Arguments of `ucrypt demo`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -34,7 +42,7 @@ const BLOCK: usize = 4096;
 /// Runs this binary with `args`, shown first as the user would type it; its standard
 /// output is returned (and shown), its standard error passes through.
 fn step(args: &[&str]) -> Result<String, CliError> {
-    println!("$ ucrypt {}", args.join(" "));
+    say!("$ ucrypt {}", args.join(" "));
     let exe = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("finding this program's own path: {e}"))
         .code(EXIT_PARAMS)?;
@@ -46,7 +54,7 @@ fn step(args: &[&str]) -> Result<String, CliError> {
         .code(EXIT_PARAMS)?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     for line in stdout.lines() {
-        println!("  {line}");
+        say!("  {line}");
     }
     if !out.status.success() {
         let code = out
@@ -156,7 +164,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let image = dir.join("disk.img");
     let key = dir.join("passphrase");
     let shown = |p: &Path| p.display().to_string();
-    println!(
+    say!(
         "ucrypt demo: a {} MiB LUKS2 volume in {}, opened, written and read through, closed.\n",
         IMAGE_BYTES >> 20,
         dir.display()
@@ -169,7 +177,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     std::fs::write(&key, PASSPHRASE)
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", key.display()))
         .code(EXIT_PARAMS)?;
-    println!(
+    say!(
         "1. Format it as LUKS2 (cryptsetup's defaults, but a cheap Argon2id cost so the demo \
          is quick;\n   the passphrase is in {}):",
         key.display()
@@ -186,7 +194,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         &shown(&image),
     ])?;
     let name = format!("demo-{}", std::process::id());
-    println!("\n2. Open it as instance {name} (a server in the background; it prints the node):");
+    say!("\n2. Open it as instance {name} (a server in the background; it prints the node):");
     let out = step(&[
         "open",
         "--device",
@@ -205,7 +213,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     );
     let mut block = text.clone().into_bytes();
     block.resize(BLOCK, 0);
-    println!("\n3. Write a sector of text through the node and read it back:");
+    say!("\n3. Write a sector of text through the node and read it back:");
     let back = write_and_read(&node, &block)?;
     if back != block {
         return Err(anyhow::anyhow!(
@@ -213,7 +221,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_DEVICE);
     }
-    println!("  wrote and read back: {}", text.trim_end());
+    say!("  wrote and read back: {}", text.trim_end());
     let plain_on_disk = file_contains(&image, text.trim_end().as_bytes())
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", image.display()))
         .code(EXIT_DEVICE)?;
@@ -224,14 +232,14 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         ))
         .code(EXIT_DEVICE);
     }
-    println!(
+    say!(
         "  {} does not contain the text: only its ciphertext is on disk.",
         image.display()
     );
 
-    println!("\n4. What the instance looks like:");
+    say!("\n4. What the instance looks like:");
     step(&["status", &name])?;
-    println!("\n5. Close it (flush, detach, stop the server):");
+    say!("\n5. Close it (flush, detach, stop the server):");
     instance.close()?;
 
     let exe = std::env::current_exe().map_or_else(|_| "ucrypt".into(), |p| shown(&p));
@@ -245,7 +253,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
          \nNext, try it on the same image (the passphrase is \"{PASSPHRASE}\"):\n\
          \n  ucrypt open {img} mine\
          \n  ucrypt status mine\
-         \n  mkfs.ext4 -q NODE                # NODE: what open printed\
+         \n  mkfs.ext4 -q -E root_owner NODE  # NODE: what open printed; root_owner: yours\
          \n  mount NODE /mnt                  # as root (a FUSE file: mount -o loop NODE /mnt)\
          \n  fuse2fs NODE ~/mnt               # without root: the FUSE file\
          \n  umount /mnt; ucrypt close mine   # (fusermount3 -u ~/mnt for fuse2fs)\

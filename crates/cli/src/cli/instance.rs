@@ -38,7 +38,19 @@ fn choose_frontend(a: &Args, name: &str) -> Result<FrontendKind, CliError> {
         // `--recover`: the kind of device the dead instance left behind.
         None if a.recover => frontend::recover_kind(name).unwrap_or_else(frontend::auto),
         None if a.fuse.is_some() => FrontendKind::Fuse,
-        None => frontend::auto(),
+        None => {
+            // One line whenever the choice passed something over: a user who expected a
+            // block device learns why the volume is a FUSE file or a bare NBD socket.
+            let (kind, skipped) = frontend::auto_explained();
+            if !skipped.is_empty() {
+                eprintln!(
+                    "ucrypt: --device auto: {} ({})",
+                    kind.as_str(),
+                    skipped.join("; ")
+                );
+            }
+            kind
+        }
     };
     if a.fuse.is_some() && kind != FrontendKind::Fuse {
         return Err(anyhow::anyhow!("--fuse DIR needs --device fuse (or auto)")).code(EXIT_PARAMS);

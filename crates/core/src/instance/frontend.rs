@@ -4,7 +4,8 @@
 //! The automatic choice (`--device auto`, the default) is the first that can work here:
 //! ublk where `/dev/ublk-control` exists and we are root, else the kernel's NBD client
 //! where `/dev/nbd0` exists and we are root, else FUSE when `/dev/fuse` is usable, else
-//! none (the NBD socket only).
+//! none (the NBD socket only). [`auto_explained`] says why each one before the choice
+//! was passed over.
 
 use std::path::{Path, PathBuf};
 use ucrypt_device::{AttachOptions, Attachment, DeviceError, Export, FrontendKind};
@@ -29,14 +30,49 @@ fn is_root() -> bool {
 
 /// The automatic front end for this machine and user.
 pub fn auto() -> FrontendKind {
-    if is_root() && Path::new("/dev/ublk-control").exists() && available(FrontendKind::Ublk) {
-        FrontendKind::Ublk
-    } else if is_root() && Path::new("/dev/nbd0").exists() && available(FrontendKind::Nbd) {
-        FrontendKind::Nbd
-    } else if ucrypt_device::fuse::available().is_ok() {
-        FrontendKind::Fuse
-    } else {
-        FrontendKind::None
+    auto_explained().0
+}
+
+/// [`auto`]'s choice, with one reason for each front end it passed over before it (what
+/// `open` tells the user, so that a fallback to FUSE or a bare NBD socket is never
+/// silent).
+pub fn auto_explained() -> (FrontendKind, Vec<String>) {
+    let mut skipped = Vec::new();
+    let root = is_root();
+    for (kind, node, module) in [
+        (FrontendKind::Ublk, "/dev/ublk-control", "ublk_drv"),
+        (FrontendKind::Nbd, "/dev/nbd0", "nbd"),
+    ] {
+        let why = if !root {
+            "needs root".to_string()
+        } else if !Path::new(node).exists() {
+            format!("no {node} (modprobe {module})")
+        } else {
+            let check = match kind {
+                FrontendKind::Ublk => ucrypt_device::ublk::available(),
+                _ => ucrypt_device::nbd_kernel::available(),
+            };
+            match check {
+                Ok(()) => return (kind, skipped),
+                Err(e) => reason(e),
+            }
+        };
+        skipped.push(format!("{}: {why}", kind.as_str()));
+    }
+    match ucrypt_device::fuse::available() {
+        Ok(()) => (FrontendKind::Fuse, skipped),
+        Err(e) => {
+            skipped.push(format!("fuse: {}", reason(e)));
+            (FrontendKind::None, skipped)
+        }
+    }
+}
+
+/// What is missing, without the front end's name (the caller names it).
+fn reason(e: DeviceError) -> String {
+    match e {
+        DeviceError::Unavailable { why, .. } => why,
+        e => e.to_string(),
     }
 }
 

@@ -213,7 +213,14 @@ fn ensure_base() -> Result<PathBuf, InstanceError> {
         return Err(InstanceError::Io {
             what: format!("{}", base.display()),
             source: io::Error::other(
-                "not a directory owned by this user and closed to others; refusing to use it",
+                if std::env::var_os("UCRYPT_RUNTIME_DIR").is_some_and(|d| !d.is_empty()) {
+                    "not a directory owned by this user and closed to others; refusing to use it \
+                 (set UCRYPT_RUNTIME_DIR to a directory of your own)"
+                } else {
+                    "not a directory owned by this user and closed to others; refusing to use it \
+                 (set XDG_RUNTIME_DIR to a directory of your own, mode 0700, such as \
+                 /run/user/UID from a login session)"
+                },
             ),
         });
     }
