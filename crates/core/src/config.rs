@@ -18,7 +18,8 @@
 //! BENCHMARKING.md); any dm-crypt placement flag, or `--placement kernel`, switches to
 //! dm-crypt's fixed behaviour with those flags.
 
-use ucrypt_engine::{EngineOptions, WriteOrder};
+use ucrypt_engine::EngineOptions;
+pub use ucrypt_engine::WriteOrder;
 use ucrypt_format::{OptParam, TableLine};
 
 /// Placement policy choice.
@@ -53,6 +54,38 @@ pub struct PerfOptions {
     pub workers: Option<usize>,
     /// `--placement`.
     pub placement: PlacementPolicy,
+}
+
+impl PerfOptions {
+    /// The libcryptsetup activation flags of the dm-crypt placement options, as
+    /// cryptsetup stores them in a LUKS2 header on `open --persistent`
+    /// ([`crate::luks::set_persistent_flags`]).
+    pub fn activation_flags(&self) -> u32 {
+        let mut f = 0;
+        for (on, flag) in [
+            (
+                self.no_read_workqueue,
+                ucrypt_cryptsetup::ACTIVATE_NO_READ_WORKQUEUE,
+            ),
+            (
+                self.no_write_workqueue,
+                ucrypt_cryptsetup::ACTIVATE_NO_WRITE_WORKQUEUE,
+            ),
+            (
+                self.same_cpu_crypt,
+                ucrypt_cryptsetup::ACTIVATE_SAME_CPU_CRYPT,
+            ),
+            (
+                self.submit_from_crypt_cpus,
+                ucrypt_cryptsetup::ACTIVATE_SUBMIT_FROM_CRYPT_CPUS,
+            ),
+        ] {
+            if on {
+                f |= flag;
+            }
+        }
+        f
+    }
 }
 
 /// [`WriteOrder`] by its `--write-order` name (the engine carries no serde).

@@ -258,6 +258,48 @@ impl Error {
     }
 }
 
+/// Whether one link of an error chain (a caller's own error type may hold the library's
+/// errors or those of the crates under it, as returned by the types the library re-exports)
+/// says the device failed: the library's device errors, a backend or engine error.
+pub fn link_is_device(link: &(dyn std::error::Error + 'static)) -> bool {
+    link.downcast_ref::<Error>().is_some_and(Error::is_device)
+        || link.downcast_ref::<BackendError>().is_some()
+        || link.downcast_ref::<EngineError>().is_some()
+}
+
+/// Whether one link of an error chain says the device is held by someone else (see
+/// [`Error::is_busy`]; also a bare backend error saying so).
+pub fn link_is_busy(link: &(dyn std::error::Error + 'static)) -> bool {
+    link.downcast_ref::<Error>().is_some_and(Error::is_busy)
+        || matches!(
+            link.downcast_ref::<BackendError>(),
+            Some(BackendError::Open { source, .. })
+                if source.kind() == std::io::ErrorKind::ResourceBusy
+        )
+}
+
+/// The kind one link of an error chain decides, if it decides one: the format layer's
+/// error (bare or under the library's) by its errno, a device failure as
+/// [`ErrorKind::Device`]; `None` for a link that says nothing (a context, a message).
+pub fn link_kind(link: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+    if let Some(u) = link.downcast_ref::<Error>() {
+        if let Some(f) = u.format() {
+            return Some(ErrorKind::from_exit_code(f.exit_code()));
+        }
+        if u.is_device() {
+            return Some(ErrorKind::Device);
+        }
+    }
+    if let Some(f) = link.downcast_ref::<FormatError>() {
+        return Some(ErrorKind::from_exit_code(f.exit_code()));
+    }
+    if link.downcast_ref::<BackendError>().is_some() || link.downcast_ref::<EngineError>().is_some()
+    {
+        return Some(ErrorKind::Device);
+    }
+    None
+}
+
 /// The kinds of failure callers tell apart (cryptsetup's exit codes 1 to 5 are one per kind).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

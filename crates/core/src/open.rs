@@ -5,7 +5,7 @@ use crate::config::{engine_options, PerfOptions};
 use crate::error::{Context, Result};
 use std::sync::Arc;
 use ucrypt_backend::file::{FileBackend, FileOptions};
-use ucrypt_backend::{Backend, MemoryBackend};
+use ucrypt_backend::MemoryBackend;
 use ucrypt_engine::{Volume, VolumeConfig};
 use ucrypt_format::{DeviceRef, OptParam, TableLine, ValidateOptions};
 
@@ -91,6 +91,14 @@ pub fn open_parsed_with(
 }
 
 pub use ucrypt_format::device::{Device, DeviceKind, RAM_PREFIX};
+
+/// What an open returns is a backend (a decrypted volume is one too): its trait, for
+/// reading, writing and sizing it.
+pub use ucrypt_backend::Backend;
+
+/// A remote NBD export as a backend (what [`open_remote`] opens for an NBD URI), for a
+/// caller that talks to an export it serves itself.
+pub use ucrypt_nbd::{NbdBackend, RemoteOptions};
 
 /// Opens a device that is not a local path: an NBD URI, an RBD image (`rbd:POOL/IMAGE`) or
 /// a memory device (`ram:SIZE`), as its backend ([`DeviceKind`] tells which devices these

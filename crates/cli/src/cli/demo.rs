@@ -10,7 +10,7 @@ use std::io::Write as _;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use ucrypt_backend::Backend;
+use ucrypt::open::Backend;
 
 /// `println!` that ignores a closed standard output (`ucrypt demo | head`): the demo still
 /// closes its instance.
@@ -110,7 +110,7 @@ impl Drop for OpenInstance {
 fn write_and_read(node: &str, block: &[u8]) -> Result<Vec<u8>, CliError> {
     let mut back = vec![0u8; block.len()];
     if node.starts_with("nbd") {
-        let nbd = ucrypt_nbd::NbdBackend::connect(node, ucrypt_nbd::RemoteOptions::default())
+        let nbd = ucrypt::open::NbdBackend::connect(node, ucrypt::open::RemoteOptions::default())
             .map_err(|e| anyhow::anyhow!("connecting to {node}: {e}"))
             .code(EXIT_DEVICE)?;
         nbd.write_at(block, 0, true)

@@ -1,12 +1,12 @@
 //! Exit codes: the one place that turns errors into cryptsetup's codes (1 wrong
 //! parameters, 2 no permission or bad passphrase, 3 out of memory, 4 wrong device, 5 device
-//! busy), from the error's type: the library's [`ucrypt::ErrorKind`], the format layer's
-//! errno, backend and engine errors, instance and lock errors.
+//! busy), from the error's type: the library's [`ucrypt::ErrorKind`], and for the links of
+//! an error chain the library's classification ([`ucrypt::link_kind`]: the format layer's
+//! errno, device failures), instance and lock errors.
 
 use ucrypt::instance::lock::LockError;
 use ucrypt::instance::runtime::InstanceError;
 use ucrypt::ErrorKind;
-use ucrypt_format::FormatError;
 
 /// Exit code for a wrong passphrase or no permission (cryptsetup's 2).
 pub(crate) const EXIT_PERMISSION: u8 = 2;
@@ -105,12 +105,7 @@ impl<T, E: Into<anyhow::Error>> WithCode<T> for Result<T, E> {
 /// Classifies an open error: device problems exit 4, everything else 1.
 pub(crate) fn open_error(e: impl Into<anyhow::Error>) -> CliError {
     let e = e.into();
-    let device = e.chain().any(|c| {
-        c.downcast_ref::<ucrypt::Error>()
-            .is_some_and(ucrypt::Error::is_device)
-            || c.downcast_ref::<ucrypt_backend::BackendError>().is_some()
-            || c.downcast_ref::<ucrypt_engine::EngineError>().is_some()
-    });
+    let device = e.chain().any(ucrypt::link_is_device);
     CliError {
         code: if in_use(&e) {
             EXIT_BUSY
@@ -126,15 +121,7 @@ pub(crate) fn open_error(e: impl Into<anyhow::Error>) -> CliError {
 /// Whether `e` says the device is held by someone else: a remote device that refused the
 /// open as busy (an RBD image whose exclusive lock another client holds).
 pub(crate) fn in_use(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<ucrypt::Error>()
-            .is_some_and(ucrypt::Error::is_busy)
-            || matches!(
-                c.downcast_ref::<ucrypt_backend::BackendError>(),
-                Some(ucrypt_backend::BackendError::Open { source, .. })
-                    if source.kind() == std::io::ErrorKind::ResourceBusy
-            )
-    })
+    e.chain().any(ucrypt::link_is_busy)
 }
 
 /// An error and its context chain on one line, outermost first.
@@ -143,10 +130,10 @@ pub(crate) fn error_line(err: &anyhow::Error) -> String {
     msg.join(": ")
 }
 
-/// Maps an error to cryptsetup's exit code from its type: [`FormatError::exit_code`]
-/// (libcryptsetup's errno: EPERM → 2, ENOMEM → 3, ENODEV/ENOTBLK → 4, EBUSY → 5; a device
-/// that cannot be opened → 4), backend and engine errors → 4, anything else → 1. The
-/// library's errors ([`ucrypt::Error`]) are classified by what is under their contexts.
+/// Maps an error to cryptsetup's exit code from its type: the first link of the chain
+/// that [`ucrypt::link_kind`] classifies (the format layer's errno: EPERM → 2, ENOMEM → 3,
+/// ENODEV/ENOTBLK → 4, EBUSY → 5; a device that cannot be opened → 4; backend and engine
+/// errors → 4), anything else → 1.
 pub(crate) fn cs_error(e: impl Into<anyhow::Error>) -> CliError {
     let e = e.into();
     if in_use(&e) {
@@ -155,29 +142,7 @@ pub(crate) fn cs_error(e: impl Into<anyhow::Error>) -> CliError {
             err: e,
         };
     }
-    let mut code = None;
-    for c in e.chain() {
-        if let Some(u) = c.downcast_ref::<ucrypt::Error>() {
-            if let Some(f) = u.format() {
-                code = Some(f.exit_code());
-                break;
-            }
-            if u.is_device() {
-                code = Some(EXIT_DEVICE);
-                break;
-            }
-        }
-        if let Some(f) = c.downcast_ref::<FormatError>() {
-            code = Some(f.exit_code());
-            break;
-        }
-        if c.downcast_ref::<ucrypt_backend::BackendError>().is_some()
-            || c.downcast_ref::<ucrypt_engine::EngineError>().is_some()
-        {
-            code = Some(EXIT_DEVICE);
-            break;
-        }
-    }
+    let code = e.chain().find_map(ucrypt::link_kind).map(code_of);
     CliError {
         code: code.unwrap_or(EXIT_PARAMS),
         err: e,

@@ -20,13 +20,12 @@ use super::open::{self, Args};
 use super::{error_line, open_error, CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::path::PathBuf;
 use std::sync::Arc;
+use ucrypt::export::{Listener, Shutdown};
 use ucrypt::instance::frontend;
+use ucrypt::instance::frontend::FrontendKind;
 use ucrypt::instance::lock::{self, LockMode};
 use ucrypt::instance::runtime::{Description, InstanceDir};
 use ucrypt::instance::server::{self, Input};
-use ucrypt_backend::Backend;
-use ucrypt_device::FrontendKind;
-use ucrypt_nbd::{Listener, Shutdown};
 
 /// The front end `--device`/`--fuse` ask for.
 fn choose_frontend(a: &Args, name: &str) -> Result<FrontendKind, CliError> {
@@ -55,28 +54,9 @@ fn choose_frontend(a: &Args, name: &str) -> Result<FrontendKind, CliError> {
     if a.fuse.is_some() && kind != FrontendKind::Fuse {
         return Err(anyhow::anyhow!("--fuse DIR needs --device fuse (or auto)")).code(EXIT_PARAMS);
     }
-    if kind == FrontendKind::Fuse {
-        ucrypt_device::fuse::available()
-            .map_err(anyhow::Error::from)
-            .code(EXIT_DEVICE)?;
-    }
-    if !frontend::available(kind) {
-        // The constructor says why (module, permission, build).
-        let ctx = frontend::Context {
-            fuse_dir: PathBuf::new(),
-            nbd_socket: None,
-            recover: false,
-        };
-        let probe: Arc<dyn Backend> = Arc::new(ucrypt_backend::ZeroBackend::new(0));
-        if let Err(e) = frontend::attach(
-            kind,
-            probe,
-            &server::attach_options("probe", false, 512),
-            &ctx,
-        ) {
-            return Err(anyhow::Error::from(e)).code(EXIT_DEVICE);
-        }
-    }
+    frontend::check(kind)
+        .map_err(anyhow::Error::from)
+        .code(EXIT_DEVICE)?;
     Ok(kind)
 }
 
@@ -166,17 +146,17 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
         };
         if a.persistent {
             // After the passphrase proved right, as cryptsetup stores them on activation.
-            let mut flags = a.perf.activation_flags();
-            if a.header.allow_discards {
-                flags |= ucrypt_cryptsetup::ACTIVATE_ALLOW_DISCARDS;
-            }
             let dev = super::luks::DeviceArgs {
                 device: device.clone(),
                 header: a.header.header.clone(),
             };
-            dev.load(ucrypt::VolumeType::Luks2)?
-                .set_persistent_activation_flags(flags)
-                .map_err(super::luks::cs_error)?;
+            let mut cd = dev.load(ucrypt::VolumeType::Luks2)?;
+            ucrypt::luks::store_persistent_flags(
+                &mut cd,
+                &a.perf.options(),
+                a.header.allow_discards,
+            )
+            .map_err(super::luks::cs_error)?;
         }
         let kind_name = u
             .info
@@ -225,16 +205,16 @@ fn serve(
     kind: FrontendKind,
     dir: &InstanceDir,
     desc: Description,
-    mapping: Option<ucrypt_format::Mapping>,
+    mapping: Option<ucrypt::format::Mapping>,
     unlocked: Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>,
-    tls: Option<Arc<ucrypt_nbd::TlsConfig>>,
+    tls: Option<Arc<ucrypt::export::TlsConfig>>,
     ready: &mut Ready,
 ) -> Result<(), CliError> {
     // Before any other thread: only the signal thread takes SIGTERM/SIGINT, and hands
     // them to the server, for which each one means `close` (refused while in use).
     let shutdown = Shutdown::default();
     let (signal_tx, signals) = std::sync::mpsc::channel();
-    ucrypt_nbd::server::on_signals(move |sig| {
+    ucrypt::export::on_signals(move |sig| {
         let _ = signal_tx.send(sig);
     })
     .code(EXIT_PARAMS)?;
@@ -257,7 +237,7 @@ fn serve(
     // A device that outlives its server (ublk, kernel NBD; given to a new server by
     // --recover) must have every completed write on an OSD: librbd write-through.
     if a.recover || matches!(kind, FrontendKind::Ublk | FrontendKind::Nbd) {
-        ucrypt_backend::rbd::set_writethrough(true);
+        ucrypt::settings::set_rbd_writethrough(true);
     }
     let header_mode = matches!(input, Input::Header { .. });
     let built = server::build(input, opts).map_err(|e| {

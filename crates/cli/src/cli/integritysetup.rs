@@ -11,9 +11,8 @@ use super::secret::confirm;
 use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use anyhow::{anyhow, Context};
 use std::io::Read;
+use ucrypt::integrity::{Algorithm, FormatParams, Mode, Options, Superblock, SALT_SIZE};
 use ucrypt::open::Device;
-use ucrypt_format::integrity::{FormatParams, Superblock, SALT_SIZE};
-use ucrypt_integrity::{Algorithm, Mode, Options};
 use zeroize::Zeroizing;
 
 /// Arguments of `ucrypt integritysetup`.
@@ -272,7 +271,7 @@ fn format(a: FormatArgs, batch: bool) -> Result<(), CliError> {
         batch,
         &format!("This will overwrite data on {} irrevocably", a.device),
     )?;
-    let sb = ucrypt_integrity::format(dev, &params, &opts, !a.no_wipe)
+    let sb = ucrypt::integrity::format(dev, &params, &opts, !a.no_wipe)
         .with_context(|| format!("formatting {}", a.device))?;
     println!(
         "Formatted with tag size {}, internal integrity {}.",

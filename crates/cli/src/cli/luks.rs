@@ -5,8 +5,8 @@ pub(crate) use super::exit::{cs_error, CsResult};
 use super::{CliError, WithCode, EXIT_DEVICE};
 use std::path::{Path, PathBuf};
 use ucrypt::header::{crypt_device, load_luks, VolumeType};
+use ucrypt::luks::CryptDevice;
 use ucrypt::remote_header::RemoteHeader;
-use ucrypt_cryptsetup::CryptDevice;
 
 /// The device and its header location.
 #[derive(clap::Args, Debug, Clone, Default)]

@@ -45,16 +45,13 @@ impl PbkdfArgs {
     }
 
     /// Applies the choices (if any) for the next keyslot.
-    pub(crate) fn apply(&self, cd: &mut ucrypt_cryptsetup::CryptDevice) -> Result<(), CliError> {
+    pub(crate) fn apply(&self, cd: &mut ucrypt::luks::CryptDevice) -> Result<(), CliError> {
         self.choice().apply(cd).map_err(cs_error)
     }
 
     /// Sets the PBKDF for the next keyslot: the choices, cryptsetup's defaults for the
     /// rest (argon2id for LUKS2, pbkdf2 for LUKS1), as `set_pbkdf_params` does.
-    pub(crate) fn apply_always(
-        &self,
-        cd: &mut ucrypt_cryptsetup::CryptDevice,
-    ) -> Result<(), CliError> {
+    pub(crate) fn apply_always(&self, cd: &mut ucrypt::luks::CryptDevice) -> Result<(), CliError> {
         self.choice().apply_always(cd).map_err(cs_error)
     }
 }
@@ -86,11 +83,11 @@ pub(crate) fn key_bits(s: &str) -> Result<u32, String> {
 impl KeyslotCipherArgs {
     /// Sets the keyslot encryption on `cd` for the keyslot written next (nothing when not
     /// given). cryptsetup refuses it on LUKS1 ("can be set only for LUKS2 device", exit 1).
-    pub(crate) fn apply(&self, cd: &mut ucrypt_cryptsetup::CryptDevice) -> Result<(), CliError> {
+    pub(crate) fn apply(&self, cd: &mut ucrypt::luks::CryptDevice) -> Result<(), CliError> {
         let (Some(cipher), Some(bits)) = (&self.keyslot_cipher, self.keyslot_key_size) else {
             return Ok(());
         };
-        if cd.info().kind != Some(ucrypt_cryptsetup::HeaderType::Luks2) {
+        if cd.info().kind != Some(ucrypt::luks::HeaderType::Luks2) {
             return Err(anyhow::anyhow!(
                 "keyslot encryption parameters (--keyslot-cipher, --keyslot-key-size) can be \
                  set only for LUKS2 devices"
@@ -184,7 +181,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         other => other,
     };
     if let Some(s) = new_slot {
-        if cd.keyslot_status(s) == ucrypt_cryptsetup::KeyslotStatus::Invalid {
+        if cd.keyslot_status(s) == ucrypt::luks::KeyslotStatus::Invalid {
             return Err(anyhow::anyhow!(
                 "keyslot {s} is out of range for this header"
             ))
@@ -209,7 +206,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         (Some(f), None) => {
             // As cryptsetup: the file's first key-size bytes (a shorter file is refused).
             let want = cd.info().key_bytes as u64;
-            let key = ucrypt_crypto::VolumeKey::new(secret::read_key_file(f, 0, want)?.to_vec());
+            let key = ucrypt::luks::VolumeKey::new(secret::read_key_file(f, 0, want)?.to_vec());
             // A key that is not the volume's: exit 2, as cryptsetup's EPERM.
             cd.verify_volume_key(key.as_bytes()).code(2)?;
             key
@@ -281,7 +278,7 @@ fn add_unbound(a: &Args) -> Result<(), CliError> {
     let key = match &a.volume_key_file {
         Some(f) => {
             let k = secret::read_key_file(f, 0, key_bytes as u64)?;
-            Some(ucrypt_crypto::VolumeKey::new(k.to_vec()))
+            Some(ucrypt::luks::VolumeKey::new(k.to_vec()))
         }
         None => None,
     };

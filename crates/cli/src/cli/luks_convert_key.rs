@@ -9,7 +9,7 @@ use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
-use ucrypt_cryptsetup::KeyslotStatus;
+use ucrypt::luks::KeyslotStatus;
 
 /// Arguments of `ucrypt luksConvertKey`.
 #[derive(clap::Args)]

@@ -67,9 +67,9 @@ fn hex_lines(out: &mut String, key: &[u8]) {
 
 /// `luksDump --unbound -S N`: the key of unbound keyslot N, as cryptsetup's
 /// `luksDump_with_unbound_key` prints it.
-fn dump_unbound(a: &Args, cd: &mut ucrypt_cryptsetup::CryptDevice) -> Result<(), CliError> {
+fn dump_unbound(a: &Args, cd: &mut ucrypt::luks::CryptDevice) -> Result<(), CliError> {
     let slot = a.key_slot.expect("clap requires --key-slot with --unbound");
-    if cd.keyslot_status(slot) != ucrypt_cryptsetup::KeyslotStatus::Unbound {
+    if cd.keyslot_status(slot) != ucrypt::luks::KeyslotStatus::Unbound {
         return Err(anyhow::anyhow!(
             "keyslot {slot} does not contain an unbound key"
         ))

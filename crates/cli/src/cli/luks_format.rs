@@ -7,7 +7,7 @@ use super::progress::{self, ProgressArgs};
 use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
-use ucrypt_cryptsetup::{LuksFormat, Pbkdf};
+use ucrypt::luks::{LuksFormat, Pbkdf};
 
 /// Arguments of `ucrypt luksFormat`.
 #[derive(clap::Args)]
@@ -51,10 +51,10 @@ pub(crate) struct Args {
     #[command(flatten)]
     keyslot_cipher: super::luks_add_key::KeyslotCipherArgs,
     /// LUKS2 JSON metadata area size (bytes; K/M suffixes): 16K..4M, a power of two.
-    #[arg(long, value_name = "BYTES", value_parser = ucrypt_format::size::parse_size)]
+    #[arg(long, value_name = "BYTES", value_parser = ucrypt::format::parse_size)]
     luks2_metadata_size: Option<u64>,
     /// LUKS2 keyslots area size (bytes; K/M suffixes): a multiple of 4 KiB, at most 128M.
-    #[arg(long, value_name = "BYTES", value_parser = ucrypt_format::size::parse_size)]
+    #[arg(long, value_name = "BYTES", value_parser = ucrypt::format::parse_size)]
     luks2_keyslots_size: Option<u64>,
     /// Take the volume key from /dev/random (blocking until the kernel's pool is ready).
     #[arg(long, conflicts_with = "use_urandom")]
@@ -157,8 +157,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .code(EXIT_PARAMS);
     }
     // The data path is ucrypt's: refuse a cipher it cannot serve before writing anything.
-    a.cipher
-        .parse::<ucrypt_crypto::CipherSpec>()
+    ucrypt::luks::check_data_cipher(&a.cipher)
         .map_err(|e| anyhow::anyhow!("--cipher {}: {e}", a.cipher))
         .code(EXIT_PARAMS)?;
     if a.new_key_file.is_some() && a.key.key_file.is_some() {
@@ -170,7 +169,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let key_file = a.new_key_file.as_deref().or(a.key.key_file.as_deref());
     // Read before anything is written: a short file is refused with the header untouched.
     let volume_key = match &a.volume_key_file {
-        Some(f) => Some(ucrypt_crypto::VolumeKey::new(
+        Some(f) => Some(ucrypt::luks::VolumeKey::new(
             secret::read_key_file(f, 0, u64::from(key_bits / 8))?.to_vec(),
         )),
         None => None,
@@ -261,10 +260,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
 /// Writes the header and its first keyslot on `cd` (PBKDF set); returns the slot.
 fn format_header(
     a: &Args,
-    mut cd: ucrypt_cryptsetup::CryptDevice,
+    mut cd: ucrypt::luks::CryptDevice,
     luks2: bool,
     key_bits: u32,
-    volume_key: Option<&ucrypt_crypto::VolumeKey>,
+    volume_key: Option<&ucrypt::luks::VolumeKey>,
     pass: &[u8],
 ) -> Result<u32, CliError> {
     cd.format_luks(

@@ -6,7 +6,7 @@ use super::luks::{luks_type, verbose, CsResult, DeviceArgs};
 use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use ucrypt::header::VolumeType;
-use ucrypt_cryptsetup::KeyslotStatus;
+use ucrypt::luks::KeyslotStatus;
 
 /// Arguments of `ucrypt luksKillSlot`.
 #[derive(clap::Args)]

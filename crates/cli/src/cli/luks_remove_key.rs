@@ -6,7 +6,7 @@ use super::secret::{self, KeyFileArgs};
 use super::CliError;
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
-use ucrypt_cryptsetup::KeyslotStatus;
+use ucrypt::luks::KeyslotStatus;
 
 /// Arguments of `ucrypt luksRemoveKey`.
 #[derive(clap::Args)]

@@ -7,7 +7,7 @@ use super::luks::{CsResult, DeviceArgs};
 use super::secret;
 use super::{CliError, WithCode, EXIT_PARAMS};
 use ucrypt::header::VolumeType;
-use ucrypt_cryptsetup::{HeaderType, KeyslotStatus};
+use ucrypt::luks::HeaderType;
 
 /// Arguments of `ucrypt config`.
 #[derive(clap::Args)]
@@ -128,16 +128,7 @@ pub(crate) fn erase(a: ConfirmArgs) -> Result<(), CliError> {
             a.dev.device.display()
         ),
     )?;
-    let max = cd.info().kind.map_or(0, ucrypt_cryptsetup::keyslot_max);
-    for slot in 0..max {
-        if !matches!(
-            cd.keyslot_status(slot),
-            KeyslotStatus::Invalid | KeyslotStatus::Inactive
-        ) {
-            cd.destroy_keyslot(slot).cs()?;
-        }
-    }
-    Ok(())
+    ucrypt::luks::erase_keyslots(&mut cd).cs()
 }
 
 /// `ucrypt repair DEV`: libcryptsetup's repair of a LUKS header.

@@ -163,50 +163,9 @@ fn long_version() -> &'static str {
             env!("CARGO_PKG_VERSION"),
             env!("UCRYPT_GIT_COMMIT"),
             env!("UCRYPT_LIBCRYPTSETUP_VERSION"),
-            crypto_paths()
+            ucrypt::bench::cipher::crypto_paths()
         )
     })
-}
-
-/// The SIMD paths the ciphers pick on this CPU.
-fn crypto_paths() -> String {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let f = |name: &str, on: bool| {
-            if on {
-                name.to_string()
-            } else {
-                format!("no {name}")
-            }
-        };
-        let vaes = std::arch::is_x86_feature_detected!("vaes")
-            && std::arch::is_x86_feature_detected!("vpclmulqdq")
-            && std::arch::is_x86_feature_detected!("avx512f");
-        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-        let avx2 = std::arch::is_x86_feature_detected!("avx2");
-        let wide = if avx512 {
-            "AVX-512"
-        } else if avx2 {
-            "AVX2"
-        } else {
-            "SSE2"
-        };
-        format!(
-            "{}, {} (AES-XTS-128/192), Serpent bit-sliced over {wide}, Twofish {}, Adiantum NH over {}",
-            f("AES-NI", std::arch::is_x86_feature_detected!("aes")),
-            f("VAES+VPCLMULQDQ", vaes),
-            ucrypt_crypto::twofish_code_path(),
-            if avx512 || avx2 {
-                wide
-            } else {
-                "portable code"
-            }
-        )
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        "portable code (no x86-64 SIMD paths)".to_string()
-    }
 }
 
 #[derive(Subcommand)]
@@ -482,7 +441,7 @@ pub(crate) struct TableArg {
 
 impl TableArg {
     /// The whole table input (every line: a table of several lines is several targets or
-    /// stacked devices, see `ucrypt_format::Mapping`, never cut to its first line).
+    /// stacked devices, see `ucrypt::format::Mapping`, never cut to its first line).
     pub(crate) fn text(&self) -> Result<zeroize::Zeroizing<String>, CliError> {
         if let Some(t) = &self.table {
             warn_key_on_command_line();
@@ -501,9 +460,9 @@ impl TableArg {
     }
 
     /// The table input parsed (every line; see [`TableArg::text`]).
-    pub(crate) fn mapping(&self) -> Result<ucrypt_format::Mapping, CliError> {
+    pub(crate) fn mapping(&self) -> Result<ucrypt::format::Mapping, CliError> {
         let text = self.text()?;
-        Ok(ucrypt_format::Mapping::parse(&text).context("parsing the table")?)
+        Ok(ucrypt::format::Mapping::parse(&text).context("parsing the table")?)
     }
 }
 
@@ -636,34 +595,6 @@ pub(crate) struct PerfArgs {
 }
 
 impl PerfArgs {
-    /// The libcryptsetup activation flags these options set (`open --persistent`).
-    pub(crate) fn activation_flags(&self) -> u32 {
-        let mut f = 0;
-        for (on, flag) in [
-            (
-                self.no_read_workqueue,
-                ucrypt_cryptsetup::ACTIVATE_NO_READ_WORKQUEUE,
-            ),
-            (
-                self.no_write_workqueue,
-                ucrypt_cryptsetup::ACTIVATE_NO_WRITE_WORKQUEUE,
-            ),
-            (
-                self.same_cpu_crypt,
-                ucrypt_cryptsetup::ACTIVATE_SAME_CPU_CRYPT,
-            ),
-            (
-                self.submit_from_crypt_cpus,
-                ucrypt_cryptsetup::ACTIVATE_SUBMIT_FROM_CRYPT_CPUS,
-            ),
-        ] {
-            if on {
-                f |= flag;
-            }
-        }
-        f
-    }
-
     pub(crate) fn options(&self) -> ucrypt::config::PerfOptions {
         use ucrypt::config::{PerfOptions, PlacementPolicy};
         PerfOptions {
@@ -672,9 +603,9 @@ impl PerfArgs {
             same_cpu_crypt: self.same_cpu_crypt,
             submit_from_crypt_cpus: self.submit_from_crypt_cpus,
             write_order: if self.write_order == "sorted" {
-                ucrypt_engine::WriteOrder::Sorted
+                ucrypt::config::WriteOrder::Sorted
             } else {
-                ucrypt_engine::WriteOrder::Issue
+                ucrypt::config::WriteOrder::Issue
             },
             split_bytes: self.split_bytes,
             workers: self.workers,
@@ -1010,13 +941,13 @@ pub fn run() -> ExitCode {
     scrub_table_from_argv();
     // No mlockall: only secrets are locked, where they are allocated (see secure.rs).
     // Mapped reads of image files survive the file being truncated under them only with
-    // this handler; without it files are read with pread (ucrypt_backend::file docs).
-    if let Err(e) = ucrypt_backend::install_sigbus_handler() {
+    // this handler; without it files are read with pread (ucrypt::settings).
+    if let Err(e) = ucrypt::settings::install_sigbus_handler() {
         eprintln!("ucrypt: warning: cannot install the SIGBUS handler, not mapping files: {e}");
     }
     if cli.debug || cli.debug_json {
         DEBUG.store(true, std::sync::atomic::Ordering::Relaxed);
-        ucrypt_cryptsetup::set_debug(cli.debug_json);
+        ucrypt::settings::set_cryptsetup_debug(cli.debug_json);
         debug(format_args!(
             "ucrypt {} (commit {}) processing \"{command_line}\"",
             env!("CARGO_PKG_VERSION"),
@@ -1025,29 +956,29 @@ pub fn run() -> ExitCode {
         debug(format_args!(
             "libcryptsetup {}, token plugins from {}",
             env!("UCRYPT_LIBCRYPTSETUP_VERSION"),
-            ucrypt_cryptsetup::external_tokens_dir()
+            ucrypt::settings::external_tokens_dir()
         ));
     }
     secret::set_timeout(cli.timeout);
     secret::set_verify(cli.verify_passphrase, batch_mode);
     if cli.disable_keyring {
-        ucrypt_cryptsetup::disable_volume_key_keyring();
+        ucrypt::settings::disable_volume_key_keyring();
     }
     if cli.disable_locks {
         DISABLE_LOCKS.store(true, std::sync::atomic::Ordering::Relaxed);
-        ucrypt_cryptsetup::disable_metadata_locking();
+        ucrypt::settings::disable_metadata_locking();
     }
     if cli.disable_external_tokens {
-        ucrypt_cryptsetup::disable_external_tokens();
+        ucrypt::settings::disable_external_tokens();
     }
     if let Some(dir) = &cli.external_tokens_path {
-        if let Err(e) = ucrypt_cryptsetup::set_external_tokens_path(dir) {
+        if let Err(e) = ucrypt::settings::set_external_tokens_path(dir) {
             eprintln!("ucrypt: {e}");
             return ExitCode::from(EXIT_PARAMS);
         }
     }
     if cli.ceph_conf.is_some() || cli.ceph_id.is_some() || cli.keyring.is_some() {
-        ucrypt_backend::rbd::set_defaults(ucrypt_backend::rbd::RbdDefaults {
+        ucrypt::settings::set_ceph_client(ucrypt::settings::CephClient {
             conf: cli.ceph_conf,
             id: cli.ceph_id,
             keyring: cli.keyring,

@@ -38,8 +38,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
-use ucrypt_backend::Backend;
-use ucrypt_nbd::{Listener, ServeOptions, Shutdown, TlsConfig, TlsMode};
+use ucrypt::export::{Listener, ServeOptions, Shutdown, TlsConfig, TlsMode};
+use ucrypt::open::Backend;
 
 /// Arguments of `ucrypt open`.
 #[derive(clap::Args)]
@@ -150,7 +150,7 @@ pub(crate) struct Args {
     /// request at a time, in the thread that reads the socket; at most 128). Default 8; 32
     /// for an rbd:POOL/IMAGE or NBD URI device, whose requests wait for a network round
     /// trip.
-    #[arg(help_heading = "Serving options", long, value_parser = super::bounded::<0, { ucrypt_nbd::server::MAX_WORKERS }>)]
+    #[arg(help_heading = "Serving options", long, value_parser = super::bounded::<0, { ucrypt::export::MAX_WORKERS }>)]
     pub(super) nbd_workers: Option<usize>,
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
     #[arg(help_heading = "Device options", long)]
@@ -285,7 +285,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     // First, before any thread exists (the engine starts workers): threads inherit the
     // blocked mask, so only the signal thread ever takes SIGTERM/SIGINT.
     let shutdown = Shutdown::default();
-    ucrypt_nbd::server::shutdown_on_signals(&shutdown).code(EXIT_PARAMS)?;
+    ucrypt::export::shutdown_on_signals(&shutdown).code(EXIT_PARAMS)?;
     // TLS credentials are checked before a passphrase is asked for or a volume opened.
     let tls = tls_config(&a)?;
     check_exposure(&a, tls.is_some())?;
@@ -338,7 +338,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     };
     let server = std::thread::Builder::new()
         .name("nbd-accept".into())
-        .spawn(move || ucrypt_nbd::serve(listener, export, opts))?;
+        .spawn(move || ucrypt::export::serve(listener, export, opts))?;
 
     let Some(cmd) = &a.run else {
         let served = server

@@ -14,8 +14,8 @@ use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
 use std::sync::Arc;
 use ucrypt::header::VolumeType;
+use ucrypt::open::Backend;
 use ucrypt::unlock::{Outcome, Request};
-use ucrypt_backend::Backend;
 
 /// The cryptsetup-style arguments of `ucrypt open`.
 #[derive(clap::Args, Debug, Clone)]

@@ -32,7 +32,7 @@ pub(crate) struct PlainArgs {
     pub(crate) iv_large_sectors: bool,
     /// Plain mode: take SIZE as the device's size instead of its real one (bytes, or with
     /// a unit: S = 512-byte sectors, K/M/G/T binary), as cryptsetup's --device-size.
-    #[arg(long, value_name = "SIZE", value_parser = ucrypt_format::size::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = ucrypt::format::parse_size)]
     pub(crate) device_size: Option<u64>,
 }
 

@@ -276,11 +276,8 @@ pub(crate) struct Search {
 }
 
 impl Search {
-    /// A reporter for `ucrypt_format::tcrypt::TcryptOptions::progress`.
-    pub(crate) fn callback(
-        args: &ProgressArgs,
-        device: &str,
-    ) -> ucrypt_format::tcrypt::SearchProgress {
+    /// A reporter for `ucrypt::format::TcryptOptions::progress`.
+    pub(crate) fn callback(args: &ProgressArgs, device: &str) -> ucrypt::format::SearchProgress {
         let mode = if args.progress_json {
             Mode::Json
         } else if args.progress_frequency.is_some() {
@@ -313,14 +310,14 @@ impl Search {
                     Duration::from_secs(u64::from(s.max(1)))
                 }),
         });
-        ucrypt_format::tcrypt::SearchProgress(Some(std::sync::Arc::new(move |step| {
+        ucrypt::format::SearchProgress(Some(std::sync::Arc::new(move |step| {
             if let Ok(mut s) = search.lock() {
                 s.update(step);
             }
         })))
     }
 
-    fn update(&mut self, step: ucrypt_format::tcrypt::SearchStep) {
+    fn update(&mut self, step: ucrypt::format::SearchStep) {
         let now = Instant::now();
         let fin = step.finished;
         let secs = now.duration_since(self.start).as_secs_f64();

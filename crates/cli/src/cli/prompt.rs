@@ -55,7 +55,7 @@ impl Prompt for Terminal {
         }
     }
 
-    fn tcrypt_progress(&mut self, device: &Path) -> ucrypt_format::tcrypt::SearchProgress {
+    fn tcrypt_progress(&mut self, device: &Path) -> ucrypt::format::SearchProgress {
         Search::callback(&self.progress, &device.display().to_string())
     }
 }

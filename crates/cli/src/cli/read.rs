@@ -2,7 +2,7 @@
 
 use super::{open_error, CliError, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::io::Write;
-use ucrypt_backend::Backend;
+use ucrypt::open::Backend;
 
 /// Arguments of `ucrypt read`.
 #[derive(clap::Args)]
@@ -31,10 +31,10 @@ pub(crate) struct Args {
 const CHUNK: u64 = 1 << 20;
 
 /// Warns once when a table uses the large-sector extension.
-pub(crate) fn warn_large<'a>(lines: impl IntoIterator<Item = &'a ucrypt_format::TableLine>) {
+pub(crate) fn warn_large<'a>(lines: impl IntoIterator<Item = &'a ucrypt::format::TableLine>) {
     let sizes = lines
         .into_iter()
-        .map(ucrypt_format::TableLine::sector_size_bytes);
+        .map(ucrypt::format::TableLine::sector_size_bytes);
     warn_large_size(sizes.max().unwrap_or(512));
 }
 
@@ -55,7 +55,7 @@ pub(crate) fn open_input(
     let mapping = table.mapping()?;
     let big = mapping
         .crypt_lines()
-        .map(ucrypt_format::TableLine::sector_size_bytes)
+        .map(ucrypt::format::TableLine::sector_size_bytes)
         .max()
         .unwrap_or(512);
     let description = mapping.describe();

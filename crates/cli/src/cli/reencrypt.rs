@@ -13,10 +13,10 @@ use super::progress;
 use super::secret::{self, KeyFileArgs, Secret};
 use super::CliError;
 use std::time::Instant;
+use ucrypt::format::parse_size;
 use ucrypt::reencrypt::{
     HeaderKind, Level, Luks1Options, Mode, Notice, Options, PassKind, Stage, Summary,
 };
-use ucrypt_format::size::parse_size;
 
 /// Arguments of `ucrypt reencrypt`.
 #[derive(clap::Args)]

@@ -2,7 +2,7 @@
 //! it canonically (like `dmsetup table`).
 
 use super::{CliError, TableArg};
-use ucrypt_format::ValidateOptions;
+use ucrypt::format::ValidateOptions;
 
 /// Arguments of `ucrypt table`.
 #[derive(clap::Args)]

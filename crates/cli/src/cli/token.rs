@@ -19,7 +19,7 @@ use super::{CliError, WithCode, EXIT_PARAMS};
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
-use ucrypt_cryptsetup::{CryptDevice, KeyslotStatus, TokenStatus};
+use ucrypt::luks::{CryptDevice, KeyslotStatus, TokenStatus};
 
 /// libcryptsetup's largest LUKS2 metadata area (4 MiB, binary header included): no token
 /// JSON can be larger.

@@ -10,7 +10,7 @@ use super::progress::{self, ProgressArgs};
 use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use ucrypt::header::VolumeType;
-use ucrypt_backend::Backend;
+use ucrypt::open::Backend;
 
 /// Arguments of `ucrypt wipe`.
 #[derive(clap::Args)]

@@ -2,7 +2,7 @@
 
 use super::{CliError, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::io::Read;
-use ucrypt_backend::Backend;
+use ucrypt::open::Backend;
 
 /// Arguments of `ucrypt write`.
 #[derive(clap::Args)]

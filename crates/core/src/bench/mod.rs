@@ -12,6 +12,7 @@
 //! ```
 
 pub mod chart;
+pub mod cipher;
 pub mod device;
 pub mod experiments;
 pub mod load;

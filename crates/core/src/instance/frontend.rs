@@ -8,7 +8,10 @@
 //! was passed over.
 
 use std::path::{Path, PathBuf};
-use ucrypt_device::{AttachOptions, Attachment, DeviceError, Export, FrontendKind};
+use ucrypt_device::{AttachOptions, Attachment, DeviceError, Export};
+
+/// The kinds of front end (ublk, kernel NBD, FUSE, none).
+pub use ucrypt_device::FrontendKind;
 
 /// What a front end may need besides the export.
 #[derive(Debug, Clone)]
@@ -83,6 +86,41 @@ pub fn available(kind: FrontendKind) -> bool {
         FrontendKind::Nbd => nbd_available(),
         FrontendKind::Fuse | FrontendKind::None => true,
     }
+}
+
+/// The front end's attach options for a volume of logical block `sector`.
+pub fn attach_options(name: &str, read_only: bool, sector: u32) -> AttachOptions {
+    AttachOptions {
+        name: name.to_string(),
+        read_only,
+        logical_block: sector,
+        queues: std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(64) as u16,
+        queue_depth: 128,
+    }
+}
+
+/// Checks that front end `kind` can attach here, before anything is unlocked: FUSE needs a
+/// usable `/dev/fuse`; a kind this build or machine lacks fails to attach a probe, whose
+/// error says why (module, permission, build).
+///
+/// # Errors
+/// [`DeviceError`] saying why `kind` cannot work here.
+pub fn check(kind: FrontendKind) -> Result<(), DeviceError> {
+    if kind == FrontendKind::Fuse {
+        ucrypt_device::fuse::available()?;
+    }
+    if !available(kind) {
+        let ctx = Context {
+            fuse_dir: PathBuf::new(),
+            nbd_socket: None,
+            recover: false,
+        };
+        let probe: Export = std::sync::Arc::new(ucrypt_backend::ZeroBackend::new(0));
+        attach(kind, probe, &attach_options("probe", false, 512), &ctx)?;
+    }
+    Ok(())
 }
 
 /// Parses `--device`: ublk, nbd, fuse, none, or auto (`None`).

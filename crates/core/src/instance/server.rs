@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ucrypt_backend::Backend;
-use ucrypt_device::{AttachOptions, Attachment, FrontendKind};
+use ucrypt_device::{Attachment, FrontendKind};
 use ucrypt_format::{Mapping, OptParam, TableLine};
 use ucrypt_nbd::{Listener, ServeOptions, Shutdown};
 
@@ -168,19 +168,6 @@ struct Server {
     online: online::Slot,
 }
 
-/// The front end's attach options for a volume of logical block `sector`.
-pub fn attach_options(name: &str, read_only: bool, sector: u32) -> AttachOptions {
-    AttachOptions {
-        name: name.to_string(),
-        read_only,
-        logical_block: sector,
-        queues: std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(64) as u16,
-        queue_depth: 128,
-    }
-}
-
 /// Writes the facts of a table line into a description.
 pub fn describe_table(t: &TableLine, kind: &str, desc: &mut Description) {
     desc.device = t.device.to_string();
@@ -263,7 +250,7 @@ pub fn serve(
     let attached = frontend::attach(
         config.frontend,
         Arc::clone(&export),
-        &attach_options(&desc.name, config.opts.read_only, sector),
+        &frontend::attach_options(&desc.name, config.opts.read_only, sector),
         &ctx,
     );
     let attachment = match attached {
