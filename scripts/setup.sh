@@ -25,6 +25,12 @@
 #     qemu-utils, or it replaces a newer qemu-utils), busybox-static, cpio, kmod; swtpm and
 #     swtpm-tools for its TPM 2.0 (LAB_TPM=1); nbd-client and dmsetup inside the guest. At the
 #     end the harness downloads Debian's 6.12 kernel into its cache (once)
+#   - LUKS2 tokens (crates/cli/tests/tokens.rs): clevis, clevis-luks (clevis luks bind;
+#     pulls jose, luksmeta, curl) and tang (tangd, served on a loopback port through socat);
+#     clevis-tpm2 and tpm2-tools (clevis's tpm2 pin, in the kernel lab with LAB_TPM=1);
+#     softhsm2 and opensc (pkcs11-tool) for a PKCS#11 token systemd-cryptenroll enrols;
+#     systemd (systemd-cryptenroll and libcryptsetup's systemd-* token plugins) is the base
+#     system's
 #   - Ceph RBD (crates/cli/tests/rbd.rs, bench/rbd.sh, tests/ceph/cluster.sh): a
 #     single-node cluster from ceph-mon, ceph-osd, ceph-common (rbd, monmaptool,
 #     ceph-authtool) and uuid-runtime; python3-rados/python3-rbd drive the bootstrap and
@@ -42,6 +48,7 @@ packages=(
   systemd
   libclang-dev qemu-system-x86 busybox-static cpio kmod swtpm swtpm-tools nbd-client dmsetup
   ceph-mon ceph-osd ceph-common librbd1 python3-rados python3-rbd uuid-runtime qemu-block-extra
+  clevis clevis-luks clevis-tpm2 tpm2-tools tang socat softhsm2 opensc
 )
 
 missing=()

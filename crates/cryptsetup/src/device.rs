@@ -85,9 +85,19 @@ pub fn set_debug(json: bool) {
 /// cryptsetup's `--disable-external-tokens`: libcryptsetup loads no token plugins
 /// (`crypt_token_external_disable`); tokens of types it does not know are then unusable.
 pub fn disable_external_tokens() {
+    EXTERNAL_TOKENS_DISABLED.store(true, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: a global setting, called before any token is read.
     unsafe { ffi::crypt_token_external_disable() };
 }
+
+/// Whether [`disable_external_tokens`] was called: token types handled outside
+/// libcryptsetup (clevis) are then not tried either.
+pub fn external_tokens_disabled() -> bool {
+    EXTERNAL_TOKENS_DISABLED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static EXTERNAL_TOKENS_DISABLED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// cryptsetup's `--disable-keyring`: libcryptsetup keeps volume keys out of the kernel
 /// keyring (`crypt_volume_key_keyring(NULL, 0)`; ucrypt never hands keys to dm-crypt, so
@@ -1688,31 +1698,28 @@ impl CryptDevice {
     /// The volume key through a LUKS2 token (cryptsetup's token unlock: `luks2-keyring`
     /// reads the passphrase from the kernel keyring; plugin types through their plugins):
     /// `token` None tries every token, `kind` restricts the token type. The key must be
-    /// the data segment's. Returns the keyslot and the key.
+    /// the data segment's. `pin` is handed to plugins that ask for one (FIDO2, PKCS#11,
+    /// TPM2 with a PIN). Returns the keyslot and the key.
     ///
     /// # Errors
     /// `ENOENT` when no token (or none of `kind`) is usable, `EPERM` when a token's
-    /// passphrase opens none of its keyslots, `ENOANO` when it needs a PIN.
+    /// passphrase opens none of its keyslots, `ENOANO` when it needs a PIN (or the PIN
+    /// given is wrong), `EAGAIN` when its device is missing (no TPM2, no FIDO2 key).
     pub fn volume_key_by_token(
         &mut self,
         token: Option<u32>,
         kind: Option<&str>,
+        pin: Option<&[u8]>,
     ) -> Result<(u32, VolumeKey), FormatError> {
         let t = Self::token_arg(token);
         let kind_c = kind.map(|k| cstring("token type", k)).transpose()?;
         let kp = kind_c.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        let (pp, plen) = pin.map_or((ptr::null(), 0), |p| (p.as_ptr().cast(), p.len()));
         let mut kc: *mut ffi::crypt_keyslot_context = ptr::null_mut();
-        // SAFETY: valid context, NULL or valid C string, no PIN; `kc` is an out-pointer.
+        // SAFETY: valid context, NULL or valid C string, NULL or a PIN of `plen` bytes
+        // (the library copies what it keeps); `kc` is an out-pointer.
         self.call("reading a token", |cd| unsafe {
-            ffi::crypt_keyslot_context_init_by_token(
-                cd,
-                t,
-                kp,
-                ptr::null(),
-                0,
-                ptr::null_mut(),
-                &mut kc,
-            )
+            ffi::crypt_keyslot_context_init_by_token(cd, t, kp, pp, plen, ptr::null_mut(), &mut kc)
         })?;
         /// Frees the keyslot context however the unlock ends.
         struct Kc(*mut ffi::crypt_keyslot_context);

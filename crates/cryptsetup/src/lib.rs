@@ -25,9 +25,9 @@ pub mod plain;
 
 pub use device::{
     activation_flags, disable_external_tokens, disable_metadata_locking,
-    disable_volume_key_keyring, external_tokens_dir, keyslot_max, set_debug,
-    set_external_tokens_path, split_cipher, CryptDevice, KeyslotStatus, LuksFormat, Pbkdf,
-    ReencryptInit, ReencryptMode, TokenStatus,
+    disable_volume_key_keyring, external_tokens_dir, external_tokens_disabled, keyslot_max,
+    set_debug, set_external_tokens_path, split_cipher, CryptDevice, KeyslotStatus, LuksFormat,
+    Pbkdf, ReencryptInit, ReencryptMode, TokenStatus,
 };
 /// The header facts [`CryptDevice::info`] reports, in the format layer's own types.
 pub use ucrypt_format::{HeaderType, VolumeInfo};

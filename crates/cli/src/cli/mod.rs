@@ -121,6 +121,11 @@ struct Cli {
 pub(crate) static DISABLE_LOCKS: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// Whether `-v`/`--verbose` (or `--debug`) was given anywhere on the command line: the
+/// library's verbose lines (tokens passed over) are printed.
+pub(crate) static VERBOSE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Whether `--debug`/`--debug-json` is on (ucrypt's own `# ` lines).
 static DEBUG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -908,6 +913,13 @@ pub fn run() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let command_line = shown_command_line(&args);
+    if args
+        .iter()
+        .skip(1)
+        .any(|a| a == "-v" || a == "--verbose" || a == "--debug" || a == "--debug-json")
+    {
+        VERBOSE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     // cryptsetup: batch mode switches off the second "Verify passphrase" prompt.
     let batch_mode = args
         .iter()

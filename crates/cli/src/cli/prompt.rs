@@ -46,6 +46,12 @@ impl Prompt for Terminal {
         super::debug(text);
     }
 
+    fn verbose(&mut self, text: &str) {
+        if super::VERBOSE.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!("{text}");
+        }
+    }
+
     fn busy(&mut self, step: Step) -> Box<dyn std::any::Any> {
         let exit = ExitOnSignal::new();
         match step.message() {

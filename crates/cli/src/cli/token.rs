@@ -299,9 +299,15 @@ pub(crate) struct UnlockArgs {
     /// Do not ask for a passphrase if no token unlocks the volume.
     #[arg(long)]
     pub(crate) token_only: bool,
-    /// Try only tokens of this type (luks2-keyring, or a plugin's type).
+    /// Try only tokens of this type (luks2-keyring, clevis, systemd-tpm2, systemd-fido2,
+    /// systemd-pkcs11, or another plugin's type).
     #[arg(long, value_name = "STRING")]
     pub(crate) token_type: Option<String>,
+    /// Seconds to keep trying tokens whose device or server is missing (a FIDO2 key not
+    /// plugged in yet, no TPM2 yet, tang unreachable), as systemd's crypttab token-timeout=;
+    /// also the longest a clevis decrypt may take (default 0: each token once, clevis 30 s).
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    pub(crate) token_timeout: u64,
 }
 
 impl UnlockArgs {
@@ -311,6 +317,8 @@ impl UnlockArgs {
             id: self.token_id,
             only: self.token_only,
             kind: self.token_type.clone(),
+            timeout: std::time::Duration::from_secs(self.token_timeout),
+            ..ucrypt::unlock::Tokens::default()
         }
     }
 }

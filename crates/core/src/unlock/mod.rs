@@ -9,7 +9,8 @@
 //!    type: named, else detected (LUKS, BitLocker, FileVault2); options it has no use
 //!      for refused; no signature and no --type: refused before anything is asked
 //!    --volume-key-file ─► header::unlock_by_volume_key
-//!    LUKS2 tokens ─► token::volume_key ─► header::unlock_by_volume_key
+//!    LUKS2 tokens ─► token::volume_key (libcryptsetup and its plugins, clevis; a PIN
+//!      asked for, or the key file's under --token-only) ─► header::unlock_by_volume_key
 //!    the secret: key file, or Prompt::passphrase (TCRYPT: key files mixed in, PIM)
 //!    --test-passphrase (LUKS, local): the keyslots checked, nothing unlocked
 //!    header::unlock (TCRYPT: the header search) ─► Unlocked
@@ -206,13 +207,14 @@ impl Request {
             return self.finish(unlocked, hopts, prompt);
         }
         if kind != VolumeType::Tcrypt && kind != VolumeType::Plain {
-            let key = token::volume_key(
-                &self.device,
-                self.header.as_deref(),
-                kind,
-                &self.tokens,
-                prompt,
-            )?;
+            let mut tokens = self.tokens.clone();
+            tokens.pin_tries = self.tries;
+            // Under --token-only the key file has no passphrase to give: it holds the PIN.
+            if tokens.only && tokens.pin_file.is_none() && self.key.path.is_some() {
+                tokens.pin_file = Some(self.key.clone());
+            }
+            let key =
+                token::volume_key(&self.device, self.header.as_deref(), kind, &tokens, prompt)?;
             if let Some(vk) = key {
                 let hopts = HeaderOptions {
                     kind,

@@ -80,6 +80,10 @@ pub trait Prompt {
     /// A debug line (never a secret).
     fn debug(&mut self, _text: &str) {}
 
+    /// A line for `-v` (never a secret): what was tried and why it did not work (one per
+    /// LUKS2 token that could not unlock).
+    fn verbose(&mut self, _text: &str) {}
+
     /// `step` begins; it ends when the returned value is dropped (a spinner, a signal
     /// handler: whatever the caller shows or holds meanwhile).
     fn busy(&mut self, _step: Step) -> Box<dyn std::any::Any> {
