@@ -292,11 +292,6 @@ fn bad_files_are_refused_with_file_line_and_option() {
             1,
             "write tpm2-device=auto",
         ),
-        (
-            "v /dev/null none token-timeout=30s\n",
-            1,
-            "token-timeout=30s is not supported",
-        ),
         ("v\n", 1, "2: a line needs at least a name and a device"),
         ("v /dev/null\nv /dev/zero\n", 1, "3: name v is used again"),
     ];

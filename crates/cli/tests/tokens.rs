@@ -993,3 +993,37 @@ fn token_export_and_import_round_trip_byte_for_byte() {
     assert_eq!(table_key(&out), vol.cryptsetup_key());
     drop(tang);
 }
+
+#[test]
+fn crypttab_line_with_no_key_opens_by_clevis_token() {
+    if !have_tang() {
+        return;
+    }
+    let vol = Vol::new();
+    let tang = Tang::start();
+    bind_tang(&vol, &tang);
+    let run = vol.path("run");
+    let env = [("UCRYPT_RUNTIME_DIR", run.as_os_str())];
+    // headless: never a passphrase prompt, so only the token can open it.
+    let tab = vol.path("crypttab");
+    std::fs::write(
+        &tab,
+        format!(
+            "tv {} none luks,headless,x-ucrypt-device=none\n",
+            s(&vol.img)
+        ),
+    )
+    .unwrap();
+    let out = uc(&["crypttab", "open", "--file", s(&tab), "tv"], b"", &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status = uc(&["status", "tv", "--json"], b"", &env);
+    assert!(status.status.success(), "{}", text(&status.stderr));
+    let out = uc(&["crypttab", "close", "--file", s(&tab), "tv"], b"", &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // tang gone: the headless line fails (no passphrase to fall back to), nothing is left.
+    drop(tang);
+    let out = uc(&["crypttab", "open", "--file", s(&tab), "tv"], b"", &env);
+    assert!(!out.status.success());
+    let status = uc(&["status", "tv"], b"", &env);
+    assert_eq!(status.status.code(), Some(4), "{}", text(&status.stderr));
+}

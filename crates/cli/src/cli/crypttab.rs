@@ -29,7 +29,7 @@ tries= (0: until right), timeout=, readonly, discard, sector-size=, cipher=, siz
 bits), hash=, offset=, skip=, tcrypt-hidden, tcrypt-system, tcrypt-veracrypt, \
 veracrypt-pim=, tcrypt-keyfile=, same-cpu-crypt, submit-from-crypt-cpus, \
 no-read-workqueue, no-write-workqueue, tpm2-device=auto, fido2-device=auto, \
-pkcs11-uri=auto, token-timeout=0, headless, nofail, noauto, _netdev, \
+pkcs11-uri=auto, token-timeout= (default 30s with a device named), headless, nofail, noauto, _netdev, \
 x-systemd.device-timeout=, x-ucrypt-device=ublk|nbd|fuse|none. Any other option is \
 refused by name with the reason (swap, tmp, a tpm2-device path...), never ignored.
 
@@ -274,6 +274,12 @@ fn open_argv(e: &Entry, notify: bool) -> Result<(Vec<OsString>, Option<MemKey>),
         ("--sector-size", o.sector_size.map(|n| n.to_string())),
         ("--veracrypt-pim", o.veracrypt_pim.map(|n| n.to_string())),
         ("--token-type", o.tokens.only_type().map(str::to_string)),
+        (
+            "--token-timeout",
+            o.tokens
+                .wait()
+                .map(|t| t.as_millis().div_ceil(1000).to_string()),
+        ),
         ("--device", o.frontend.map(|f| f.as_str().to_string())),
     ];
     for (flag, value) in valued {
@@ -503,7 +509,8 @@ mod tests {
                 "k /dev/null '/etc/my key' keyfile-offset=4,keyfile-size=32,key-slot=2,\
                   tpm2-device=auto,headless\n"
             ),
-            "ucrypt open --key-slot=2 --token-type=systemd-tpm2 '--key-file=/etc/my key' \
+            "ucrypt open --key-slot=2 --token-type=systemd-tpm2 --token-timeout=30 \
+             '--key-file=/etc/my key' \
              --keyfile-offset=4 --keyfile-size=32 -- /dev/null k"
         );
         assert_eq!(

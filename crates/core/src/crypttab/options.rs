@@ -54,6 +54,21 @@ pub struct TokenOptions {
     pub timeout: Option<Duration>,
 }
 
+/// systemd-cryptsetup's `token-timeout=` when a line names a security device but no timeout.
+pub const DEFAULT_TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl TokenOptions {
+    /// How long `open` waits for the security devices the line names (`--token-timeout`):
+    /// `token-timeout=`, else systemd's 30 s when a device is named, else none.
+    pub fn wait(&self) -> Option<Duration> {
+        let named = [self.tpm2, self.fido2, self.pkcs11]
+            .iter()
+            .any(|d| *d != TokenDevice::Unset);
+        self.timeout
+            .or_else(|| named.then_some(DEFAULT_TOKEN_TIMEOUT))
+    }
+}
+
 impl Default for TokenOptions {
     fn default() -> Self {
         TokenOptions {
@@ -417,14 +432,6 @@ fn check(o: &Options) -> Result<(), String> {
             return Err(mode_message(name, kind, what));
         }
     }
-    if let Some(t) = o.tokens.timeout.filter(|t| !t.is_zero()) {
-        return Err(format!(
-            "option token-timeout={}s is not supported: ucrypt tries each token once, when the \
-             volume is opened, and does not wait for a security device to appear \
-             (token-timeout=0 says the same)",
-            t.as_secs()
-        ));
-    }
     Ok(())
 }
 
@@ -587,6 +594,17 @@ mod tests {
         assert_eq!(l.key_slot, Some(1));
         assert_eq!(l.tokens.only_type(), Some("systemd-tpm2"));
         assert_eq!(l.tokens.timeout, Some(Duration::ZERO));
+        assert_eq!(l.tokens.wait(), Some(Duration::ZERO));
+        // systemd's default wait for a named device; none without one.
+        assert_eq!(
+            p("tpm2-device=auto").unwrap().tokens.wait(),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            p("token-timeout=5s").unwrap().tokens.wait(),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(p("luks").unwrap().tokens.wait(), None);
         assert!(!l.read_only && !l.headless);
         assert_eq!(l.frontend, Some(Frontend::Ublk));
         let two = p("fido2-device=auto,pkcs11-uri=auto").unwrap();
@@ -638,7 +656,6 @@ mod tests {
                 "pkcs11-uri=pkcs11:token=x is not supported",
             ),
             ("tpm2-pcrs=7", "option tpm2-pcrs=7 is not supported"),
-            ("token-timeout=30s", "token-timeout=30s is not supported"),
             ("x-ucrypt-device=vhost-user", "vhost-user is not supported"),
             ("x-ucrypt-device=loop", "unknown front end"),
             ("luks,plain", "more than one volume type"),
