@@ -325,3 +325,72 @@ fn as_a_user_the_demo_works_and_a_squatted_runtime_directory_names_the_fix() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_instance_has_a_stable_path_shown_by_open_and_status_and_removed_on_close() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("d.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let table = tmp.path().join("t.line");
+    std::fs::write(
+        &table,
+        format!(
+            "0 2048 crypt aes-xts-plain64 {} 0 {} 0",
+            "cd".repeat(64),
+            img.display()
+        ),
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let env = [("UCRYPT_RUNTIME_DIR", run.as_os_str())];
+    let t = table.to_str().unwrap();
+    // FUSE where it works here; the NBD socket alone has no node and so no link.
+    let fuse = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .is_ok();
+    if !fuse {
+        eprintln!("skipped: /dev/fuse is not usable here");
+        return;
+    }
+    let out = ucrypt_env(
+        &["open", "--device", "fuse", "--table-file", t, "st1"],
+        b"",
+        &env,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let node = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let link = run.join("st1/node");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("stable path: {}", link.display())),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        std::path::Path::new(&node)
+    );
+    let status = String::from_utf8(ok(ucrypt_env(&["status", "st1"], b"", &env))).unwrap();
+    assert!(
+        status.contains(&format!("link:    {}", link.display())),
+        "{status}"
+    );
+    let json = String::from_utf8(ok(ucrypt_env(&["status", "st1", "--json"], b"", &env))).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["link"].as_str(), Some(link.to_str().unwrap()));
+    // The link reaches the volume: what is written through it is read through the node.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&link).unwrap();
+        f.write_all_at(b"through the stable path", 0).unwrap();
+        f.sync_all().unwrap();
+    }
+    let back = std::fs::read(&node).unwrap();
+    assert!(back.starts_with(b"through the stable path"));
+    ok(ucrypt_env(&["close", "st1"], b"", &env));
+    assert!(
+        std::fs::symlink_metadata(&link).is_err(),
+        "link left after close"
+    );
+}

@@ -48,6 +48,18 @@ impl Ready {
         }
     }
 
+    /// A line for the user on standard error (`ucrypt: ` and `line`) before [`Ready::ok`]:
+    /// printed here in the foreground, by the waiting parent otherwise.
+    pub(crate) fn note(&mut self, line: &str) {
+        match self {
+            Ready::Foreground | Ready::Notify => eprintln!("ucrypt: {line}"),
+            Ready::Pipe(Some(f)) => {
+                let _ = writeln!(f, "note {}", line.replace('\n', " "));
+            }
+            Ready::Pipe(None) => {}
+        }
+    }
+
     /// Start-up failed. In the foreground the error is returned to the caller as usual;
     /// in the background it goes to the parent. Returns whether it was sent.
     pub(crate) fn fail(&mut self, e: &CliError) -> bool {
@@ -150,8 +162,16 @@ pub(crate) fn detach(log: &Path) -> Result<Ready, CliError> {
 
 /// The parent's side: relay the verdict and exit.
 fn parent(rd: File, log: &Path) -> ! {
+    let mut rd = BufReader::new(rd);
     let mut line = String::new();
-    let _ = BufReader::new(rd).read_line(&mut line);
+    loop {
+        line.clear();
+        let _ = rd.read_line(&mut line);
+        match line.trim_end().strip_prefix("note ") {
+            Some(note) => eprintln!("ucrypt: {note}"),
+            None => break,
+        }
+    }
     let line = line.trim_end();
     if let Some(text) = line.strip_prefix("ok ") {
         if !text.is_empty() {

@@ -82,6 +82,11 @@ refresh talk to), \fBnbd.sock\fR (the NBD export, mode 0600), \fBlog\fR (the ser
 messages once in the background), \fBfuse/NAME\fR (the FUSE front end's file). Removed
 by close, or by the next command that finds its server dead.
 .TP
+.I /dev/ucrypt/NAME
+Root's instance's stable path: a symbolic link to its node (\fB/dev/ublkbN\fR,
+\fB/dev/nbdN\fR or the FUSE file), made by open, removed by close; a user's is
+\fBRUNDIR/NAME/node\fR.
+.TP
 .I RUNDIR/.NAME.lock
 The lock that holds the name while its server lives (never removed).
 .TP

@@ -275,6 +275,10 @@ fn serve(
             open::write_pid_file(p).map_err(|e| ucrypt::Error::Invalid(error_line(&e.err)))?;
             cleanup.0.push(p.clone());
         }
+        let link = ucrypt::instance::runtime::stable_path(&dir.paths.name);
+        if std::fs::symlink_metadata(&link).is_ok() {
+            ready.note(&format!("stable path: {}", link.display()));
+        }
         ready.ok(shown);
         Ok(())
     });

@@ -219,6 +219,10 @@ fn print_status(v: &Value) {
         "  node:    {}",
         if node.is_empty() { "(none)" } else { &node }
     );
+    let link = text(v, "link");
+    if !link.is_empty() {
+        println!("  link:    {link}");
+    }
     println!("  nbd:     {}", text(v, "uri"));
     if let Some(n) = v["nbd_connections"].as_u64() {
         println!("  nbd connections: {n}");

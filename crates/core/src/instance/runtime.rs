@@ -148,6 +148,10 @@ pub struct Description {
     pub frontend: String,
     /// The node users open (`/dev/ublkb0`, `/dev/nbd0`, `DIR/NAME`); empty for `none`.
     pub node: String,
+    /// The stable path, a symbolic link to the node ([`stable_path`]); none without a node
+    /// or when the link could not be made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
     /// The NBD URI of the socket.
     pub uri: String,
     /// The header UUID, if any.
@@ -174,6 +178,59 @@ pub fn base_dir() -> PathBuf {
         return PathBuf::from(d).join("ucrypt");
     }
     std::env::temp_dir().join(format!("ucrypt-{uid}"))
+}
+
+/// Where root's instances get their stable names, as cryptsetup's get `/dev/mapper/NAME`.
+pub const DEV_LINKS: &str = "/dev/ucrypt";
+
+/// The stable path of instance `name`'s node, a symbolic link that names it whatever
+/// `/dev/ublkbN`, `/dev/nbdN` or FUSE file it got: `/dev/ucrypt/NAME` for root's
+/// instances (runtime directory `/run/ucrypt`), `RUNDIR/NAME/node` for everyone else's (a
+/// user cannot write `/dev`, and instances under a `UCRYPT_RUNTIME_DIR` must not meet
+/// root's names there).
+pub fn stable_path(name: &str) -> PathBuf {
+    let base = base_dir();
+    if base == Path::new("/run/ucrypt") {
+        Path::new(DEV_LINKS).join(name)
+    } else {
+        base.join(name).join("node")
+    }
+}
+
+/// Points instance `name`'s [`stable_path`] at `node`, replacing a link a dead server left
+/// (the caller holds the name) but nothing that is not a symbolic link.
+///
+/// # Errors
+/// I/O errors (a read-only `/dev`, a file in the way).
+pub fn link_stable(name: &str, node: &Path) -> io::Result<PathBuf> {
+    let path = stable_path(name);
+    if let Some(parent) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)?;
+    }
+    match std::fs::symlink_metadata(&path) {
+        Ok(md) if md.file_type().is_symlink() => std::fs::remove_file(&path)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a symbolic link", path.display()),
+            ))
+        }
+        Err(_) => {}
+    }
+    std::os::unix::fs::symlink(node, &path)?;
+    Ok(path)
+}
+
+/// Removes instance `name`'s [`stable_path`] when it is a symbolic link (the caller holds
+/// the name, or found its server dead).
+pub fn unlink_stable(name: &str) {
+    let path = stable_path(name);
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+        let _ = std::fs::remove_file(&path);
+    }
 }
 
 /// Checks that `name` can name an instance (it becomes a directory and a file name).
@@ -560,6 +617,7 @@ fn remove_stale(p: &Paths) -> Debris {
         }
     }
     if debris.devices.is_empty() {
+        unlink_stable(&p.name);
         let _ = std::fs::remove_dir_all(&p.dir);
     }
     debris
@@ -611,6 +669,7 @@ pub fn close_dead(p: &Paths, force: bool) -> Result<Option<Debris>, InstanceErro
         })?;
         debris.removed.push(d.node);
     }
+    unlink_stable(&p.name);
     let _ = std::fs::remove_dir_all(&p.dir);
     Ok(Some(debris))
 }
@@ -765,6 +824,7 @@ impl Drop for InstanceDir {
     fn drop(&mut self) {
         // Remove first, unlock after: a concurrent `open NAME` that sees the name free
         // finds no directory of ours to delete under its feet.
+        unlink_stable(&self.paths.name);
         let _ = std::fs::remove_dir_all(&self.paths.dir);
         self.lock.take();
         self.name_lock.take();

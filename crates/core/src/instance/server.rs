@@ -14,13 +14,13 @@
 use super::control::{self, refuse, Received, Reply, Request, Status};
 use super::frontend;
 use super::online;
-use super::runtime::{Description, InstanceDir, Paths};
+use super::runtime::{self, Description, InstanceDir, Paths};
 use super::switch::Switch;
 use crate::config::PerfOptions;
 use crate::error::{Context, Error, ErrorKind, Result};
 use crate::keyring::KeyringLink;
 use crate::{HeaderOptions, OpenOptions, Unlocked};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -265,6 +265,17 @@ pub fn serve(
         .as_ref()
         .map(|at| at.node().display().to_string())
         .unwrap_or_default();
+    if !desc.node.is_empty() {
+        // Not fatal: the node works without its stable name (a read-only /dev in a
+        // container); status then shows none.
+        match runtime::link_stable(&desc.name, Path::new(&desc.node)) {
+            Ok(link) => desc.link = Some(link.display().to_string()),
+            Err(e) => eprintln!(
+                "ucrypt: warning: no stable path {}: {e}",
+                runtime::stable_path(&desc.name).display()
+            ),
+        }
+    }
     desc.uri = uri.clone();
     desc.pid = std::process::id();
     desc.started = std::time::SystemTime::now()
