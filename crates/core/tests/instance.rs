@@ -66,6 +66,8 @@ fn an_instance_starts_answers_its_control_socket_and_stops() {
         tls: None,
         fuse_dir: None,
         recover: false,
+        vhost_socket: None,
+        queues: None,
         signals: None,
     };
     let (tx, rx) = std::sync::mpsc::channel();

@@ -9,6 +9,7 @@
 //! | `ublk` | `/dev/ublkbN` | root, `ublk_drv` (Linux ≥ 6.0), io_uring |
 //! | `nbd` (kernel client) | `/dev/nbdN` | root, the `nbd` module |
 //! | `fuse` | `DIR/NAME`, one regular file | `/dev/fuse` (no root) |
+//! | `vhost-user` | a unix socket a VM attaches as a virtio-blk disk | nothing (no root) |
 //!
 //! Every front end implements [`Attachment`]; `ucrypt`'s instance code picks one with
 //! [`FrontendKind`] and never needs to know which it got.
@@ -16,6 +17,7 @@
 pub mod fuse;
 pub mod nbd_kernel;
 pub mod ublk;
+pub mod vhost_user;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -30,6 +32,8 @@ pub enum FrontendKind {
     Nbd,
     /// One file in a FUSE mount.
     Fuse,
+    /// A vhost-user-blk socket for a VM.
+    VhostUser,
     /// No local node: the NBD socket only.
     None,
 }
@@ -41,6 +45,7 @@ impl FrontendKind {
             FrontendKind::Ublk => "ublk",
             FrontendKind::Nbd => "nbd",
             FrontendKind::Fuse => "fuse",
+            FrontendKind::VhostUser => "vhost-user",
             FrontendKind::None => "none",
         }
     }
@@ -55,7 +60,7 @@ pub struct AttachOptions {
     pub read_only: bool,
     /// Logical block size the device advertises: the volume's sector size (512..4096).
     pub logical_block: u32,
-    /// Hardware queues (ublk: one per CPU).
+    /// Hardware queues (ublk, vhost-user: one per CPU by default).
     pub queues: u16,
     /// Requests in flight per queue.
     pub queue_depth: u16,

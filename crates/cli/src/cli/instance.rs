@@ -37,6 +37,7 @@ fn choose_frontend(a: &Args, name: &str) -> Result<FrontendKind, CliError> {
         // `--recover`: the kind of device the dead instance left behind.
         None if a.recover => frontend::recover_kind(name).unwrap_or_else(frontend::auto),
         None if a.fuse.is_some() => FrontendKind::Fuse,
+        None if a.vhost_socket.is_some() => FrontendKind::VhostUser,
         None => {
             // One line whenever the choice passed something over: a user who expected a
             // block device learns why the volume is a FUSE file or a bare NBD socket.
@@ -53,6 +54,12 @@ fn choose_frontend(a: &Args, name: &str) -> Result<FrontendKind, CliError> {
     };
     if a.fuse.is_some() && kind != FrontendKind::Fuse {
         return Err(anyhow::anyhow!("--fuse DIR needs --device fuse (or auto)")).code(EXIT_PARAMS);
+    }
+    if a.vhost_socket.is_some() && kind != FrontendKind::VhostUser {
+        return Err(anyhow::anyhow!(
+            "--vhost-socket PATH needs --device vhost-user (or auto)"
+        ))
+        .code(EXIT_PARAMS);
     }
     frontend::check(kind)
         .map_err(anyhow::Error::from)
@@ -267,6 +274,8 @@ fn serve(
         tls,
         fuse_dir: a.fuse.clone(),
         recover: a.recover,
+        vhost_socket: a.vhost_socket.clone(),
+        queues: a.queues.map(|q| q as u16),
         signals: Some(signals),
     };
     let pid_file = a.pid_file.clone();

@@ -351,7 +351,7 @@ pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
         return Ok(());
     }
     println!(
-        "{:<16} {:>8} {:<6} {:<10} {:<30} DEVICE",
+        "{:<16} {:>8} {:<10} {:<10} {:<30} DEVICE",
         "NAME", "PID", "FRONT", "STATE", "NODE"
     );
     for v in all {
@@ -366,7 +366,7 @@ pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
         };
         let node = text(&v, "node");
         println!(
-            "{:<16} {:>8} {:<6} {:<10} {:<30} {}",
+            "{:<16} {:>8} {:<10} {:<10} {:<30} {}",
             text(&v, "name"),
             text(&v, "pid"),
             text(&v, "frontend"),

@@ -5,12 +5,13 @@
 //! ublk where `/dev/ublk-control` exists and we are root, else the kernel's NBD client
 //! where `/dev/nbd0` exists and we are root, else FUSE when `/dev/fuse` is usable, else
 //! none (the NBD socket only). [`auto_explained`] says why each one before the choice
-//! was passed over.
+//! was passed over. vhost-user is never chosen automatically: it serves a VM, not this
+//! host.
 
 use std::path::{Path, PathBuf};
 use ucrypt_device::{AttachOptions, Attachment, DeviceError, Export};
 
-/// The kinds of front end (ublk, kernel NBD, FUSE, none).
+/// The kinds of front end (ublk, kernel NBD, FUSE, vhost-user, none).
 pub use ucrypt_device::FrontendKind;
 
 /// What a front end may need besides the export.
@@ -21,6 +22,9 @@ pub struct Context {
     /// The instance's NBD socket when it is a unix socket (a kernel NBD client can
     /// connect its sockets there).
     pub nbd_socket: Option<PathBuf>,
+    /// vhost-user: the socket a VM connects to (`--vhost-socket PATH`, or `vhost-user.sock`
+    /// in the instance directory).
+    pub vhost_socket: PathBuf,
     /// ublk: reattach to the device of this instance whose server died (`open --recover`)
     /// instead of creating one.
     pub recover: bool,
@@ -84,7 +88,7 @@ pub fn available(kind: FrontendKind) -> bool {
     match kind {
         FrontendKind::Ublk => ublk_available(),
         FrontendKind::Nbd => nbd_available(),
-        FrontendKind::Fuse | FrontendKind::None => true,
+        FrontendKind::Fuse | FrontendKind::VhostUser | FrontendKind::None => true,
     }
 }
 
@@ -115,6 +119,7 @@ pub fn check(kind: FrontendKind) -> Result<(), DeviceError> {
         let ctx = Context {
             fuse_dir: PathBuf::new(),
             nbd_socket: None,
+            vhost_socket: PathBuf::new(),
             recover: false,
         };
         let probe: Export = std::sync::Arc::new(ucrypt_backend::ZeroBackend::new(0));
@@ -123,7 +128,7 @@ pub fn check(kind: FrontendKind) -> Result<(), DeviceError> {
     Ok(())
 }
 
-/// Parses `--device`: ublk, nbd, fuse, none, or auto (`None`).
+/// Parses `--device`: ublk, nbd, fuse, vhost-user, none, or auto (`None`).
 ///
 /// # Errors
 /// An unknown name.
@@ -133,10 +138,11 @@ pub fn parse(s: &str) -> Result<Option<FrontendKind>, String> {
         "ublk" => FrontendKind::Ublk,
         "nbd" => FrontendKind::Nbd,
         "fuse" => FrontendKind::Fuse,
+        "vhost-user" => FrontendKind::VhostUser,
         "none" => FrontendKind::None,
         _ => {
             return Err(format!(
-                "unknown --device {s:?} (ublk, nbd, fuse, none or auto)"
+                "unknown --device {s:?} (ublk, nbd, fuse, vhost-user, none or auto)"
             ))
         }
     }))
@@ -164,6 +170,9 @@ pub fn attach(
         FrontendKind::Ublk => ublk(export, opts, ctx).map(Some),
         FrontendKind::Nbd => nbd(export, opts, ctx).map(Some),
         FrontendKind::Fuse => ucrypt_device::fuse::attach(export, &ctx.fuse_dir, opts).map(Some),
+        FrontendKind::VhostUser => {
+            ucrypt_device::vhost_user::attach(export, &ctx.vhost_socket, opts).map(Some)
+        }
         FrontendKind::None => Ok(None),
     }
 }

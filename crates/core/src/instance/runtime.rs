@@ -355,6 +355,10 @@ impl Paths {
     pub fn log(&self) -> PathBuf {
         self.dir.join("log")
     }
+    /// The default vhost-user socket, which a VM connects to.
+    pub fn vhost_socket(&self) -> PathBuf {
+        self.dir.join("vhost-user.sock")
+    }
     /// The default FUSE mount point.
     pub fn fuse_dir(&self) -> PathBuf {
         self.dir.join("fuse")

@@ -140,6 +140,10 @@ pub struct Config {
     pub fuse_dir: Option<PathBuf>,
     /// Reattach the device a dead server left (ublk, kernel NBD).
     pub recover: bool,
+    /// vhost-user socket (default: `vhost-user.sock` in the instance directory).
+    pub vhost_socket: Option<PathBuf>,
+    /// Queues of the front end (ublk, vhost-user); default one per CPU.
+    pub queues: Option<u16>,
     /// SIGTERM/SIGINT as the caller's signal thread takes them
     /// (`ucrypt_nbd::server::on_signals`): each one is a `close` without `--force`, logged
     /// and ignored while the device is in use.
@@ -245,14 +249,17 @@ pub fn serve(
             .clone()
             .unwrap_or_else(|| dir.paths.fuse_dir()),
         nbd_socket,
+        vhost_socket: config
+            .vhost_socket
+            .clone()
+            .unwrap_or_else(|| dir.paths.vhost_socket()),
         recover: config.recover,
     };
-    let attached = frontend::attach(
-        config.frontend,
-        Arc::clone(&export),
-        &frontend::attach_options(&desc.name, config.opts.read_only, sector),
-        &ctx,
-    );
+    let mut options = frontend::attach_options(&desc.name, config.opts.read_only, sector);
+    if let Some(q) = config.queues {
+        options.queues = q;
+    }
+    let attached = frontend::attach(config.frontend, Arc::clone(&export), &options, &ctx);
     let attachment = match attached {
         Ok(at) => at,
         Err(e) => {

@@ -1,0 +1,249 @@
+//! `ucrypt open DEV NAME --device vhost-user` serving a real VM: two instances started on
+//! the host (a LUKS2 volume of 4096-byte sectors with `--allow-discards` and two queues, and
+//! a LUKS2 volume of 512-byte sectors `--read-only` with one), then one boot of the kernel
+//! lab's guest (`tests/lab/run.sh` with `LAB_SHARED_MEM=1`, both sockets attached as
+//! `vhost-user-blk-pci` disks) running `tests/lab/vhost_user.sh`: each disk found by its
+//! serial (the instance name, `VIRTIO_BLK_T_GET_ID`), logical block = sector size, capacity,
+//! 2 queues, mkfs.ext4 / mount / write / fsync / read back, direct writes from both CPUs at
+//! once, `blkdiscard` and `blkdiscard -z` (the zeroed range reads back as zeroes), the
+//! read-only disk read-only and reading what the host reads; then the kernel's dm-crypt over
+//! the same image finds the file, the zeroes and the raw writes. On the host meanwhile:
+//! `status` shows the socket as the node and the VM as a user, `close` is refused (exit 5)
+//! while the VM is connected; afterwards `close` works, and the file written in the guest
+//! is read back from the image by `ucrypt read` and `debugfs`.
+//!
+//! Skipped with a message when `CI` is unset and the guest cannot start (no QEMU, no kernel
+//! to download: `scripts/setup.sh` installs and fetches both); fails when `CI` is set.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const UCRYPT: &str = env!("CARGO_BIN_EXE_ucrypt");
+
+fn ucrypt(args: &[&str]) -> Output {
+    Command::new(UCRYPT)
+        .args(args)
+        .output()
+        .expect("running ucrypt")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = ucrypt(args);
+    assert!(
+        out.status.success(),
+        "ucrypt {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sh_out(cmd: &str) -> String {
+    let out = Command::new("bash")
+        .args(["-c", cmd])
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn status(name: &str) -> serde_json::Value {
+    serde_json::from_str(&ok(&["status", "--json", name])).expect("status JSON")
+}
+
+/// Closes the instances it names when dropped (a failed assertion leaves none running).
+struct Instances(Vec<String>);
+
+impl Drop for Instances {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = ucrypt(&["close", "--force", n]);
+        }
+    }
+}
+
+fn luks_image(dir: &Path, name: &str, mib: u64, sector: &str) -> PathBuf {
+    let img = dir.join(name);
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(mib << 20))
+        .expect("image");
+    let pass = dir.join("pass");
+    ok(&[
+        "luksFormat",
+        "-q",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--sector-size",
+        sector,
+        "-d",
+        pass.to_str().expect("utf-8"),
+        img.to_str().expect("utf-8"),
+    ]);
+    img
+}
+
+#[test]
+fn a_vm_gets_an_encrypted_disk_over_vhost_user() {
+    if !ucrypt_testkit::require("qemu-system-x86_64") || !ucrypt_testkit::require("debugfs") {
+        return;
+    }
+    // The guest shares the repository directory, not /tmp: the images live under target/.
+    let root = ucrypt_testkit::repo_root();
+    let base = root.join("target");
+    std::fs::create_dir_all(&base).expect("target/");
+    let tmp = tempfile::Builder::new()
+        .prefix("lab-vhost-user.")
+        .tempdir_in(&base)
+        .expect("tempdir");
+    let w = tmp.path();
+    let ws = w.to_str().expect("utf-8 path");
+    std::fs::write(w.join("pass"), "lab passphrase").expect("pass");
+    let pass = format!("{ws}/pass");
+    let rw = luks_image(w, "rw.img", 64, "4096");
+    let ro = luks_image(w, "ro.img", 24, "512");
+    let (rws, ros) = (rw.to_str().expect("utf-8"), ro.to_str().expect("utf-8"));
+    std::fs::write(
+        w.join("rw.table"),
+        ok(&["luksOpen", "--print-table", "--showkeys", "-d", &pass, rws]),
+    )
+    .expect("rw.table");
+    std::fs::write(
+        w.join("ro.table"),
+        ok(&["luksOpen", "--print-table", "--showkeys", "-d", &pass, ros]),
+    )
+    .expect("ro.table");
+    // Something to read on the read-only disk that is not all one byte.
+    std::fs::write(w.join("ro.pattern"), ucrypt_testkit::random_bytes(1 << 20)).expect("pattern");
+    ok(&[
+        "write",
+        "--table-file",
+        &format!("{ws}/ro.table"),
+        "--input",
+        &format!("{ws}/ro.pattern"),
+    ]);
+    let ro_sha = sh_out(&format!(
+        "{UCRYPT} read --table-file {ws}/ro.table --length 1048576 | sha256sum | cut -d' ' -f1"
+    ));
+    std::fs::write(w.join("ro.sha"), &ro_sha).expect("ro.sha");
+
+    let id = std::process::id();
+    let (rw_name, ro_name) = (format!("vurw{id}"), format!("vuro{id}"));
+    let mut instances = Instances(Vec::new());
+    let (rw_sock, ro_sock) = (format!("{ws}/rw.sock"), format!("{ws}/ro.sock"));
+    let shown = ok(&[
+        "open",
+        rws,
+        &rw_name,
+        "--device",
+        "vhost-user",
+        "--vhost-socket",
+        &rw_sock,
+        "--queues",
+        "2",
+        "--allow-discards",
+        "-d",
+        &pass,
+    ]);
+    instances.0.push(rw_name.clone());
+    assert_eq!(shown.trim(), rw_sock, "open prints the socket");
+    ok(&[
+        "open",
+        ros,
+        &ro_name,
+        "--device",
+        "vhost-user",
+        "--vhost-socket",
+        &ro_sock,
+        "--queues",
+        "1",
+        "--read-only",
+        "-d",
+        &pass,
+    ]);
+    instances.0.push(ro_name.clone());
+    let s = status(&rw_name);
+    assert_eq!(s["frontend"], "vhost-user");
+    assert_eq!(s["node"], rw_sock.as_str());
+    assert_eq!(s["in_use"], false, "no VM yet");
+    let rw_bytes = s["size_sectors"].as_u64().expect("size") * 512;
+
+    let qemu_args = format!(
+        "-chardev socket,id=vu0,path={rw_sock} -device vhost-user-blk-pci,chardev=vu0,num-queues=2 \
+         -chardev socket,id=vu1,path={ro_sock} -device vhost-user-blk-pci,chardev=vu1,num-queues=1"
+    );
+    let script = root.join("tests/lab/vhost_user.sh");
+    let args = [
+        ws.to_string(),
+        rw_name.clone(),
+        ro_name.clone(),
+        rw_bytes.to_string(),
+    ];
+    let guest = std::thread::spawn(move || {
+        ucrypt_testkit::run_in_vm(
+            &script,
+            args,
+            &[
+                ("LAB_SHARED_MEM", "1"),
+                ("LAB_QEMU_ARGS", qemu_args.as_str()),
+                ("LAB_TIMEOUT", "900"),
+            ],
+        )
+    });
+
+    // While the VM is connected: status says so, close is refused and changes nothing.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut saw_vm = false;
+    while !guest.is_finished() && Instant::now() < deadline {
+        if status(&rw_name)["in_use"] == true {
+            saw_vm = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let refused = saw_vm.then(|| ucrypt(&["close", &rw_name]));
+    let out = guest.join().expect("guest thread");
+    let Some(out) = out else {
+        return; // skipped: the lab could not start
+    };
+    assert!(saw_vm, "status never showed the VM as connected");
+    let refused = refused.expect("close was tried");
+    assert_eq!(
+        refused.status.code(),
+        Some(5),
+        "close while a VM is connected: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(
+        out.lines().any(|l| l.ends_with(" passed, 0 failed")),
+        "the lab script did not report its checks"
+    );
+    assert!(!out.contains("not ok"), "a lab check failed");
+
+    // The VM is gone: close works, and the host reads the guest's file from the image.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&rw_name)["in_use"] == true && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ok(&["close", &rw_name]);
+    ok(&["close", &ro_name]);
+    instances.0.clear();
+    assert!(!Path::new(&rw_sock).exists(), "close removes the socket");
+    let guest_sha = std::fs::read_to_string(w.join("guest.sha")).expect("guest.sha");
+    ok(&[
+        "read",
+        "--table-file",
+        &format!("{ws}/rw.table"),
+        "--output",
+        &format!("{ws}/plain.img"),
+    ]);
+    let host_sha = sh_out(&format!(
+        "debugfs -R 'cat /data' {ws}/plain.img 2>/dev/null | sha256sum | cut -d' ' -f1"
+    ));
+    assert_eq!(host_sha, guest_sha.trim(), "the file as the host reads it");
+}

@@ -1,0 +1,475 @@
+//! One VM connection's device: the `vhost-user-backend` trait implementation and the
+//! virtio-blk requests of its queues (virtio 1.2, 5.2.6), run on the export.
+//!
+//! Each queue has its own thread (the library's epoll worker), which pops a request,
+//! runs it on the export and completes it before the next. A request's data is read into
+//! or written from the VM's memory directly when its data buffer is one piece of one
+//! memory region (the usual case), and through a per-queue bounce buffer otherwise.
+//! Write-zeroes and discard go through [`emulate`], as for every front end.
+
+use super::config::{Geometry, CONFIG_LEN, MAX_ZERO_SECTORS, MAX_ZERO_SEGMENTS};
+use crate::Export;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use ucrypt_backend::{emulate, BackendError, IoCtx};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
+    VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
+    VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
+};
+use virtio_queue::QueueT;
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
+    GuestMemoryMmap,
+};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+/// The VM's memory as the library hands it over (no dirty-page bitmap: no migration log).
+pub(super) type Memory = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// Descriptors per queue a VM may ask for.
+pub(super) const MAX_QUEUE_SIZE: u16 = 1024;
+
+/// The largest read or write a request may carry: larger ones fail with an I/O error
+/// rather than grow the bounce buffer without bound (Linux sends at most `seg_max`
+/// segments of at most a few pages each).
+const MAX_DATA_BYTES: usize = 32 << 20;
+
+/// Size of a request header (`struct virtio_blk_outhdr`).
+const HEADER: usize = 16;
+
+/// Size of one discard/write-zeroes segment (`struct virtio_blk_discard_write_zeroes`).
+const ZERO_SEGMENT: usize = 16;
+
+/// What every connection of an attachment shares.
+pub(super) struct Shared {
+    pub export: Export,
+    pub geometry: Geometry,
+    /// GET_ID's answer: the instance name, cut to 20 bytes, zero-padded.
+    pub serial: [u8; VIRTIO_BLK_ID_BYTES as usize],
+}
+
+/// One piece of a request's descriptor chain.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    addr: GuestAddress,
+    len: usize,
+    device_writes: bool,
+}
+
+/// A queue thread's reusable memory: no allocation per request once warmed up.
+#[derive(Default)]
+struct Scratch {
+    pieces: Vec<Piece>,
+    bounce: Vec<u8>,
+}
+
+/// The device as one VM connection sees it.
+pub(super) struct Conn {
+    shared: Arc<Shared>,
+    mem: RwLock<Option<Memory>>,
+    event_idx: AtomicBool,
+    /// One per queue thread.
+    scratch: Vec<Mutex<Scratch>>,
+}
+
+impl Conn {
+    pub(super) fn new(shared: Arc<Shared>) -> Conn {
+        let queues = usize::from(shared.geometry.queues);
+        Conn {
+            shared,
+            mem: RwLock::new(None),
+            event_idx: AtomicBool::new(false),
+            scratch: (0..queues).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    /// Runs every request the VM has queued on `vring`, completing each as it finishes.
+    fn process(&self, vring: &VringRwLock<Memory>, thread: usize) -> io::Result<()> {
+        let Some(atomic) = self
+            .mem
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+        else {
+            return Ok(()); // no memory table yet: nothing can be queued
+        };
+        let event_idx = self.event_idx.load(Ordering::Acquire);
+        let mut scratch = self
+            .scratch
+            .get(thread)
+            .ok_or_else(|| io::Error::other("queue thread out of range"))?
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ctx = IoCtx {
+            client: u32::try_from(thread).unwrap_or(u32::MAX).saturating_add(1),
+        };
+        loop {
+            if event_idx {
+                vring.disable_notification().map_err(io::Error::other)?;
+            }
+            loop {
+                let mem = atomic.memory();
+                let chain = vring
+                    .get_mut()
+                    .get_queue_mut()
+                    .pop_descriptor_chain(atomic.memory());
+                let Some(chain) = chain else { break };
+                let head = chain.head_index();
+                scratch.pieces.clear();
+                scratch.pieces.extend(chain.map(|d| Piece {
+                    addr: d.addr(),
+                    len: d.len() as usize,
+                    device_writes: d.is_write_only(),
+                }));
+                let used = self.request(&mem, &mut scratch, ctx);
+                vring.add_used(head, used).map_err(io::Error::other)?;
+                if vring.needs_notification().map_err(io::Error::other)? {
+                    vring.signal_used_queue()?;
+                }
+            }
+            // With event indexes the VM may have queued more after the last pop and
+            // before notifications were back on: look again.
+            if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Runs one request; returns the bytes written into the VM's buffers (the used
+    /// length: data read plus the status byte).
+    fn request(&self, mem: &GuestMemoryMmap, s: &mut Scratch, ctx: IoCtx) -> u32 {
+        let Scratch { pieces, bounce } = s;
+        let total: usize = pieces.iter().map(|p| p.len).sum();
+        // A header, a status byte, and in between the data.
+        if total < HEADER + 1 {
+            return 0;
+        }
+        let status_at = total - 1;
+        let mut header = [0u8; HEADER];
+        if !window(pieces, status_at, 1).all(|p| p.device_writes)
+            || !window(pieces, 0, HEADER).all(|p| !p.device_writes)
+            || gather(mem, pieces, 0, &mut header).is_err()
+        {
+            return 0; // malformed: nothing we could answer through
+        }
+        let kind = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        let sector = u64::from_le_bytes(header[8..16].try_into().unwrap_or([0; 8]));
+        let data_len = status_at - HEADER;
+        let (status, written) = self.run(mem, pieces, bounce, kind, sector, data_len, ctx);
+        let status_addr = window(pieces, status_at, 1).next().map(|p| p.addr);
+        if let Some(a) = status_addr {
+            let _ = mem.write_slice(&[status], a);
+        }
+        u32::try_from(written + 1).unwrap_or(u32::MAX)
+    }
+
+    /// The request's status and how many data bytes it wrote into the VM's memory.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        mem: &GuestMemoryMmap,
+        pieces: &[Piece],
+        bounce: &mut Vec<u8>,
+        kind: u32,
+        sector: u64,
+        len: usize,
+        ctx: IoCtx,
+    ) -> (u8, usize) {
+        let export = &*self.shared.export;
+        let geometry = &self.shared.geometry;
+        let data_dir_ok = |device_writes: bool| {
+            window(pieces, HEADER, len).all(|p| p.device_writes == device_writes)
+        };
+        let size = export.info().size_bytes;
+        let in_range = |offset: u64, n: u64| offset.checked_add(n).is_some_and(|end| end <= size);
+        let status = |r: Result<(), BackendError>| match r {
+            Ok(()) => VIRTIO_BLK_S_OK as u8,
+            Err(BackendError::Unsupported(_)) => VIRTIO_BLK_S_UNSUPP as u8,
+            Err(_) => VIRTIO_BLK_S_IOERR as u8,
+        };
+        let ioerr = (VIRTIO_BLK_S_IOERR as u8, 0);
+        match kind {
+            VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
+                let read = kind == VIRTIO_BLK_T_IN;
+                let Some(offset) = sector.checked_mul(512) else {
+                    return ioerr;
+                };
+                if len % 512 != 0
+                    || len > MAX_DATA_BYTES
+                    || !in_range(offset, len as u64)
+                    || !data_dir_ok(read)
+                    || (!read && geometry.read_only)
+                {
+                    return ioerr;
+                }
+                let r = if read {
+                    read_into(mem, pieces, bounce, len, |buf| {
+                        export.read_at_ctx(buf, offset, ctx)
+                    })
+                } else {
+                    // Never encrypted in place: the buffer is the VM's.
+                    write_from(mem, pieces, bounce, len, |buf| {
+                        export.write_at_ctx(buf, offset, false, ctx)
+                    })
+                };
+                let r = match r {
+                    Ok(()) => Ok(()),
+                    Err(Failed::Backend(e)) => Err(e),
+                    Err(Failed::Memory) => return ioerr,
+                };
+                (status(r), if read { len } else { 0 })
+            }
+            VIRTIO_BLK_T_FLUSH => (status(export.flush()), 0),
+            VIRTIO_BLK_T_GET_ID => {
+                let n = len.min(self.shared.serial.len());
+                if !data_dir_ok(true)
+                    || scatter(mem, pieces, HEADER, &self.shared.serial[..n]).is_err()
+                {
+                    return ioerr;
+                }
+                (VIRTIO_BLK_S_OK as u8, n)
+            }
+            VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES => {
+                let discard = kind == VIRTIO_BLK_T_DISCARD;
+                if geometry.read_only || (discard && !geometry.discard) {
+                    return (VIRTIO_BLK_S_UNSUPP as u8, 0);
+                }
+                if len == 0
+                    || len % ZERO_SEGMENT != 0
+                    || len / ZERO_SEGMENT > MAX_ZERO_SEGMENTS as usize
+                    || !data_dir_ok(false)
+                {
+                    return ioerr;
+                }
+                let mut seg = [0u8; ZERO_SEGMENT];
+                for i in 0..len / ZERO_SEGMENT {
+                    if gather(mem, pieces, HEADER + i * ZERO_SEGMENT, &mut seg).is_err() {
+                        return ioerr;
+                    }
+                    let start = u64::from_le_bytes(seg[0..8].try_into().unwrap_or([0; 8]));
+                    let count = u32::from_le_bytes(seg[8..12].try_into().unwrap_or([0; 4]));
+                    let flags = u32::from_le_bytes(seg[12..16].try_into().unwrap_or([0; 4]));
+                    // Bit 0 is "unmap" for write-zeroes (allowed, and ignored: a zeroed
+                    // range is always written) and reserved for discard.
+                    if flags & !u32::from(!discard) != 0 {
+                        return (VIRTIO_BLK_S_UNSUPP as u8, 0);
+                    }
+                    let (Some(offset), bytes) = (start.checked_mul(512), u64::from(count) * 512)
+                    else {
+                        return ioerr;
+                    };
+                    if count > MAX_ZERO_SECTORS || !in_range(offset, bytes) {
+                        return ioerr;
+                    }
+                    let r = if discard {
+                        emulate::discard(export, offset, bytes, false)
+                    } else {
+                        emulate::write_zeroes(export, offset, bytes, false, ctx)
+                    };
+                    if r.is_err() {
+                        return (status(r), 0);
+                    }
+                }
+                (VIRTIO_BLK_S_OK as u8, 0)
+            }
+            _ => (VIRTIO_BLK_S_UNSUPP as u8, 0),
+        }
+    }
+}
+
+/// Why a read or write failed: the export, or the VM's memory (a buffer outside it).
+enum Failed {
+    Backend(BackendError),
+    Memory,
+}
+
+impl From<BackendError> for Failed {
+    fn from(e: BackendError) -> Failed {
+        Failed::Backend(e)
+    }
+}
+
+/// The pieces covering bytes `[from, from + len)` of the chain, cut to that window.
+fn window(pieces: &[Piece], from: usize, len: usize) -> impl Iterator<Item = Piece> + '_ {
+    let end = from + len;
+    let mut pos = 0usize;
+    pieces.iter().filter_map(move |p| {
+        let (start, stop) = (pos, pos + p.len);
+        pos = stop;
+        let (a, b) = (start.max(from), stop.min(end));
+        (a < b).then(|| Piece {
+            addr: p.addr.unchecked_add((a - start) as u64),
+            len: b - a,
+            device_writes: p.device_writes,
+        })
+    })
+}
+
+/// Copies bytes `[from, from + out.len())` of the chain out of the VM's memory.
+fn gather(
+    mem: &GuestMemoryMmap,
+    pieces: &[Piece],
+    from: usize,
+    out: &mut [u8],
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let mut at = 0;
+    for p in window(pieces, from, out.len()) {
+        mem.read_slice(&mut out[at..at + p.len], p.addr)?;
+        at += p.len;
+    }
+    Ok(())
+}
+
+/// Copies `data` into bytes `[from, from + data.len())` of the chain.
+fn scatter(
+    mem: &GuestMemoryMmap,
+    pieces: &[Piece],
+    from: usize,
+    data: &[u8],
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let mut at = 0;
+    for p in window(pieces, from, data.len()) {
+        mem.write_slice(&data[at..at + p.len], p.addr)?;
+        at += p.len;
+    }
+    Ok(())
+}
+
+/// The data window as one slice of the VM's memory, when it is one piece inside one
+/// region.
+fn direct(mem: &GuestMemoryMmap, pieces: &[Piece], len: usize) -> Option<(*mut u8, usize)> {
+    let mut w = window(pieces, HEADER, len);
+    let p = w.next()?;
+    if w.next().is_some() || p.len != len {
+        return None;
+    }
+    let slice = mem.get_slice(p.addr, len).ok()?;
+    (slice.len() == len).then(|| (slice.ptr_guard_mut().as_ptr(), len))
+}
+
+/// Runs `f` on a buffer that ends up in the request's data window: the VM's memory
+/// itself when possible, else the bounce buffer, scattered afterwards.
+fn read_into(
+    mem: &GuestMemoryMmap,
+    pieces: &[Piece],
+    bounce: &mut Vec<u8>,
+    len: usize,
+    f: impl FnOnce(&mut [u8]) -> Result<(), BackendError>,
+) -> Result<(), Failed> {
+    if let Some((ptr, n)) = direct(mem, pieces, len) {
+        // SAFETY: `get_slice` checked that [ptr, ptr + n) lies inside one mapped region
+        // of the VM's memory, which stays mapped while `mem` (a load guard of the memory
+        // table) lives, i.e. for this call. The VM handed this buffer to the device until
+        // the request completes, as with DMA: it does not touch it meanwhile, and if it
+        // did, only the bytes of its own request would be affected.
+        let buf = unsafe { std::slice::from_raw_parts_mut(ptr, n) };
+        return Ok(f(buf)?);
+    }
+    bounce.resize(len, 0);
+    f(&mut bounce[..len])?;
+    scatter(mem, pieces, HEADER, &bounce[..len]).map_err(|_| Failed::Memory)
+}
+
+/// Runs `f` on the request's data window as one buffer: the VM's memory itself when
+/// possible, else gathered into the bounce buffer.
+fn write_from(
+    mem: &GuestMemoryMmap,
+    pieces: &[Piece],
+    bounce: &mut Vec<u8>,
+    len: usize,
+    f: impl FnOnce(&[u8]) -> Result<(), BackendError>,
+) -> Result<(), Failed> {
+    if let Some((ptr, n)) = direct(mem, pieces, len) {
+        // SAFETY: as in `read_into`; the slice is only read (the export encrypts into a
+        // buffer of its own).
+        let buf = unsafe { std::slice::from_raw_parts(ptr.cast_const(), n) };
+        return Ok(f(buf)?);
+    }
+    bounce.resize(len, 0);
+    gather(mem, pieces, HEADER, &mut bounce[..len]).map_err(|_| Failed::Memory)?;
+    Ok(f(&bounce[..len])?)
+}
+
+impl VhostUserBackend for Conn {
+    type Bitmap = ();
+    type Vring = VringRwLock<Memory>;
+
+    fn num_queues(&self) -> usize {
+        usize::from(self.shared.geometry.queues)
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(MAX_QUEUE_SIZE)
+    }
+
+    fn features(&self) -> u64 {
+        self.shared.geometry.features()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        Geometry::protocol_features()
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Release);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        // Read at each request: a resized volume shows its new capacity to the next VM.
+        let space = self
+            .shared
+            .geometry
+            .config_space(self.shared.export.info().size_bytes);
+        let (offset, size) = (offset as usize, (size as usize).min(4096));
+        let mut out = vec![0u8; size];
+        if offset < CONFIG_LEN {
+            let n = size.min(CONFIG_LEN - offset);
+            out[..n].copy_from_slice(&space[offset..offset + n]);
+        }
+        out
+    }
+
+    fn update_memory(&self, mem: Memory) -> io::Result<()> {
+        *self
+            .mem
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(mem);
+        Ok(())
+    }
+
+    /// One thread per queue: the queues of a multi-queue VM run side by side.
+    fn queues_per_thread(&self) -> Vec<u64> {
+        (0..self.shared.geometry.queues)
+            .map(|q| 1u64 << q)
+            .collect()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock<Memory>],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            return Err(io::Error::other(format!(
+                "unexpected queue event {evset:?}"
+            )));
+        }
+        match vrings.get(usize::from(device_event)) {
+            Some(vring) => self.process(vring, thread_id),
+            None => Ok(()),
+        }
+    }
+}
