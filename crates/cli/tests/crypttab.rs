@@ -536,6 +536,26 @@ fn generator_writes_units_that_systemd_accepts() {
     assert!(net.contains("Wants=modprobe@nbd.service\n"), "{net}");
     assert!(net.contains("Before=remote-cryptsetup.target\n"), "{net}");
 
+    // A bad line: no unit for it, the others written, exit 1 naming the line.
+    let mixed = rt.path("mixed");
+    std::fs::write(&mixed, "good /dev/vdc\nbad /dev/vdd none swap\n").unwrap();
+    let some = rt.path("some");
+    std::fs::create_dir(&some).unwrap();
+    let out_mixed = rt.uc(&[
+        "crypttab",
+        "generate",
+        "--file",
+        mixed.to_str().unwrap(),
+        some.to_str().unwrap(),
+    ]);
+    assert_eq!(out_mixed.status.code(), Some(1), "{out_mixed:?}");
+    assert!(
+        stderr(&out_mixed).contains(":2: option swap is not supported"),
+        "{out_mixed:?}"
+    );
+    assert!(some.join("ucrypt@good.service").exists());
+    assert!(!some.join("ucrypt@bad.service").exists());
+
     // No file: no units, no error (boot without a ucrypttab).
     let empty = rt.path("empty");
     std::fs::create_dir(&empty).unwrap();

@@ -464,13 +464,26 @@ fn generate(a: GenerateArgs) -> Result<(), CliError> {
     // Units name the file absolutely: they run from /.
     let file =
         std::path::absolute(&a.file).map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
-    let tab = read(&file)?;
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))
+        .code(EXIT_DEVICE)?;
+    // A bad line gets no unit and is reported (systemd logs it); the others still open.
+    let (tab, errors) = Crypttab::parse_each(&file, &text);
     let exe =
         std::env::current_exe().map_err(|e| anyhow::anyhow!("finding the ucrypt binary: {e}"))?;
     crypttab::systemd::generate(&tab, &exe)
         .write(&a.dir)
         .map_err(|e| anyhow::anyhow!("writing units into {}: {e}", a.dir.display()))?;
-    Ok(())
+    if errors.is_empty() {
+        return Ok(());
+    }
+    for e in &errors {
+        eprintln!("ucrypt-generator: {e} (no unit for this line)");
+    }
+    Err(CliError {
+        code: EXIT_PARAMS,
+        err: anyhow::Error::new(super::Printed),
+    })
 }
 
 #[cfg(test)]

@@ -164,7 +164,20 @@ impl Crypttab {
     /// [`Error::Line`]: a missing or extra field, a bad name, an option refused or
     /// unknown, the same name twice.
     pub fn parse(path: &Path, text: &str) -> Result<Crypttab, Error> {
+        let (tab, mut errors) = Crypttab::parse_each(path, text);
+        if errors.is_empty() {
+            Ok(tab)
+        } else {
+            Err(errors.remove(0))
+        }
+    }
+
+    /// Parses `text` line by line, keeping the valid entries and every bad line's error
+    /// (a generator at boot: one bad line must not keep the other volumes from opening,
+    /// as systemd-cryptsetup-generator skips a bad line).
+    pub fn parse_each(path: &Path, text: &str) -> (Crypttab, Vec<Error>) {
         let mut entries: Vec<Entry> = Vec::new();
+        let mut errors = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
             let err = |message: String| Error::Line {
@@ -176,19 +189,27 @@ impl Crypttab {
             if trimmed.is_empty() || trimmed.starts_with('#') {
                 continue;
             }
-            let entry = parse_line(trimmed, line).map_err(err)?;
+            let entry = match parse_line(trimmed, line) {
+                Ok(e) => e,
+                Err(m) => {
+                    errors.push(err(m));
+                    continue;
+                }
+            };
             if let Some(first) = entries.iter().find(|e| e.name == entry.name) {
-                return Err(err(format!(
+                errors.push(err(format!(
                     "name {} is used again (first on line {})",
                     entry.name, first.line
                 )));
+                continue;
             }
             entries.push(entry);
         }
-        Ok(Crypttab {
+        let tab = Crypttab {
             path: path.to_path_buf(),
             entries,
-        })
+        };
+        (tab, errors)
     }
 
     /// The entries `names` name, in the order given; with no names, every entry without

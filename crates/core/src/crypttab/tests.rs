@@ -227,3 +227,23 @@ fn device_timeout_drop_in() {
         "{text}"
     );
 }
+
+#[test]
+fn parse_each_keeps_the_good_lines() {
+    let text = "a /dev/x\nb /dev/y none swap\nc /dev/z\na /dev/w\n";
+    let (tab, errors) = Crypttab::parse_each(Path::new("/t"), text);
+    let names: Vec<&str> = tab.entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["a", "c"]);
+    let msgs: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(
+        msgs[0].starts_with("/t:2: option swap is not supported"),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs[1].starts_with("/t:4: name a is used again"),
+        "{msgs:?}"
+    );
+    let first = Crypttab::parse(Path::new("/t"), text).unwrap_err();
+    assert_eq!(first.to_string(), msgs[0]);
+}
