@@ -1,13 +1,13 @@
 //! What a front end's zeroing and discard requests mean, decided once for every front end
 //! (the NBD server, ublk, FUSE, kernel NBD through the NBD server, and those to come). A
 //! front end maps its protocol's request onto one of these functions and never calls the
-//! backend's `write_zeroes`/`discard` itself, so all front ends give a request the same
-//! meaning:
+//! backend's [`IoKind::WriteZeroes`]/[`IoKind::Discard`] itself, so all front ends give a
+//! request the same meaning:
 //!
 //! | request | backend has it | backend has not |
 //! |---|---|---|
-//! | write zeroes | [`Backend::write_zeroes_ctx`] | zero-filled writes, 64 KiB at a time |
-//! | discard | [`Backend::discard`] | refused, `Unsupported` (dm-crypt without `allow_discards`) |
+//! | write zeroes | [`IoKind::WriteZeroes`] | zero-filled writes, 64 KiB at a time |
+//! | discard | [`IoKind::Discard`] | refused, `Unsupported` (dm-crypt without `allow_discards`) |
 //! | punch a hole (must read back as zeroes) | write zeroes | refused, as discard |
 //!
 //! FUA is one flush after the whole request, whatever the request and however many
@@ -15,8 +15,41 @@
 //! encrypted volume's ciphertext leaves noise behind (the plaintext of whatever the device
 //! then holds), so a request whose contract is "reads back as zeroes" (fallocate's
 //! `PUNCH_HOLE`) is [`punch_hole`], never a discard.
+//!
+//! It also holds the default paths of the backend contract: [`fallback`] for the kinds of
+//! I/O a backend does not implement, [`writes_one_by_one`] for a batch.
 
-use crate::{Backend, BackendError, IoCtx, Support};
+use crate::{Backend, BackendError, Io, IoCtx, IoKind, Support, WriteOp};
+
+/// What a backend does with a kind of I/O it does not implement itself: a
+/// [`IoKind::WriteOwned`] is an ordinary write, every optional kind is refused with
+/// [`BackendError::Unsupported`].
+///
+/// # Errors
+/// As the write, or `Unsupported`.
+pub fn fallback<B: Backend + ?Sized>(b: &B, io: Io<'_>) -> Result<(), BackendError> {
+    match io.kind {
+        IoKind::WriteOwned(buf) => b.submit(Io {
+            kind: IoKind::Write(buf),
+            ..io
+        }),
+        _ => Err(io.unsupported()),
+    }
+}
+
+/// A batch of writes as single writes, in order (the default [`Backend::submit_writes`]).
+///
+/// # Errors
+/// The first failing write's error; the writes after it are not issued.
+pub fn writes_one_by_one<B: Backend + ?Sized>(
+    b: &B,
+    batch: &[WriteOp<'_>],
+) -> Result<(), BackendError> {
+    for w in batch {
+        b.submit(Io::write(w.buf, w.offset).fua(w.fua))?;
+    }
+    Ok(())
+}
 
 /// A zero buffer for emulated write-zeroes (statically zero: no allocation per request).
 pub static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
@@ -34,13 +67,13 @@ pub fn write_zeroes(
     ctx: IoCtx,
 ) -> Result<(), BackendError> {
     if b.info().caps.write_zeroes != Support::None {
-        return b.write_zeroes_ctx(offset, len, fua, ctx);
+        return b.submit(Io::write_zeroes(offset, len).fua(fua).ctx(ctx));
     }
     let mut pos = 0;
     while pos < len {
         // At most ZEROES.len(), so it fits a usize.
         let n = (len - pos).min(ZEROES.len() as u64) as usize;
-        b.write_at_ctx(&ZEROES[..n], offset + pos, false, ctx)?;
+        b.submit(Io::write(&ZEROES[..n], offset + pos).ctx(ctx))?;
         pos += n as u64;
     }
     if fua {
@@ -59,7 +92,7 @@ pub fn discard(b: &dyn Backend, offset: u64, len: u64, fua: bool) -> Result<(), 
     if b.info().caps.discard == Support::None {
         return Err(BackendError::Unsupported("discard"));
     }
-    b.discard(offset, len)?;
+    b.submit(Io::discard(offset, len))?;
     if fua {
         b.flush()?;
     }
@@ -127,24 +160,19 @@ mod tests {
         fn info(&self) -> &BackendInfo {
             &self.info
         }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-            self.inner.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-            self.log(format!("write {offset} {} fua={fua}", buf.len()));
-            self.inner.write_at(buf, offset, fua)
+        fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+            let (offset, fua) = (io.offset, io.fua);
+            match &io.kind {
+                IoKind::Write(buf) => self.log(format!("write {offset} {} fua={fua}", buf.len())),
+                IoKind::Discard(len) => self.log(format!("discard {offset} {len}")),
+                IoKind::WriteZeroes(len) => self.log(format!("zeroes {offset} {len} fua={fua}")),
+                _ => {}
+            }
+            self.inner.submit(io)
         }
         fn flush(&self) -> Result<(), BackendError> {
             self.log("flush".into());
             Ok(())
-        }
-        fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-            self.log(format!("discard {offset} {len}"));
-            self.inner.discard(offset, len)
-        }
-        fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
-            self.log(format!("zeroes {offset} {len} fua={fua}"));
-            self.inner.write_zeroes(offset, len, fua)
         }
     }
 

@@ -23,7 +23,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::{check_range, Backend, BackendError, BackendInfo, WriteOp};
+use crate::{check_range, emulate, Backend, BackendError, BackendInfo, Io, IoKind, WriteOp};
 
 /// What the wrapper has injected so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -210,27 +210,39 @@ impl Backend for FaultyBackend {
         self.inner.info()
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-        check_range(offset, buf.len() as u64, self.size())?;
-        {
-            let mut f = self.lock();
-            if overlaps(&f.read_ranges, offset, buf.len() as u64) {
-                f.stats.injected_errors += 1;
-                return Err(BackendError::Injected { op: "read", offset });
+    /// Reads, writes, discards and write-zeroes are judged; every other kind is refused,
+    /// as the wrapped backend's own would not be judged.
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        let (offset, fua, ctx) = (io.offset, io.fua, io.ctx);
+        match io.kind {
+            IoKind::Read(buf) => {
+                check_range(offset, buf.len() as u64, self.size())?;
+                {
+                    let mut f = self.lock();
+                    if overlaps(&f.read_ranges, offset, buf.len() as u64) {
+                        f.stats.injected_errors += 1;
+                        return Err(BackendError::Injected { op: "read", offset });
+                    }
+                    if overlaps(&f.panic_ranges, offset, buf.len() as u64) {
+                        f.stats.injected_errors += 1;
+                        drop(f);
+                        panic!("injected panic: read at offset {offset}");
+                    }
+                }
+                self.inner.submit(Io::read(buf, offset).ctx(ctx))
             }
-            if overlaps(&f.panic_ranges, offset, buf.len() as u64) {
-                f.stats.injected_errors += 1;
-                drop(f);
-                panic!("injected panic: read at offset {offset}");
-            }
+            IoKind::Write(buf) => self.write_class("write", offset, buf.len() as u64, fua, |fua| {
+                self.inner.submit(Io::write(buf, offset).fua(fua).ctx(ctx))
+            }),
+            IoKind::Discard(len) => self.write_class("discard", offset, len, false, |_| {
+                self.inner.submit(Io::discard(offset, len).ctx(ctx))
+            }),
+            IoKind::WriteZeroes(len) => self.write_class("write_zeroes", offset, len, fua, |fua| {
+                self.inner
+                    .submit(Io::write_zeroes(offset, len).fua(fua).ctx(ctx))
+            }),
+            _ => emulate::fallback(self, io),
         }
-        self.inner.read_at(buf, offset)
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-        self.write_class("write", offset, buf.len() as u64, fua, |fua| {
-            self.inner.write_at(buf, offset, fua)
-        })
     }
 
     fn flush(&self) -> Result<(), BackendError> {
@@ -241,18 +253,6 @@ impl Backend for FaultyBackend {
             });
         }
         self.inner.flush()
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.write_class("discard", offset, len, false, |_| {
-            self.inner.discard(offset, len)
-        })
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
-        self.write_class("write_zeroes", offset, len, fua, |fua| {
-            self.inner.write_zeroes(offset, len, fua)
-        })
     }
 
     /// Judges each write in order and hands the inner backend the passing runs as

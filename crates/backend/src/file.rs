@@ -35,7 +35,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::aligned::{is_addr_aligned, AlignedBuf};
-use crate::{check_range, Backend, BackendError, BackendInfo, Caps, Support};
+use crate::{
+    check_range, emulate, Backend, BackendError, BackendInfo, Caps, Hints, Io, IoKind, Support,
+};
 
 /// How to open a [`FileBackend`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -461,18 +463,8 @@ impl FileBackend {
     }
 }
 
-impl Backend for FileBackend {
-    fn info(&self) -> &BackendInfo {
-        &self.info
-    }
-
-    /// A local file or device. A read the page cache does not hold waits for the disk;
-    /// the NBD server notices slow requests and spreads them over threads again.
-    fn local(&self) -> bool {
-        true
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+impl FileBackend {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         if buf.is_empty() {
             return Ok(());
@@ -486,7 +478,8 @@ impl Backend for FileBackend {
             .map_err(|e| self.io_err("read", offset, e))
     }
 
-    fn read_with(
+    /// `None`: not lent (see [`IoKind::Lend`]).
+    fn lend(
         &self,
         offset: u64,
         len: usize,
@@ -509,7 +502,7 @@ impl Backend for FileBackend {
         }
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+    fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
         self.check_writable()?;
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         if buf.is_empty() {
@@ -523,44 +516,8 @@ impl Backend for FileBackend {
             .map_err(|e| self.io_err("write", offset, e))
     }
 
-    fn submit_writes(&self, batch: &[crate::WriteOp<'_>]) -> Result<(), BackendError> {
-        let direct_ok = |w: &crate::WriteOp<'_>| !self.needs_bounce(w.buf);
-        if !self.uring || batch.len() < 2 || !batch.iter().all(direct_ok) {
-            for w in batch {
-                self.write_at(w.buf, w.offset, w.fua)?;
-            }
-            return Ok(());
-        }
-        self.check_writable()?;
-        let mut ops = [crate::uring::UringWrite {
-            offset: 0,
-            buf: &[],
-            fua: false,
-        }; 64];
-        for chunk in batch.chunks(ops.len()) {
-            for (op, w) in ops.iter_mut().zip(chunk) {
-                check_range(w.offset, w.buf.len() as u64, self.info.size_bytes)?;
-                self.check_aligned(w.offset, w.buf.len() as u64)?;
-                *op = crate::uring::UringWrite {
-                    offset: w.offset,
-                    buf: w.buf,
-                    fua: w.fua,
-                };
-            }
-            crate::uring::write_batch(self.file.as_raw_fd(), &ops[..chunk.len()])
-                .map_err(|e| self.io_err("io_uring write", chunk[0].offset, e))?;
-        }
-        Ok(())
-    }
-
-    fn flush(&self) -> Result<(), BackendError> {
-        self.file
-            .sync_data()
-            .map_err(|e| self.io_err("flush", 0, e))
-    }
-
     /// Holes of a regular file, from `SEEK_HOLE`/`SEEK_DATA` (block devices: unknown).
-    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+    fn find_holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
         use std::os::fd::AsRawFd;
         if self.block_device {
             return None;
@@ -598,7 +555,7 @@ impl Backend for FileBackend {
         Some(out)
     }
 
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+    fn discard_range(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         self.check_writable()?;
         if self.info.caps.discard == Support::None {
             return Err(BackendError::Unsupported("discard"));
@@ -629,7 +586,7 @@ impl Backend for FileBackend {
         }
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
+    fn zero_range(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
         self.check_writable()?;
         check_range(offset, len, self.info.size_bytes)?;
         if len == 0 {
@@ -658,5 +615,75 @@ impl Backend for FileBackend {
                 .map_err(|e| self.io_err("write_zeroes (FUA sync)", offset, e))?;
         }
         Ok(())
+    }
+}
+
+impl Backend for FileBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        match io.kind {
+            IoKind::Read(buf) => self.read(buf, io.offset),
+            IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+            IoKind::Lend { len, f } => self
+                .lend(io.offset, len, f)
+                .unwrap_or(Err(BackendError::Unsupported("lend"))),
+            IoKind::Holes { len, out } => {
+                *out = self
+                    .find_holes(io.offset, len)
+                    .ok_or(BackendError::Unsupported("holes"))?;
+                Ok(())
+            }
+            IoKind::Discard(len) => self.discard_range(io.offset, len),
+            IoKind::WriteZeroes(len) => self.zero_range(io.offset, len, io.fua),
+            _ => emulate::fallback(self, io),
+        }
+    }
+
+    fn submit_writes(&self, batch: &[crate::WriteOp<'_>]) -> Result<(), BackendError> {
+        let direct_ok = |w: &crate::WriteOp<'_>| !self.needs_bounce(w.buf);
+        if !self.uring || batch.len() < 2 || !batch.iter().all(direct_ok) {
+            for w in batch {
+                self.write(w.buf, w.offset, w.fua)?;
+            }
+            return Ok(());
+        }
+        self.check_writable()?;
+        let mut ops = [crate::uring::UringWrite {
+            offset: 0,
+            buf: &[],
+            fua: false,
+        }; 64];
+        for chunk in batch.chunks(ops.len()) {
+            for (op, w) in ops.iter_mut().zip(chunk) {
+                check_range(w.offset, w.buf.len() as u64, self.info.size_bytes)?;
+                self.check_aligned(w.offset, w.buf.len() as u64)?;
+                *op = crate::uring::UringWrite {
+                    offset: w.offset,
+                    buf: w.buf,
+                    fua: w.fua,
+                };
+            }
+            crate::uring::write_batch(self.file.as_raw_fd(), &ops[..chunk.len()])
+                .map_err(|e| self.io_err("io_uring write", chunk[0].offset, e))?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.file
+            .sync_data()
+            .map_err(|e| self.io_err("flush", 0, e))
+    }
+
+    /// A local file or device. A read the page cache does not hold waits for the disk;
+    /// the NBD server notices slow requests and spreads them over threads again.
+    fn hints(&self) -> Hints {
+        Hints {
+            local: true,
+            ..Hints::default()
+        }
     }
 }

@@ -9,7 +9,9 @@
 //! Flushes go to every piece that has a cache; requests are split at piece boundaries.
 //! Discard and write-zeroes are not offered (pieces differ in what they support).
 
-use crate::{check_range, Backend, BackendError, BackendInfo, Caps, Support};
+use crate::{
+    check_range, emulate, Backend, BackendError, BackendInfo, Caps, Hints, Io, IoKind, Support,
+};
 use std::sync::Arc;
 
 /// Backends placed end to end (dm's linear concatenation of a table's targets).
@@ -132,20 +134,22 @@ impl Backend for LinearBackend {
         &self.info
     }
 
-    fn local(&self) -> bool {
-        self.pieces.iter().all(|(_, p, _, _)| p.local())
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-        let len = buf.len();
-        self.each(offset, len, |p, at, r| p.read_at(&mut buf[r], at))
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-        if self.info.caps.read_only {
-            return Err(BackendError::ReadOnly);
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        let (offset, fua, ctx) = (io.offset, io.fua, io.ctx);
+        match io.kind {
+            IoKind::Read(buf) => self.each(offset, buf.len(), |p, at, r| {
+                p.submit(Io::read(&mut buf[r], at).ctx(ctx))
+            }),
+            IoKind::Write(buf) => {
+                if self.info.caps.read_only {
+                    return Err(BackendError::ReadOnly);
+                }
+                self.each(offset, buf.len(), |p, at, r| {
+                    p.submit(Io::write(&buf[r], at).fua(fua).ctx(ctx))
+                })
+            }
+            _ => emulate::fallback(self, io),
         }
-        self.each(offset, buf.len(), |p, at, r| p.write_at(&buf[r], at, fua))
     }
 
     fn flush(&self) -> Result<(), BackendError> {
@@ -155,6 +159,13 @@ impl Backend for LinearBackend {
             }
         }
         Ok(())
+    }
+
+    fn hints(&self) -> Hints {
+        Hints {
+            local: self.pieces.iter().all(|(_, p, _, _)| p.hints().local),
+            ..Hints::default()
+        }
     }
 }
 

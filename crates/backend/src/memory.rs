@@ -24,7 +24,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 
-use crate::{check_range, Backend, BackendError, BackendInfo, Caps, Support};
+use crate::{
+    check_range, emulate, Backend, BackendError, BackendInfo, Caps, Hints, Io, IoKind, Support,
+};
 
 /// Bytes per chunk: the allocation unit. 64 KiB keeps the per-chunk lock and pointer
 /// overhead (~32 bytes) under 0.1%, while a 4 KiB request still copies only its own bytes.
@@ -175,17 +177,8 @@ impl MemoryBackend {
     }
 }
 
-impl Backend for MemoryBackend {
-    fn info(&self) -> &BackendInfo {
-        &self.info
-    }
-
-    /// Memory: every request is a copy.
-    fn local(&self) -> bool {
-        true
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+impl MemoryBackend {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         for s in spans(offset, buf.len() as u64) {
             let out = &mut buf[s.pos..s.pos + s.len];
@@ -205,7 +198,7 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<(), BackendError> {
+    fn write(&self, buf: &[u8], offset: u64) -> Result<(), BackendError> {
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         for s in spans(offset, buf.len() as u64) {
             let Some(slot) = self.chunk_or_create(s.chunk) else {
@@ -228,26 +221,10 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    /// A no-op: there is no cache to write back (caps say [`Support::None`]).
-    fn flush(&self) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.zero_range(offset, len)
-    }
-
-    /// Each chunk is one `RwLock`: every call holds the locks of the chunks it touches
-    /// while it copies, so calls are atomic per chunk.
-    fn atomic_unit(&self) -> Option<u64> {
-        Some(CHUNK_BYTES)
-    }
-
-    fn modify_at(
+    fn modify(
         &self,
         offset: u64,
         len: usize,
-        _fua: bool,
         f: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), BackendError> {
         check_range(offset, len as u64, self.info.size_bytes)?;
@@ -276,9 +253,38 @@ impl Backend for MemoryBackend {
         f(&mut d[at..at + len]);
         Ok(())
     }
+}
 
-    fn write_zeroes(&self, offset: u64, len: u64, _fua: bool) -> Result<(), BackendError> {
-        self.zero_range(offset, len)
+impl Backend for MemoryBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    /// Discards and write-zeroes drop chunks; FUA means nothing (no cache).
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        match io.kind {
+            IoKind::Read(buf) => self.read(buf, io.offset),
+            IoKind::Write(buf) => self.write(buf, io.offset),
+            IoKind::WriteOwned(buf) => self.write(buf, io.offset),
+            IoKind::Discard(len) | IoKind::WriteZeroes(len) => self.zero_range(io.offset, len),
+            IoKind::Modify { len, f } => self.modify(io.offset, len, f),
+            _ => emulate::fallback(self, io),
+        }
+    }
+
+    /// A no-op: there is no cache to write back (caps say [`Support::None`]).
+    fn flush(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// Memory: every request is a copy. Each chunk is one `RwLock`: every I/O holds the
+    /// locks of the chunks it touches while it copies, so I/Os are atomic per chunk.
+    fn hints(&self) -> Hints {
+        Hints {
+            local: true,
+            atomic_unit: Some(CHUNK_BYTES),
+            async_submit: false,
+        }
     }
 }
 
@@ -349,7 +355,7 @@ mod tests {
     #[test]
     fn modify_at_changes_one_chunk_in_place_and_refuses_to_cross_one() {
         let m = MemoryBackend::new(1 << 20).unwrap();
-        assert_eq!(m.atomic_unit(), Some(CHUNK_BYTES));
+        assert_eq!(m.hints().atomic_unit, Some(CHUNK_BYTES));
         // An unwritten chunk reads as zeros inside the closure too.
         m.modify_at(CHUNK_BYTES + 512, 512, false, &mut |b| {
             assert!(b.iter().all(|&x| x == 0));

@@ -48,8 +48,8 @@
 //! BENCHMARKING.md, "Ceph RBD".)
 
 use crate::{
-    check_range, AsyncDone, AsyncIo, AsyncOp, Backend, BackendError, BackendInfo, Caps, Support,
-    WriteOp,
+    check_range, emulate, AsyncDone, AsyncIo, AsyncOp, Backend, BackendError, BackendInfo, Caps,
+    Hints, Io, IoKind, Support, WriteOp,
 };
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::PathBuf;
@@ -557,12 +557,8 @@ impl RbdBackend {
     }
 }
 
-impl Backend for RbdBackend {
-    fn info(&self) -> &BackendInfo {
-        &self.info
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+impl RbdBackend {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         if buf.is_empty() {
             return Ok(());
@@ -583,7 +579,7 @@ impl Backend for RbdBackend {
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+    fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
         self.check_writable()?;
         if buf.is_empty() {
             return Ok(());
@@ -596,18 +592,7 @@ impl Backend for RbdBackend {
         Ok(())
     }
 
-    fn flush(&self) -> Result<(), BackendError> {
-        if self.info.caps.read_only {
-            return Ok(());
-        }
-        self.aio("flush", 0, |c| {
-            // SAFETY: an open image.
-            unsafe { (self.api.rbd_aio_flush)(self.image, c) }
-        })
-        .map(|_| ())
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+    fn discard_range(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         self.check_writable()?;
         check_range(offset, len, self.info.size_bytes)?;
         self.aio("discard", offset, |c| {
@@ -617,7 +602,7 @@ impl Backend for RbdBackend {
         .map(|_| ())
     }
 
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
+    fn zero_range(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
         self.check_writable()?;
         check_range(offset, len, self.info.size_bytes)?;
         // librbd takes a size_t length; split to be safe on any target.
@@ -634,6 +619,33 @@ impl Backend for RbdBackend {
             self.flush()?;
         }
         Ok(())
+    }
+}
+
+impl Backend for RbdBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        match io.kind {
+            IoKind::Read(buf) => self.read(buf, io.offset),
+            IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+            IoKind::Discard(len) => self.discard_range(io.offset, len),
+            IoKind::WriteZeroes(len) => self.zero_range(io.offset, len, io.fua),
+            _ => emulate::fallback(self, io),
+        }
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        if self.info.caps.read_only {
+            return Ok(());
+        }
+        self.aio("flush", 0, |c| {
+            // SAFETY: an open image.
+            unsafe { (self.api.rbd_aio_flush)(self.image, c) }
+        })
+        .map(|_| ())
     }
 
     /// Every write of the batch is queued before the first is waited for: a plug of
@@ -669,10 +681,6 @@ impl Backend for RbdBackend {
         Ok(())
     }
 
-    fn supports_async(&self) -> bool {
-        true
-    }
-
     /// Reads and writes go to librbd as they are (`rbd_aio_read` / `rbd_aio_write`) and
     /// `io.done` runs in librbd's completion callback. Refused (for the synchronous path
     /// to report): empty, out-of-range, and writes to a read-only image.
@@ -686,6 +694,13 @@ impl Backend for RbdBackend {
         }
         self.submit_pending(io);
         Ok(())
+    }
+
+    fn hints(&self) -> Hints {
+        Hints {
+            async_submit: true,
+            ..Hints::default()
+        }
     }
 }
 

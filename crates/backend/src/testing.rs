@@ -391,7 +391,7 @@ fn run_async(b: &Arc<dyn Backend>, op: AsyncOp, offset: u64, buf: Vec<u8>) -> Op
     }
 }
 
-/// The asynchronous path of a backend that offers one ([`Backend::supports_async`]):
+/// The asynchronous path of a backend that offers one (([`crate::Hints::async_submit`]):
 /// `threads` submitters each keep many writes of their own units in flight at once (each
 /// request's completion arrives on the backend's threads, in any order), then read every
 /// unit back asynchronously and synchronously; a request out of range is refused
@@ -401,7 +401,10 @@ fn run_async(b: &Arc<dyn Backend>, op: AsyncOp, offset: u64, buf: Vec<u8>) -> Op
 /// If a request the backend accepted fails, a completion is lost or repeated, or the data
 /// of the two paths differ.
 pub fn async_conformance(b: &Arc<dyn Backend>, threads: u64) {
-    assert!(b.supports_async(), "the backend has no asynchronous path");
+    assert!(
+        b.hints().async_submit,
+        "the backend has no asynchronous path"
+    );
     let block = unit(&**b);
     let blocks = UNITS.min(b.info().size_bytes / block);
     let threads = threads.max(1);
@@ -562,26 +565,23 @@ impl Backend for AsyncThreads {
     fn info(&self) -> &crate::BackendInfo {
         self.inner.info()
     }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-        self.inner.write_at(buf, offset, fua)
+    /// The inner backend's, except what would bypass the asynchronous path's ordering.
+    fn submit(&self, io: crate::Io<'_>) -> Result<(), BackendError> {
+        match io.kind {
+            crate::IoKind::Lend { .. } | crate::IoKind::Modify { .. } => {
+                crate::emulate::fallback(self, io)
+            }
+            _ => self.inner.submit(io),
+        }
     }
     fn flush(&self) -> Result<(), BackendError> {
         self.inner.flush()
     }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.inner.discard(offset, len)
-    }
-    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
-        self.inner.holes(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
-        self.inner.write_zeroes(offset, len, fua)
-    }
-    fn supports_async(&self) -> bool {
-        true
+    fn hints(&self) -> crate::Hints {
+        crate::Hints {
+            async_submit: true,
+            ..crate::Hints::default()
+        }
     }
     fn submit_async(self: Arc<Self>, io: AsyncIo) -> Result<(), AsyncIo> {
         if io.len == 0

@@ -7,7 +7,9 @@
 //! so of the conformance suite (`testing`) it passes the check that needs no data
 //! read back (zero-length requests); the others fail by design.
 
-use crate::{check_range, Backend, BackendError, BackendInfo, Caps, Support};
+use crate::{
+    check_range, emulate, Backend, BackendError, BackendInfo, Caps, Hints, Io, IoKind, Support,
+};
 
 /// Reads zeros, accepts and drops writes. See the [module docs](self).
 #[derive(Debug)]
@@ -42,18 +44,18 @@ impl Backend for ZeroBackend {
         &self.info
     }
 
-    fn local(&self) -> bool {
-        true
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-        check_range(offset, buf.len() as u64, self.info.size_bytes)?;
-        buf.fill(0);
+    /// Reads zeroes; writes, discards and write-zeroes vanish.
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        check_range(io.offset, io.kind.len(), self.info.size_bytes)?;
+        match io.kind {
+            IoKind::Read(buf) => buf.fill(0),
+            IoKind::Write(_) | IoKind::WriteOwned(_) => {}
+            IoKind::Discard(_) | IoKind::WriteZeroes(_) => {}
+            IoKind::Lend { .. } | IoKind::Modify { .. } | IoKind::Holes { .. } => {
+                return emulate::fallback(self, io)
+            }
+        }
         Ok(())
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<(), BackendError> {
-        check_range(offset, buf.len() as u64, self.info.size_bytes)
     }
 
     /// A no-op (caps say [`Support::None`]).
@@ -61,12 +63,11 @@ impl Backend for ZeroBackend {
         Ok(())
     }
 
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        check_range(offset, len, self.info.size_bytes)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, _fua: bool) -> Result<(), BackendError> {
-        check_range(offset, len, self.info.size_bytes)
+    fn hints(&self) -> Hints {
+        Hints {
+            local: true,
+            ..Hints::default()
+        }
     }
 }
 

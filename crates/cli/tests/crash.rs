@@ -523,12 +523,8 @@ fn dead() -> BackendError {
     BackendError::Other("the disk lost power".into())
 }
 
-impl Backend for Cache {
-    fn info(&self) -> &BackendInfo {
-        &self.info
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+impl Cache {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         let st = self.state.lock().unwrap();
         if st.dead {
             return Err(dead());
@@ -550,7 +546,7 @@ impl Backend for Cache {
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+    fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
         let mut st = self.state.lock().unwrap();
         if st.dead {
             return Err(dead());
@@ -569,6 +565,20 @@ impl Backend for Cache {
             }
         }
         Ok(())
+    }
+}
+
+impl Backend for Cache {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn submit(&self, io: ucrypt_backend::Io<'_>) -> Result<(), ucrypt_backend::BackendError> {
+        match io.kind {
+            ucrypt_backend::IoKind::Read(buf) => self.read(buf, io.offset),
+            ucrypt_backend::IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+            _ => ucrypt_backend::emulate::fallback(self, io),
+        }
     }
 
     fn flush(&self) -> Result<(), BackendError> {
@@ -748,15 +758,26 @@ fn power_cut_loses_only_unflushed_writes() {
 #[test]
 fn the_checker_catches_a_disk_that_ignores_flush() {
     struct Liar(Cache);
+    impl Liar {
+        fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+            self.0.read_at(buf, offset)
+        }
+
+        fn write(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<(), BackendError> {
+            self.0.write_at(buf, offset, false)
+        }
+    }
+
     impl Backend for Liar {
         fn info(&self) -> &BackendInfo {
             self.0.info()
         }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-            self.0.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> Result<(), BackendError> {
-            self.0.write_at(buf, offset, false)
+        fn submit(&self, io: ucrypt_backend::Io<'_>) -> Result<(), ucrypt_backend::BackendError> {
+            match io.kind {
+                ucrypt_backend::IoKind::Read(buf) => self.read(buf, io.offset),
+                ucrypt_backend::IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+                _ => ucrypt_backend::emulate::fallback(self, io),
+            }
         }
         fn flush(&self) -> Result<(), BackendError> {
             Ok(())

@@ -1134,14 +1134,12 @@ fn backend_err(e: std::io::Error) -> ucrypt_backend::BackendError {
     ucrypt_backend::BackendError::Other(e.to_string())
 }
 
-impl ucrypt_backend::Backend for DiskBackend {
-    fn info(&self) -> &ucrypt_backend::BackendInfo {
-        &self.info
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
+impl DiskBackend {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
         self.disk.read_at(buf, offset).map_err(backend_err)
     }
-    fn write_at(
+
+    fn write(
         &self,
         buf: &[u8],
         offset: u64,
@@ -1153,6 +1151,21 @@ impl ucrypt_backend::Backend for DiskBackend {
         }
         Ok(())
     }
+}
+
+impl ucrypt_backend::Backend for DiskBackend {
+    fn info(&self) -> &ucrypt_backend::BackendInfo {
+        &self.info
+    }
+
+    fn submit(&self, io: ucrypt_backend::Io<'_>) -> Result<(), ucrypt_backend::BackendError> {
+        match io.kind {
+            ucrypt_backend::IoKind::Read(buf) => self.read(buf, io.offset),
+            ucrypt_backend::IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+            _ => ucrypt_backend::emulate::fallback(self, io),
+        }
+    }
+
     fn flush(&self) -> Result<(), ucrypt_backend::BackendError> {
         self.disk.sync().map_err(backend_err)
     }

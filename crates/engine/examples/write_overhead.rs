@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 use std::sync::Arc;
 use ucrypt_backend::memory::MemoryBackend;
-use ucrypt_backend::{Backend, IoCtx};
+use ucrypt_backend::{Backend, Io};
 use ucrypt_crypto::{CipherSpec, SectorParams, VolumeKey};
 use ucrypt_engine::{EngineOptions, Volume, VolumeConfig};
 
@@ -30,8 +30,7 @@ fn run(dev: &dyn Backend, n: u64, region: u64) -> f64 {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let off = (rng % slots) * 4096;
-        dev.write_in_place_ctx(&mut buf, off, false, IoCtx::default())
-            .unwrap();
+        dev.submit(Io::write_owned(&mut buf, off)).unwrap();
     }
     (cpu_ns() - t) as f64 / n as f64
 }

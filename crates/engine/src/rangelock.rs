@@ -2,7 +2,7 @@
 //! written.
 //!
 //! Not taken over a backend whose calls are already atomic per sector
-//! (`Backend::atomic_unit`, the memory backend): there the backend's own per-chunk lock does
+//! (`Hints::atomic_unit`, the memory backend): there the backend's own per-chunk lock does
 //! this module's job, partial-sector writes merge inside `Backend::modify_at`, and the volume
 //! skips both the lock and the read protocol (`Volume::range_locked`). On a 4 KiB write the
 //! lock costs ~100 ns, about 14 % of a raw memory write (`examples/write_overhead.rs`).

@@ -18,8 +18,8 @@ use crate::EngineError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use ucrypt_backend::{
-    check_range, AsyncIo, AsyncOp, Backend, BackendError, BackendInfo, Caps, IoCtx, Support,
-    WriteOp,
+    check_range, emulate, AsyncIo, AsyncOp, Backend, BackendError, BackendInfo, Caps, Hints, Io,
+    IoCtx, IoKind, Support, WriteOp,
 };
 use ucrypt_crypto::{Sector512, SectorCipher};
 
@@ -77,11 +77,11 @@ pub struct Volume {
     /// a backend that never does (memory, zero, remote) costs reads nothing for it.
     lends_reads: bool,
     /// The backend's calls are atomic over stretches that hold whole sectors of this
-    /// volume ([`Backend::atomic_unit`]), and it lends no reads: its own locking already
+    /// volume ([`Hints::atomic_unit`](ucrypt_backend::Hints::atomic_unit)), and it lends no reads: its own locking already
     /// keeps every sector whole for readers and writers, so this volume takes no range
     /// locks, and a partial-sector write merges inside [`Backend::modify_at`].
     atomic: bool,
-    /// Whether the backend takes asynchronous requests ([`Backend::supports_async`]).
+    /// Whether the backend takes asynchronous requests ([`ucrypt_backend::Hints::async_submit`]).
     async_lower: bool,
 }
 
@@ -190,16 +190,17 @@ impl Volume {
             lends_reads,
             atomic: !lends_reads
                 && backend
-                    .atomic_unit()
+                    .hints()
+                    .atomic_unit
                     .is_some_and(|u| u >= sector_bytes && u % sector_bytes == 0),
-            async_lower: backend.supports_async(),
+            async_lower: backend.hints().async_submit,
             backend,
         })
     }
 
     /// Whether this volume serialises its own requests with range locks (the rangelock
     /// module); `false` when the backend's calls are atomic per sector already
-    /// ([`Backend::atomic_unit`]).
+    /// ([`Hints::atomic_unit`](ucrypt_backend::Hints::atomic_unit)).
     pub fn range_locked(&self) -> bool {
         !self.atomic
     }
@@ -727,17 +728,160 @@ const EMPTY_JOB: Job = Job {
     len: 0,
 };
 
+impl Volume {
+    fn read(&self, buf: &mut [u8], offset: u64, ctx: IoCtx) -> Result<(), BackendError> {
+        check_range(offset, buf.len() as u64, self.info.size_bytes)?;
+        self.stats.read(ctx, buf.len());
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let (_inflight, depth) = self.enter(buf.len());
+        // No write of this volume may change these sectors while they are read: a read
+        // returns each sector as one write left it, never a mix of two (rangelock module
+        // docs). A read-only volume has no writers.
+        let mask = self.sector_bytes - 1;
+        let (start, end) = (offset & !mask, (offset + buf.len() as u64 + mask) & !mask);
+        let (mut _reading, mut _locked) = (None, None);
+        if !self.info.caps.read_only && !self.atomic {
+            _reading = self.locks.try_read(start, end);
+            if _reading.is_none() {
+                _locked = Some(self.locks.lock(start, end));
+            }
+        }
+        let s = split(offset, buf.len() as u64, self.sector_bytes);
+        let mut at = 0usize;
+        if let Some(h) = s.head {
+            self.read_partial(&mut buf[..h.len], h)?;
+            at = h.len;
+        }
+        if let Some((pos, len)) = s.body {
+            // Whole sectors: decrypt in place in the caller's buffer, no copy.
+            let place = self.placement(false, len as usize, depth);
+            self.read_sectors(&mut buf[at..at + len as usize], pos, place)?;
+            at += len as usize;
+        }
+        if let Some(t) = s.tail {
+            self.read_partial(&mut buf[at..], t)?;
+        }
+        Ok(())
+    }
+
+    /// Whole-sector writes placed inline are encrypted in the caller's buffer and written
+    /// from it: no copy into a pool or stack buffer first (dm-crypt must copy: the bio's
+    /// pages belong to the page cache). Under the same range lock as any write, so the
+    /// no-torn-reads guarantee holds; requests with partial sectors or for the workers take
+    /// the copying path (as a [`IoKind::Write`]) and leave `buf` as it was.
+    fn write_owned(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        fua: bool,
+        ctx: IoCtx,
+    ) -> Result<(), BackendError> {
+        let mask = self.sector_bytes - 1;
+        if self.info.caps.read_only
+            || buf.is_empty()
+            || offset & mask != 0
+            || buf.len() as u64 & mask != 0
+        {
+            return self.write_impl(buf, offset, fua, ctx);
+        }
+        check_range(offset, buf.len() as u64, self.info.size_bytes)?;
+        let (_inflight, depth) = self.enter(buf.len());
+        if self.placement(true, buf.len(), depth) != Placement::Inline {
+            drop(_inflight);
+            return self.write_impl(buf, offset, fua, ctx);
+        }
+        self.stats.write(ctx, buf.len());
+        let _guard = (!self.atomic).then(|| self.locks.lock(offset, offset + buf.len() as u64));
+        self.cipher
+            .encrypt(Sector512::from_bytes_floor(offset), buf);
+        self.backend.write_at(buf, self.lower(offset), fua)
+    }
+
+    /// Whole sectors whose ciphertext is a hole of the device, and only with
+    /// `allow_discards`: a trimmed range's content is unspecified, so a reader may take it
+    /// as unallocated. Without it every sector counts as data (a hole in a sparse image
+    /// still decrypts to a definite, if meaningless, content).
+    fn find_holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+        if self.info.caps.discard == Support::None {
+            return None;
+        }
+        let end = offset.checked_add(len)?.min(self.info.size_bytes);
+        let lower = self
+            .backend
+            .holes(self.lower(offset), end.checked_sub(offset)?)?;
+        let s = self.sector_bytes;
+        Some(
+            lower
+                .into_iter()
+                .filter_map(|(o, l)| {
+                    let o = o.checked_sub(self.cfg.data_offset_bytes)?;
+                    let (start, stop) = (o.div_ceil(s) * s, (o + l).min(end) / s * s);
+                    (stop > start).then_some((start, stop - start))
+                })
+                .collect(),
+        )
+    }
+
+    fn discard_range(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        if self.info.caps.discard == Support::None {
+            return Err(BackendError::Unsupported(
+                "discard (the table has no allow_discards)",
+            ));
+        }
+        check_range(offset, len, self.info.size_bytes)?;
+        // Only whole sectors are discarded; a partial sector keeps its data (discard is
+        // advisory, and zeroing part of a sector would need a read-modify-write).
+        if let Some((pos, l)) = split(offset, len, self.sector_bytes).body {
+            let _guard = (!self.atomic).then(|| self.locks.lock(pos, pos + l));
+            self.backend.discard(self.lower(pos), l)?;
+        }
+        Ok(())
+    }
+
+    fn zero_range(&self, offset: u64, len: u64, fua: bool, ctx: IoCtx) -> Result<(), BackendError> {
+        check_range(offset, len, self.info.size_bytes)?;
+        let mut pos = offset;
+        let end = offset + len;
+        while pos < end {
+            // Chunks end on 64 KiB boundaries (so on sector boundaries): only the first
+            // and last can need a read-modify-write.
+            let chunk = ZEROS.len() as u64;
+            let n = (end - pos).min(chunk - pos % chunk) as usize;
+            self.write_impl(&ZEROS[..n], pos, false, ctx)?;
+            pos += n as u64;
+        }
+        if fua {
+            // FUA covers the whole request: one flush after all chunks.
+            self.backend.flush()?;
+        }
+        Ok(())
+    }
+}
+
 impl Backend for Volume {
     fn info(&self) -> &BackendInfo {
         &self.info
     }
 
-    fn supports_async(&self) -> bool {
-        self.async_lower
-    }
-
-    fn local(&self) -> bool {
-        self.backend.local()
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        let (offset, fua, ctx) = (io.offset, io.fua, io.ctx);
+        match io.kind {
+            IoKind::Read(buf) => self.read(buf, offset, ctx),
+            IoKind::Write(buf) => self.write_impl(buf, offset, fua, ctx),
+            IoKind::WriteOwned(buf) => self.write_owned(buf, offset, fua, ctx),
+            IoKind::WriteZeroes(len) => self.zero_range(offset, len, fua, ctx),
+            IoKind::Discard(len) => self.discard_range(offset, len),
+            IoKind::Holes { len, out } => {
+                *out = self
+                    .find_holes(offset, len)
+                    .ok_or(BackendError::Unsupported("holes"))?;
+                Ok(())
+            }
+            // Lending or modifying ciphertext in place would hand out what is not the data.
+            IoKind::Lend { .. } | IoKind::Modify { .. } => emulate::fallback(self, io),
+        }
     }
 
     /// The asynchronous path, for a backend that has one (RBD): whole-sector requests whose
@@ -813,7 +957,7 @@ impl Backend for Volume {
                 }),
             }
         } else {
-            // A read-only volume has no writers: no announcement (as `read_at_ctx`).
+            // A read-only volume has no writers: no announcement (as `Volume::read`).
             let announced = !self.info.caps.read_only;
             if announced {
                 match self.locks.try_read(start, end) {
@@ -864,94 +1008,6 @@ impl Backend for Volume {
         Ok(())
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-        self.read_at_ctx(buf, offset, IoCtx::default())
-    }
-
-    fn read_at_ctx(&self, buf: &mut [u8], offset: u64, ctx: IoCtx) -> Result<(), BackendError> {
-        check_range(offset, buf.len() as u64, self.info.size_bytes)?;
-        self.stats.read(ctx, buf.len());
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let (_inflight, depth) = self.enter(buf.len());
-        // No write of this volume may change these sectors while they are read: a read
-        // returns each sector as one write left it, never a mix of two (rangelock module
-        // docs). A read-only volume has no writers.
-        let mask = self.sector_bytes - 1;
-        let (start, end) = (offset & !mask, (offset + buf.len() as u64 + mask) & !mask);
-        let (mut _reading, mut _locked) = (None, None);
-        if !self.info.caps.read_only && !self.atomic {
-            _reading = self.locks.try_read(start, end);
-            if _reading.is_none() {
-                _locked = Some(self.locks.lock(start, end));
-            }
-        }
-        let s = split(offset, buf.len() as u64, self.sector_bytes);
-        let mut at = 0usize;
-        if let Some(h) = s.head {
-            self.read_partial(&mut buf[..h.len], h)?;
-            at = h.len;
-        }
-        if let Some((pos, len)) = s.body {
-            // Whole sectors: decrypt in place in the caller's buffer, no copy.
-            let place = self.placement(false, len as usize, depth);
-            self.read_sectors(&mut buf[at..at + len as usize], pos, place)?;
-            at += len as usize;
-        }
-        if let Some(t) = s.tail {
-            self.read_partial(&mut buf[at..], t)?;
-        }
-        Ok(())
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-        self.write_impl(buf, offset, fua, IoCtx::default())
-    }
-
-    fn write_at_ctx(
-        &self,
-        buf: &[u8],
-        offset: u64,
-        fua: bool,
-        ctx: IoCtx,
-    ) -> Result<(), BackendError> {
-        self.write_impl(buf, offset, fua, ctx)
-    }
-
-    /// Whole-sector writes placed inline are encrypted in the caller's buffer and written
-    /// from it: no copy into a pool or stack buffer first (dm-crypt must copy: the bio's
-    /// pages belong to the page cache). Under the same range lock as any write, so the
-    /// no-torn-reads guarantee holds; requests with partial sectors or for the workers take
-    /// the copying path ([`Backend::write_at_ctx`]) and leave `buf` as it was.
-    fn write_in_place_ctx(
-        &self,
-        buf: &mut [u8],
-        offset: u64,
-        fua: bool,
-        ctx: IoCtx,
-    ) -> Result<(), BackendError> {
-        let mask = self.sector_bytes - 1;
-        if self.info.caps.read_only
-            || buf.is_empty()
-            || offset & mask != 0
-            || buf.len() as u64 & mask != 0
-        {
-            return self.write_impl(buf, offset, fua, ctx);
-        }
-        check_range(offset, buf.len() as u64, self.info.size_bytes)?;
-        let (_inflight, depth) = self.enter(buf.len());
-        if self.placement(true, buf.len(), depth) != Placement::Inline {
-            drop(_inflight);
-            return self.write_impl(buf, offset, fua, ctx);
-        }
-        self.stats.write(ctx, buf.len());
-        let _guard = (!self.atomic).then(|| self.locks.lock(offset, offset + buf.len() as u64));
-        self.cipher
-            .encrypt(Sector512::from_bytes_floor(offset), buf);
-        self.backend.write_at(buf, self.lower(offset), fua)
-    }
-
     fn flush(&self) -> Result<(), BackendError> {
         // Every write acknowledged so far has reached the backend (writes complete only
         // after the backend call returns), so flushing the backend covers them all, from
@@ -959,74 +1015,12 @@ impl Backend for Volume {
         self.backend.flush()
     }
 
-    /// Whole sectors whose ciphertext is a hole of the device, and only with
-    /// `allow_discards`: a trimmed range's content is unspecified, so a reader may take it
-    /// as unallocated. Without it every sector counts as data (a hole in a sparse image
-    /// still decrypts to a definite, if meaningless, content).
-    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
-        if self.info.caps.discard == Support::None {
-            return None;
+    fn hints(&self) -> Hints {
+        Hints {
+            local: self.backend.hints().local,
+            atomic_unit: None,
+            async_submit: self.async_lower,
         }
-        let end = offset.checked_add(len)?.min(self.info.size_bytes);
-        let lower = self
-            .backend
-            .holes(self.lower(offset), end.checked_sub(offset)?)?;
-        let s = self.sector_bytes;
-        Some(
-            lower
-                .into_iter()
-                .filter_map(|(o, l)| {
-                    let o = o.checked_sub(self.cfg.data_offset_bytes)?;
-                    let (start, stop) = (o.div_ceil(s) * s, (o + l).min(end) / s * s);
-                    (stop > start).then_some((start, stop - start))
-                })
-                .collect(),
-        )
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        if self.info.caps.discard == Support::None {
-            return Err(BackendError::Unsupported(
-                "discard (the table has no allow_discards)",
-            ));
-        }
-        check_range(offset, len, self.info.size_bytes)?;
-        // Only whole sectors are discarded; a partial sector keeps its data (discard is
-        // advisory, and zeroing part of a sector would need a read-modify-write).
-        if let Some((pos, l)) = split(offset, len, self.sector_bytes).body {
-            let _guard = (!self.atomic).then(|| self.locks.lock(pos, pos + l));
-            self.backend.discard(self.lower(pos), l)?;
-        }
-        Ok(())
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
-        self.write_zeroes_ctx(offset, len, fua, IoCtx::default())
-    }
-
-    fn write_zeroes_ctx(
-        &self,
-        offset: u64,
-        len: u64,
-        fua: bool,
-        ctx: IoCtx,
-    ) -> Result<(), BackendError> {
-        check_range(offset, len, self.info.size_bytes)?;
-        let mut pos = offset;
-        let end = offset + len;
-        while pos < end {
-            // Chunks end on 64 KiB boundaries (so on sector boundaries): only the first
-            // and last can need a read-modify-write.
-            let chunk = ZEROS.len() as u64;
-            let n = (end - pos).min(chunk - pos % chunk) as usize;
-            self.write_impl(&ZEROS[..n], pos, false, ctx)?;
-            pos += n as u64;
-        }
-        if fua {
-            // FUA covers the whole request: one flush after all chunks.
-            self.backend.flush()?;
-        }
-        Ok(())
     }
 }
 

@@ -56,7 +56,7 @@ fn run(
 fn the_asynchronous_path_passes_both_conformance_suites() {
     for sector in [512, 4096] {
         let (lower, _mem, v) = async_volume(4, sector);
-        assert!(v.supports_async());
+        assert!(v.hints().async_submit);
         conformance(&*v);
         async_conformance(&v, 4);
         assert!(

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use ucrypt_backend::Backend;
+use ucrypt_backend::{Backend, Io};
 
 struct Counting;
 
@@ -54,10 +54,10 @@ fn workload(v: &dyn Backend, buf: &mut [u8]) {
     // The NBD server's and ublk's write: encrypted in the caller's buffer where inline.
     let ctx = ucrypt_backend::IoCtx::default();
     for i in 0..16u64 {
-        v.write_in_place_ctx(&mut buf[..4096], (i * 4096) % (1 << 20), false, ctx)
+        v.submit(Io::write_owned(&mut buf[..4096], (i * 4096) % (1 << 20)).ctx(ctx))
             .unwrap();
     }
-    v.write_in_place_ctx(&mut buf[..], 0, false, ctx).unwrap();
+    v.submit(Io::write_owned(&mut buf[..], 0).ctx(ctx)).unwrap();
 }
 
 #[test]

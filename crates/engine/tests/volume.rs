@@ -54,14 +54,14 @@ fn every_configuration_writes_the_sector_ciphers_bytes() {
     }
 }
 
-/// `write_in_place_ctx` (the NBD server's and ublk's write call) in every configuration:
+/// `IoKind::WriteOwned` (the NBD server's and ublk's write call) in every configuration:
 /// whole-sector requests of 4 KiB, 64 KiB and 1 MiB (inline ones encrypted in the caller's
 /// buffer, the rest through the copying path) and unaligned ones leave the sector
 /// cipher's ciphertext on the backend and read back as written; an unaligned request's
 /// buffer is left as it was.
 #[test]
 fn in_place_writes_leave_the_sector_ciphers_bytes() {
-    use ucrypt_backend::IoCtx;
+    use ucrypt_backend::{Io, IoCtx};
     let c = cipher("aes-xts-plain64", 4096);
     let data: Vec<u8> = (0..(1u32 << 20))
         .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
@@ -73,13 +73,14 @@ fn in_place_writes_leave_the_sector_ciphers_bytes() {
         let v = volume(Arc::clone(&mem), Arc::clone(&c), 8192, opts);
         let ctx = IoCtx::default();
         let mut whole = data.clone();
-        v.write_in_place_ctx(&mut whole, 0, false, ctx).unwrap();
+        v.submit(Io::write_owned(&mut whole, 0).ctx(ctx)).unwrap();
         for (at, len) in [(4096usize, 4096usize), (65536, 65536), (200_704, 4096)] {
             let mut b = data[at..at + len].to_vec();
-            v.write_in_place_ctx(&mut b, at as u64, true, ctx).unwrap();
+            v.submit(Io::write_owned(&mut b, at as u64).fua(true).ctx(ctx))
+                .unwrap();
         }
         let mut odd = data[5000..9001].to_vec();
-        v.write_in_place_ctx(&mut odd, 5000, false, ctx).unwrap();
+        v.submit(Io::write_owned(&mut odd, 5000).ctx(ctx)).unwrap();
         assert!(odd == data[5000..9001], "{name}: unaligned buffer changed");
         let mut ct = vec![0u8; 1 << 20];
         mem.read_at(&mut ct, 8192).unwrap();
@@ -209,18 +210,20 @@ fn write_zeroes_encrypts_zeros_and_discard_needs_allow_discards() {
 
 #[test]
 fn requests_carry_their_client() {
-    use ucrypt_backend::IoCtx;
+    use ucrypt_backend::{Io, IoCtx};
     let v = volume(
         memory(1 << 20),
         cipher("aes-xts-plain64", 512),
         0,
         configs()[1].1,
     );
-    v.write_at_ctx(&[1u8; 4096], 0, false, IoCtx { client: 3 })
+    v.submit(Io::write(&[1u8; 4096], 0).ctx(IoCtx { client: 3 }))
         .unwrap();
     let mut b = [0u8; 512];
-    v.read_at_ctx(&mut b, 0, IoCtx { client: 5 }).unwrap();
-    v.read_at_ctx(&mut b, 512, IoCtx { client: 5 }).unwrap();
+    v.submit(Io::read(&mut b, 0).ctx(IoCtx { client: 5 }))
+        .unwrap();
+    v.submit(Io::read(&mut b, 512).ctx(IoCtx { client: 5 }))
+        .unwrap();
     let stats = v.client_stats();
     let c3 = stats.iter().find(|c| c.client == 3).unwrap();
     let c5 = stats.iter().find(|c| c.client == 5).unwrap();

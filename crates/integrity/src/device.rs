@@ -12,7 +12,9 @@ use crate::tags::{read_unaligned, TagCache};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockWriteGuard};
-use ucrypt_backend::{check_range, Backend, BackendError, BackendInfo, Caps, Support};
+use ucrypt_backend::{
+    check_range, emulate, Backend, BackendError, BackendInfo, Caps, Io, IoKind, Support,
+};
 use ucrypt_format::integrity::{
     commit_id, entry_state, log2_blocks_per_bitmap_bit, max_provided_data_sectors, next_commit_seq,
     set_entry_unused, AfterReplay, EntryState, Flags, FormatParams, Geometry, JournalShape,
@@ -1173,12 +1175,8 @@ fn verify_sb_mac(m: &Hasher, sector: &[u8]) -> Result<(), IntegrityError> {
     Ok(())
 }
 
-impl Backend for IntegrityBackend {
-    fn info(&self) -> &BackendInfo {
-        &self.info
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+impl IntegrityBackend {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         self.check_request(offset, buf.len() as u64)?;
         let st = self
             .state
@@ -1219,7 +1217,7 @@ impl Backend for IntegrityBackend {
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+    fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
         if self.read_only {
             return Err(BackendError::ReadOnly);
         }
@@ -1233,6 +1231,20 @@ impl Backend for IntegrityBackend {
             Mode::Journal => self.write_journal(&mut st, buf, sector, fua),
             Mode::Direct | Mode::Bitmap => self.write_direct(&mut st, buf, sector, fua),
             Mode::Recovery => Err(BackendError::ReadOnly),
+        }
+    }
+}
+
+impl Backend for IntegrityBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        match io.kind {
+            IoKind::Read(buf) => self.read(buf, io.offset),
+            IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+            _ => emulate::fallback(self, io),
         }
     }
 

@@ -38,7 +38,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use ucrypt_backend::{Backend, BackendError, BackendInfo, Caps, Support};
+use ucrypt_backend::{emulate, Backend, BackendError, BackendInfo, Caps, Io, IoKind, Support};
 
 /// Default TCP port of NBD (IANA).
 pub const NBD_DEFAULT_PORT: u16 = 10809;
@@ -439,12 +439,8 @@ fn req(kind: u16, flags: u16, offset: u64, length: u32) -> Request {
     }
 }
 
-impl Backend for NbdBackend {
-    fn info(&self) -> &BackendInfo {
-        &self.info
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+impl NbdBackend {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         ucrypt_backend::check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         let mut done = 0usize;
         for (at, n) in Self::pieces(offset, buf.len() as u64, u64::from(self.max_io)) {
@@ -460,7 +456,7 @@ impl Backend for NbdBackend {
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+    fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
         self.check_writable(offset, buf.len() as u64)?;
         let flags = if fua && self.info.caps.flush != Support::None {
             NBD_CMD_FLAG_FUA
@@ -481,6 +477,57 @@ impl Backend for NbdBackend {
         Ok(())
     }
 
+    fn trim(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        if self.info.caps.discard == Support::None {
+            return Err(BackendError::Unsupported("discard"));
+        }
+        self.check_writable(offset, len)?;
+        for (at, n) in Self::pieces(
+            offset,
+            len,
+            u64::from(u32::MAX / self.info.logical_block * self.info.logical_block),
+        ) {
+            self.call("trim", req(NBD_CMD_TRIM, 0, at, n), &[], &mut [])?;
+        }
+        Ok(())
+    }
+
+    fn zero_range(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
+        if self.info.caps.write_zeroes == Support::None {
+            return Err(BackendError::Unsupported("write_zeroes"));
+        }
+        self.check_writable(offset, len)?;
+        let mut flags = NBD_CMD_FLAG_NO_HOLE;
+        if fua && self.info.caps.flush != Support::None {
+            flags |= NBD_CMD_FLAG_FUA;
+        }
+        for (at, n) in Self::pieces(offset, len, u64::from(self.max_io)) {
+            self.call(
+                "write_zeroes",
+                req(NBD_CMD_WRITE_ZEROES, flags, at, n),
+                &[],
+                &mut [],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for NbdBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        match io.kind {
+            IoKind::Read(buf) => self.read(buf, io.offset),
+            IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+            IoKind::Discard(len) => self.trim(io.offset, len),
+            IoKind::WriteZeroes(len) => self.zero_range(io.offset, len, io.fua),
+            _ => emulate::fallback(self, io),
+        }
+    }
+
     fn flush(&self) -> Result<(), BackendError> {
         if self.info.caps.flush == Support::None {
             return Ok(());
@@ -499,41 +546,6 @@ impl Backend for NbdBackend {
                      acknowledged were last flushed: they may be lost",
                 ),
             });
-        }
-        Ok(())
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        if self.info.caps.discard == Support::None {
-            return Err(BackendError::Unsupported("discard"));
-        }
-        self.check_writable(offset, len)?;
-        for (at, n) in Self::pieces(
-            offset,
-            len,
-            u64::from(u32::MAX / self.info.logical_block * self.info.logical_block),
-        ) {
-            self.call("trim", req(NBD_CMD_TRIM, 0, at, n), &[], &mut [])?;
-        }
-        Ok(())
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
-        if self.info.caps.write_zeroes == Support::None {
-            return Err(BackendError::Unsupported("write_zeroes"));
-        }
-        self.check_writable(offset, len)?;
-        let mut flags = NBD_CMD_FLAG_NO_HOLE;
-        if fua && self.info.caps.flush != Support::None {
-            flags |= NBD_CMD_FLAG_FUA;
-        }
-        for (at, n) in Self::pieces(offset, len, u64::from(self.max_io)) {
-            self.call(
-                "write_zeroes",
-                req(NBD_CMD_WRITE_ZEROES, flags, at, n),
-                &[],
-                &mut [],
-            )?;
         }
         Ok(())
     }

@@ -235,11 +235,8 @@ struct Rendezvous {
     most: std::sync::atomic::AtomicUsize,
 }
 
-impl Backend for Rendezvous {
-    fn info(&self) -> &ucrypt_backend::BackendInfo {
-        self.inner.info()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
+impl Rendezvous {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
         use std::sync::atomic::Ordering::SeqCst;
         let n = self.now.fetch_add(1, SeqCst) + 1;
         self.most.fetch_max(n, SeqCst);
@@ -252,7 +249,8 @@ impl Backend for Rendezvous {
         self.now.fetch_sub(1, SeqCst);
         r
     }
-    fn write_at(
+
+    fn write(
         &self,
         buf: &[u8],
         offset: u64,
@@ -260,6 +258,21 @@ impl Backend for Rendezvous {
     ) -> Result<(), ucrypt_backend::BackendError> {
         self.inner.write_at(buf, offset, fua)
     }
+}
+
+impl Backend for Rendezvous {
+    fn info(&self) -> &ucrypt_backend::BackendInfo {
+        self.inner.info()
+    }
+
+    fn submit(&self, io: ucrypt_backend::Io<'_>) -> Result<(), ucrypt_backend::BackendError> {
+        match io.kind {
+            ucrypt_backend::IoKind::Read(buf) => self.read(buf, io.offset),
+            ucrypt_backend::IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+            _ => ucrypt_backend::emulate::fallback(self, io),
+        }
+    }
+
     fn flush(&self) -> Result<(), ucrypt_backend::BackendError> {
         self.inner.flush()
     }

@@ -216,21 +216,16 @@ fn slow_local_requests_are_spread_over_threads_again() {
         now: AtomicUsize,
         most: AtomicUsize,
     }
-    impl Backend for Slow {
-        fn info(&self) -> &ucrypt_backend::BackendInfo {
-            self.inner.info()
-        }
-        fn local(&self) -> bool {
-            true
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
+    impl Slow {
+        fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
             let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
             self.most.fetch_max(n, Ordering::SeqCst);
             std::thread::sleep(std::time::Duration::from_millis(2));
             self.now.fetch_sub(1, Ordering::SeqCst);
             self.inner.read_at(buf, offset)
         }
-        fn write_at(
+
+        fn write(
             &self,
             buf: &[u8],
             offset: u64,
@@ -238,8 +233,27 @@ fn slow_local_requests_are_spread_over_threads_again() {
         ) -> Result<(), ucrypt_backend::BackendError> {
             self.inner.write_at(buf, offset, fua)
         }
+    }
+
+    impl Backend for Slow {
+        fn info(&self) -> &ucrypt_backend::BackendInfo {
+            self.inner.info()
+        }
+        fn submit(&self, io: ucrypt_backend::Io<'_>) -> Result<(), ucrypt_backend::BackendError> {
+            match io.kind {
+                ucrypt_backend::IoKind::Read(buf) => self.read(buf, io.offset),
+                ucrypt_backend::IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+                _ => ucrypt_backend::emulate::fallback(self, io),
+            }
+        }
         fn flush(&self) -> Result<(), ucrypt_backend::BackendError> {
             Ok(())
+        }
+        fn hints(&self) -> ucrypt_backend::Hints {
+            ucrypt_backend::Hints {
+                local: true,
+                ..Default::default()
+            }
         }
     }
     let slow = Arc::new(Slow {
@@ -542,11 +556,8 @@ fn a_panicking_request_is_answered_with_eio_and_the_connection_goes_on() {
 /// A backend whose errors name a host path, as `FileBackend`'s do.
 struct PathErrors(MemoryBackend);
 
-impl Backend for PathErrors {
-    fn info(&self) -> &ucrypt_backend::BackendInfo {
-        self.0.info()
-    }
-    fn read_at(&self, _: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
+impl PathErrors {
+    fn read(&self, _: &mut [u8], offset: u64) -> Result<(), ucrypt_backend::BackendError> {
         Err(ucrypt_backend::BackendError::Io {
             op: "read",
             offset,
@@ -554,14 +565,32 @@ impl Backend for PathErrors {
             source: std::io::Error::from_raw_os_error(libc::ENXIO),
         })
     }
-    fn write_at(&self, b: &[u8], o: u64, f: bool) -> Result<(), ucrypt_backend::BackendError> {
+
+    fn write(&self, b: &[u8], o: u64, f: bool) -> Result<(), ucrypt_backend::BackendError> {
         self.0.write_at(b, o, f)
     }
+
+    fn trim(&self, o: u64, l: u64) -> Result<(), ucrypt_backend::BackendError> {
+        self.0.discard(o, l)
+    }
+}
+
+impl Backend for PathErrors {
+    fn info(&self) -> &ucrypt_backend::BackendInfo {
+        self.0.info()
+    }
+
+    fn submit(&self, io: ucrypt_backend::Io<'_>) -> Result<(), ucrypt_backend::BackendError> {
+        match io.kind {
+            ucrypt_backend::IoKind::Read(buf) => self.read(buf, io.offset),
+            ucrypt_backend::IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+            ucrypt_backend::IoKind::Discard(len) => self.trim(io.offset, len),
+            _ => ucrypt_backend::emulate::fallback(self, io),
+        }
+    }
+
     fn flush(&self) -> Result<(), ucrypt_backend::BackendError> {
         self.0.flush()
-    }
-    fn discard(&self, o: u64, l: u64) -> Result<(), ucrypt_backend::BackendError> {
-        self.0.discard(o, l)
     }
 }
 

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use ucrypt_backend::{Backend, IoCtx};
+use ucrypt_backend::{Backend, Io, IoCtx};
 
 /// Read or write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +99,7 @@ pub fn run(
                     let r = match op {
                         Op::Read => dev.read_at(&mut buf, off),
                         // As the NBD server and ublk do: the request's buffer is given up.
-                        Op::Write => dev.write_in_place_ctx(&mut buf, off, false, IoCtx::default()),
+                        Op::Write => dev.submit(Io::write_owned(&mut buf, off)),
                     };
                     if let Err(e) = r {
                         eprintln!("bench: {} at {off}: {e}", op.name());
@@ -214,7 +214,7 @@ pub fn run_queued(
                 let Ok((off, mut buf)) = job else { return };
                 let r = match op {
                     Op::Read => dev.read_at(&mut buf, off),
-                    Op::Write => dev.write_in_place_ctx(&mut buf, off, false, IoCtx::default()),
+                    Op::Write => dev.submit(Io::write_owned(&mut buf, off)),
                 };
                 if tx.send((buf, r)).is_err() {
                     return;

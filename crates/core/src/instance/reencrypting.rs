@@ -17,7 +17,7 @@
 
 use crate::reencrypt::Gate;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use ucrypt_backend::{Backend, BackendError, BackendInfo, IoCtx};
+use ucrypt_backend::{emulate, Backend, BackendError, BackendInfo, Io, IoKind};
 
 /// Old and new volumes around a boundary that only grows.
 pub struct Reencrypting {
@@ -193,70 +193,38 @@ impl Backend for Reencrypting {
         &self.info
     }
 
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-        self.read_at_ctx(buf, offset, IoCtx::default())
-    }
-
-    fn read_at_ctx(&self, buf: &mut [u8], offset: u64, ctx: IoCtx) -> Result<(), BackendError> {
-        self.each_side(offset, buf.len() as u64, |side, at, r| {
-            side.read_at_ctx(&mut buf[r], at, ctx)
-        })
-    }
-
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-        self.write_at_ctx(buf, offset, fua, IoCtx::default())
-    }
-
-    fn write_at_ctx(
-        &self,
-        buf: &[u8],
-        offset: u64,
-        fua: bool,
-        ctx: IoCtx,
-    ) -> Result<(), BackendError> {
-        self.each_side(offset, buf.len() as u64, |side, at, r| {
-            side.write_at_ctx(&buf[r], at, fua, ctx)
-        })
-    }
-
-    fn write_in_place_ctx(
-        &self,
-        buf: &mut [u8],
-        offset: u64,
-        fua: bool,
-        ctx: IoCtx,
-    ) -> Result<(), BackendError> {
-        self.each_side(offset, buf.len() as u64, |side, at, r| {
-            side.write_in_place_ctx(&mut buf[r], at, fua, ctx)
-        })
+    /// Split at the boundary: the part below it goes to the new view, the rest to the
+    /// old one.
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        let (offset, fua, ctx) = (io.offset, io.fua, io.ctx);
+        match io.kind {
+            IoKind::Read(buf) => self.each_side(offset, buf.len() as u64, |side, at, r| {
+                side.submit(Io::read(&mut buf[r], at).ctx(ctx))
+            }),
+            IoKind::Write(buf) => self.each_side(offset, buf.len() as u64, |side, at, r| {
+                side.submit(Io::write(&buf[r], at).fua(fua).ctx(ctx))
+            }),
+            IoKind::WriteOwned(buf) => self.each_side(offset, buf.len() as u64, |side, at, r| {
+                side.submit(Io::write_owned(&mut buf[r], at).fua(fua).ctx(ctx))
+            }),
+            IoKind::Discard(len) => self.each_side(offset, len, |side, at, r| {
+                side.submit(Io::discard(at, (r.end - r.start) as u64))
+            }),
+            IoKind::WriteZeroes(len) => self.each_side(offset, len, |side, at, r| {
+                side.submit(
+                    Io::write_zeroes(at, (r.end - r.start) as u64)
+                        .fua(fua)
+                        .ctx(ctx),
+                )
+            }),
+            _ => emulate::fallback(self, io),
+        }
     }
 
     fn flush(&self) -> Result<(), BackendError> {
         // Both views write the same device; flushing each covers either's writes.
         self.new.flush()?;
         self.old.flush()
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.each_side(offset, len, |side, at, r| {
-            side.discard(at, (r.end - r.start) as u64)
-        })
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
-        self.write_zeroes_ctx(offset, len, fua, IoCtx::default())
-    }
-
-    fn write_zeroes_ctx(
-        &self,
-        offset: u64,
-        len: u64,
-        fua: bool,
-        ctx: IoCtx,
-    ) -> Result<(), BackendError> {
-        self.each_side(offset, len, |side, at, r| {
-            side.write_zeroes_ctx(at, (r.end - r.start) as u64, fua, ctx)
-        })
     }
 }
 

@@ -22,7 +22,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use ucrypt_backend::{AsyncIo, Backend, BackendError, BackendInfo, IoCtx, WriteOp};
+use ucrypt_backend::{AsyncIo, Backend, BackendError, BackendInfo, Hints, Io, IoKind, WriteOp};
 
 /// Lock slots (a power of two).
 pub const SHARDS: usize = 16;
@@ -222,43 +222,16 @@ impl Backend for Switch {
     fn info(&self) -> &BackendInfo {
         *read(&self.info)
     }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-        self.with(|v| v.read_at(buf, offset))?
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-        self.with(|v| v.write_at(buf, offset, fua))?
-    }
-    fn read_with(
-        &self,
-        offset: u64,
-        len: usize,
-        f: &mut dyn FnMut(&[u8]),
-    ) -> Option<Result<(), BackendError>> {
-        match self.with(|v| v.read_with(offset, len, f)) {
-            Ok(r) => r,
-            Err(e) => Some(Err(e)),
+    /// On the current volume, waiting while suspended. A holes query does not wait: a
+    /// suspended switch cannot tell.
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        if let IoKind::Holes { .. } = io.kind {
+            return match self.current() {
+                Some(v) => v.submit(io),
+                None => Err(io.unsupported()),
+            };
         }
-    }
-    fn read_at_ctx(&self, buf: &mut [u8], offset: u64, ctx: IoCtx) -> Result<(), BackendError> {
-        self.with(|v| v.read_at_ctx(buf, offset, ctx))?
-    }
-    fn write_at_ctx(
-        &self,
-        buf: &[u8],
-        offset: u64,
-        fua: bool,
-        ctx: IoCtx,
-    ) -> Result<(), BackendError> {
-        self.with(|v| v.write_at_ctx(buf, offset, fua, ctx))?
-    }
-    fn write_in_place_ctx(
-        &self,
-        buf: &mut [u8],
-        offset: u64,
-        fua: bool,
-        ctx: IoCtx,
-    ) -> Result<(), BackendError> {
-        self.with(|v| v.write_in_place_ctx(buf, offset, fua, ctx))?
+        self.with(|v| v.submit(io))?
     }
     fn flush(&self) -> Result<(), BackendError> {
         match self.with(|v| v.flush()) {
@@ -269,20 +242,14 @@ impl Backend for Switch {
             Err(e) => Err(e),
         }
     }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.with(|v| v.discard(offset, len))?
-    }
-    fn holes(&self, offset: u64, len: u64) -> Option<Vec<(u64, u64)>> {
-        self.current()?.holes(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
-        self.with(|v| v.write_zeroes(offset, len, fua))?
-    }
     fn submit_writes(&self, batch: &[WriteOp<'_>]) -> Result<(), BackendError> {
         self.with(|v| v.submit_writes(batch))?
     }
-    fn supports_async(&self) -> bool {
-        self.current().is_some_and(|v| v.supports_async())
+    fn hints(&self) -> Hints {
+        Hints {
+            async_submit: self.current().is_some_and(|v| v.hints().async_submit),
+            ..Hints::default()
+        }
     }
     /// On the current volume, counted in flight until its completion ran. While suspended
     /// (no volume) the request is handed back: the synchronous path waits, or fails once
@@ -291,7 +258,7 @@ impl Backend for Switch {
         let i = SLOT.with(|s| *s);
         let volume = {
             let g = read(&self.slots[i].0);
-            let Some(v) = g.as_ref().filter(|v| v.supports_async()) else {
+            let Some(v) = g.as_ref().filter(|v| v.hints().async_submit) else {
                 return Err(io);
             };
             // Counted before the lock is let go: a suspend that takes the volume out next
@@ -318,6 +285,7 @@ impl Backend for Switch {
 mod tests {
     use super::*;
     use std::time::Duration;
+    use ucrypt_backend::IoCtx;
     use ucrypt_backend::MemoryBackend;
 
     /// Asynchronous requests in flight hold no slot lock: suspending must still wait for
@@ -330,7 +298,7 @@ mod tests {
         let mem: Arc<dyn Backend> = Arc::new(MemoryBackend::new(1 << 20).unwrap());
         let lower: Arc<dyn Backend> = Arc::new(AsyncThreads::new(Arc::clone(&mem), 2));
         let sw = Arc::new(Switch::new(lower));
-        assert!(sw.supports_async());
+        assert!(sw.hints().async_submit);
         let done = Arc::new(AtomicU64::new(0));
         const N: u64 = 64;
         for i in 0..N {

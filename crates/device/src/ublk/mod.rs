@@ -17,8 +17,8 @@
 //! ## Requests
 //! | ublk op | Backend |
 //! |---|---|
-//! | `READ` | [`Backend::read_at_ctx`] |
-//! | `WRITE` (`FUA` flag) | [`Backend::write_at_ctx`] with `fua` |
+//! | `READ` | [`IoKind::Read`](ucrypt_backend::IoKind::Read) |
+//! | `WRITE` (`FUA` flag) | [`IoKind::WriteOwned`](ucrypt_backend::IoKind::WriteOwned) with `fua` |
 //! | `FLUSH` | [`Backend::flush`] |
 //! | `DISCARD` | [`emulate::discard`] (advertised only when the backend supports it: dm-crypt's `allow_discards`) |
 //! | `WRITE_ZEROES` | [`emulate::write_zeroes`] (the backend's own, or zero-filled writes when it has none) |
@@ -59,7 +59,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use ucrypt_backend::{emulate, Backend, BackendError, IoCtx, Support};
+use ucrypt_backend::{emulate, Backend, BackendError, Io, IoCtx, Support};
 
 mod control;
 mod queue;

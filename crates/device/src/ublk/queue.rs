@@ -323,11 +323,11 @@ pub(super) fn execute(export: &dyn Backend, req: Request, data: &mut [u8]) -> i3
             }
             let buf = &mut data[..len];
             if req.op == sys::UBLK_IO_OP_READ {
-                export.read_at_ctx(buf, req.offset, ctx)
+                export.submit(Io::read(buf, req.offset).ctx(ctx))
             } else {
                 // The I/O buffer is ours until the commit, and the kernel copies a write's
                 // data into it afresh at every dispatch: the volume encrypts in place.
-                export.write_in_place_ctx(buf, req.offset, req.fua, ctx)
+                export.submit(Io::write_owned(buf, req.offset).fua(req.fua).ctx(ctx))
             }
             .map(|()| len as i32)
         }

@@ -1,7 +1,7 @@
 use super::queue::{execute, Request};
 use super::*;
 use std::sync::Arc;
-use ucrypt_backend::{BackendInfo, Caps, MemoryBackend};
+use ucrypt_backend::{BackendInfo, Caps, IoKind, MemoryBackend};
 
 fn opts(logical_block: u32, read_only: bool) -> AttachOptions {
     AttachOptions {
@@ -56,24 +56,32 @@ impl Backend for Recorder {
     fn info(&self) -> &BackendInfo {
         &self.info
     }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
-        self.log(format!("read {offset} {}", buf.len()));
-        self.inner.read_at(buf, offset)
+
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        let (offset, fua) = (io.offset, io.fua);
+        match io.kind {
+            IoKind::Read(buf) => {
+                self.log(format!("read {offset} {}", buf.len()));
+                self.inner.read_at(buf, offset)
+            }
+            IoKind::Write(buf) => {
+                self.log(format!("write {offset} {} fua={fua}", buf.len()));
+                self.inner.write_at(buf, offset, fua)
+            }
+            IoKind::Discard(len) => {
+                self.log(format!("discard {offset} {len}"));
+                Ok(())
+            }
+            IoKind::WriteZeroes(len) => {
+                self.log(format!("zeroes {offset} {len} fua={fua}"));
+                Ok(())
+            }
+            _ => emulate::fallback(self, io),
+        }
     }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
-        self.log(format!("write {offset} {} fua={fua}", buf.len()));
-        self.inner.write_at(buf, offset, fua)
-    }
+
     fn flush(&self) -> Result<(), BackendError> {
         self.log("flush".into());
-        Ok(())
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.log(format!("discard {offset} {len}"));
-        Ok(())
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), BackendError> {
-        self.log(format!("zeroes {offset} {len} fua={fua}"));
         Ok(())
     }
 }

@@ -12,7 +12,7 @@ use crate::Export;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use ucrypt_backend::{emulate, BackendError, IoCtx};
+use ucrypt_backend::{emulate, BackendError, Io, IoCtx};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
@@ -211,12 +211,12 @@ impl Conn {
                 }
                 let r = if read {
                     read_into(mem, pieces, bounce, len, |buf| {
-                        export.read_at_ctx(buf, offset, ctx)
+                        export.submit(Io::read(buf, offset).ctx(ctx))
                     })
                 } else {
                     // Never encrypted in place: the buffer is the VM's.
                     write_from(mem, pieces, bounce, len, |buf| {
-                        export.write_at_ctx(buf, offset, false, ctx)
+                        export.submit(Io::write(buf, offset).ctx(ctx))
                     })
                 };
                 let r = match r {

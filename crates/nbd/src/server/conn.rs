@@ -19,7 +19,7 @@
 //! larger than the budget runs alone), and payloads are at most `max_payload`.
 //!
 //! A connection whose reads and writes are answered asynchronously (an export with
-//! [`Backend::supports_async`], plaintext) has a reply queue and one writer thread more:
+//! [`Hints::async_submit`](ucrypt_backend::Hints::async_submit), plaintext) has a reply queue and one writer thread more:
 //! a reply is sent at once without blocking if the socket takes it whole and nothing waits
 //! before it, else queued and sent by the writer ([`Out::send`], [`Out::write_queued`]), so
 //! no completion thread ever waits for a client.
@@ -32,7 +32,7 @@ use crate::proto::*;
 use crate::NbdError;
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::sync::{Arc, Condvar, Mutex};
-use ucrypt_backend::{emulate, AsyncIo, AsyncOp, Backend, BackendError, IoCtx};
+use ucrypt_backend::{emulate, AsyncIo, AsyncOp, Backend, BackendError, Io, IoCtx};
 
 /// Read-side buffering: many small pipelined requests per `read` syscall. Larger payloads
 /// bypass the buffer (`BufReader` reads straight into the destination when it is empty).
@@ -360,7 +360,7 @@ struct Shared<'a, R, W> {
     /// export that takes asynchronous requests).
     asynchronous: bool,
     /// Small reads and writes may run on the thread that read them ([`serve_requests`]):
-    /// a synchronous [`Backend::local`] export.
+    /// a synchronous [`Hints::local`](ucrypt_backend::Hints::local) export.
     inline: bool,
 }
 
@@ -462,7 +462,7 @@ fn transmission<R: Transport, W: Transport>(
 ) -> Result<(), NbdError> {
     let opts = &cfg.opts;
     let threads = workers.clamp(1, super::MAX_WORKERS);
-    let asynchronous = asynchronous && export.supports_async();
+    let asynchronous = asynchronous && export.hints().async_submit;
     if asynchronous {
         // Replies are written by the backend's shared completion threads: bounded.
         wr.bound_writes(opts.reply_timeout);
@@ -507,7 +507,7 @@ fn transmission<R: Transport, W: Transport>(
         export,
         ctx: IoCtx { client: id },
         asynchronous,
-        inline: !asynchronous && export.local(),
+        inline: !asynchronous && export.hints().local,
     };
     std::thread::scope(|s| {
         // The writer of queued replies: it must run until the last reply is sent, so it
@@ -564,7 +564,7 @@ fn transmission<R: Transport, W: Transport>(
 /// a share of one `writev` and one `read`, where handing each request to the next thread
 /// cost a futex wake-up and a task switch, and each reply its own `writev`. Other
 /// requests (flush, trim, larger than [`INLINE_MAX_BYTES`]) and every request of an export
-/// that is not [`Backend::local`] (whose requests may wait on a network) let the read side go to the
+/// that is not [`Hints::local`](ucrypt_backend::Hints::local) (whose requests may wait on a network) let the read side go to the
 /// next thread and run here, as do small requests for a while after inline ones were
 /// found slow ([`SLOW_INLINE`]: a disk that must be read), so that they run side by side.
 ///
@@ -945,7 +945,7 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, log: bool) -> Reply {
         (Command::Read { offset, len: l }, Some(b)) => {
             read_offset = Some(offset);
             len = l as usize;
-            export.read_at_ctx(&mut b[..len], offset, ctx)
+            export.submit(Io::read(&mut b[..len], offset).ctx(ctx))
         }
         (
             Command::Write {
@@ -955,7 +955,11 @@ fn execute(export: &dyn Backend, job: Job, ctx: IoCtx, log: bool) -> Reply {
             },
             Some(b),
             // The receive buffer is ours and read no more: the volume encrypts in place in it.
-        ) => export.write_in_place_ctx(&mut b[..l as usize], offset, fua, ctx),
+        ) => export.submit(
+            Io::write_owned(&mut b[..l as usize], offset)
+                .fua(fua)
+                .ctx(ctx),
+        ),
         (Command::Flush, _) => export.flush(),
         (Command::Trim { offset, len, fua }, _) => {
             emulate::discard(export, offset, u64::from(len), fua)

@@ -487,15 +487,26 @@ mod tests {
 
     /// A backend that only reports sizes (export_info reads nothing else).
     struct Sized4k(BackendInfo);
+    impl Sized4k {
+        fn read(&self, _: &mut [u8], _: u64) -> Result<(), BackendError> {
+            Ok(())
+        }
+
+        fn write(&self, _: &[u8], _: u64, _: bool) -> Result<(), BackendError> {
+            Ok(())
+        }
+    }
+
     impl Backend for Sized4k {
         fn info(&self) -> &BackendInfo {
             &self.0
         }
-        fn read_at(&self, _: &mut [u8], _: u64) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn write_at(&self, _: &[u8], _: u64, _: bool) -> Result<(), BackendError> {
-            Ok(())
+        fn submit(&self, io: ucrypt_backend::Io<'_>) -> Result<(), ucrypt_backend::BackendError> {
+            match io.kind {
+                ucrypt_backend::IoKind::Read(buf) => self.read(buf, io.offset),
+                ucrypt_backend::IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+                _ => ucrypt_backend::emulate::fallback(self, io),
+            }
         }
         fn flush(&self) -> Result<(), BackendError> {
             Ok(())

@@ -208,11 +208,8 @@ impl GateBackend {
     }
 }
 
-impl Backend for GateBackend {
-    fn info(&self) -> &BackendInfo {
-        self.inner.info()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+impl GateBackend {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
         if offset == self.gate_offset {
             let mut g = self.open.lock().unwrap();
             while !*g {
@@ -221,16 +218,34 @@ impl Backend for GateBackend {
         }
         self.inner.read_at(buf, offset)
     }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+
+    fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
         self.writes_before_flush.lock().unwrap().push(offset);
         self.inner.write_at(buf, offset, fua)
     }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.inner.discard(offset, len)
+    }
+}
+
+impl Backend for GateBackend {
+    fn info(&self) -> &BackendInfo {
+        self.inner.info()
+    }
+
+    fn submit(&self, io: ucrypt_backend::Io<'_>) -> Result<(), ucrypt_backend::BackendError> {
+        match io.kind {
+            ucrypt_backend::IoKind::Read(buf) => self.read(buf, io.offset),
+            ucrypt_backend::IoKind::Write(buf) => self.write(buf, io.offset, io.fua),
+            ucrypt_backend::IoKind::Discard(len) => self.trim(io.offset, len),
+            _ => ucrypt_backend::emulate::fallback(self, io),
+        }
+    }
+
     fn flush(&self) -> Result<(), BackendError> {
         self.flushes.fetch_add(1, Ordering::SeqCst);
         self.writes_before_flush.lock().unwrap().clear();
         self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.inner.discard(offset, len)
     }
 }
