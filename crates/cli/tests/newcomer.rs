@@ -394,3 +394,29 @@ fn an_instance_has_a_stable_path_shown_by_open_and_status_and_removed_on_close()
         "link left after close"
     );
 }
+
+#[test]
+fn benchmarks_argon2_rows_say_they_are_a_fixed_cost() {
+    let out = ok(ucrypt(
+        &[
+            "benchmark",
+            "--pbkdf",
+            "argon2id",
+            "--pbkdf-memory",
+            "8192",
+            "--pbkdf-force-iterations",
+            "1",
+        ],
+        b"",
+    ));
+    let text = String::from_utf8(out).unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("argon2id"))
+        .unwrap_or_else(|| panic!("no argon2id row in {text}"));
+    assert!(
+        row.contains("1 iterations,    8192 KiB memory, 1 thread")
+            && row.contains("ms per derivation (fixed cost; cryptsetup's row is the cost tuned"),
+        "{row}"
+    );
+}
