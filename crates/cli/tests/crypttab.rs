@@ -283,9 +283,9 @@ fn bad_files_are_refused_with_file_line_and_option() {
             "option size= is for plain",
         ),
         (
-            "v /dev/null none x-ucrypt-device=vhost-user\n",
+            "v /dev/null none x-ucrypt-device=vdpa\n",
             1,
-            "vhost-user is not supported",
+            "unknown front end",
         ),
         (
             "v /dev/null none tpm2-device=/dev/tpmrm0\n",

@@ -16,6 +16,8 @@ pub enum Frontend {
     Nbd,
     /// A file in a FUSE mount.
     Fuse,
+    /// A vhost-user-blk socket for a VM.
+    VhostUser,
     /// The NBD socket only.
     None,
 }
@@ -27,6 +29,7 @@ impl Frontend {
             Frontend::Ublk => "ublk",
             Frontend::Nbd => "nbd",
             Frontend::Fuse => "fuse",
+            Frontend::VhostUser => "vhost-user",
             Frontend::None => "none",
         }
     }
@@ -492,12 +495,8 @@ fn frontend(v: &str) -> Result<Frontend, String> {
         "ublk" => Ok(Frontend::Ublk),
         "nbd" => Ok(Frontend::Nbd),
         "fuse" => Ok(Frontend::Fuse),
+        "vhost-user" => Ok(Frontend::VhostUser),
         "none" => Ok(Frontend::None),
-        "vhost-user" => Err(
-            "x-ucrypt-device=vhost-user is not supported: ucrypt has no vhost-user front end \
-             yet (ublk, nbd, fuse or none)"
-                .into(),
-        ),
         _ => Err(format!(
             "x-ucrypt-device={v}: unknown front end (ublk, nbd, fuse, none or vhost-user)"
         )),
@@ -607,6 +606,10 @@ mod tests {
         assert_eq!(p("luks").unwrap().tokens.wait(), None);
         assert!(!l.read_only && !l.headless);
         assert_eq!(l.frontend, Some(Frontend::Ublk));
+        assert_eq!(
+            p("x-ucrypt-device=vhost-user").unwrap().frontend,
+            Some(Frontend::VhostUser)
+        );
         let two = p("fido2-device=auto,pkcs11-uri=auto").unwrap();
         assert_eq!(two.kind, None);
         assert_eq!(two.tokens.only_type(), None);
@@ -656,7 +659,6 @@ mod tests {
                 "pkcs11-uri=pkcs11:token=x is not supported",
             ),
             ("tpm2-pcrs=7", "option tpm2-pcrs=7 is not supported"),
-            ("x-ucrypt-device=vhost-user", "vhost-user is not supported"),
             ("x-ucrypt-device=loop", "unknown front end"),
             ("luks,plain", "more than one volume type"),
             ("cipher=aes-xts-plain64", "option cipher= is for plain"),

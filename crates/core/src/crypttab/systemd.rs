@@ -159,7 +159,7 @@ pub fn unit_text(e: &Entry, source: &Path, exe: &Path) -> String {
         Some(super::Frontend::Ublk) => Some("ublk_drv"),
         Some(super::Frontend::Nbd) => Some("nbd"),
         Some(super::Frontend::Fuse) => Some("fuse"),
-        Some(super::Frontend::None) | None => None,
+        Some(super::Frontend::VhostUser | super::Frontend::None) | None => None,
     };
     if let Some(m) = module {
         let _ = writeln!(u, "Wants=modprobe@{m}.service");
