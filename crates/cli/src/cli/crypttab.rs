@@ -30,7 +30,7 @@ bits), hash=, offset=, skip=, tcrypt-hidden, tcrypt-system, tcrypt-veracrypt, \
 veracrypt-pim=, tcrypt-keyfile=, same-cpu-crypt, submit-from-crypt-cpus, \
 no-read-workqueue, no-write-workqueue, tpm2-device=auto, fido2-device=auto, \
 pkcs11-uri=auto, token-timeout= (default 30s with a device named), headless, nofail, noauto, _netdev, \
-x-systemd.device-timeout=, x-ucrypt-device=ublk|nbd|fuse|none. Any other option is \
+x-systemd.device-timeout=, x-ucrypt-device=ublk|nbd|fuse|vhost-user|none. Any other option is \
 refused by name with the reason (swap, tmp, a tpm2-device path...), never ignored.
 
 Boot: the ucrypt-generator script (systemd/ in the sources) runs `ucrypt crypttab \
@@ -558,6 +558,7 @@ mod tests {
             "c /dev/null none tcrypt,tcrypt-hidden,tcrypt-system,veracrypt-pim=3,\
              tcrypt-keyfile=/k\n",
             "d /dev/null none luks,header=/dev/zero,headless,pkcs11-uri=auto\n",
+            "e /dev/null none luks,x-ucrypt-device=vhost-user\n",
         ] {
             let tab = Crypttab::parse(Path::new("/t"), line).unwrap();
             for notify in [false, true] {
