@@ -9,9 +9,8 @@
 
 use std::path::{Path, PathBuf};
 use ucrypt::header::{unlock, HeaderOptions, VolumeType};
-use ucrypt::reencrypt::{
-    Level, Mode, Notice, Options, PbkdfChoice, Progress, Prompt, Stage, Summary,
-};
+use ucrypt::reencrypt::{Level, Mode, Notice, Options, PbkdfChoice, Progress, Stage, Summary};
+use ucrypt::unlock::{Prompt, Secret};
 use ucrypt::ErrorKind;
 use ucrypt_cryptsetup::{CryptDevice, LuksFormat, Pbkdf};
 
@@ -22,18 +21,11 @@ const MIB: usize = 1 << 20;
 struct Given(&'static [u8]);
 
 impl Prompt for Given {
-    type Secret = Vec<u8>;
-    fn passphrase(&mut self, _prompt: &str, _new: bool) -> ucrypt::Result<Vec<u8>> {
-        Ok(self.0.to_vec())
+    fn passphrase(&mut self, _prompt: &str) -> ucrypt::Result<Secret> {
+        Ok(Secret::copy_of(self.0))
     }
     fn confirm(&mut self, _question: &str) -> ucrypt::Result<()> {
         Ok(())
-    }
-    fn uses_key_file(&self) -> bool {
-        false
-    }
-    fn retries(&self) -> bool {
-        false
     }
 }
 

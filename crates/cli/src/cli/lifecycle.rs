@@ -2,7 +2,8 @@
 //! `luksSuspend`, `luksResume`, `resize`, `refresh` (through its control socket, see
 //! `ucrypt::instance::control`).
 
-use super::exit::{code_of, instance_error, EXIT_BUSY, EXIT_PERMISSION};
+use super::exit::{code_of, instance_error, EXIT_BUSY};
+use super::prompt::Terminal;
 use super::secret::KeyFileArgs;
 use super::{CliError, PerfArgs, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use serde_json::{json, Value};
@@ -481,24 +482,30 @@ pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
     // instance stays suspended meanwhile); key files, pipes and table lines once.
     let typed = a.secret.table.is_none()
         && a.secret.table_file.is_none()
-        && super::secret::prompts(&a.secret.key);
-    let tries = if typed { a.tries.max(1) } else { 1 };
+        && a.secret.key.key_file.is_none();
     if let Some(spec) = &a.link_vk_to_keyring {
         super::unlock_opts::check_link_spec(spec)?;
     }
     let request = Request::Resume {
         link_vk_to_keyring: a.link_vk_to_keyring.clone(),
     };
-    let mut attempt = 1;
-    loop {
-        let secret = read_secret(&p, &a.secret)?;
-        match call(&p, &request, Some(&secret), Duration::from_secs(600)) {
-            Err(e) if e.code() == EXIT_PERMISSION && attempt < tries => {
-                eprintln!("No key available with this passphrase.");
-                attempt += 1;
-            }
-            r => return r.map(|_| ()),
-        }
+    // The library's retry policy; the command's own error (a message the instance already
+    // printed, a context chain) is kept as it is, the library sees only its kind.
+    let mut failed = None;
+    let tried = ucrypt::unlock::with_retries(&mut Terminal::default(), a.tries, typed, |_| {
+        read_secret(&p, &a.secret)
+            .and_then(|secret| call(&p, &request, Some(&secret), Duration::from_secs(600)))
+            .map(|_| ())
+            .map_err(|e| {
+                let kind = ucrypt::ErrorKind::from_exit_code(e.code());
+                failed = Some(e);
+                ucrypt::Error::Invalid(String::new()).with_kind(kind)
+            })
+    });
+    match (tried, failed) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(e)) => Err(e),
+        (Err(e), None) => Err(super::exit::lib_error(e)),
     }
 }
 

@@ -1,11 +1,14 @@
-//! The command's side of the library's unlock policy ([`ucrypt::unlock::Prompt`]):
-//! passphrases from the terminal or one line of a pipe (`secret.rs`: echo off,
-//! `--timeout`, `-y`), standard input for `--key-file -`, notices on stderr, `--debug`
-//! lines, a spinner with Ctrl-C ending the command while a step runs (nothing is written
-//! then), and the TCRYPT search's bar or JSON lines.
+//! The command's side of the library's one prompt ([`ucrypt::unlock::Prompt`], which the
+//! unlock policy and reencryption ask through): passphrases from the terminal or one line
+//! of a pipe (`secret.rs`: echo off, `--timeout`, `-y`), or from the command's key file
+//! where it gives one; confirmations unless `--batch-mode`; standard input for
+//! `--key-file -`, notices on stderr, `--debug` lines, a spinner with Ctrl-C ending the
+//! command while a step runs (nothing is written then), and the TCRYPT search's bar or
+//! JSON lines.
 
 use super::exit::caller_error;
 use super::progress::{ExitOnSignal, ProgressArgs, Search, Spinner};
+use super::secret::KeyFileArgs;
 use std::path::Path;
 use ucrypt::unlock::{Prompt, Secret, Step};
 
@@ -14,6 +17,11 @@ use ucrypt::unlock::{Prompt, Secret, Step};
 pub(crate) struct Terminal {
     /// How a TCRYPT header search shows its progress.
     pub(crate) progress: ProgressArgs,
+    /// The key file passphrases are read from instead of asked for (reencryption's
+    /// `--key-file`; an unlock reads its key file itself and gives none here).
+    pub(crate) key: KeyFileArgs,
+    /// `--batch-mode`: confirmations are given.
+    pub(crate) batch: bool,
 }
 
 impl Terminal {
@@ -21,17 +29,47 @@ impl Terminal {
     pub(crate) fn new(progress: &ProgressArgs) -> Terminal {
         Terminal {
             progress: progress.clone(),
+            ..Terminal::default()
         }
+    }
+
+    /// A prompt whose passphrases come from `key`'s file where it names one, and whose
+    /// confirmations `batch` gives.
+    pub(crate) fn with_key_file(key: &KeyFileArgs, batch: bool) -> Terminal {
+        Terminal {
+            key: key.clone(),
+            batch,
+            ..Terminal::default()
+        }
+    }
+
+    fn key_file(&self) -> Option<(&Path, u64, u64)> {
+        self.key
+            .key_file
+            .as_deref()
+            .map(|p| (p, self.key.keyfile_offset, self.key.keyfile_size))
     }
 }
 
 impl Prompt for Terminal {
     fn passphrase(&mut self, prompt: &str) -> ucrypt::Result<Secret> {
-        super::secret::get(None, prompt, false).map_err(caller_error)
+        super::secret::get(self.key_file(), prompt, false).map_err(caller_error)
+    }
+
+    fn new_passphrase(&mut self, prompt: &str) -> ucrypt::Result<Secret> {
+        super::secret::get(self.key_file(), prompt, true).map_err(caller_error)
+    }
+
+    fn confirm(&mut self, question: &str) -> ucrypt::Result<()> {
+        super::secret::confirm(self.batch, question).map_err(caller_error)
+    }
+
+    fn uses_key_file(&self) -> bool {
+        self.key.key_file.is_some()
     }
 
     fn interactive(&self) -> bool {
-        super::secret::asks_someone()
+        self.key.key_file.is_none() && super::secret::asks_someone()
     }
 
     fn standard_input(&mut self) -> ucrypt::Result<Box<dyn std::io::Read + '_>> {

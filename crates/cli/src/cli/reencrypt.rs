@@ -7,10 +7,11 @@
 //! passphrases and confirmations ([`Asker`]), shows progress and messages ([`Shown`]) and
 //! turns its errors into exit codes.
 
-use super::exit::{caller_error, lib_error};
+use super::exit::lib_error;
 use super::luks_add_key::PbkdfArgs;
 use super::progress;
-use super::secret::{self, KeyFileArgs, Secret};
+use super::prompt::Terminal;
+use super::secret::KeyFileArgs;
 use super::CliError;
 use std::time::Instant;
 use ucrypt::format::parse_size;
@@ -224,38 +225,6 @@ impl Args {
     }
 }
 
-/// Passphrases from `--key-file`, a terminal prompt or standard input; confirmations on
-/// the terminal unless `--batch-mode`.
-struct Asker<'a> {
-    key: &'a KeyFileArgs,
-    batch: bool,
-}
-
-impl ucrypt::reencrypt::Prompt for Asker<'_> {
-    type Secret = Secret;
-
-    fn passphrase(&mut self, prompt: &str, new: bool) -> ucrypt::Result<Secret> {
-        let file = self
-            .key
-            .key_file
-            .as_deref()
-            .map(|p| (p, self.key.keyfile_offset, self.key.keyfile_size));
-        secret::get(file, prompt, new).map_err(caller_error)
-    }
-
-    fn confirm(&mut self, question: &str) -> ucrypt::Result<()> {
-        secret::confirm(self.batch, question).map_err(caller_error)
-    }
-
-    fn uses_key_file(&self) -> bool {
-        self.key.key_file.is_some()
-    }
-
-    fn retries(&self) -> bool {
-        secret::prompts(self.key)
-    }
-}
-
 /// Messages on stdout (cryptsetup's normal log) or stderr, the progress bar or lines of
 /// `--progress-json`/`--progress-frequency`, the closing line, and Ctrl-C as a stop
 /// request once the pass may be stopped.
@@ -339,15 +308,12 @@ impl ucrypt::reencrypt::Progress for Shown<'_> {
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let opts = a.options();
-    let mut asker = Asker {
-        key: &a.key,
-        batch: a.batch_mode,
-    };
+    let mut prompt = Terminal::with_key_file(&a.key, a.batch_mode);
     let mut shown = Shown {
         args: &a.progress,
         stop: None,
         bar: None,
         start: Instant::now(),
     };
-    ucrypt::reencrypt::run(&opts, &mut asker, &mut shown).map_err(lib_error)
+    ucrypt::reencrypt::run(&opts, &mut prompt, &mut shown).map_err(lib_error)
 }

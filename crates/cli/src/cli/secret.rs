@@ -344,12 +344,6 @@ fn ask_password(prompt: &str) -> Result<Secret, CliError> {
     Ok(Secret::copy_of(&bytes))
 }
 
-/// Whether the existing passphrase will be asked for on a terminal (so a wrong one may be
-/// asked for again, `--tries`).
-pub(crate) fn prompts(k: &KeyFileArgs) -> bool {
-    k.key_file.is_none() && stdin_is_tty()
-}
-
 /// The existing passphrase for `device`, from `--key-file` or a prompt.
 pub(crate) fn existing(k: &KeyFileArgs, device: &Path) -> Result<Secret, CliError> {
     existing_asking(k, &format!("Enter passphrase for {}: ", device.display()))

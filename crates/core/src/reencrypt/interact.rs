@@ -1,36 +1,8 @@
-//! What a reencryption asks of its caller and tells it: passphrases and confirmations
-//! ([`Prompt`]), messages, progress and stop requests ([`Progress`]). The command line
-//! implements both with terminal prompts, key files, progress bars and signal handlers; a
-//! program embedding the library passes its secrets and watches the byte counts.
-
-use crate::error::Result;
-
-/// Where a reencryption gets its secrets and confirmations.
-pub trait Prompt {
-    /// A passphrase as the caller holds it (zeroed when dropped, ideally locked in RAM).
-    type Secret: std::ops::Deref<Target = [u8]>;
-
-    /// A passphrase: asked with `prompt` (cryptsetup's words, "Enter passphrase for
-    /// disk.img: "), or read from the caller's key file. `new`: a passphrase being set,
-    /// which a terminal asks twice.
-    ///
-    /// # Errors
-    /// The caller's own (nothing typed in time, interrupted, a key file that cannot be read).
-    fn passphrase(&mut self, prompt: &str, new: bool) -> Result<Self::Secret>;
-
-    /// Confirmation of `question` before something is overwritten.
-    ///
-    /// # Errors
-    /// Not confirmed: the operation stops there, nothing written.
-    fn confirm(&mut self, question: &str) -> Result<()>;
-
-    /// Whether passphrases come from a key file (cryptsetup's LUKS1 reencryption then
-    /// reads one passphrase only, and needs `--key-slot` or a single keyslot).
-    fn uses_key_file(&self) -> bool;
-
-    /// Whether a wrong passphrase may be asked for again (typed at a terminal).
-    fn retries(&self) -> bool;
-}
+//! What a reencryption tells its caller: messages, progress and stop requests
+//! ([`Progress`]). Its passphrases and confirmations it asks for through the library's one
+//! [`crate::prompt::Prompt`]. The command line implements both with terminal prompts, key
+//! files, progress bars and signal handlers; a program embedding the library passes its
+//! secrets and watches the byte counts.
 
 /// How loud a [`Notice`] is: cryptsetup prints `Info` on standard output, the others on
 /// standard error (`Error` as an error line of its own, the operation going on).

@@ -15,7 +15,7 @@
 
 use super::checks::remote_refused;
 use super::claim;
-use super::interact::{Notice, PassKind, Progress, Prompt, Summary};
+use super::interact::{Notice, PassKind, Progress, Summary};
 use super::luks1_engine::{self as l1, Direction, Files, Log, Mode as LogMode, Pass, Side};
 use super::luks1_headers::{
     encrypt_headers, fake_header, load, new_header, passphrases, side, SLOTS,
@@ -23,6 +23,7 @@ use super::luks1_headers::{
 use super::options::{HeaderKind, Options};
 use super::probe::is_luks;
 use crate::error::{anyhow, ErrorKind, Result};
+use crate::prompt::Prompt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use ucrypt_cryptsetup::{CryptDevice, HeaderType};
@@ -190,11 +191,7 @@ fn refusals(a: &Options, hdr: &Path, stained: bool) -> Result<()> {
 /// # Errors
 /// A refusal, a wrong passphrase, the prompt's, libcryptsetup's, I/O; a stopped pass is
 /// the error "Reencryption interrupted.".
-pub(crate) fn run<P: Prompt>(
-    a: &Options,
-    prompt: &mut P,
-    progress: &mut dyn Progress,
-) -> Result<()> {
+pub(crate) fn run(a: &Options, prompt: &mut dyn Prompt, progress: &mut dyn Progress) -> Result<()> {
     if crate::remote_header::is_remote(&a.device) {
         return Err(remote_refused());
     }
@@ -360,11 +357,11 @@ pub(crate) fn run<P: Prompt>(
     }
     let pass = if in_progress {
         let mut cd = load(if decrypting { &files.org } else { &files.new }, &device)?;
-        passphrases(a, &mut cd, true, prompt, progress)?
+        passphrases(a, &mut cd, true, prompt)?
     } else if encrypting {
         let _ = std::fs::remove_file(&files.journal);
         let started = (|| {
-            let p = prompt.passphrase("Enter new passphrase: ", true)?;
+            let p = prompt.new_passphrase("Enter new passphrase: ")?;
             let slot = a.key_slot.unwrap_or(0);
             encrypt_headers(a, &device, &files, slot, &p)?;
             Ok::<_, crate::Error>(vec![(slot, p)])
@@ -383,7 +380,7 @@ pub(crate) fn run<P: Prompt>(
         let _ = std::fs::remove_file(&files.journal);
         let started = (|| {
             let mut cd = load(&hdr, &device)?;
-            let pass = passphrases(a, &mut cd, false, prompt, progress)?;
+            let pass = passphrases(a, &mut cd, false, prompt)?;
             cd.header_backup(&files.org)?;
             if decrypting {
                 fake_header(a, &files, pass[0].0)?;

@@ -3,11 +3,12 @@
 //! re-key (`backup_luks_headers`), the `cipher_null` headers of an encryption's old side
 //! and a decryption's new side (`backup_fake_header`), and each side's sector cipher.
 
-use super::interact::{Notice, Progress, Prompt};
 use super::luks1_engine::{self as l1, Files, Side};
 use super::options::Options;
 use super::volume_key::{read_volume_key, servable_cipher};
 use crate::error::{anyhow, Error, ErrorKind, Result};
+use crate::prompt::{with_retries, Prompt};
+use crate::secret::Secret;
 use std::path::Path;
 use ucrypt_crypto::{CipherSpec, SectorParams};
 use ucrypt_cryptsetup::{CryptDevice, HeaderType, KeyslotStatus, LuksFormat, Pbkdf};
@@ -29,26 +30,28 @@ pub(crate) fn load(header: &Path, device: &Path) -> Result<CryptDevice> {
 /// The passphrases (slot, secret) as cryptsetup's `initialize_passphrase` asks for them:
 /// a key file's one (with `--key-slot` or a single keyslot), one for `--key-slot`, a
 /// resumed run or a decryption, else every active keyslot's.
-pub(crate) fn passphrases<P: Prompt>(
+pub(crate) fn passphrases(
     a: &Options,
     cd: &mut CryptDevice,
     in_progress: bool,
-    prompt: &mut P,
-    progress: &mut dyn Progress,
-) -> Result<Vec<(u32, P::Secret)>> {
+    prompt: &mut dyn Prompt,
+) -> Result<Vec<(u32, Secret)>> {
     let from_file = prompt.uses_key_file();
-    let tries = if prompt.retries() { 3 } else { 1 };
+    // cryptsetup's three tries, by the library's retry policy; as cryptsetup, the notice
+    // also follows the last wrong one when it was typed.
     let mut ask = |cd: &mut CryptDevice, slot: Option<u32>, words: &str| {
-        for _ in 0..tries {
-            let p = prompt.passphrase(words, false)?;
-            if let Ok(s) = cd.check_passphrase(slot, &p) {
-                return Ok((s, p));
+        let r = with_retries(prompt, 3, true, |p| {
+            let pass = p.passphrase(words)?;
+            match cd.check_passphrase(slot, &pass) {
+                Ok(s) => Ok((s, pass)),
+                Err(_) => Err(anyhow!("No key available with this passphrase.")
+                    .with_kind(ErrorKind::Permission)),
             }
-            if tries > 1 {
-                progress.notice(Notice::warning("No key available with this passphrase."));
-            }
+        });
+        if matches!(&r, Err(e) if e.kind() == ErrorKind::Permission) && prompt.interactive() {
+            prompt.notice("No key available with this passphrase.");
         }
-        Err(anyhow!("No key available with this passphrase.").with_kind(ErrorKind::Permission))
+        r
     };
     if from_file {
         let (s, p) = ask(cd, a.key_slot, "")?;

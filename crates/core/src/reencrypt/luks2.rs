@@ -5,11 +5,12 @@
 
 use super::checks::{check, Checked};
 use super::engine::{Outcome, Run, RunOptions, DEFAULT_MAX_HOTZONE};
-use super::interact::{Notice, PassKind, Progress, Prompt, Summary};
+use super::interact::{Notice, PassKind, Progress, Summary};
 use super::options::{Mode, Options, ResilienceMode};
 use super::probe::{header_shift_type, is_luks, luks_signature, reencrypt_mode};
 use super::{claim, encrypt, export, init};
 use crate::error::{anyhow, ErrorKind, Result};
+use crate::prompt::Prompt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use ucrypt_format::luks2::reencrypt::Resilience;
 
@@ -19,9 +20,9 @@ use ucrypt_format::luks2::reencrypt::Resilience;
 /// A refusal ([`ErrorKind::Invalid`], with cryptsetup's words where it has them), a wrong
 /// passphrase ([`ErrorKind::Permission`]), the prompt's, libcryptsetup's, I/O; a pass
 /// stopped by [`Progress::stop_requested`] is the error "interrupted".
-pub(crate) fn run<P: Prompt>(
+pub(crate) fn run(
     opts: &Options,
-    prompt: &mut P,
+    prompt: &mut dyn Prompt,
     progress: &mut dyn Progress,
 ) -> Result<()> {
     let Checked { opts: a, export } = check(opts, progress)?;
@@ -79,7 +80,7 @@ pub(crate) fn run<P: Prompt>(
             path.display(),
             header_path.display()
         ))?;
-        prompt.passphrase(&format!("Enter passphrase for {}: ", path.display()), false)?
+        prompt.passphrase(&format!("Enter passphrase for {}: ", path.display()))?
     } else if fresh {
         let what = match a.reduce_device_size {
             Some(r) => format!(
@@ -95,12 +96,9 @@ pub(crate) fn run<P: Prompt>(
             ),
         };
         prompt.confirm(&what)?;
-        prompt.passphrase(
-            &format!("Enter passphrase for {}: ", header_path.display()),
-            true,
-        )?
+        prompt.new_passphrase(&format!("Enter passphrase for {}: ", header_path.display()))?
     } else {
-        prompt.passphrase(&format!("Enter passphrase for {}: ", path.display()), false)?
+        prompt.passphrase(&format!("Enter passphrase for {}: ", path.display()))?
     };
     if in_progress && a.init_only() {
         return Err(anyhow!(

@@ -17,8 +17,8 @@
 //!               ─► engine::Run (hotzones, resilience, header updates)
 //! ```
 //!
-//! The caller supplies secrets and confirmations through [`Prompt`] and shows progress
-//! and messages through [`Progress`]; every refusal is an [`crate::Error`] of kind
+//! The caller supplies secrets and confirmations through the library's one [`Prompt`]
+//! (`crate::prompt::Prompt`) and shows progress and messages through [`Progress`]; every refusal is an [`crate::Error`] of kind
 //! [`crate::ErrorKind::Invalid`] with the reason, in cryptsetup's words where it has them.
 
 mod checks;
@@ -37,7 +37,9 @@ mod probe;
 mod volume_key;
 
 pub use engine::{Gate, Outcome, ProgressFn, Run, RunOptions, DEFAULT_MAX_HOTZONE};
-pub use interact::{Level, Notice, PassKind, Progress, Prompt, Summary};
+pub use interact::{Level, Notice, PassKind, Progress, Summary};
+
+use crate::prompt::Prompt;
 pub use options::{HeaderKind, Luks1Options, Mode, Options, PbkdfChoice, ResilienceMode, Stage};
 pub use probe::is_luks;
 
@@ -52,7 +54,7 @@ use crate::instance::lock::ImageLock;
 /// A refusal ([`crate::ErrorKind::Invalid`] with the reason), a wrong passphrase
 /// ([`crate::ErrorKind::Permission`]), a device in use ([`crate::ErrorKind::Busy`]), the
 /// prompt's own errors, libcryptsetup's and I/O errors.
-pub fn run<P: Prompt>(opts: &Options, prompt: &mut P, progress: &mut dyn Progress) -> Result<()> {
+pub fn run(opts: &Options, prompt: &mut dyn Prompt, progress: &mut dyn Progress) -> Result<()> {
     if opts.kind_is(&HeaderKind::Luks1) && opts.active_name.is_some() {
         return Err(anyhow!(
             "Option --active-name can be set only for LUKS2 device."

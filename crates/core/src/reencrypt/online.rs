@@ -8,11 +8,12 @@
 //! finishes it.
 
 use super::init;
-use super::interact::{Level, Notice, PassKind, Progress, Prompt, Summary};
+use super::interact::{Level, Notice, PassKind, Progress, Summary};
 use super::options::Options;
 use crate::error::{anyhow, Error, ErrorKind, Result};
 use crate::instance::control::{self, PassState, Reencryption, Reply, Request};
 use crate::instance::runtime::{self, InstanceError, Paths, Probe};
+use crate::prompt::Prompt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -60,10 +61,10 @@ fn call(p: &Paths, request: &Request, secret: Option<&[u8]>, timeout: Duration) 
 /// What is not run online, an instance that is not active or not a LUKS2 volume opened
 /// from its header, another device or header than it serves, the refusals and errors of
 /// an offline initialisation, the instance's refusal or failure.
-pub(crate) fn run<P: Prompt>(
+pub(crate) fn run(
     a: &Options,
     name: &str,
-    prompt: &mut P,
+    prompt: &mut dyn Prompt,
     progress: &mut dyn Progress,
 ) -> Result<()> {
     if a.encrypt() || a.decrypt() || a.reduce_device_size.is_some() {
@@ -118,10 +119,7 @@ pub(crate) fn run<P: Prompt>(
     let h = ucrypt_format::luks2::disk::Header::read(&f, &header_path.display().to_string())
         .map_err(|e| Error::from(e).with_kind(ErrorKind::Device))?;
     let in_progress = ucrypt_format::luks2::reencrypt::in_reencryption(&h.json);
-    let passphrase = prompt.passphrase(
-        &format!("Enter passphrase for {}: ", served.display()),
-        false,
-    )?;
+    let passphrase = prompt.passphrase(&format!("Enter passphrase for {}: ", served.display()))?;
     if in_progress && a.init_only() {
         return Err(anyhow!(
             "LUKS2 reencryption already initialized in metadata"

@@ -2,9 +2,9 @@
 //! plain-mode and loop-AES options (with the checks that refuse the ones a type has no use
 //! for), TCRYPT options, and how the secret is read for each type.
 
-use super::prompt::Prompt;
-use super::secret::{self, Secret};
 use crate::error::{Error, Result};
+use crate::prompt::Prompt;
+use crate::secret::{self, Secret};
 use crate::VolumeType;
 use std::path::{Path, PathBuf};
 use ucrypt_format::loopaes::LoopaesOptions;

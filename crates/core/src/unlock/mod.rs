@@ -21,15 +21,13 @@
 //! says (a wrong passphrase is [`crate::ErrorKind::Permission`]).
 
 mod inputs;
-mod prompt;
-mod secret;
 pub mod token;
 
+pub use crate::prompt::{with_retries, Prompt, Step};
+pub use crate::secret::{read_key, read_key_file, Secret, MAX_KEY_FILE};
 pub use inputs::{
     existing, query_pim, question, read_key_input, KeyFile, PlainInputs, TcryptInputs,
 };
-pub use prompt::{Prompt, Step};
-pub use secret::{read_key, read_key_file, Secret, MAX_KEY_FILE};
 pub use token::Tokens;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -166,21 +164,9 @@ impl Request {
     /// The last attempt's: a wrong passphrase ([`ErrorKind::Permission`]), a refused
     /// option, header or device, what the prompt failed with.
     pub fn unlock(&self, prompt: &mut dyn Prompt) -> Result<Outcome> {
-        let tries = if self.key.path.is_none() && prompt.interactive() {
-            self.tries.max(1)
-        } else {
-            1
-        };
-        let mut attempt = 1;
-        loop {
-            match self.attempt(prompt) {
-                Err(e) if e.kind() == ErrorKind::Permission && attempt < tries => {
-                    prompt.notice("No key available with this passphrase.");
-                    attempt += 1;
-                }
-                r => return r,
-            }
-        }
+        with_retries(prompt, self.tries, self.key.path.is_none(), |p| {
+            self.attempt(p)
+        })
     }
 
     /// One attempt of [`Request::unlock`].

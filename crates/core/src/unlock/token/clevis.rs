@@ -6,7 +6,7 @@
 //! passphrase of the token's keyslots. Which pin (tang, tpm2, sss) is clevis's business.
 
 use crate::error::{Error, Result};
-use crate::unlock::secret::{read_key, Secret};
+use crate::secret::{read_key, Secret};
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;

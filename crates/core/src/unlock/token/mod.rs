@@ -17,9 +17,9 @@
 
 mod clevis;
 
-use super::prompt::{Prompt, Step};
 use super::{inputs::read_key_input, KeyFile, Secret};
 use crate::error::{Context, Error, Result};
+use crate::prompt::{Prompt, Step};
 use crate::VolumeType;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! files read the way cryptsetup reads them (`tools_get_key`): the bytes after
 //! `--keyfile-offset`, at most `--keyfile-size` of them (0: all, up to 8 MiB), newlines
 //! included. A key file named `-` is the caller's standard input, which the caller hands
-//! over ([`super::Prompt::standard_input`]): the library never opens it itself.
+//! over ([`crate::prompt::Prompt::standard_input`]): the library never opens it itself.
 
 use crate::error::{Error, Result};
 use std::io::Read;

@@ -1,10 +1,12 @@
-//! What the unlock policy asks of its caller: a passphrase, the caller's standard input
+//! What the library asks of its caller whenever it needs a person (or a script standing in
+//! for one): a passphrase, a new passphrase, a confirmation, the caller's standard input
 //! for a key file named `-`, and somewhere to say things (a notice, a debug line, that a
-//! long step runs, how a TCRYPT search goes). The command implements it with a terminal;
-//! a test or a program embedding the library with a script.
+//! long step runs, how a TCRYPT search goes). The unlock policy and reencryption both ask
+//! through this one trait; the command implements it once, with a terminal
+//! (`cli/prompt.rs`); a test or a program embedding the library with a script.
 
-use super::secret::Secret;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
+use crate::secret::Secret;
 use std::path::Path;
 use ucrypt_format::tcrypt::SearchProgress;
 
@@ -47,8 +49,8 @@ impl Step {
     }
 }
 
-/// The caller's side of an unlock: the library asks for secrets and tells what happens
-/// only through this.
+/// The caller's side of the library's interactive operations (unlock, reencryption): the
+/// library asks for secrets and confirmations and tells what happens only through this.
 pub trait Prompt {
     /// Asks for a secret with `prompt` ("Enter passphrase for disk.img: ", "Enter
     /// VeraCrypt PIM: ") and returns what was given, without a line end.
@@ -58,8 +60,32 @@ pub trait Prompt {
     /// with this error.
     fn passphrase(&mut self, prompt: &str) -> Result<Secret>;
 
+    /// Asks for a passphrase being set (a new keyslot's), which a terminal may ask twice
+    /// to catch a typo; the default asks once, as [`Prompt::passphrase`].
+    ///
+    /// # Errors
+    /// As [`Prompt::passphrase`].
+    fn new_passphrase(&mut self, prompt: &str) -> Result<Secret> {
+        self.passphrase(prompt)
+    }
+
+    /// Confirmation of `question` before something is overwritten.
+    ///
+    /// # Errors
+    /// Not confirmed: the operation stops there, nothing written. The default confirms
+    /// nothing.
+    fn confirm(&mut self, question: &str) -> Result<()> {
+        Err(Error::Invalid(format!("not confirmed: {question}")))
+    }
+
+    /// Whether [`Prompt::passphrase`] reads the caller's key file rather than asking
+    /// (cryptsetup's LUKS1 reencryption then reads one passphrase only).
+    fn uses_key_file(&self) -> bool {
+        false
+    }
+
     /// Whether someone types the passphrases, so that a wrong one is asked for again
-    /// (`--tries`); a key file or a script is tried once.
+    /// ([`with_retries`]); a key file or a script is tried once.
     fn interactive(&self) -> bool {
         false
     }
@@ -94,5 +120,36 @@ pub trait Prompt {
     /// has been read (none by default).
     fn tcrypt_progress(&mut self, _device: &Path) -> SearchProgress {
         SearchProgress::default()
+    }
+}
+
+/// The library's retry policy for a passphrase: `attempt` runs once, or, for a passphrase
+/// someone types (`typed`: no key file, and [`Prompt::interactive`]), up to `tries` times
+/// in all while it fails with [`ErrorKind::Permission`] (a wrong passphrase), each retry
+/// after the notice "No key available with this passphrase.". Every passphrase check of the
+/// library and its callers (unlock, `luksResume`, LUKS1 reencryption) goes through it.
+///
+/// # Errors
+/// The last attempt's error.
+pub fn with_retries<T>(
+    prompt: &mut dyn Prompt,
+    tries: u32,
+    typed: bool,
+    mut attempt: impl FnMut(&mut dyn Prompt) -> Result<T>,
+) -> Result<T> {
+    let tries = if typed && prompt.interactive() {
+        tries.max(1)
+    } else {
+        1
+    };
+    let mut n = 1;
+    loop {
+        match attempt(prompt) {
+            Err(e) if e.kind() == ErrorKind::Permission && n < tries => {
+                prompt.notice("No key available with this passphrase.");
+                n += 1;
+            }
+            r => return r,
+        }
     }
 }
