@@ -1027,3 +1027,87 @@ fn crypttab_line_with_no_key_opens_by_clevis_token() {
     let status = uc(&["status", "tv"], b"", &env);
     assert_eq!(status.status.code(), Some(4), "{}", text(&status.stderr));
 }
+
+/// `status NAME --json` of the instance under `env`.
+fn status(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> serde_json::Value {
+    let out = uc(&["status", name, "--json"], b"", env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn clevis_token_resumes_resizes_and_refreshes_a_running_instance() {
+    if !have_tang() {
+        return;
+    }
+    let vol = Vol::new();
+    let tang = Tang::start();
+    bind_tang(&vol, &tang);
+    let id = vol.token_id("clevis");
+    let run = vol.path("run");
+    let env = [("UCRYPT_RUNTIME_DIR", run.as_os_str())];
+    let ok = |args: &[&str]| {
+        let out = uc(args, b"", &env);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        text(&out.stderr)
+    };
+    ok(&[
+        "open",
+        s(&vol.img),
+        "tk",
+        "--device",
+        "none",
+        "--key-file",
+        s(&vol.pass),
+    ]);
+    let full = status("tk", &env)["size_sectors"].as_u64().unwrap();
+
+    // No passphrase anywhere: the clevis token (tang) gives the key the server checks.
+    ok(&["luksSuspend", "tk"]);
+    assert_eq!(status("tk", &env)["suspended"], true);
+    let err = ok(&["luksResume", "tk", "--token-only", "-v"]);
+    assert!(
+        err.contains(&format!("Token {id} (clevis) unlocked")),
+        "{err}"
+    );
+    assert_eq!(status("tk", &env)["suspended"], false);
+    ok(&["resize", "tk", "--size", "2048", "--token-only"]);
+    assert_eq!(status("tk", &env)["size_sectors"], 2048);
+    ok(&["resize", "tk", "--token-type", "clevis", "--token-only"]);
+    assert_eq!(status("tk", &env)["size_sectors"].as_u64(), Some(full));
+    ok(&[
+        "refresh",
+        "tk",
+        "--allow-discards",
+        "--token-id",
+        &id.to_string(),
+        "--token-only",
+    ]);
+    assert_eq!(status("tk", &env)["allow_discards"], true);
+
+    // A token of another type or id: nothing unlocks, nothing asked, still suspended.
+    ok(&["luksSuspend", "tk"]);
+    let out = uc(
+        &[
+            "luksResume",
+            "tk",
+            "--token-only",
+            "--token-type",
+            "systemd-tpm2",
+        ],
+        b"",
+        &env,
+    );
+    assert!(!out.status.success(), "resumed by a token of no such type");
+    assert_eq!(status("tk", &env)["suspended"], true);
+
+    // tang gone: --token-only fails and the volume stays suspended; without it the token
+    // is passed over and the key file opens.
+    drop(tang);
+    let out = uc(&["luksResume", "tk", "--token-only"], b"", &env);
+    assert!(!out.status.success(), "resumed with tang gone");
+    assert_eq!(status("tk", &env)["suspended"], true);
+    ok(&["luksResume", "tk", "--key-file", s(&vol.pass)]);
+    assert_eq!(status("tk", &env)["suspended"], false);
+    ok(&["close", "tk"]);
+}

@@ -76,6 +76,11 @@ pub(crate) struct SecretArgs {
     /// For an instance opened from a table line: a file holding it ('-': standard input).
     #[arg(long, value_name = "PATH")]
     table_file: Option<std::path::PathBuf>,
+    /// LUKS2 tokens are tried before any passphrase, as by `open` (and cryptsetup's
+    /// luksResume, resize and refresh); `--token-only` asks for none (a key file then
+    /// holds a token PIN).
+    #[command(flatten)]
+    token: super::token::UnlockArgs,
 }
 
 /// `ucrypt luksResume NAME`.
@@ -476,6 +481,68 @@ fn read_secret(p: &Paths, s: &SecretArgs) -> Result<Payload, CliError> {
     super::secret::existing(&s.key, std::path::Path::new(&desc.device)).map(Payload::Passphrase)
 }
 
+/// The volume key of `p`'s volume through one of its LUKS2 tokens (the library's token
+/// policy, as `open`: clevis, libcryptsetup's plugins with their PINs, `--token-*`), or
+/// None to go on with the passphrase or table line. `tries`: how often a PIN is asked.
+fn token_key(
+    p: &Paths,
+    s: &SecretArgs,
+    tries: u32,
+) -> Result<Option<ucrypt::luks::VolumeKey>, CliError> {
+    let table = s.table.is_some() || s.table_file.is_some();
+    let desc = p.read_description().unwrap_or_default();
+    if table || !desc.from_header {
+        if s.token.token_only {
+            return Err(anyhow::anyhow!(
+                "{} was opened from a table line: --token-only needs a LUKS2 header",
+                p.name
+            ))
+            .code(EXIT_PARAMS);
+        }
+        return Ok(None);
+    }
+    // A type that has no tokens ends in the library's own refusal (--token-only) or None.
+    let kind = desc
+        .kind
+        .to_ascii_lowercase()
+        .parse()
+        .unwrap_or(ucrypt::header::VolumeType::Plain);
+    let mut tokens = s.token.tokens();
+    tokens.pin_tries = tries;
+    // Under --token-only the key file has no passphrase to give: it holds the PIN.
+    if tokens.only && s.key.key_file.is_some() {
+        tokens.pin_file = Some(s.key.inputs());
+    }
+    ucrypt::unlock::token::volume_key(
+        std::path::Path::new(&desc.device),
+        desc.header.as_deref().map(std::path::Path::new),
+        kind,
+        &tokens,
+        &mut super::prompt::Terminal::default(),
+    )
+    .map_err(super::exit::lib_error)
+}
+
+/// Sends `request` with the volume key a token gave.
+fn call_with_key(
+    p: &Paths,
+    request: &Request,
+    key: &ucrypt::luks::VolumeKey,
+) -> Result<(), CliError> {
+    let reply = control::call_with_volume_key(
+        &p.control(),
+        request,
+        key.as_bytes(),
+        Duration::from_secs(600),
+    )
+    .map_err(anyhow::Error::from)
+    .code(EXIT_DEVICE)?;
+    match reply {
+        Reply::Refused { kind, message } => Err(anyhow::anyhow!("{message}")).code(code_of(kind)),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
     // A wrong passphrase typed at a terminal is asked for again, --tries times in all (the
@@ -489,6 +556,9 @@ pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
     let request = Request::Resume {
         link_vk_to_keyring: a.link_vk_to_keyring.clone(),
     };
+    if let Some(key) = token_key(&p, &a.secret, a.tries.max(1))? {
+        return call_with_key(&p, &request, &key);
+    }
     // The library's retry policy; the command's own error (a message the instance already
     // printed, a context chain) is kept as it is, the library sees only its kind.
     let mut failed = None;
@@ -511,19 +581,25 @@ pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
 
 pub(crate) fn resize(a: ResizeArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
-    let secret = read_secret(&p, &a.secret)?;
     let request = Request::Resize { size: a.size };
+    if let Some(key) = token_key(&p, &a.secret, 3)? {
+        return call_with_key(&p, &request, &key);
+    }
+    let secret = read_secret(&p, &a.secret)?;
     call(&p, &request, Some(&secret), Duration::from_secs(600))?;
     Ok(())
 }
 
 pub(crate) fn refresh(a: RefreshArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
-    let secret = read_secret(&p, &a.secret)?;
     let request = Request::Refresh {
         perf: a.perf.options(),
         allow_discards: a.allow_discards,
     };
+    if let Some(key) = token_key(&p, &a.secret, 3)? {
+        return call_with_key(&p, &request, &key);
+    }
+    let secret = read_secret(&p, &a.secret)?;
     call(&p, &request, Some(&secret), Duration::from_secs(600))?;
     Ok(())
 }

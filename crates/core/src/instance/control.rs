@@ -4,7 +4,8 @@
 //!
 //! One [`Request`] per connection, serialized as a JSON object on one line
 //! (`{"op":"status"}`), followed, when it carries `"secret_len": N`, by exactly N raw bytes
-//! (a passphrase or a table line with its key: kept out of the JSON so it is never copied
+//! (a passphrase or a table line with its key, or with `"secret_kind": "volume_key"` the
+//! volume key a LUKS2 token gave the client: kept out of the JSON so it is never copied
 //! into a parser's strings, and read into a zeroizing buffer). The answer is one [`Reply`]
 //! on one JSON line; a refusal carries its [`ErrorKind`] and message.
 //!
@@ -203,6 +204,9 @@ pub struct Received {
     pub request: Request,
     /// The raw secret that followed, if any.
     pub secret: Option<Zeroizing<Vec<u8>>>,
+    /// The secret is the volume key itself (a LUKS2 token unlocked it on the client's
+    /// side), not a passphrase or table line (`"secret_kind": "volume_key"`).
+    pub volume_key: bool,
 }
 
 /// Binds the control socket at `path` (mode 0600).
@@ -289,6 +293,7 @@ fn read_request(s: &UnixStream) -> Result<Received, String> {
     let body: Value =
         serde_json::from_str(line.trim()).map_err(|e| format!("malformed request: {e}"))?;
     let secret_len = body.get("secret_len").and_then(Value::as_u64);
+    let volume_key = body.get("secret_kind").and_then(Value::as_str) == Some("volume_key");
     let request: Request =
         serde_json::from_value(body).map_err(|e| format!("malformed request: {e}"))?;
     let secret = match secret_len {
@@ -301,7 +306,11 @@ fn read_request(s: &UnixStream) -> Result<Received, String> {
             Some(buf)
         }
     };
-    Ok(Received { request, secret })
+    Ok(Received {
+        request,
+        secret,
+        volume_key,
+    })
 }
 
 /// Serves requests on `listener` until `stop()` is true after a request (or the listener
@@ -446,6 +455,30 @@ pub fn call(
     secret: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<Reply, CallError> {
+    exchange(path, request, secret, false, timeout)
+}
+
+/// Like [`call`], with the volume key itself as the secret (`luksResume`, `resize`,
+/// `refresh` of an instance opened from a LUKS header, once a token gave the key).
+///
+/// # Errors
+/// As [`call`].
+pub fn call_with_volume_key(
+    path: &Path,
+    request: &Request,
+    key: &[u8],
+    timeout: Duration,
+) -> Result<Reply, CallError> {
+    exchange(path, request, Some(key), true, timeout)
+}
+
+fn exchange(
+    path: &Path,
+    request: &Request,
+    secret: Option<&[u8]>,
+    volume_key: bool,
+    timeout: Duration,
+) -> Result<Reply, CallError> {
     let err = |source| CallError {
         path: path.display().to_string(),
         source,
@@ -455,6 +488,9 @@ pub fn call(
     let mut body = serde_json::to_value(request).map_err(|e| err(std::io::Error::other(e)))?;
     if let Some(sec) = secret {
         body["secret_len"] = Value::from(sec.len());
+        if volume_key {
+            body["secret_kind"] = Value::from("volume_key");
+        }
     }
     let mut msg = body.to_string().into_bytes();
     msg.push(b'\n');

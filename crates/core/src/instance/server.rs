@@ -463,8 +463,30 @@ fn on_signal(s: &Arc<Server>, sig: i32) {
 
 /// Answers one control request.
 fn handle(s: &Arc<Server>, received: Received) -> Reply {
-    let Received { request, secret } = received;
+    let Received {
+        request,
+        secret,
+        volume_key,
+    } = received;
     let secret = secret.as_ref().map(|s| s.as_slice());
+    if volume_key
+        && !matches!(
+            request,
+            Request::Resume { .. } | Request::Resize { .. } | Request::Refresh { .. }
+        )
+    {
+        return refuse(
+            ErrorKind::Invalid,
+            format!("{} takes no volume key", request.op()),
+        );
+    }
+    let secret = secret.map(|bytes| {
+        if volume_key {
+            Secret::VolumeKey(bytes)
+        } else {
+            Secret::Passphrase(bytes)
+        }
+    });
     if matches!(
         request,
         Request::Suspend
@@ -494,7 +516,7 @@ fn handle(s: &Arc<Server>, received: Received) -> Reply {
                 header,
                 slot: &s.online,
             };
-            online::start(&instance, secret, hotzone)
+            online::start(&instance, secret.map(Secret::bytes), hotzone)
         }
         Request::ReencryptStop => online::request_stop(&s.online, &s.name),
         Request::Close { force, deferred } => close(s, force, deferred),
@@ -609,6 +631,23 @@ fn status(s: &Server) -> Status {
     }
 }
 
+/// What a client sent to rebuild the volume with.
+#[derive(Clone, Copy)]
+enum Secret<'a> {
+    /// A passphrase or key file (header instances), or a table line (table instances).
+    Passphrase(&'a [u8]),
+    /// The volume key itself (header instances of a LUKS volume).
+    VolumeKey(&'a [u8]),
+}
+
+impl<'a> Secret<'a> {
+    fn bytes(self) -> &'a [u8] {
+        match self {
+            Secret::Passphrase(b) | Secret::VolumeKey(b) => b,
+        }
+    }
+}
+
 /// Which rebuild.
 #[derive(Clone, Copy)]
 enum Reload {
@@ -637,7 +676,7 @@ fn refuse_error(e: &Error) -> Reply {
 
 /// `luksResume`, `resize`, `refresh`: rebuild the volume from the secret (header
 /// instances) or the table line (table instances) and put it in place.
-fn reload(s: &Server, what: Reload, secret: Option<&[u8]>, link: Option<&str>) -> Reply {
+fn reload(s: &Server, what: Reload, secret: Option<Secret<'_>>, link: Option<&str>) -> Reply {
     let op = what.op();
     let Some(secret) = secret else {
         return refuse(
@@ -687,6 +726,12 @@ fn reload(s: &Server, what: Reload, secret: Option<&[u8]>, link: Option<&str>) -
             "a --raw instance has no key to reload",
         )),
         Source::Table => {
+            let Secret::Passphrase(secret) = secret else {
+                return refuse(
+                    ErrorKind::Invalid,
+                    format!("{} was opened from a table line: give it again", s.name),
+                );
+            };
             let text = zeroize::Zeroizing::new(String::from_utf8_lossy(secret).into_owned());
             let opened = |m| {
                 crate::mapping::open_mapping(m, opts)
@@ -720,7 +765,11 @@ fn reload(s: &Server, what: Reload, secret: Option<&[u8]>, link: Option<&str>) -
             if let Some(d) = allow_discards {
                 hopts.allow_discards = d;
             }
-            match crate::unlock(device, secret, &hopts) {
+            let unlocked = match secret {
+                Secret::Passphrase(p) => crate::unlock(device, p, &hopts),
+                Secret::VolumeKey(k) => crate::header::unlock_by_volume_key(device, k, &hopts),
+            };
+            match unlocked {
                 Err(e) => Err(refuse_error(&e)),
                 Ok(mut u) => {
                     if let Some(n) = size {
