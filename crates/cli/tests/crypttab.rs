@@ -9,28 +9,14 @@
 
 mod common;
 
+use common::runtime::Runtime;
+
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// A private runtime directory; servers still running in it are stopped on drop.
-struct Runtime {
-    tmp: tempfile::TempDir,
-}
-
 impl Runtime {
-    fn new() -> Runtime {
-        Runtime {
-            tmp: tempfile::tempdir().unwrap(),
-        }
-    }
-    fn dir(&self) -> PathBuf {
-        self.tmp.path().join("run")
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.tmp.path().join(name)
-    }
     fn uc(&self, args: &[&str]) -> Output {
         let dir = self.dir();
         common::ucrypt_env(args, b"", &[("UCRYPT_RUNTIME_DIR", dir.as_os_str())])
@@ -71,26 +57,6 @@ impl Runtime {
     }
     fn fuse_file(&self, name: &str) -> PathBuf {
         self.dir().join(name).join("fuse").join(name)
-    }
-}
-
-impl Drop for Runtime {
-    fn drop(&mut self) {
-        let Ok(rd) = std::fs::read_dir(self.dir()) else {
-            return;
-        };
-        for e in rd.flatten() {
-            let pid = std::fs::read_to_string(e.path().join("pid")).unwrap_or_default();
-            if let Ok(pid) = pid.trim().parse::<i32>() {
-                // SAFETY: kill(2) with a pid this test's servers wrote; no memory involved.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(e.path().join("fuse"))
-                .stderr(Stdio::null())
-                .status();
-        }
     }
 }
 

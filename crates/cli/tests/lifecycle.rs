@@ -11,29 +11,15 @@
 
 mod common;
 
+use common::runtime::Runtime;
+
 use common::nbd::require;
 use common::tmux::Tmux;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// A private runtime directory; every server still running in it is stopped on drop.
-struct Runtime {
-    tmp: tempfile::TempDir,
-}
-
 impl Runtime {
-    fn new() -> Runtime {
-        Runtime {
-            tmp: tempfile::tempdir().unwrap(),
-        }
-    }
-    fn dir(&self) -> PathBuf {
-        self.tmp.path().join("run")
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.tmp.path().join(name)
-    }
     /// Runs ucrypt with this runtime directory.
     fn uc(&self, args: &[&str], stdin: &[u8]) -> Output {
         let dir = self.dir();
@@ -73,27 +59,6 @@ impl Runtime {
         .unwrap();
         assert!(!ready.is_empty(), "ucrypt {args:?} did not become ready");
         child
-    }
-}
-
-impl Drop for Runtime {
-    fn drop(&mut self) {
-        let Ok(rd) = std::fs::read_dir(self.dir()) else {
-            return;
-        };
-        for e in rd.flatten() {
-            let pid = std::fs::read_to_string(e.path().join("pid")).unwrap_or_default();
-            if let Ok(pid) = pid.trim().parse::<i32>() {
-                // SAFETY: kill(2) with a pid this test's servers wrote; no memory involved.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            // Not `exists()`: the mount of a killed server fails stat with ENOTCONN.
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(e.path().join("fuse"))
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
     }
 }
 
@@ -1681,8 +1646,8 @@ fn aborting_the_removal_of_the_last_keyslot_exits_2_as_cryptsetup() {
 #[test]
 fn a_table_given_on_the_command_line_leaves_no_key_in_the_servers_cmdline() {
     let rt = Runtime::new();
-    let img = common::image(rt.tmp.path(), "img", 1 << 20);
-    let (line, _) = common::nbd::xts_table(rt.tmp.path(), &img, 4096, &[]);
+    let img = common::image(rt.root(), "img", 1 << 20);
+    let (line, _) = common::nbd::xts_table(rt.root(), &img, 4096, &[]);
     let key = line.split_whitespace().nth(4).unwrap().to_string();
     let cmdline = |pid: i32| {
         String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
@@ -1765,8 +1730,8 @@ fn stuck_or_hostile_control_clients_delay_no_one() {
     use std::io::Write;
     use std::os::unix::net::UnixStream;
     let rt = Runtime::new();
-    let img = common::image(rt.tmp.path(), "img", 1 << 20);
-    let (_, table) = common::nbd::xts_table(rt.tmp.path(), &img, 4096, &[]);
+    let img = common::image(rt.root(), "img", 1 << 20);
+    let (_, table) = common::nbd::xts_table(rt.root(), &img, 4096, &[]);
     let t = table.to_str().unwrap();
     rt.ok(
         &["open", "--table-file", t, "busy", "--device", "none"],

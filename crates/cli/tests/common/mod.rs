@@ -3,6 +3,7 @@
 
 pub mod cmd;
 pub mod nbd;
+pub mod runtime;
 pub mod tmux;
 
 use std::io::Read;
