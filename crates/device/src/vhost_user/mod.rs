@@ -20,7 +20,7 @@ mod queue;
 use crate::{AttachOptions, Attachment, DeviceError, Export, FrontendKind};
 use config::Geometry;
 use queue::{Conn, Memory, Shared};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -152,13 +152,31 @@ fn bind(socket: &Path) -> Result<Listener, DeviceError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(DeviceError::io(what(), e)),
     }
-    let l = UnixListener::bind(socket).map_err(|e| DeviceError::io(what(), e))?;
-    // Whoever connects gets the plaintext: the owner only, whatever the umask.
-    if let Err(e) = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)) {
-        let _ = std::fs::remove_file(socket);
-        return Err(DeviceError::io(what(), e));
-    }
-    Ok(Listener::from(l))
+    // Whoever connects gets the plaintext: the owner only, whatever the umask and whatever
+    // the directory. The socket is bound in a private (0700) directory beside its place,
+    // made 0600 there and only then renamed into place, so no other user can connect in
+    // the moment between bind and chmod (a connection made then would wait in the backlog
+    // and be served).
+    let parent = match socket.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let private = parent.join(format!(".vhost-user-bind.{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(|e| DeviceError::io(what(), e))?;
+    let staged = private.join("sock");
+    let placed = UnixListener::bind(&staged)
+        .and_then(|l| {
+            std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+            std::fs::rename(&staged, socket)?;
+            Ok(l)
+        })
+        .map_err(|e| DeviceError::io(what(), e));
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    Ok(Listener::from(placed?))
 }
 
 /// Serves one VM after another until the attachment stops.
@@ -286,5 +304,35 @@ impl Drop for VhostUserAttachment {
     fn drop(&mut self) {
         // No recovery yet: the socket goes away with the server.
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn the_socket_is_the_owners_only_from_its_first_moment_and_nothing_is_left_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory anyone may enter, as /tmp is: the socket's own mode must protect it.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let socket = dir.path().join("vm.sock");
+        let listener = bind(&socket).unwrap();
+        let md = std::fs::symlink_metadata(&socket).unwrap();
+        assert!(md.file_type().is_socket());
+        assert_eq!(md.mode() & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("vm.sock")]);
+        // The renamed socket is the listening one.
+        assert!(UnixStream::connect(&socket).is_ok());
+        // A live socket is refused, a stale one replaced.
+        assert!(matches!(bind(&socket), Err(DeviceError::Busy(_))));
+        drop(listener);
+        bind(&socket).unwrap();
     }
 }
