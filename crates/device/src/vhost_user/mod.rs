@@ -20,8 +20,8 @@ mod queue;
 use crate::{AttachOptions, Attachment, DeviceError, Export, FrontendKind};
 use config::Geometry;
 use queue::{Conn, Memory, Shared};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -152,31 +152,11 @@ fn bind(socket: &Path) -> Result<Listener, DeviceError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(DeviceError::io(what(), e)),
     }
-    // Whoever connects gets the plaintext: the owner only, whatever the umask and whatever
-    // the directory. The socket is bound in a private (0700) directory beside its place,
-    // made 0600 there and only then renamed into place, so no other user can connect in
-    // the moment between bind and chmod (a connection made then would wait in the backlog
-    // and be served).
-    let parent = match socket.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let private = parent.join(format!(".vhost-user-bind.{}", std::process::id()));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&private)
+    // Whoever connects gets the plaintext: the owner only, and nobody in the moment
+    // between bind and chmod either (the socket listens only once it is 0600).
+    let l = ucrypt_nbd::server::private_unix_listener(socket)
         .map_err(|e| DeviceError::io(what(), e))?;
-    let staged = private.join("sock");
-    let placed = UnixListener::bind(&staged)
-        .and_then(|l| {
-            std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
-            std::fs::rename(&staged, socket)?;
-            Ok(l)
-        })
-        .map_err(|e| DeviceError::io(what(), e));
-    let _ = std::fs::remove_file(&staged);
-    let _ = std::fs::remove_dir(&private);
-    Ok(Listener::from(placed?))
+    Ok(Listener::from(l))
 }
 
 /// Serves one VM after another until the attachment stops.
@@ -311,7 +291,7 @@ impl Drop for VhostUserAttachment {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     #[test]
     fn the_socket_is_the_owners_only_from_its_first_moment_and_nothing_is_left_beside_it() {

@@ -170,6 +170,30 @@ impl Drop for Listener {
     }
 }
 
+/// A listening unix socket at `path` that only its owner may connect to, whatever the
+/// umask and the directory: bound, made 0600, and only then listening, so no other user
+/// can connect in between (for other front ends that hand out plaintext over a socket).
+/// The path is removed again if any step fails.
+///
+/// # Errors
+/// Binding, changing the mode or listening failed.
+pub fn private_unix_listener(path: &Path) -> io::Result<UnixListener> {
+    let fd = unix_socket_bound(path)?;
+    let ready = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .and_then(|()| {
+            // SAFETY: fd is a bound unix stream socket we own; listen has no memory effects.
+            if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    if let Err(e) = ready {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(UnixListener::from(fd))
+}
+
 /// A unix stream socket bound to `path` (not yet listening), close-on-exec.
 fn unix_socket_bound(path: &Path) -> io::Result<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;

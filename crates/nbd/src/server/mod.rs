@@ -44,7 +44,7 @@ mod signal;
 mod stream;
 mod tls_stream;
 
-pub use listener::Listener;
+pub use listener::{private_unix_listener, Listener};
 use listener::{wait_for, Waker};
 pub use options::{ServeOptions, DEFAULT_MAX_PAYLOAD, MAX_WORKERS};
 pub use shutdown::Shutdown;
