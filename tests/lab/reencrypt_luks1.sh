@@ -51,6 +51,14 @@ l1_offset() { # DIR -> the log's offset (0 when none)
   sed -n 's/^offset = //p' "$1"/LUKS-*.log 2>/dev/null | head -1
 }
 
+l1_wait_past() { # PID DIR -> returns once the pass in DIR is past 4 MiB or PID has exited
+  # No fixed deadline: under TCG on a loaded host the PBKDF alone can take tens of seconds,
+  # and a signal sent before the pass starts leaves nothing to resume.
+  while kill -0 "$1" 2>/dev/null; do
+    n=$(l1_offset "$2"); [ "${n:-0}" -gt $((4 << 20)) ] && return 0; sleep 0.1
+  done
+}
+
 l1_midway() { # DIR -> 0 when the header is marked and the log is there
   [ "$(head -c 6 "$1/img" | od -An -tx1 | tr -d ' ')" = 4c554b53dead ] && ls "$1"/LUKS-*.log >/dev/null 2>&1
 }
@@ -71,7 +79,7 @@ luks1_round() {
     (cd "$d" && exec cryptsetup reencrypt -q -d "$W/l1.pass" --pbkdf-force-iterations 1000 \
       -c aes-cbc-essiv:sha256 -s 256 --block-size 1 --write-log img >/dev/null 2>&1) &
     pid=$!
-    for _ in $(seq 300); do n=$(l1_offset "$d"); [ "${n:-0}" -gt $((4 << 20)) ] && break; sleep 0.1; done
+    l1_wait_past "$pid" "$d"
     kill -INT "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     echo "# l1 1: cryptsetup stopped at offset $(l1_offset "$d") of $L1_BYTES"
     check "l1 1: cryptsetup's pass was interrupted mid-way" l1_midway "$d"
@@ -89,7 +97,7 @@ luks1_round() {
     (cd "$d" && exec "$UCRYPT" reencrypt -q -d "$W/l1.pass" --pbkdf-force-iterations 1000 \
       --block-size 1 img >/dev/null 2>&1) &
     pid=$!
-    for _ in $(seq 300); do n=$(l1_offset "$d"); [ "${n:-0}" -gt $((4 << 20)) ] && break; sleep 0.1; done
+    l1_wait_past "$pid" "$d"
     kill -INT "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     echo "# l1 2: ucrypt stopped at offset $(l1_offset "$d") of $L1_BYTES"
     check "l1 2: ucrypt's pass was interrupted mid-way" l1_midway "$d"
@@ -106,7 +114,7 @@ luks1_round() {
     (cd "$d" && exec "$UCRYPT" reencrypt -q -d "$W/l1.pass" --pbkdf-force-iterations 1000 \
       --block-size 1 img >/dev/null 2>&1) &
     pid=$!
-    for _ in $(seq 300); do n=$(l1_offset "$d"); [ "${n:-0}" -gt $((4 << 20)) ] && break; sleep 0.1; done
+    l1_wait_past "$pid" "$d"
     kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     check "l1 3: ucrypt's pass was killed mid-way" l1_midway "$d"
     check "l1 3: ucrypt reencrypt resumes it and finishes" \
@@ -134,7 +142,7 @@ luks1_round() {
     (cd "$d" && exec cryptsetup reencrypt -q --decrypt -d "$W/l1.pass" --block-size 1 \
       --write-log img >/dev/null 2>&1) &
     pid=$!
-    for _ in $(seq 300); do n=$(l1_offset "$d"); [ "${n:-0}" -gt $((4 << 20)) ] && break; sleep 0.1; done
+    l1_wait_past "$pid" "$d"
     kill -INT "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
     echo "# l1 5: cryptsetup stopped at offset $(l1_offset "$d") of $L1_BYTES"
     check "l1 5: cryptsetup's decryption was interrupted mid-way (header gone, log there)" \
