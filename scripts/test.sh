@@ -9,5 +9,6 @@ cargo fmt --all -- --check
 # No module of any crate uses a module that uses it back (ARCHITECTURE.md).
 python3 scripts/module-cycles.py crates/*/src
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-cargo test --workspace --all-targets --quiet
+# --no-fail-fast: one failing test binary must not hide the results of the others.
+cargo test --workspace --all-targets --quiet --no-fail-fast
 cargo test --workspace --doc --quiet
