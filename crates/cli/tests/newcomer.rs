@@ -1,6 +1,6 @@
 //! What a newcomer meets first: `ucrypt demo` (the README's main job), the order and
-//! groups of `--help`, the values completions offer, and the texts of the prompts a
-//! cryptsetup user reads.
+//! groups of `--help`, the values and live instance names completions offer, and the texts
+//! of the prompts a cryptsetup user reads.
 
 #![allow(clippy::unwrap_used)]
 
@@ -27,7 +27,9 @@ fn demo_opens_writes_reads_and_closes_a_volume() {
     for shown in [
         "$ ucrypt luksFormat",
         "$ ucrypt open",
-        "wrote and read back: Hello from ucrypt",
+        "$ mke2fs -q -t ext4 -E root_owner -F ",
+        "$ debugfs -w -R 'write hello.txt hello.txt' ",
+        "wrote and read back hello.txt: Hello from ucrypt",
         "does not contain the text",
         "$ ucrypt status",
         "front end:",
@@ -37,6 +39,51 @@ fn demo_opens_writes_reads_and_closes_a_volume() {
     ] {
         assert!(stdout.contains(shown), "no {shown:?} in:\n{stdout}");
     }
+    let secs: f64 = stdout
+        .split("Done in ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap();
+    // About 1 s on an idle 2-core machine; the bound leaves room for a loaded one.
+    assert!(secs < 20.0, "the demo took {secs} s");
+    // The file system stays on the image: dm-crypt's view of it (ucrypt read) holds ext4
+    // with hello.txt.
+    let key = dir.join("passphrase");
+    let table = String::from_utf8(ok(ucrypt(
+        &[
+            "luksOpen",
+            "--print-table",
+            "--showkeys",
+            "-d",
+            key.to_str().unwrap(),
+            dir.join("disk.img").to_str().unwrap(),
+        ],
+        b"",
+    )))
+    .unwrap();
+    let plain = tmp.path().join("plain.img");
+    let tf = tmp.path().join("table");
+    std::fs::write(&tf, table).unwrap();
+    ok(ucrypt(
+        &[
+            "read",
+            "--table-file",
+            tf.to_str().unwrap(),
+            "--output",
+            plain.to_str().unwrap(),
+        ],
+        b"",
+    ));
+    let listed = std::process::Command::new("/sbin/debugfs")
+        .args(["-R", "cat hello.txt"])
+        .arg(&plain)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).starts_with("Hello from ucrypt"),
+        "{listed:?}"
+    );
     // The image is a LUKS2 volume that stays for the next commands; the instance is gone.
     assert!(dir.join("disk.img").exists());
     ok(ucrypt(
@@ -54,6 +101,29 @@ fn demo_opens_writes_reads_and_closes_a_volume() {
         .filter(|n| !n.to_string_lossy().starts_with('.'))
         .collect();
     assert!(left.is_empty(), "instances left behind: {left:?}");
+}
+
+#[test]
+fn demo_without_a_node_writes_a_sector_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let dir = tmp.path().join("demo");
+    let out = ucrypt_env(
+        &["demo", "--device", "none", "--dir", dir.to_str().unwrap()],
+        b"",
+        &[("UCRYPT_RUNTIME_DIR", run.as_os_str())],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    for shown in [
+        "(no file system: the front end gives no node, only an NBD socket)",
+        "wrote and read back: Hello from ucrypt",
+        "mkfs.ext4 -q -E root_owner NODE",
+        "The binary is ",
+    ] {
+        assert!(stdout.contains(shown), "no {shown:?} in:\n{stdout}");
+    }
+    assert!(!stdout.contains("$ mke2fs"), "{stdout}");
 }
 
 /// The command names of `ucrypt --help`, by heading, in order.
@@ -182,6 +252,132 @@ fn completions_offer_the_values_of_device_type_and_resilience() {
     }
 }
 
+/// What bash offers for the last word of `line` (a word may be empty: `close ` + TAB),
+/// through the completion script `ucrypt completions bash` printed, with `bin`'s
+/// directory first on PATH (the script asks `ucrypt ls --names`).
+fn bash_offers(
+    script: &std::path::Path,
+    line: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Vec<String> {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ucrypt"));
+    let words = line
+        .iter()
+        .map(|w| format!("'{w}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let prog = format!(
+        "source '{}'\nCOMP_WORDS=({words})\nCOMP_CWORD={}\nCOMP_LINE='{}'\nCOMP_POINT=${{#COMP_LINE}}\n\
+         _ucrypt_with_instances ucrypt '{}' '{}'\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n",
+        script.display(),
+        line.len() - 1,
+        line.join(" "),
+        line[line.len() - 1],
+        line[line.len() - 2],
+    );
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new("bash")
+        .args(["--norc", "--noprofile", "-c", &prog])
+        .env("PATH", path)
+        .envs(env.iter().map(|(k, v)| (*k, *v)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn completions_offer_live_instance_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("d.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let table = tmp.path().join("t.line");
+    std::fs::write(
+        &table,
+        format!(
+            "0 2048 crypt aes-xts-plain64 {} 0 {} 0",
+            "ef".repeat(64),
+            img.display()
+        ),
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let env = [("UCRYPT_RUNTIME_DIR", run.as_os_str())];
+    let t = table.to_str().unwrap();
+    let script = tmp.path().join("ucrypt.bash");
+    std::fs::write(&script, ok(ucrypt(&["completions", "bash"], b""))).unwrap();
+    // Nothing runs yet: clap's options stay.
+    let before = bash_offers(&script, &["ucrypt", "close", ""], &env);
+    assert!(before.contains(&"--force".to_string()), "{before:?}");
+    ok(ucrypt_env(
+        &["open", "--device", "none", "--table-file", t, "vault-one"],
+        b"",
+        &env,
+    ));
+    let names = ok(ucrypt_env(&["ls", "--names"], b"", &env));
+    assert_eq!(String::from_utf8(names).unwrap(), "vault-one\n");
+    let one = vec!["vault-one".to_string()];
+    let offered = |line: &[&str]| bash_offers(&script, line, &env);
+    assert_eq!(offered(&["ucrypt", "close", ""]), one, "close");
+    assert_eq!(offered(&["ucrypt", "close", "va"]), one, "close va");
+    assert_eq!(offered(&["ucrypt", "status", ""]), one, "status");
+    assert_eq!(offered(&["ucrypt", "luksSuspend", ""]), one, "luksSuspend");
+    assert_eq!(
+        offered(&["ucrypt", "-v", "luksResume", "-d", "key", ""]),
+        one,
+        "after -d KEY"
+    );
+    assert_eq!(
+        offered(&["ucrypt", "resize", "--size", "100", ""]),
+        one,
+        "resize"
+    );
+    assert_eq!(offered(&["ucrypt", "refresh", ""]), one, "refresh");
+    assert_eq!(
+        offered(&["ucrypt", "reencrypt", "--active-name", ""]),
+        one,
+        "--active-name"
+    );
+    assert!(
+        offered(&["ucrypt", "close", "x"]).is_empty(),
+        "no match for x"
+    );
+    // Not where a name is not wanted: an option's value, a second argument, other commands.
+    assert!(!offered(&["ucrypt", "resize", "--size", ""]).contains(&one[0]));
+    assert!(!offered(&["ucrypt", "close", "vault-one", ""]).contains(&one[0]));
+    assert!(!offered(&["ucrypt", "open", ""]).contains(&one[0]));
+    // Options are still clap's.
+    assert!(offered(&["ucrypt", "close", "--f"]).contains(&"--force".to_string()));
+    // zsh and fish call a function that asks the same listing.
+    let zsh = String::from_utf8(ok(ucrypt(&["completions", "zsh"], b""))).unwrap();
+    assert_eq!(
+        zsh.matches(":_ucrypt_instances'").count(),
+        7,
+        "6 NAMEs and --active-name"
+    );
+    assert!(zsh.contains("ucrypt ls --names"));
+    let fish = String::from_utf8(ok(ucrypt(&["completions", "fish"], b""))).unwrap();
+    assert!(fish.contains(
+        "__fish_ucrypt_using_subcommand close status luksSuspend luksResume resize refresh\" -f -a \"(__fish_ucrypt_instances)\""
+    ));
+    assert!(fish.contains("ucrypt ls --names"));
+    assert!(!zsh.contains("UCRYPT_INSTANCE_NAMES") && !fish.contains("UCRYPT_INSTANCE_NAMES"));
+    ok(ucrypt_env(&["close", "vault-one"], b"", &env));
+    assert!(
+        !offered(&["ucrypt", "close", ""]).contains(&one[0]),
+        "after close"
+    );
+}
+
 #[test]
 fn man_pages_have_exit_status_files_environment_examples_and_a_typed_synopsis() {
     let tmp = tempfile::tempdir().unwrap();
@@ -290,6 +486,13 @@ fn as_a_user_the_demo_works_and_a_squatted_runtime_directory_names_the_fix() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("does not contain the text"), "{stdout}");
+    // With the FUSE file, a user gets the file system and the file too.
+    if stderr.contains("--device auto: fuse") {
+        assert!(
+            stdout.contains("wrote and read back hello.txt: Hello from ucrypt"),
+            "{stdout}"
+        );
+    }
     assert!(
         stderr.contains("ublk: needs root; nbd: needs root"),
         "{stderr}"

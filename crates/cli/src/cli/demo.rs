@@ -1,9 +1,12 @@
 //! `ucrypt demo`: the product at work with built-in defaults, for someone who just built
 //! it. It runs the commands a user would type (this same binary, each shown before it
 //! runs): a small LUKS2 image in a fresh directory, `open` with the automatic front end,
-//! a block of text written through the node and read back, the image checked to hold
-//! only ciphertext, `status`, `close`; then where the binary is and what to try next.
-//! The image and its key file stay, so the next commands work on them.
+//! an ext4 file system made on the node and a file written into it and read back (with
+//! e2fsprogs' `mke2fs` and `debugfs`, which need no root and no mount: the node of a user
+//! is a FUSE file), the image checked to hold only ciphertext, `status`, `close`; then
+//! where the binary is and what to try next. Without e2fsprogs, or without a node (`--device
+//! none`), a sector of text goes through instead, and the demo says why. The image and
+//! its key file stay, so the next commands work on them.
 
 use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::io::Write as _;
@@ -138,6 +141,80 @@ fn write_and_read(node: &str, block: &[u8]) -> Result<Vec<u8>, CliError> {
     Ok(back)
 }
 
+/// e2fsprogs' `mke2fs` and `debugfs`, on `PATH` or in the sbin directories a user's `PATH`
+/// often lacks.
+fn e2fsprogs() -> Option<(PathBuf, PathBuf)> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .collect();
+    let find = |tool: &str| {
+        dirs.iter().map(|d| d.join(tool)).find(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    };
+    Some((find("mke2fs")?, find("debugfs")?))
+}
+
+/// Runs an e2fsprogs tool in `dir`, shown first; its standard output, or an error with its
+/// standard error.
+fn tool(dir: &Path, exe: &Path, shown: &str, args: &[&str]) -> Result<String, CliError> {
+    say!("$ {shown}");
+    let out = Command::new(exe)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .map_err(|e| anyhow::anyhow!("running {}: {e}", exe.display()))
+        .code(EXIT_DEVICE)?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // debugfs exits 0 when a request fails, saying so on stderr after its banner.
+    let failed = stderr
+        .lines()
+        .any(|l| !l.starts_with("debugfs ") && !l.starts_with("Allocated inode"));
+    if !out.status.success() || failed {
+        return Err(anyhow::anyhow!(
+            "the demo stopped: `{shown}` failed: {}",
+            stderr.trim()
+        ))
+        .code(EXIT_DEVICE);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// An ext4 file system made on `node` and `text` written into it as `hello.txt`, then read
+/// back: what it read.
+fn through_a_file_system(
+    dir: &Path,
+    node: &str,
+    text: &str,
+    (mke2fs, debugfs): (&Path, &Path),
+) -> Result<String, CliError> {
+    let io = |e: std::io::Error| anyhow::anyhow!("writing {}: {e}", dir.display());
+    std::fs::write(dir.join("hello.txt"), text)
+        .map_err(io)
+        .code(EXIT_PARAMS)?;
+    tool(
+        dir,
+        mke2fs,
+        &format!("mke2fs -q -t ext4 -E root_owner -F {node}"),
+        &["-q", "-t", "ext4", "-E", "root_owner", "-F", node],
+    )?;
+    tool(
+        dir,
+        debugfs,
+        &format!("debugfs -w -R 'write hello.txt hello.txt' {node}"),
+        &["-w", "-R", "write hello.txt hello.txt", node],
+    )?;
+    let back = tool(
+        dir,
+        debugfs,
+        &format!("debugfs -R 'cat hello.txt' {node}"),
+        &["-R", "cat hello.txt", node],
+    )?;
+    Ok(back)
+}
+
 /// Whether `needle` occurs anywhere in the file at `path`.
 fn file_contains(path: &Path, needle: &[u8]) -> std::io::Result<bool> {
     let data = std::fs::read(path)?;
@@ -165,7 +242,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let key = dir.join("passphrase");
     let shown = |p: &Path| p.display().to_string();
     say!(
-        "ucrypt demo: a {} MiB LUKS2 volume in {}, opened, written and read through, closed.\n",
+        "ucrypt demo: a {} MiB LUKS2 volume in {}, opened, a file written and read through it, closed.\n",
         IMAGE_BYTES >> 20,
         dir.display()
     );
@@ -211,17 +288,42 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         "Hello from ucrypt: written through {node}, stored encrypted in {}.\n",
         image.display()
     );
-    let mut block = text.clone().into_bytes();
-    block.resize(BLOCK, 0);
-    say!("\n3. Write a sector of text through the node and read it back:");
-    let back = write_and_read(&node, &block)?;
-    if back != block {
-        return Err(anyhow::anyhow!(
-            "the sector read back through {node} is not the one written"
-        ))
-        .code(EXIT_DEVICE);
+    let tools = e2fsprogs();
+    let why_not = match &tools {
+        _ if node.starts_with("nbd") => Some("the front end gives no node, only an NBD socket"),
+        None => Some("e2fsprogs (mke2fs, debugfs) is not installed: apt-get install e2fsprogs"),
+        Some(_) => None,
+    };
+    let made_fs = why_not.is_none();
+    if let (None, Some((mke2fs, debugfs))) = (why_not, &tools) {
+        say!(
+            "\n3. Make an ext4 file system on the node and write a file into it (no root, no \
+             mount: e2fsprogs\n   works on the node directly), then read the file back:"
+        );
+        let back = through_a_file_system(&dir, &node, &text, (mke2fs, debugfs))?;
+        if back != text {
+            return Err(anyhow::anyhow!(
+                "hello.txt read back from the file system on {node} is not the one written"
+            ))
+            .code(EXIT_DEVICE);
+        }
+        say!("  wrote and read back hello.txt: {}", text.trim_end());
+    } else {
+        let mut block = text.clone().into_bytes();
+        block.resize(BLOCK, 0);
+        say!(
+            "\n3. Write a sector of text through the node and read it back (no file system: {}):",
+            why_not.unwrap_or_default()
+        );
+        let back = write_and_read(&node, &block)?;
+        if back != block {
+            return Err(anyhow::anyhow!(
+                "the sector read back through {node} is not the one written"
+            ))
+            .code(EXIT_DEVICE);
+        }
+        say!("  wrote and read back: {}", text.trim_end());
     }
-    say!("  wrote and read back: {}", text.trim_end());
     let plain_on_disk = file_contains(&image, text.trim_end().as_bytes())
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", image.display()))
         .code(EXIT_DEVICE)?;
@@ -252,16 +354,26 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
          (`cargo install --locked --path crates/cli` puts it in ~/.cargo/bin as `ucrypt`).\n\
          \nNext, try it on the same image (the passphrase is \"{PASSPHRASE}\"):\n\
          \n  ucrypt open {img} mine\
-         \n  ucrypt status mine\
-         \n  mkfs.ext4 -q -E root_owner NODE  # NODE: what open printed; root_owner: yours\
-         \n  mount NODE /mnt                  # as root (a FUSE file: mount -o loop NODE /mnt)\
-         \n  fuse2fs NODE ~/mnt               # without root: the FUSE file\
+         \n  ucrypt status mine{mkfs}\
+         \n  mount NODE /mnt                  # NODE: what open printed; as root (a FUSE file:\
+         \n                                   # mount -o loop NODE /mnt)\
+         \n  fuse2fs NODE ~/mnt               # without root: the FUSE file{ls}\
          \n  umount /mnt; ucrypt close mine   # (fusermount3 -u ~/mnt for fuse2fs)\
          \n  ucrypt --help                    # every command; man pages: ucrypt man DIR\
          \n\nThe README and docs/ say more. The demo's files: rm -r {dir}",
         started.elapsed().as_secs_f64(),
         img = image.display(),
         dir = dir.display(),
+        mkfs = if made_fs {
+            ""
+        } else {
+            "\n  mkfs.ext4 -q -E root_owner NODE  # root_owner: the top directory is yours"
+        },
+        ls = if made_fs {
+            "\n  ls -l ~/mnt                      # hello.txt, which the demo wrote"
+        } else {
+            ""
+        },
     );
     Ok(())
 }

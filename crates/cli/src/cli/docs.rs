@@ -20,15 +20,163 @@ pub(crate) struct ManArgs {
     dir: PathBuf,
 }
 
+/// The commands whose first argument is a running instance's name.
+pub(crate) const NAME_COMMANDS: [&str; 6] = [
+    "close",
+    "status",
+    "luksSuspend",
+    "luksResume",
+    "resize",
+    "refresh",
+];
+
+/// Stands for "a live instance's name" in clap's script, where the shell's own function
+/// then goes: clap_complete's static scripts cannot ask the binary at TAB time (its
+/// dynamic completion is unstable), so the function the script calls asks
+/// `ucrypt ls --names`, which changes nothing and asks no server.
+const MARK: &str = "UCRYPT_INSTANCE_NAMES";
+
+/// The completion script of `shell`: clap's, with live instance names offered for the
+/// NAME of [`NAME_COMMANDS`] and for `reencrypt --active-name` (bash, zsh, fish; the
+/// other shells get clap's script alone).
+pub(crate) fn completion_script(shell: clap_complete::Shell) -> String {
+    use clap_complete::Shell;
+    let mut cmd = super::cli_command();
+    let dynamic = matches!(shell, Shell::Bash | Shell::Zsh | Shell::Fish);
+    if dynamic {
+        for sub in NAME_COMMANDS {
+            cmd = cmd.mut_subcommand(sub, |c| c.mut_arg("name", |a| a.value_parser([MARK])));
+        }
+        cmd = cmd.mut_subcommand("reencrypt", |c| {
+            c.mut_arg("active_name", |a| a.value_parser([MARK]))
+        });
+    }
+    // Into memory first: clap_complete panics when its writer fails (`| head`).
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "ucrypt", &mut script);
+    let script = String::from_utf8_lossy(&script).into_owned();
+    match shell {
+        Shell::Bash => bash_names(&script, &cmd),
+        Shell::Zsh => zsh_names(&script),
+        Shell::Fish => fish_names(&script),
+        _ => script,
+    }
+}
+
+/// bash: clap's `_ucrypt` runs first; then, when the word is the NAME of one of
+/// [`NAME_COMMANDS`] (the first word after the command that is neither an option nor an
+/// option's value) or the value of `--active-name`, the live names replace its answer.
+fn bash_names(script: &str, cmd: &clap::Command) -> String {
+    let mut valued: Vec<String> = Vec::new();
+    let subs = NAME_COMMANDS
+        .iter()
+        .filter_map(|n| cmd.find_subcommand(n))
+        .chain(std::iter::once(cmd));
+    for c in subs {
+        for a in c.get_arguments().filter(|a| !a.is_positional()) {
+            if !a.get_action().takes_values() {
+                continue;
+            }
+            valued.extend(a.get_long().map(|l| format!("--{l}")));
+            valued.extend(a.get_short().map(|s| format!("-{s}")));
+        }
+    }
+    valued.sort();
+    valued.dedup();
+    // clap lists the marker among the values it offers; the function below decides.
+    let script = script.replace(MARK, "");
+    let registered = script
+        .replace(
+            "complete -F _ucrypt -o nosort -o bashdefault -o default ucrypt",
+            "complete -F _ucrypt_with_instances -o nosort -o bashdefault -o default ucrypt",
+        )
+        .replace(
+            "complete -F _ucrypt -o bashdefault -o default ucrypt",
+            "complete -F _ucrypt_with_instances -o bashdefault -o default ucrypt",
+        );
+    format!(
+        r#"{registered}
+# Live instance names (ucrypt ls --names) for the NAME of {commands} and for
+# reencrypt --active-name.
+_ucrypt_with_instances() {{
+    _ucrypt "$@"
+    local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}}
+    local valued=" {valued} " i w sub="" pos=0 skip=""
+    if [[ $prev == --active-name ]]; then
+        _ucrypt_offer_instances "$cur"
+        return 0
+    fi
+    [[ $cur == -* ]] && return 0
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        w=${{COMP_WORDS[i]}}
+        if [[ -n $skip ]]; then skip=""; continue; fi
+        case $w in
+            --*=*) ;;
+            -*) [[ $valued == *" $w "* ]] && skip=1 ;;
+            *) if [[ -z $sub ]]; then sub=$w; else pos=$((pos + 1)); fi ;;
+        esac
+    done
+    [[ -n $skip || $pos != 0 ]] && return 0
+    case $sub in
+        {cases}) _ucrypt_offer_instances "$cur" ;;
+    esac
+    return 0
+}}
+
+# Without a live instance clap's answer stays (the options).
+_ucrypt_offer_instances() {{
+    local names
+    names=$(ucrypt ls --names 2>/dev/null)
+    [[ -n $names ]] && COMPREPLY=($(compgen -W "$names" -- "$1"))
+}}
+"#,
+        commands = NAME_COMMANDS.join(", "),
+        valued = valued.join(" "),
+        cases = NAME_COMMANDS.join("|"),
+    )
+}
+
+/// zsh: the marker is the action of the NAME positionals and of `--active-name`; a
+/// function offering the live names takes its place.
+fn zsh_names(script: &str) -> String {
+    let body = script.replace(&format!("({MARK})"), "_ucrypt_instances");
+    let helper = r#"
+# Live instance names (ucrypt ls --names).
+_ucrypt_instances() {
+    local -a names
+    names=(${(f)"$(ucrypt ls --names 2>/dev/null)"})
+    compadd -a names
+}
+"#;
+    match body.find(
+        "
+_ucrypt() {",
+    ) {
+        Some(at) => format!("{}{helper}{}", &body[..at], &body[at..]),
+        None => format!("{body}{helper}"),
+    }
+}
+
+/// fish: clap gives the marker as `--active-name`'s values only; the NAME positionals get
+/// a line of their own. A function printing the live names takes the marker's place.
+fn fish_names(script: &str) -> String {
+    let body = script.replace(MARK, "(__fish_ucrypt_instances)");
+    format!(
+        "# Live instance names (ucrypt ls --names).\n\
+         function __fish_ucrypt_instances\n    ucrypt ls --names 2>/dev/null\nend\n\n\
+         {body}\n\
+         complete -c ucrypt -n \"__fish_ucrypt_using_subcommand {}\" -f -a \
+         \"(__fish_ucrypt_instances)\"\n",
+        NAME_COMMANDS.join(" ")
+    )
+}
+
 /// Prints the completion script for the shell to standard output, e.g.
 /// `ucrypt completions bash > /etc/bash_completion.d/ucrypt`.
 pub(crate) fn completions(a: CompletionsArgs) -> Result<(), CliError> {
     use std::io::Write;
-    let mut cmd = super::cli_command();
-    // Into memory first: clap_complete panics when its writer fails (`| head`).
-    let mut script = Vec::new();
-    clap_complete::generate(a.shell, &mut cmd, "ucrypt", &mut script);
-    match std::io::stdout().write_all(&script) {
+    let script = completion_script(a.shell);
+    match std::io::stdout().write_all(script.as_bytes()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(anyhow::anyhow!("writing the completion script: {e}").into()),

@@ -25,8 +25,12 @@ pub(crate) struct StatusArgs {
 #[derive(clap::Args)]
 pub(crate) struct LsArgs {
     /// Print JSON.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "names")]
     json: bool,
+    /// The live instances' names, one a line, and nothing else: what shell completion
+    /// offers (nothing is cleaned up or asked of a server).
+    #[arg(long, hide = true)]
+    names: bool,
 }
 
 /// `ucrypt close NAME`.
@@ -237,7 +241,10 @@ fn print_status(v: &Value) {
 
 pub(crate) fn status(a: StatusArgs) -> Result<(), CliError> {
     let Some(name) = a.name else {
-        return ls(LsArgs { json: a.json });
+        return ls(LsArgs {
+            json: a.json,
+            names: false,
+        });
     };
     let p = Paths::of(&name).map_err(instance_error)?;
     let pid = match runtime::probe(&p).map_err(instance_error)? {
@@ -336,6 +343,12 @@ fn quiet(code: u8) -> CliError {
 }
 
 pub(crate) fn ls(a: LsArgs) -> Result<(), CliError> {
+    if a.names {
+        for n in runtime::live_names() {
+            println!("{n}");
+        }
+        return Ok(());
+    }
     let mut all: Vec<Value> = Vec::new();
     for (p, probe) in runtime::scan() {
         match probe {

@@ -175,7 +175,7 @@ fn long_version() -> &'static str {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show ucrypt at work: make a small LUKS2 image, open it, write and read through it,
+    /// Show ucrypt at work: make a small LUKS2 image, open it, write and read a file through it,
     /// close it, and print what to try next.
     Demo(demo::Args),
     /// Write plaintext through a table's mapping into its device (offline access).

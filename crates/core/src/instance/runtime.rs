@@ -873,6 +873,26 @@ pub fn list() -> Vec<(Paths, u32)> {
         .collect()
 }
 
+/// The names of the live instances, sorted, found without changing anything: no stale
+/// directory removed, no lock taken, no server asked (shell completion runs it on every
+/// TAB).
+pub fn live_names() -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(base_dir()) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| check_name(n).is_ok())
+        .filter(|n| {
+            let Ok(p) = Paths::of(n) else { return false };
+            matches!(open_name_lock(&p, false), Ok(Some(f)) if byte_held(&f, LIVE).unwrap_or(false))
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// Every instance directory under the base directory, by name, live or dead (the dead
 /// ones' debris removed, as [`probe`] does).
 pub fn scan() -> Vec<(Paths, Probe)> {
