@@ -5,10 +5,16 @@
 //! and `status` show the instance as dead with its device and what to do; `open` of the
 //! name or of the image under another name is refused (exit 5) without a second device;
 //! `close` is refused while mounted; `open --recover` serves it again with the data
-//! intact; `close` of a dead instance with nothing mounted removes its device. `resize`
-//! shrinks and grows `/dev/nbdN`, and is refused on ublk (6.12 has no
-//! `UBLK_CMD_UPDATE_SIZE`) with the sizes unchanged. A start-up failure after the device
-//! existed leaves no device behind.
+//! intact; `close` of a dead instance with nothing mounted removes its device; with its
+//! runtime directory removed (the instance's, then the whole base with the name locks)
+//! `ls` and `status` still find it through its kernel device and `close` removes it.
+//! `resize` shrinks and grows `/dev/nbdN`; on ublk (6.12 has no `UBLK_CMD_UPDATE_SIZE`) it
+//! is refused with exit 5 while the device is mounted or held open (sizes unchanged), and
+//! otherwise re-adds the device at the new size under the same number (the file system
+//! mounts again intact; recovery after `kill -9` still works). A start-up failure after
+//! the device existed leaves no device behind. Root's stable name `/dev/ucrypt/NAME`: made
+//! by `open`, shown by `status`, pointing to the node, mkfs and mount by it, gone after
+//! `close`.
 //!
 //! Skipped with a message when `CI` is unset and the guest cannot start (no QEMU, no kernel
 //! to download: `scripts/setup.sh` installs and fetches both); fails when `CI` is set.
@@ -19,7 +25,7 @@ fn dead_instances_devices_and_resize_on_a_real_kernel() {
     let Some(out) = ucrypt_testkit::run_in_vm(
         &lab.join("deadblock.sh"),
         [env!("CARGO_BIN_EXE_ucrypt").to_string()],
-        &[("LAB_TIMEOUT", "900")],
+        &[("LAB_TIMEOUT", "1800")],
     ) else {
         return;
     };

@@ -132,6 +132,24 @@ pub trait Attachment: Send {
     /// # Errors
     /// The driver refused.
     fn resize(&self, size_bytes: u64) -> Result<(), DeviceError>;
+    /// Whether a front end that cannot change its size in place ([`Attachment::can_resize`]
+    /// refuses) can take a new size by [`Attachment::reattach`]: the node removed and
+    /// added again, which only a node nobody uses survives.
+    fn can_reattach(&self) -> bool {
+        false
+    }
+    /// Removes the node and adds it again (the same number where the driver allows), at
+    /// the export's size now. The caller checked that nothing uses the node: a user that
+    /// opened it meanwhile sees it go away.
+    ///
+    /// # Errors
+    /// The driver refused; the node is then gone.
+    fn reattach(self: Box<Self>) -> Result<Box<dyn Attachment>, DeviceError> {
+        Err(DeviceError::Unavailable {
+            frontend: self.kind().as_str(),
+            why: "this front end cannot be added again".into(),
+        })
+    }
 }
 
 /// A kernel device left by an instance whose server died.
@@ -151,18 +169,42 @@ pub struct Orphan {
 pub fn orphans_of(name: &str) -> Vec<Orphan> {
     let mut found: Vec<Orphan> = ublk::orphans_of(name)
         .into_iter()
-        .map(|id| Orphan {
-            kind: FrontendKind::Ublk,
-            node: PathBuf::from(format!("/dev/ublkb{id}")),
-            state: "waiting for a new server: its I/O is held",
-        })
+        .map(ublk_orphan)
         .collect();
-    found.extend(nbd_kernel::orphans_of(name).into_iter().map(|i| Orphan {
+    found.extend(nbd_kernel::orphans_of(name).into_iter().map(nbd_orphan));
+    found
+}
+
+/// Every kernel device a ucrypt instance left when its server died, with the instance
+/// name the device carries (ublk: the target data libublk exports in `/run/ublksrvd`;
+/// kernel NBD: the backend identifier in sysfs), whatever runtime directory it was in.
+pub fn all_orphans() -> Vec<(String, Orphan)> {
+    let mut found: Vec<(String, Orphan)> = ublk::all_orphans()
+        .into_iter()
+        .map(|(name, id)| (name, ublk_orphan(id)))
+        .collect();
+    found.extend(
+        nbd_kernel::all_orphans()
+            .into_iter()
+            .map(|(name, i)| (name, nbd_orphan(i))),
+    );
+    found
+}
+
+fn ublk_orphan(id: u32) -> Orphan {
+    Orphan {
+        kind: FrontendKind::Ublk,
+        node: PathBuf::from(format!("/dev/ublkb{id}")),
+        state: "waiting for a new server: its I/O is held",
+    }
+}
+
+fn nbd_orphan(i: u32) -> Orphan {
+    Orphan {
         kind: FrontendKind::Nbd,
         node: PathBuf::from(format!("/dev/nbd{i}")),
         state: "its connections are dead: I/O waits, then fails after the dead-connection timeout",
-    }));
-    found
+    }
 }
 
 /// Removes a device [`orphans_of`] found (ublk: stopped and deleted; kernel NBD:

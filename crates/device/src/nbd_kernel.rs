@@ -435,17 +435,25 @@ pub fn find_by_instance(name: &str) -> Option<u32> {
 /// backend identifier, and the process that connected them (`/sys/block/nbdN/pid`) is
 /// gone. Sysfs only.
 pub fn orphans_of(name: &str) -> Vec<u32> {
-    let want = backend_identifier(name);
-    let mut found: Vec<u32> = std::fs::read_dir("/sys/block")
+    all_orphans()
+        .into_iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, i)| i)
+        .collect()
+}
+
+/// Every kernel NBD device a ucrypt instance connected whose server died, with the
+/// instance name its backend identifier carries. Sysfs only.
+pub fn all_orphans() -> Vec<(String, u32)> {
+    let prefix = backend_identifier("");
+    let mut found: Vec<(String, u32)> = std::fs::read_dir("/sys/block")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| {
             let n: u32 = e.file_name().to_str()?.strip_prefix("nbd")?.parse().ok()?;
             let id = std::fs::read_to_string(e.path().join("backend")).ok()?;
-            if id.trim() != want {
-                return None;
-            }
+            let name = id.trim().strip_prefix(&prefix)?.to_string();
             let pid: Option<i32> = std::fs::read_to_string(e.path().join("pid"))
                 .ok()
                 .and_then(|p| p.trim().parse().ok());
@@ -454,10 +462,10 @@ pub fn orphans_of(name: &str) -> Vec<u32> {
                 let r = unsafe { libc::kill(p, 0) };
                 r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
             });
-            (!alive).then_some(n)
+            (!alive).then_some((name, n))
         })
         .collect();
-    found.sort_unstable();
+    found.sort_unstable_by_key(|&(_, n)| n);
     found
 }
 

@@ -566,9 +566,14 @@ fn old_server_lives(p: &Paths) -> Result<bool, InstanceError> {
 pub fn probe(p: &Paths) -> Result<Probe, InstanceError> {
     let Some(name_lock) = open_name_lock(p, false)? else {
         // Every directory is made after its name lock: without one, this is a directory
-        // of an older binary's server, or debris.
+        // of an older binary's server, or debris; or nothing is left under the name but a
+        // kernel device carrying it (the whole runtime directory was removed).
         if !p.dir.exists() {
-            return Ok(Probe::Absent);
+            return Ok(if ucrypt_device::orphans_of(&p.name).is_empty() {
+                Probe::Absent
+            } else {
+                Probe::Dead(remove_stale(p))
+            });
         }
         if old_server_lives(p)? {
             return Ok(Probe::Live { pid: p.read_pid() });
@@ -634,11 +639,22 @@ fn remove_stale(p: &Paths) -> Debris {
 /// # Errors
 /// [`InstanceError::DeadDeviceInUse`]; the driver's refusal; I/O errors.
 pub fn close_dead(p: &Paths, force: bool) -> Result<Option<Debris>, InstanceError> {
-    let Some(name_lock) = open_name_lock(p, false)? else {
-        return match probe(p)? {
-            Probe::Dead(d) if d.devices.is_empty() => Ok(Some(d)),
-            _ => Ok(None),
-        };
+    let name_lock = match open_name_lock(p, false)? {
+        Some(f) => f,
+        // Only a kernel device is left under the name: take the name to remove it.
+        None if !ucrypt_device::orphans_of(&p.name).is_empty() => {
+            ensure_base()?;
+            open_name_lock(p, true)?.ok_or_else(|| InstanceError::Io {
+                what: format!("opening {}", p.name_lock().display()),
+                source: io::ErrorKind::NotFound.into(),
+            })?
+        }
+        None => {
+            return match probe(p)? {
+                Probe::Dead(d) if d.devices.is_empty() => Ok(Some(d)),
+                _ => Ok(None),
+            }
+        }
     };
     let _gate = Gate::take(&name_lock, &p.name_lock())?;
     let live = byte_held(&name_lock, LIVE)
@@ -894,17 +910,29 @@ pub fn live_names() -> Vec<String> {
 }
 
 /// Every instance directory under the base directory, by name, live or dead (the dead
-/// ones' debris removed, as [`probe`] does).
+/// ones' debris removed, as [`probe`] does), and, for root, the dead instances known only
+/// by a kernel device that carries their name (a ublk or kernel NBD device whose server
+/// died after its directory was removed).
 pub fn scan() -> Vec<(Paths, Probe)> {
-    let Ok(rd) = std::fs::read_dir(base_dir()) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = rd
+    let mut names: Vec<String> = std::fs::read_dir(base_dir())
+        .into_iter()
+        .flatten()
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| check_name(n).is_ok())
         .collect();
+    // Only root serves ublk and kernel NBD devices; a user's list is the user's own.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        names.extend(
+            ucrypt_device::all_orphans()
+                .into_iter()
+                .map(|(name, _)| name)
+                .filter(|n| check_name(n).is_ok()),
+        );
+    }
     names.sort();
+    names.dedup();
     names
         .into_iter()
         .filter_map(|n| {

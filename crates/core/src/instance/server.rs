@@ -814,16 +814,45 @@ fn reload(s: &Server, what: Reload, secret: Option<Secret<'_>>, link: Option<&st
     let old_bytes = current * 512;
     let new_bytes = info.size_bytes;
     // The front end follows a resize (a shrink before the volume shrinks, a growth after
-    // it grew), or the resize is refused before anything changed.
-    let attachment = lock_ignoring_poison(&s.attachment);
+    // it grew), or is added again at the new size once the volume changed (a front end
+    // that cannot change its size in place, while nobody uses it), or the resize is
+    // refused before anything changed.
+    let mut attachment = lock_ignoring_poison(&s.attachment);
+    let mut readd = false;
     let front = attachment
         .as_ref()
         .filter(|_| matches!(what, Reload::Resize(_)) && new_bytes != old_bytes);
     if let Some(at) = front {
         if let Err(e) = at.can_resize() {
-            return refuse(ErrorKind::Device, format!("{} keeps its size: {e}", s.name));
-        }
-        if new_bytes < old_bytes {
+            let e = match e {
+                ucrypt_device::DeviceError::Unavailable { why, .. } => why,
+                other => other.to_string(),
+            };
+            if !at.can_reattach() {
+                return refuse(ErrorKind::Device, format!("{} keeps its size: {e}", s.name));
+            }
+            match at.in_use() {
+                Ok(false) => readd = true,
+                Ok(true) => {
+                    return refuse(
+                        ErrorKind::Busy,
+                        format!(
+                            "{} keeps its size: {e}, and {} is in use (mounted, or open in a \
+                             process), so it cannot be added again at the new size either; \
+                             unmount it or stop what holds it open and resize again",
+                            s.name,
+                            at.node().display()
+                        ),
+                    )
+                }
+                Err(busy) => {
+                    return refuse(
+                        ErrorKind::Device,
+                        format!("{} keeps its size: {e}; {busy}", s.name),
+                    )
+                }
+            }
+        } else if new_bytes < old_bytes {
             if let Err(e) = at.resize(new_bytes) {
                 return refuse(
                     ErrorKind::Device,
@@ -832,6 +861,7 @@ fn reload(s: &Server, what: Reload, secret: Option<Secret<'_>>, link: Option<&st
             }
         }
     }
+    let front_follows = front.is_some();
     if resume && info.size_bytes / 512 != current {
         return refuse(
             ErrorKind::Invalid,
@@ -847,20 +877,48 @@ fn reload(s: &Server, what: Reload, secret: Option<Secret<'_>>, link: Option<&st
             format!("flushing the previous volume: {e}"),
         );
     }
-    let grown = match front {
-        Some(at) if new_bytes > old_bytes => at.resize(new_bytes).map_err(|e| {
-            format!(
-                "the volume grew to {} sectors, but {} keeps its old size: {e}",
-                new_bytes / 512,
-                at.node().display()
-            )
-        }),
-        _ => Ok(()),
+    let mut node = None;
+    let grown = if readd {
+        let old = attachment.take().map(|at| (at.node().to_path_buf(), at));
+        match old {
+            Some((was, at)) => match at.reattach() {
+                Ok(at) => {
+                    node = Some(at.node().to_path_buf());
+                    *attachment = Some(at);
+                    Ok(())
+                }
+                Err(e) => Err(format!(
+                    "the volume has {} sectors now, but {} could not be added again at that \
+                     size and is gone: {e}; close the instance and open it again",
+                    new_bytes / 512,
+                    was.display()
+                )),
+            },
+            None => Ok(()),
+        }
+    } else {
+        match attachment.as_ref().filter(|_| front_follows) {
+            Some(at) if new_bytes > old_bytes => at.resize(new_bytes).map_err(|e| {
+                format!(
+                    "the volume grew to {} sectors, but {} keeps its old size: {e}",
+                    new_bytes / 512,
+                    at.node().display()
+                )
+            }),
+            _ => Ok(()),
+        }
     };
     drop(attachment);
     *lock_ignoring_poison(&s.opts) = opts;
     let mut desc = lock_ignoring_poison(&s.desc);
     desc.size_sectors = info.size_bytes / 512;
+    if let Some(node) = node.filter(|n| n.as_os_str() != desc.node.as_str()) {
+        // Added again under another number: the stable name follows it.
+        desc.node = node.display().to_string();
+        desc.link = runtime::link_stable(&desc.name, &node)
+            .ok()
+            .map(|l| l.display().to_string());
+    }
     if let Some(d) = allow_discards {
         desc.allow_discards = d;
     }

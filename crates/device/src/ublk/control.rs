@@ -142,6 +142,10 @@ fn exported_name(dev_id: u32) -> Option<String> {
     let path = format!("{}/{dev_id:04}.json", UblkCtrl::run_dir());
     let text = std::fs::read_to_string(path).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    // Another libublk server's device may carry a name too: only ucrypt's target counts.
+    if v.get("target")?.get("tgt_type")?.as_str()? != TARGET {
+        return None;
+    }
     v.get("target_data")?
         .get("name")?
         .as_str()
@@ -171,6 +175,15 @@ pub fn orphans_of(name: &str) -> Vec<u32> {
     device_ids()
         .into_iter()
         .filter(|&id| exported_name(id).as_deref() == Some(name) && !served(id))
+        .collect()
+}
+
+/// Every ucrypt ublk device that no server serves, with the instance name it carries.
+pub fn all_orphans() -> Vec<(String, u32)> {
+    device_ids()
+        .into_iter()
+        .filter_map(|id| Some((exported_name(id)?, id)))
+        .filter(|&(_, id)| !served(id))
         .collect()
 }
 

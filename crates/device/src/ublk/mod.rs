@@ -66,7 +66,9 @@ mod queue;
 #[cfg(test)]
 mod tests;
 
-pub use control::{available, find_waiting, orphans_of, query, remove, DeviceInfo, DeviceState};
+pub use control::{
+    all_orphans, available, find_waiting, orphans_of, query, remove, DeviceInfo, DeviceState,
+};
 use control::{ctrl_ring, instance_name};
 use queue::{device_params, queue_main, Pool, Shared};
 
@@ -114,21 +116,25 @@ pub fn attach(
     uopts: &UblkOptions,
 ) -> Result<UblkAttachment, DeviceError> {
     available()?;
+    let ctrl = add(opts, uopts, -1).map_err(|e| ublk_err("adding a ublk device", e))?;
+    start(ctrl, export, opts, uopts, false)
+}
+
+/// `ADD_DEV` of a device numbered `id` (-1: the driver's choice).
+fn add(opts: &AttachOptions, uopts: &UblkOptions, id: i32) -> Result<UblkCtrl, UblkError> {
     let mut ctrl_flags = 0u64;
     if uopts.user_recovery {
         ctrl_flags |= u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE);
     }
-    let ctrl = UblkCtrlBuilder::default()
+    UblkCtrlBuilder::default()
         .name(TARGET)
-        .id(-1)
+        .id(id)
         .nr_queues(opts.queues.max(1))
         .depth(opts.queue_depth.clamp(1, 4096))
         .io_buf_bytes(IO_BUF_BYTES)
         .ctrl_flags(ctrl_flags)
         .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
         .build()
-        .map_err(|e| ublk_err("adding a ublk device", e))?;
-    start(ctrl, export, opts, uopts, false)
 }
 
 /// Reattaches a new server to device `dev_id`, whose server died (user recovery):
@@ -275,6 +281,11 @@ fn start(
         pool,
         user_recovery: uopts.user_recovery || recovering,
         logical_shift,
+        opts: opts.clone(),
+        uopts: UblkOptions {
+            user_recovery: uopts.user_recovery || recovering,
+            ..uopts.clone()
+        },
     })
 }
 
@@ -356,6 +367,9 @@ pub struct UblkAttachment {
     user_recovery: bool,
     /// log2 of the logical block size the device advertises.
     logical_shift: u8,
+    /// What it was attached with ([`Attachment::reattach`] adds it again so).
+    opts: AttachOptions,
+    uopts: UblkOptions,
 }
 
 impl std::fmt::Debug for UblkAttachment {
@@ -431,14 +445,37 @@ impl Attachment for UblkAttachment {
             return Err(DeviceError::Unavailable {
                 frontend: "ublk",
                 why: format!(
-                    "the ublk driver of this kernel cannot change the size of {} \
-                     (UBLK_CMD_UPDATE_SIZE: Linux 6.16 or later); close the instance and \
-                     open it again to serve the new size",
+                    "the ublk driver of this kernel cannot change the size of {} in place \
+                     (UBLK_CMD_UPDATE_SIZE: Linux 6.16 or later)",
                     self.node.display()
                 ),
             });
         }
         Ok(())
+    }
+
+    fn can_reattach(&self) -> bool {
+        true
+    }
+
+    fn reattach(mut self: Box<Self>) -> Result<Box<dyn Attachment>, DeviceError> {
+        let (export, opts, uopts) = (
+            Arc::clone(&self.export),
+            self.opts.clone(),
+            self.uopts.clone(),
+        );
+        let id = i32::try_from(self.dev_id).unwrap_or(-1);
+        self.shut_down()?;
+        // The old control must not outlive the device: dropped undisowned, it would delete
+        // whatever device has its number by then, the new one.
+        self.ctrl.disown();
+        drop(self);
+        // DEL_DEV returned once the number was free; a concurrent `ADD_DEV` of another
+        // server may still have taken it, and then any number does.
+        let ctrl = add(&opts, &uopts, id)
+            .or_else(|_| add(&opts, &uopts, -1))
+            .map_err(|e| ublk_err("adding the ublk device again", e))?;
+        Ok(Box::new(start(ctrl, export, &opts, &uopts, false)?))
     }
 
     fn resize(&self, size_bytes: u64) -> Result<(), DeviceError> {
