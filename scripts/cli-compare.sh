@@ -259,6 +259,78 @@ run unlock-plain-table -- luksOpen img --type plain --print-table --key-file pas
 head -c 40 /dev/zero | tr '\0' k >plainkey
 run unlock-plain-table-raw -- luksOpen img --type plain --print-table --key-file plainkey --keyfile-offset 8 --cipher aes-xts-plain64 --key-size 256
 run unlock-plain-table-hashed pass -- luksOpen img --type plain --print-table --key-file - --hash sha256
+# Keyslot commands: which keyslot, what is checked first, what is refused, the last keyslot.
+KS="--pbkdf pbkdf2 --pbkdf-force-iterations 1000"
+truncate -s 32M ks
+run ks-fmt -- luksFormat -q --type luks2 $KS --uuid 11111111-2222-3333-4444-777777777777 --key-file pass ks
+run ks-add-wrong -- luksAddKey -q $KS --key-file bad ks pass2
+run ks-add-v -- luksAddKey -v $KS --key-file pass ks pass2
+run ks-add-slot-warn pass -- luksAddKey -v $KS --key-slot 5 ks pass2
+run ks-add-out-of-range -- luksAddKey -q $KS --new-key-slot 40 --key-file pass ks pass2
+run ks-vk-dump -- luksDump -q ks --dump-volume-key --volume-key-file vkks --key-file pass
+run ks-add-vk -- luksAddKey -q -v $KS --volume-key-file vkks ks pass2
+run ks-add-vk-wrong -- luksAddKey -q -v $KS --volume-key-file vk ks pass2
+run ks-add-unbound -- luksAddKey -q -v $KS --unbound -s 256 ks pass2
+run ks-change -- luksChangeKey -v $KS --key-file pass2 ks pass
+run ks-change-wrong -- luksChangeKey -q $KS --key-file bad ks pass
+run ks-convert -- luksConvertKey -v --pbkdf pbkdf2 --pbkdf-force-iterations 1001 -S 0 --key-file pass ks
+run ks-convert-inactive -- luksConvertKey -q -S 9 --key-file pass ks
+run ks-dump -- luksDump ks
+truncate -s 32M ks1
+run ks1-fmt -- luksFormat -q --type luks1 $KS --uuid 11111111-2222-3333-4444-888888888888 --key-file pass ks1
+run ks1-keyslot-cipher -- luksAddKey -q $KS --keyslot-cipher aes-xts-plain64 --keyslot-key-size 512 --key-file pass ks1 pass2
+truncate -s 32M kk
+run kk-fmt -- luksFormat -q --type luks2 $KS --uuid 11111111-2222-3333-4444-999999999999 --key-file pass kk
+run kk-add -- luksAddKey -q $KS --key-file pass kk pass2
+run kk-add-2 -- luksAddKey -q $KS --key-file pass kk pass2
+run kk-kill-itself -- luksKillSlot kk 1 --key-file pass2
+run kk-kill-wrong -- luksKillSlot kk 1 --key-file bad
+run kk-kill-inactive -- luksKillSlot kk 3 --key-file pass
+run kk-kill-invalid -- luksKillSlot kk 99 --key-file pass
+run kk-kill -- luksKillSlot -v kk 1 --key-file pass
+run kk-kill-batch -- luksKillSlot -q -v kk 2
+run kk-kill-last -- luksKillSlot kk 0
+run kk-remove-last -- luksRemoveKey kk pass
+run kk-remove-wrong -- luksRemoveKey -q -v kk bad
+run kk-remove -- luksRemoveKey -q -v kk pass
+run kk-dump -- luksDump kk
+# Header-wide actions and tokens: what each refuses, asks and writes.
+truncate -s 32M hh
+run hh-fmt -- luksFormat -q --type luks2 $KS --uuid 11111111-2222-3333-4444-aaaaaaaaaaaa --key-file pass hh
+run hh-config-nothing -- config hh
+run hh-config-priority -- config hh --label data --priority often -S 0
+run hh-config -- config hh --label data --subsystem sys --priority prefer -S 0
+run hh-token-add-nodesc -- token add hh
+run hh-token-export-noid -- token export hh
+run hh-token-unbound-import -- token import hh --unbound
+run hh-token-add -- token add -v hh --key-description ucrypt:test -S 0
+run hh-token-add-taken -- token add hh --key-description x --token-id 0
+run hh-token-add-inactive -- token add hh --key-description x -S 7
+run hh-token-export -- token export hh --token-id 0
+run hh-token-export-file -- token export hh --token-id 0 --json-file tok.json
+run hh-token-unassign -- token unassign -v hh --token-id 0 -S 0
+run hh-token-unassign-again -- token unassign hh --token-id 0 -S 0
+run hh-token-import-inactive -- token import hh -S 7 --json-file tok.json
+run hh-token-import tok.json -- token import -v hh --token-id 3 -S 0
+run hh-token-remove -- token remove -v hh --token-id 3
+run hh-token-remove-again -- token remove hh --token-id 3
+run hh-token-export-none -- token export hh --token-id 3
+run hh-dump-tokens -- luksDump hh
+run hh-backup -- luksHeaderBackup hh --header-backup-file hh.bak
+run hh-backup-exists -- luksHeaderBackup hh --header-backup-file hh.bak
+run hh-restore-unconfirmed -- luksHeaderRestore hh --header-backup-file hh.bak
+run hh-convert-bad -- convert hh --type luks3
+run hh-convert-same -- convert -q hh --type luks2
+run hh-convert-unconfirmed -- convert hh --type luks1
+run hh-erase-unconfirmed -- erase hh
+run hh-erase -- erase -q hh
+run hh-erased-open -- open hh --test-passphrase --key-file pass
+run hh-restore -- luksHeaderRestore -q hh --header-backup-file hh.bak
+run hh-restored-open -- open hh --test-passphrase --key-file pass
+run hh-repair-unconfirmed -- repair hh
+run hh-repair -- repair -q hh
+run hh-convert -- convert -q hh --type luks1
+run hh-dump-luks1 -- luksDump hh
 TC=$REPO/testdata/peer-tests/cryptsetup/tcrypt-images.tar.xz
 if [ -f "$TC" ] && tar xJf "$TC" tcrypt-images/tc_2-ripemd160-cbc-aes-hidden 2>/dev/null; then
     TI=tcrypt-images/tc_2-ripemd160-cbc-aes-hidden

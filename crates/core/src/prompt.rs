@@ -25,6 +25,20 @@ pub enum Step {
     /// A TCRYPT header search (every KDF and cipher chain); it reports its own progress
     /// through [`Prompt::tcrypt_progress`].
     TcryptSearch,
+    /// The PBKDF of a new keyslot is benchmarked (nothing is written yet).
+    Benchmark,
+    /// A keyslot is added ([`Prompt::write_header`]).
+    AddKeyslot,
+    /// An unbound keyslot is added ([`Prompt::write_header`]).
+    AddUnboundKeyslot,
+    /// A keyslot's passphrase is changed ([`Prompt::write_header`]).
+    ChangeKeyslot,
+    /// A keyslot is rewritten with new PBKDF parameters ([`Prompt::write_header`]).
+    ConvertKeyslot,
+    /// The header is copied to a backup file ([`Prompt::write_header`]).
+    BackupHeader,
+    /// A header backup is written back ([`Prompt::write_header`]).
+    RestoreHeader,
 }
 
 impl Step {
@@ -45,6 +59,13 @@ impl Step {
             Step::Passphrase => Some("Checking the passphrase"),
             Step::KeyDerivation => Some("Unlocking (key derivation)"),
             Step::TcryptSearch => None,
+            Step::Benchmark => Some("Benchmarking the PBKDF"),
+            Step::AddKeyslot => Some("Adding the keyslot"),
+            Step::AddUnboundKeyslot => Some("Adding the unbound keyslot"),
+            Step::ChangeKeyslot => Some("Changing the keyslot"),
+            Step::ConvertKeyslot => Some("Converting the keyslot"),
+            Step::BackupHeader => Some("Backing up the header"),
+            Step::RestoreHeader => Some("Restoring the header"),
         }
     }
 }
@@ -78,6 +99,17 @@ pub trait Prompt {
         Err(Error::Invalid(format!("not confirmed: {question}")))
     }
 
+    /// Confirmation of `question` before something that cannot be undone (the last keyslot
+    /// destroyed); `refusal` is cryptsetup's word for not going on ("Operation aborted, the
+    /// keyslot was NOT wiped.").
+    ///
+    /// # Errors
+    /// Not confirmed: nothing is written. The default confirms nothing: `refusal`, as a
+    /// permission error (cryptsetup's `EPERM`).
+    fn confirm_destroy(&mut self, _question: &str, refusal: &str) -> Result<()> {
+        Err(Error::Invalid(refusal.to_string()).with_kind(ErrorKind::Permission))
+    }
+
     /// Whether [`Prompt::passphrase`] reads the caller's key file rather than asking
     /// (cryptsetup's LUKS1 reencryption then reads one passphrase only).
     fn uses_key_file(&self) -> bool {
@@ -103,6 +135,10 @@ pub trait Prompt {
     /// Something the user should read ("No key available with this passphrase.").
     fn notice(&mut self, _text: &str) {}
 
+    /// A line of the command's own output (cryptsetup prints it on standard output): which
+    /// keyslot a passphrase unlocked under `-v`, a warning about what an option means.
+    fn info(&mut self, _text: &str) {}
+
     /// A debug line (never a secret).
     fn debug(&mut self, _text: &str) {}
 
@@ -114,6 +150,24 @@ pub trait Prompt {
     /// handler: whatever the caller shows or holds meanwhile).
     fn busy(&mut self, _step: Step) -> Box<dyn std::any::Any> {
         Box::new(())
+    }
+
+    /// Runs `write`, a header write that `step` names: of the header at `header` (a local
+    /// path), at least its first `min_len` bytes (0: the header's own size), or with
+    /// `header` none, of a file beside it (a backup). The caller may hold a copy of the
+    /// header meanwhile to put it back if the process is interrupted in the middle, or
+    /// hold its signals until the write is done (the default runs it as it is).
+    ///
+    /// # Errors
+    /// What `write` returned, or the caller's own (interrupted once the write was done).
+    fn write_header(
+        &mut self,
+        _step: Step,
+        _header: Option<&Path>,
+        _min_len: u64,
+        write: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        write()
     }
 
     /// The reporter of a TCRYPT header search on `device`, asked for once the passphrase

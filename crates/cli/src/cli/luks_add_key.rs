@@ -1,12 +1,14 @@
 //! `ucrypt luksAddKey <device> [<new key file>]`: a new keyslot, unlocked by an existing
 //! passphrase (`--key-file` or the first prompt/line), holding the new one.
 
-use super::exit::cs_error;
-use super::luks::{luks_type, verbose, CsResult, DeviceArgs};
-use super::secret::{self, KeyFileArgs, NewKeyFileArgs};
-use super::{CliError, WithCode, EXIT_PARAMS};
+use super::exit::lib_error;
+use super::luks::{luks_type, verbose, DeviceArgs};
+use super::prompt::Terminal;
+use super::secret::{KeyFileArgs, NewKeyFileArgs};
+use super::CliError;
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
+use ucrypt::luks::keyslots;
 
 /// PBKDF choices for a new keyslot (shared by luksAddKey and luksChangeKey).
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -43,17 +45,6 @@ impl PbkdfArgs {
             hash: self.hash.clone(),
         }
     }
-
-    /// Applies the choices (if any) for the next keyslot.
-    pub(crate) fn apply(&self, cd: &mut ucrypt::luks::CryptDevice) -> Result<(), CliError> {
-        self.choice().apply(cd).map_err(cs_error)
-    }
-
-    /// Sets the PBKDF for the next keyslot: the choices, cryptsetup's defaults for the
-    /// rest (argon2id for LUKS2, pbkdf2 for LUKS1), as `set_pbkdf_params` does.
-    pub(crate) fn apply_always(&self, cd: &mut ucrypt::luks::CryptDevice) -> Result<(), CliError> {
-        self.choice().apply_always(cd).map_err(cs_error)
-    }
 }
 
 /// `--keyslot-cipher` / `--keyslot-key-size`: how the LUKS2 keyslot area written next is
@@ -81,20 +72,17 @@ pub(crate) fn key_bits(s: &str) -> Result<u32, String> {
 }
 
 impl KeyslotCipherArgs {
-    /// Sets the keyslot encryption on `cd` for the keyslot written next (nothing when not
-    /// given). cryptsetup refuses it on LUKS1 ("can be set only for LUKS2 device", exit 1).
-    pub(crate) fn apply(&self, cd: &mut ucrypt::luks::CryptDevice) -> Result<(), CliError> {
-        let (Some(cipher), Some(bits)) = (&self.keyslot_cipher, self.keyslot_key_size) else {
-            return Ok(());
-        };
-        if cd.info().kind != Some(ucrypt::luks::HeaderType::Luks2) {
-            return Err(anyhow::anyhow!(
-                "keyslot encryption parameters (--keyslot-cipher, --keyslot-key-size) can be \
-                 set only for LUKS2 devices"
-            ))
-            .code(EXIT_PARAMS);
+    /// The library's choice for these options.
+    pub(crate) fn choice(&self) -> ucrypt::luks::keyslots::KeyslotCipher {
+        ucrypt::luks::keyslots::KeyslotCipher {
+            cipher: self.keyslot_cipher.clone().zip(self.keyslot_key_size),
         }
-        cd.set_keyslot_encryption(cipher, bits as usize / 8).cs()
+    }
+
+    /// Sets the keyslot encryption on `cd` for the keyslot written next (nothing when not
+    /// given; refused on LUKS1).
+    pub(crate) fn apply(&self, cd: &mut ucrypt::luks::CryptDevice) -> Result<(), CliError> {
+        self.choice().apply(cd).map_err(lib_error)
     }
 }
 
@@ -162,149 +150,52 @@ pub(crate) struct Args {
     verbose: bool,
 }
 
-pub(crate) fn run(a: Args) -> Result<(), CliError> {
-    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
-    if a.unbound {
-        return add_unbound(&a);
-    }
-    let mut cd = a.dev.load(a.kind)?;
-    ucrypt::header::check_requirements(&mut cd).cs()?;
-    a.keyslot_cipher.apply(&mut cd)?;
-    // cryptsetup 2.6: without --new-key-slot, --key-slot names the new keyslot.
-    let (old_slot, new_slot) = match (a.key_slot, a.new_key_slot) {
-        (Some(s), None) => {
-            if !a.batch_mode {
-                println!("WARNING: The --key-slot parameter is used for new keyslot number.");
-            }
-            (None, Some(s))
-        }
-        other => other,
-    };
-    if let Some(s) = new_slot {
-        if cd.keyslot_status(s) == ucrypt::luks::KeyslotStatus::Invalid {
-            return Err(anyhow::anyhow!(
-                "keyslot {s} is out of range for this header"
-            ))
-            .code(EXIT_PARAMS);
-        }
-    }
-    // The volume key: from --volume-key-file, or unlocked by the existing passphrase, which
-    // is checked before the new one is asked for (as cryptsetup does).
-    let by_token = match &a.volume_key_file {
-        Some(_) => None,
-        None => ucrypt::unlock::token::volume_key(
-            &a.dev.device,
-            a.dev.header.as_deref(),
-            a.kind,
-            &a.token.tokens(),
-            &mut super::prompt::Terminal::default(),
+impl Args {
+    /// The new passphrase's key file: the positional argument or `--new-keyfile`.
+    fn new_key(&self) -> ucrypt::unlock::KeyFile {
+        self.new_key.inputs(
+            self.new_key_file
+                .as_deref()
+                .or(self.new_keyfile_opt.as_deref()),
         )
-        .map_err(super::exit::lib_error)?,
-    };
-    let key = match (&a.volume_key_file, by_token) {
-        (_, Some(key)) => key,
-        (Some(f), None) => {
-            // As cryptsetup: the file's first key-size bytes (a shorter file is refused).
-            let want = cd.info().key_bytes as u64;
-            let key = ucrypt::luks::VolumeKey::new(secret::read_key_file(f, 0, want)?.to_vec());
-            // A key that is not the volume's: exit 2, as cryptsetup's EPERM.
-            cd.verify_volume_key(key.as_bytes()).code(2)?;
-            key
-        }
-        (None, None) => {
-            let old = secret::existing_asking(&a.key, "Enter any existing passphrase: ")?;
-            let (slot, key) = super::progress::searching("Checking the passphrase", || {
-                cd.volume_key(old_slot, &old)
-            })
-            .cs()?;
-            // cryptsetup says so only for a typed (or piped) passphrase, not a key file.
-            let from_file = a
-                .key
-                .key_file
-                .as_ref()
-                .is_some_and(|f| f.as_os_str() != "-");
-            verbose(
-                a.verbose && !from_file,
-                format_args!("Key slot {slot} unlocked."),
-            );
-            key
-        }
-    };
-    let new_file = a.new_key_file.as_deref().or(a.new_keyfile_opt.as_deref());
-    if let (Some(token), None) = (a.new_token_id, new_file) {
-        // The token gives the new passphrase (libcryptsetup's keyslot contexts, as
-        // cryptsetup's `--new-token-id`).
-        a.pbkdf.apply(&mut cd)?;
-        let slot = super::progress::writing_header(
-            "Adding the keyslot",
-            &a.dev.local_header()?,
-            0,
-            || cd.add_keyslot_by_token(new_slot, &key, token).cs(),
-        )?;
-        verbose(a.verbose, format_args!("Key slot {slot} created."));
-        verbose(a.verbose, "Command successful.");
-        return Ok(());
     }
-    let new = a
-        .new_key
-        .get(new_file, "Enter new passphrase for key slot: ")?;
-    a.pbkdf.apply(&mut cd)?;
-    // The Argon2 benchmark writes nothing: Ctrl-C ends it at once.
-    let key_bytes = cd.info().key_bytes;
-    super::progress::searching("Benchmarking the PBKDF", || {
-        cd.prebenchmark_pbkdf(key_bytes)
-    })
-    .cs()?;
-    let slot =
-        super::progress::writing_header("Adding the keyslot", &a.dev.local_header()?, 0, || {
-            cd.add_keyslot_by_volume_key(new_slot, Some(&key), &new)
-                .cs()
-        })?;
-    verbose(a.verbose, format_args!("Key slot {slot} created."));
-    verbose(a.verbose, "Command successful.");
-    Ok(())
 }
 
-/// `luksAddKey --unbound`: a LUKS2 keyslot bound to no segment, holding a new random key of
-/// `--key-size` bits (or the key in `--volume-key-file`), protected by the new passphrase;
-/// no existing passphrase is asked (cryptsetup's `luksAddUnboundKey`). `--key-slot` names
-/// the new keyslot.
-fn add_unbound(a: &Args) -> Result<(), CliError> {
-    let mut cd = a.dev.load(VolumeType::Luks2)?;
-    ucrypt::header::check_requirements(&mut cd).cs()?;
-    a.keyslot_cipher.apply(&mut cd)?;
-    let key_bytes = a.key_size.unwrap_or(0) as usize / 8;
-    a.pbkdf.apply(&mut cd)?;
-    let key = match &a.volume_key_file {
-        Some(f) => {
-            let k = secret::read_key_file(f, 0, key_bytes as u64)?;
-            Some(ucrypt::luks::VolumeKey::new(k.to_vec()))
-        }
-        None => None,
-    };
-    let new_file = a.new_key_file.as_deref().or(a.new_keyfile_opt.as_deref());
-    let new = a
-        .new_key
-        .get(new_file, "Enter new passphrase for key slot: ")?;
-    let key_bytes_c = key_bytes;
-    super::progress::searching("Benchmarking the PBKDF", || {
-        cd.prebenchmark_pbkdf(key_bytes_c)
-    })
-    .cs()?;
-    let slot = super::progress::writing_header(
-        "Adding the unbound keyslot",
-        &a.dev.local_header()?,
-        0,
-        || {
-            cd.add_unbound_keyslot(
-                a.key_slot,
-                key.as_ref().map(|k| k.as_bytes()),
-                key_bytes,
-                &new,
-            )
-            .cs()
-        },
-    )?;
+pub(crate) fn run(a: Args) -> Result<(), CliError> {
+    let _claimed = super::luks::claim_for_header_change(&a.dev)?;
+    let mut prompt = Terminal::default();
+    let slot = if a.unbound {
+        let mut cd = a.dev.load(VolumeType::Luks2)?;
+        let o = keyslots::AddUnbound {
+            key_slot: a.key_slot,
+            key_bits: a.key_size.unwrap_or(0),
+            key_file: a.volume_key_file.clone(),
+            new_key: a.new_key(),
+            pbkdf: a.pbkdf.choice(),
+            keyslot_cipher: a.keyslot_cipher.choice(),
+        };
+        keyslots::add_unbound(&mut cd, &a.dev.local_header()?, &o, &mut prompt)
+    } else {
+        let mut cd = a.dev.load(a.kind)?;
+        let o = keyslots::AddKey {
+            device: a.dev.device.clone(),
+            header: a.dev.header.clone(),
+            kind: a.kind,
+            key: a.key.inputs(),
+            new_key: a.new_key(),
+            key_slot: a.key_slot,
+            new_key_slot: a.new_key_slot,
+            volume_key_file: a.volume_key_file.clone(),
+            tokens: a.token.tokens(),
+            new_token_id: a.new_token_id,
+            pbkdf: a.pbkdf.choice(),
+            keyslot_cipher: a.keyslot_cipher.choice(),
+            batch: a.batch_mode,
+            verbose: a.verbose,
+        };
+        keyslots::add(&mut cd, &a.dev.local_header()?, &o, &mut prompt)
+    }
+    .map_err(lib_error)?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     verbose(a.verbose, "Command successful.");
     Ok(())

@@ -1,12 +1,15 @@
 //! `ucrypt luksChangeKey <device> [<new key file>]`: replaces the passphrase of the
 //! keyslot the old passphrase opens.
 
-use super::luks::{luks_type, verbose, CsResult, DeviceArgs};
+use super::exit::lib_error;
+use super::luks::{luks_type, verbose, DeviceArgs};
 use super::luks_add_key::{KeyslotCipherArgs, PbkdfArgs};
-use super::secret::{self, KeyFileArgs, NewKeyFileArgs};
+use super::prompt::Terminal;
+use super::secret::{KeyFileArgs, NewKeyFileArgs};
 use super::CliError;
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
+use ucrypt::luks::keyslots;
 
 /// Arguments of `ucrypt luksChangeKey`.
 #[derive(clap::Args)]
@@ -45,29 +48,21 @@ pub(crate) struct Args {
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.load(a.kind)?;
-    ucrypt::header::check_requirements(&mut cd).cs()?;
-    a.keyslot_cipher.apply(&mut cd)?;
-    let old = secret::existing_asking(&a.key, "Enter passphrase to be changed: ")?;
-    // As cryptsetup: the old passphrase is checked before the new one is asked for.
-    let unlocked = super::progress::searching("Checking the passphrase", || {
-        cd.check_passphrase(a.key_slot, &old)
-    })
-    .cs()?;
-    verbose(a.verbose, format_args!("Key slot {unlocked} unlocked."));
-    let new = a
-        .new_key
-        .get(a.new_key_file.as_deref(), "Enter new passphrase: ")?;
-    a.pbkdf.apply(&mut cd)?;
-    // The Argon2 benchmark writes nothing: Ctrl-C ends it at once.
-    let key_bytes = cd.info().key_bytes;
-    super::progress::searching("Benchmarking the PBKDF", || {
-        cd.prebenchmark_pbkdf(key_bytes)
-    })
-    .cs()?;
-    let slot =
-        super::progress::writing_header("Changing the keyslot", &a.dev.local_header()?, 0, || {
-            cd.change_keyslot(a.key_slot, a.key_slot, &old, &new).cs()
-        })?;
+    let o = keyslots::ChangeKey {
+        key: a.key.inputs(),
+        new_key: a.new_key.inputs(a.new_key_file.as_deref()),
+        key_slot: a.key_slot,
+        pbkdf: a.pbkdf.choice(),
+        keyslot_cipher: a.keyslot_cipher.choice(),
+        verbose: a.verbose,
+    };
+    let slot = keyslots::change(
+        &mut cd,
+        &a.dev.local_header()?,
+        &o,
+        &mut Terminal::default(),
+    )
+    .map_err(lib_error)?;
     verbose(a.verbose, format_args!("Key slot {slot} created."));
     verbose(a.verbose, "Command successful.");
     Ok(())

@@ -1,7 +1,9 @@
 //! `ucrypt luksHeaderBackup <device> --header-backup-file FILE`: copies the whole LUKS
 //! header area (binary headers, keyslots) to a new file.
 
-use super::luks::{CsResult, DeviceArgs};
+use super::exit::lib_error;
+use super::luks::DeviceArgs;
+use super::prompt::Terminal;
 use super::CliError;
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
@@ -18,7 +20,6 @@ pub(crate) struct Args {
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let mut cd = a.dev.load(VolumeType::Luks)?;
-    super::progress::writing("Backing up the header", || {
-        cd.header_backup(&a.header_backup_file).cs()
-    })
+    ucrypt::luks::header::backup(&mut cd, &a.header_backup_file, &mut Terminal::default())
+        .map_err(lib_error)
 }

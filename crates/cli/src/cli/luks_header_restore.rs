@@ -1,10 +1,12 @@
 //! `ucrypt luksHeaderRestore <device> --header-backup-file FILE`: writes a header backup
 //! back over the device's header area (asks first unless `--batch-mode`).
 
-use super::luks::{CsResult, DeviceArgs};
-use super::secret;
+use super::exit::lib_error;
+use super::luks::DeviceArgs;
+use super::prompt::Terminal;
 use super::CliError;
 use std::path::PathBuf;
+use ucrypt::luks::header;
 
 /// Arguments of `ucrypt luksHeaderRestore`.
 #[derive(clap::Args)]
@@ -21,21 +23,20 @@ pub(crate) struct Args {
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let _claimed = super::luks::claim_for_header_change(&a.dev)?;
-    secret::confirm(
+    let mut prompt = Terminal::default();
+    header::confirm_restore(
+        a.dev.header_path(),
+        &a.header_backup_file,
         a.batch_mode,
-        &format!(
-            "Device {} will be overwritten with the header from {}; keyslots not in the backup will be lost",
-            a.dev.header_path().display(),
-            a.header_backup_file.display()
-        ),
-    )?;
-    let mut cd = a.dev.context()?;
-    // The backup's whole length is what the restore may write.
-    let backup_len = std::fs::metadata(&a.header_backup_file).map_or(0, |m| m.len());
-    super::progress::writing_header(
-        "Restoring the header",
-        &a.dev.local_header()?,
-        backup_len,
-        || cd.header_restore(&a.header_backup_file).cs(),
+        &mut prompt,
     )
+    .map_err(lib_error)?;
+    let mut cd = a.dev.context()?;
+    header::restore(
+        &mut cd,
+        &a.dev.local_header()?,
+        &a.header_backup_file,
+        &mut prompt,
+    )
+    .map_err(lib_error)
 }

@@ -1,12 +1,14 @@
 //! `ucrypt luksRemoveKey <device> [<key file>]`: destroys the keyslot that the given
 //! passphrase opens. Removing the last keyslot needs confirmation.
 
-use super::luks::{luks_type, verbose, CsResult, DeviceArgs};
-use super::secret::{self, KeyFileArgs};
+use super::exit::lib_error;
+use super::luks::{luks_type, verbose, DeviceArgs};
+use super::prompt::Terminal;
+use super::secret::KeyFileArgs;
 use super::CliError;
 use std::path::PathBuf;
 use ucrypt::header::VolumeType;
-use ucrypt::luks::KeyslotStatus;
+use ucrypt::luks::keyslots;
 
 /// Arguments of `ucrypt luksRemoveKey`.
 #[derive(clap::Args)]
@@ -31,20 +33,15 @@ pub(crate) struct Args {
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let _claimed = super::luks::claim_for_header_change(&a.dev)?;
     let mut cd = a.dev.load(a.kind)?;
-    ucrypt::header::check_requirements(&mut cd).cs()?;
-    let mut k = a.key.clone();
+    let mut key = a.key.inputs();
     if let Some(p) = a.remove_key_file.clone() {
-        k.key_file = Some(p);
+        key.path = Some(p);
     }
-    let pass = secret::existing_asking(&k, "Enter passphrase to be deleted: ")?;
-    let slot = super::progress::searching("Checking the passphrase", || {
-        cd.check_passphrase(None, &pass)
-    })
-    .cs()?;
-    if cd.keyslot_status(slot) == KeyslotStatus::ActiveLast {
-        secret::confirm_last_keyslot(a.batch_mode)?;
-    }
-    cd.destroy_keyslot(slot).cs()?;
+    let o = keyslots::RemoveKey {
+        key,
+        batch: a.batch_mode,
+    };
+    let slot = keyslots::remove(&mut cd, &o, &mut Terminal::default()).map_err(lib_error)?;
     verbose(a.verbose, format_args!("Key slot {slot} removed."));
     Ok(())
 }

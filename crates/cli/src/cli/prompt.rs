@@ -1,16 +1,18 @@
-//! The command's side of the library's one prompt ([`ucrypt::unlock::Prompt`], which the
-//! unlock policy and reencryption ask through): passphrases from the terminal or one line
+//! The command's side of the library's one prompt ([`ucrypt::prompt::Prompt`], which the
+//! unlock policy, the keyslot commands and reencryption ask through): passphrases from the terminal or one line
 //! of a pipe (`secret.rs`: echo off, `--timeout`, `-y`), or from the command's key file
 //! where it gives one; confirmations unless `--batch-mode`; standard input for
-//! `--key-file -`, notices on stderr, `--debug` lines, a spinner with Ctrl-C ending the
+//! `--key-file -`, notices on stderr, the command's own lines on stdout, `--debug` lines, a spinner with Ctrl-C ending the
 //! command while a step runs (nothing is written then), and the TCRYPT search's bar or
-//! JSON lines.
+//! JSON lines; a header write under a copy of the header that a signal puts back.
 
-use super::exit::caller_error;
+use super::exit::{caller_error, EXIT_PERMISSION};
 use super::progress::{ExitOnSignal, ProgressArgs, Search, Spinner};
 use super::secret::KeyFileArgs;
+use super::CliError;
 use std::path::Path;
-use ucrypt::unlock::{Prompt, Secret, Step};
+use ucrypt::prompt::{Prompt, Step};
+use ucrypt::secret::Secret;
 
 /// The terminal (or pipe) the command runs with.
 #[derive(Default)]
@@ -64,6 +66,11 @@ impl Prompt for Terminal {
         super::secret::confirm(self.batch, question).map_err(caller_error)
     }
 
+    fn confirm_destroy(&mut self, question: &str, refusal: &str) -> ucrypt::Result<()> {
+        super::secret::confirm_or(self.batch, question, refusal, EXIT_PERMISSION)
+            .map_err(caller_error)
+    }
+
     fn uses_key_file(&self) -> bool {
         self.key.key_file.is_some()
     }
@@ -78,6 +85,10 @@ impl Prompt for Terminal {
 
     fn notice(&mut self, text: &str) {
         eprintln!("{text}");
+    }
+
+    fn info(&mut self, text: &str) {
+        println!("{text}");
     }
 
     fn debug(&mut self, text: &str) {
@@ -96,6 +107,33 @@ impl Prompt for Terminal {
             // The spinner goes first, the signal handlers after it.
             Some(what) => Box::new((Spinner::new(what), exit)),
             None => Box::new(exit),
+        }
+    }
+
+    fn write_header(
+        &mut self,
+        step: Step,
+        header: Option<&Path>,
+        min_len: u64,
+        write: &mut dyn FnMut() -> ucrypt::Result<()>,
+    ) -> ucrypt::Result<()> {
+        // The library's own error passes through as it is; only an interruption after the
+        // write is the command's.
+        let mut failed = None;
+        let run = || {
+            write().map_err(|e| {
+                failed = Some(e);
+                CliError::from(anyhow::anyhow!("the header write failed"))
+            })
+        };
+        let what = step.message().unwrap_or_default();
+        let r = match header {
+            Some(h) => super::progress::writing_header(what, h, min_len, run),
+            None => super::progress::writing(what, run),
+        };
+        match (failed, r) {
+            (Some(e), _) => Err(e),
+            (None, r) => r.map_err(caller_error),
         }
     }
 

@@ -16,7 +16,7 @@ use super::{CliError, WithCode, EXIT_PARAMS};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-pub(crate) use ucrypt::unlock::Secret;
+pub(crate) use ucrypt::secret::Secret;
 
 /// cryptsetup's maximum interactive passphrase length.
 const MAX_PASSPHRASE: usize = 512;
@@ -59,14 +59,13 @@ pub(crate) struct NewKeyFileArgs {
 }
 
 impl NewKeyFileArgs {
-    /// The new passphrase: from `file` (with these offsets), else a prompt asked twice on
-    /// a terminal, else the next line of standard input.
-    pub(crate) fn get(&self, file: Option<&Path>, prompt: &str) -> Result<Secret, CliError> {
-        get(
-            file.map(|p| (p, self.new_keyfile_offset, self.new_keyfile_size)),
-            prompt,
-            true,
-        )
+    /// The new key file `file` with these offsets, as the library takes it.
+    pub(crate) fn inputs(&self, file: Option<&Path>) -> ucrypt::unlock::KeyFile {
+        ucrypt::unlock::KeyFile {
+            path: file.map(Path::to_path_buf),
+            offset: self.new_keyfile_offset,
+            size: self.new_keyfile_size,
+        }
     }
 }
 
@@ -351,7 +350,7 @@ pub(crate) fn existing(k: &KeyFileArgs, device: &Path) -> Result<Secret, CliErro
 
 /// [`existing`] with the prompt a command asks with (cryptsetup's own words: luksAddKey's
 /// "Enter any existing passphrase: ", luksRemoveKey's "Enter passphrase to be deleted: ").
-pub(crate) fn existing_asking(k: &KeyFileArgs, prompt: &str) -> Result<Secret, CliError> {
+fn existing_asking(k: &KeyFileArgs, prompt: &str) -> Result<Secret, CliError> {
     get(
         k.key_file
             .as_deref()
@@ -367,20 +366,13 @@ pub(crate) fn confirm(batch: bool, warning: &str) -> Result<(), CliError> {
     confirm_or(batch, warning, "operation aborted", EXIT_PARAMS)
 }
 
-/// The confirmation before a command takes away the last keyslot (luksRemoveKey,
-/// luksKillSlot): refused, it is cryptsetup's "Operation aborted, the keyslot was NOT
-/// wiped." with its exit code 2 (libcryptsetup's -EPERM).
-pub(crate) fn confirm_last_keyslot(batch: bool) -> Result<(), CliError> {
-    confirm_or(
-        batch,
-        "This is the last keyslot. Device will become unusable after purging this key",
-        "Operation aborted, the keyslot was NOT wiped.",
-        2,
-    )
-}
-
 /// [`confirm`] with the refusal's words and exit code.
-fn confirm_or(batch: bool, warning: &str, aborted: &str, code: u8) -> Result<(), CliError> {
+pub(crate) fn confirm_or(
+    batch: bool,
+    warning: &str,
+    aborted: &str,
+    code: u8,
+) -> Result<(), CliError> {
     if batch {
         return Ok(());
     }
