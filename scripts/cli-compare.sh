@@ -28,12 +28,14 @@ cd "$WORK" || exit 1
 mkdir bin && ln -s "$BIN" bin/ucrypt && BIN=$WORK/bin/ucrypt
 
 # Normalizes what differs from run to run: the scratch directory, pids, UUIDs, long hex
-# strings (salts, digests, keys), PBKDF timings and iterations, and speeds.
+# strings (salts, digests, keys; base64 ones in LUKS2 JSON), PBKDF timings and
+# iterations, and speeds.
 norm() {
     sed -e "s|$WORK|WORK|g" \
         -e 's/[0-9a-f]\{8\}-[0-9a-f]\{4\}-[0-9a-f]\{4\}-[0-9a-f]\{4\}-[0-9a-f]\{12\}/UUID/g' \
         -e 's/\([0-9a-f]\{2\}[ :]\)\{7,\}[0-9a-f]\{2\}/HEX/g' \
         -e 's/[0-9a-fA-F]\{32,\}/HEX/g' \
+        -e 's/"\(salt\|digest\)":"[^"]*"/"\1":"B64"/g' \
         -e 's/"pid": *[0-9]*/"pid": PID/g' -e 's/pid [0-9]\+/pid PID/g' \
         -e 's/^\([a-z0-9]\+\) \+[0-9]\+ /\1 PID /' \
         -e 's/"started": *[0-9]*/"started": TIME/' \
@@ -276,6 +278,15 @@ run ks-change-wrong -- luksChangeKey -q $KS --key-file bad ks pass
 run ks-convert -- luksConvertKey -v --pbkdf pbkdf2 --pbkdf-force-iterations 1001 -S 0 --key-file pass ks
 run ks-convert-inactive -- luksConvertKey -q -S 9 --key-file pass ks
 run ks-dump -- luksDump ks
+run ks-dump-json -- luksDump ks --dump-json-metadata
+run ks-dump-vk -- luksDump -q ks --dump-volume-key --key-file pass
+run ks-dump-vk-unconfirmed -- luksDump ks --dump-volume-key --key-file pass
+run ks-dump-vk-wrong -- luksDump -q ks --dump-volume-key --key-file bad
+run ks-dump-vkfile-alone -- luksDump ks --volume-key-file vk-alone
+run ks-dump-unbound -- luksDump -q ks --unbound -S 3 --key-file pass2
+run ks-dump-unbound-file -- luksDump -q ks --unbound -S 3 --key-file pass2 --volume-key-file ubk
+run ks-dump-unbound-exists -- luksDump -q ks --unbound -S 3 --key-file pass2 --volume-key-file ubk
+run ks-dump-not-unbound -- luksDump -q ks --unbound -S 0 --key-file pass
 truncate -s 32M ks1
 run ks1-fmt -- luksFormat -q --type luks1 $KS --uuid 11111111-2222-3333-4444-888888888888 --key-file pass ks1
 run ks1-keyslot-cipher -- luksAddKey -q $KS --keyslot-cipher aes-xts-plain64 --keyslot-key-size 512 --key-file pass ks1 pass2

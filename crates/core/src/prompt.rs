@@ -39,6 +39,10 @@ pub enum Step {
     BackupHeader,
     /// A header backup is written back ([`Prompt::write_header`]).
     RestoreHeader,
+    /// The volume key is unlocked for a dump.
+    DumpVolumeKey,
+    /// An unbound keyslot's key is unlocked for a dump.
+    UnboundKey,
 }
 
 impl Step {
@@ -66,6 +70,8 @@ impl Step {
             Step::ConvertKeyslot => Some("Converting the keyslot"),
             Step::BackupHeader => Some("Backing up the header"),
             Step::RestoreHeader => Some("Restoring the header"),
+            Step::DumpVolumeKey => Some("Unlocking the volume key"),
+            Step::UnboundKey => Some("Unlocking the unbound key"),
         }
     }
 }

@@ -6,16 +6,17 @@
 //! call with a typed error, so the library hands it out as it is rather than wrapping
 //! every method. [`crate::header::crypt_device`] and [`crate::header::load_luks`] open
 //! one; the commands' decisions on top of those calls are here: [`keyslots`] (adding,
-//! changing, converting and destroying keyslots), [`tokens`] (the `token` action),
+//! changing, converting and destroying keyslots), [`tokens`] (the `token` action), [`dump`] (`luksDump`),
 //! [`header`] (actions on the header as a whole, backup and restore), and below, the
 //! persistent flags, erasing every keyslot and the data-cipher check.
 
+pub mod dump;
 pub mod header;
 pub mod keyslots;
 pub mod tokens;
 
 pub use ucrypt_cryptsetup::{
-    keyslot_max, CryptDevice, HeaderType, KeyslotStatus, LuksFormat, Pbkdf, TokenStatus,
+    keyslot_max, CryptDevice, HeaderType, KeyslotStatus, LuksFormat, Pbkdf, TokenStatus, VolumeInfo,
 };
 
 use crate::config::PerfOptions;

@@ -1,7 +1,7 @@
-//! The keyslot commands' policy through the library alone (`ucrypt::luks::keyslots`), with a
-//! scripted [`Prompt`]: which keyslot is meant, that the existing passphrase is checked
-//! before a new one is asked for, what is refused and with which kind of error, and the
-//! last-keyslot rule. LUKS2 and LUKS1 images are made here with libcryptsetup (PBKDF2, 1000
+//! The LUKS header commands' policy through the library alone (`ucrypt::luks::{keyslots,
+//! tokens, header, dump}`), with a scripted [`Prompt`]: which keyslot is meant, that the
+//! existing passphrase is checked before a new one is asked for, what is refused and with
+//! which kind of error, the last-keyslot rule, what is confirmed before a key is shown. LUKS2 and LUKS1 images are made here with libcryptsetup (PBKDF2, 1000
 //! iterations); each outcome is checked on the header itself.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -648,5 +648,115 @@ mod header {
         header::restore(&mut cd, &img, &backup, &mut p).unwrap();
         assert_eq!(p.writes, [(Step::RestoreHeader, img.clone())]);
         assert_eq!(opens(&img, b"pw"), Some(0));
+    }
+}
+
+mod dump {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use ucrypt::luks::dump::{self, Dump, Output};
+
+    fn volume_key(img: &Path) -> Dump {
+        Dump {
+            device: img.to_path_buf(),
+            volume_key: true,
+            ..Dump::default()
+        }
+    }
+
+    #[test]
+    fn the_volume_key_is_shown_only_when_confirmed_and_unlocked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let img = image(tmp.path(), true, &[b"pw"]);
+        // Not confirmed: no passphrase is even asked for.
+        let mut p = Script::answering(&[b"pw"]);
+        let Err(e) = dump::dump(&mut load(&img), &volume_key(&img), &mut p) else {
+            panic!("dumped without confirmation");
+        };
+        assert!(e.to_string().contains("not confirmed"), "{e}");
+        assert!(p.asked.is_empty());
+
+        let batch = Dump {
+            batch: true,
+            ..volume_key(&img)
+        };
+        let mut p = Script::answering(&[b"nope"]);
+        let Err(e) = dump::dump(&mut load(&img), &batch, &mut p) else {
+            panic!("dumped with a wrong passphrase");
+        };
+        assert_eq!(e.kind(), ErrorKind::Permission);
+        assert_eq!(
+            p.asked,
+            [format!("Enter passphrase for {}: ", img.display())]
+        );
+
+        let mut p = Script::answering(&[b"pw"]);
+        let Ok(Output::VolumeKey(k)) = dump::dump(&mut load(&img), &batch, &mut p) else {
+            panic!("no volume key");
+        };
+        let (_, want) = load(&img).volume_key(None, b"pw").unwrap();
+        assert_eq!(k.key.unwrap().as_bytes(), want.as_bytes());
+        assert_eq!((k.bits, k.info.cipher.as_str()), (512, "aes"));
+        assert_eq!(p.steps, [Step::DumpVolumeKey]);
+    }
+
+    #[test]
+    fn a_key_file_is_new_and_owner_read_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let img = image(tmp.path(), true, &[b"pw"]);
+        let f = tmp.path().join("vk");
+        let d = Dump {
+            batch: true,
+            volume_key_file: Some(f.clone()),
+            key: key_file(tmp.path(), "pass", b"pw"),
+            ..volume_key(&img)
+        };
+        let mut p = Script::default();
+        let Ok(Output::VolumeKey(k)) = dump::dump(&mut load(&img), &d, &mut p) else {
+            panic!("no dump");
+        };
+        assert!(k.key.is_none(), "the key went to the file");
+        let (_, want) = load(&img).volume_key(None, b"pw").unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), want.as_bytes());
+        let mode = std::fs::metadata(&f).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o400);
+        // Never overwritten.
+        let Err(e) = dump::dump(&mut load(&img), &d, &mut p) else {
+            panic!("overwrote the key file");
+        };
+        assert!(e.to_string().contains("cannot write the key"), "{e}");
+    }
+
+    #[test]
+    fn a_key_file_without_a_key_and_a_bound_keyslot_as_unbound_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let img = image(tmp.path(), true, &[b"pw"]);
+        let mut p = Script::answering(&[b"pw"]);
+        let d = Dump {
+            device: img.clone(),
+            volume_key_file: Some(tmp.path().join("vk")),
+            ..Dump::default()
+        };
+        let Err(e) = dump::dump(&mut load(&img), &d, &mut p) else {
+            panic!("accepted --volume-key-file alone");
+        };
+        assert_eq!(e.kind(), ErrorKind::Invalid);
+        let d = Dump {
+            unbound: Some(0),
+            batch: true,
+            volume_key_file: None,
+            ..d
+        };
+        let Err(e) = dump::dump(&mut load(&img), &d, &mut p) else {
+            panic!("dumped a bound keyslot as unbound");
+        };
+        assert_eq!(e.to_string(), "keyslot 0 does not contain an unbound key");
+        assert!(p.asked.is_empty());
+        // The text dump needs nothing.
+        let d = Dump { unbound: None, ..d };
+        let Ok(Output::Text(t)) = dump::dump(&mut load(&img), &d, &mut p) else {
+            panic!("no text dump");
+        };
+        assert!(t.contains("LUKS header information"), "{t}");
     }
 }
