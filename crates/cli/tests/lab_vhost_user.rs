@@ -247,3 +247,207 @@ fn a_vm_gets_an_encrypted_disk_over_vhost_user() {
     ));
     assert_eq!(host_sha, guest_sha.trim(), "the file as the host reads it");
 }
+
+/// The VM's analogue of ublk recovery: QEMU's chardev with `reconnect=1`, a guest writing
+/// and fsync'ing files one after another on an ext4 of the disk (`tests/lab/vhost_reconnect.sh`),
+/// the server `kill -9`'d under it and a new one started with `open --recover` on the same
+/// socket; the guest goes on (requests the dead server had in flight resubmitted from the
+/// inflight region QEMU kept), and afterwards every file whose fsync returned reads back
+/// from the image through a fresh `ucrypt read`. Also the rules of `--recover` for this
+/// front end: refused while the server lives (exit 5) and for a name with no dead instance
+/// (exit 4); `status` of the dead instance keeps its socket for the VM. Then a `resize`
+/// after the image grew reaches the connected VM (a configuration-change message).
+#[test]
+fn a_vm_gets_its_disk_back_after_kill_9_and_open_recover() {
+    if !ucrypt_testkit::require("qemu-system-x86_64") || !ucrypt_testkit::require("debugfs") {
+        return;
+    }
+    let root = ucrypt_testkit::repo_root();
+    let base = root.join("target");
+    std::fs::create_dir_all(&base).expect("target/");
+    let tmp = tempfile::Builder::new()
+        .prefix("lab-vhost-reconnect.")
+        .tempdir_in(&base)
+        .expect("tempdir");
+    let w = tmp.path();
+    let ws = w.to_str().expect("utf-8 path");
+    std::fs::write(w.join("pass"), "lab passphrase").expect("pass");
+    let pass = format!("{ws}/pass");
+    let img = luks_image(w, "rc.img", 64, "512");
+    let imgs = img.to_str().expect("utf-8");
+    let id = std::process::id();
+    let name = format!("vurc{id}");
+    let sock = format!("{ws}/rc.sock");
+    let pid_file = format!("{ws}/rc.pid");
+    let mut instances = Instances(Vec::new());
+    let open = |recover: bool| {
+        let mut args = vec![
+            "open",
+            imgs,
+            &name,
+            "--device",
+            "vhost-user",
+            "--queues",
+            "2",
+            "--pid-file",
+            &pid_file,
+            "-d",
+            &pass,
+        ];
+        if recover {
+            args.push("--recover");
+        } else {
+            args.extend(["--vhost-socket", &sock]);
+        }
+        ucrypt(&args)
+    };
+    let out = open(false);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    instances.0.push(name.clone());
+    let live = open(true);
+    assert_eq!(live.status.code(), Some(5), "--recover of a live instance");
+    let none = ucrypt(&[
+        "open",
+        imgs,
+        &format!("vunone{id}"),
+        "--device",
+        "vhost-user",
+        "--recover",
+        "-d",
+        &pass,
+    ]);
+    assert_eq!(
+        none.status.code(),
+        Some(4),
+        "--recover with nothing to recover"
+    );
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("waits for recovery"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
+
+    let qemu_args = format!(
+        "-chardev socket,id=vu0,path={sock},reconnect=1 \
+         -device vhost-user-blk-pci,chardev=vu0,num-queues=2"
+    );
+    let script = root.join("tests/lab/vhost_reconnect.sh");
+    let args = [ws.to_string(), name.clone()];
+    let guest = std::thread::spawn(move || {
+        ucrypt_testkit::run_in_vm(
+            &script,
+            args,
+            &[
+                ("LAB_SHARED_MEM", "1"),
+                ("LAB_QEMU_ARGS", qemu_args.as_str()),
+                ("LAB_TIMEOUT", "1200"),
+            ],
+        )
+    });
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while !guest.is_finished() && !w.join("ready").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut recovered = None;
+    if w.join("ready").exists() {
+        let pid = std::fs::read_to_string(&pid_file).expect("pid file");
+        sh_out(&format!("kill -9 {}", pid.trim()));
+        let t0 = Instant::now();
+        while Path::new(&format!("/proc/{}", pid.trim())).exists() && t0.elapsed().as_secs() < 10 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let st = ucrypt(&["status", &name]);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&st.stdout),
+            String::from_utf8_lossy(&st.stderr)
+        );
+        assert!(Path::new(&sock).exists(), "status left the socket: {said}");
+        assert!(
+            said.contains("--recover"),
+            "status of the dead instance: {said}"
+        );
+        let out = open(true);
+        std::fs::write(w.join("recovered"), "").expect("recovered");
+        recovered = Some((out, t0.elapsed()));
+    }
+    // A resize while the VM is connected reaches it (a configuration-change message).
+    while recovered.is_some()
+        && !guest.is_finished()
+        && !w.join("written").exists()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut resized = None;
+    if w.join("written").exists() {
+        std::fs::File::options()
+            .write(true)
+            .open(&img)
+            .and_then(|f| f.set_len(80 << 20))
+            .expect("growing the image");
+        resized = Some(ucrypt(&["resize", &name, "--key-file", &pass]));
+        let bytes = status(&name)["size_sectors"].as_u64().expect("size") * 512;
+        std::fs::write(w.join("resized"), bytes.to_string()).expect("resized");
+    }
+    let out = guest.join().expect("guest thread");
+    let Some(out) = out else {
+        return; // skipped: the lab could not start
+    };
+    let resized = resized.expect("the guest never said it had written");
+    assert!(
+        resized.status.success(),
+        "resize with the VM connected: {}",
+        String::from_utf8_lossy(&resized.stderr)
+    );
+    let (reopened, took) = recovered.expect("the guest never said it was ready");
+    assert!(
+        reopened.status.success(),
+        "open --recover: {}",
+        String::from_utf8_lossy(&reopened.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&reopened.stdout).trim(), sock);
+    eprintln!("kill -9 to a new server: {took:?}");
+    assert!(
+        out.lines().any(|l| l.ends_with(" passed, 0 failed")),
+        "the lab script did not pass"
+    );
+    assert!(!out.contains("not ok"), "a lab check failed");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&name)["in_use"] == true && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ok(&["close", &name]);
+    instances.0.clear();
+    // A fresh open of the image reads every file whose fsync returned in the guest.
+    std::fs::write(
+        w.join("rc.table"),
+        ok(&["luksOpen", "--print-table", "--showkeys", "-d", &pass, imgs]),
+    )
+    .expect("table");
+    ok(&[
+        "read",
+        "--table-file",
+        &format!("{ws}/rc.table"),
+        "--output",
+        &format!("{ws}/plain.img"),
+    ]);
+    let list = std::fs::read_to_string(w.join("fsynced")).expect("fsynced");
+    let mut n = 0;
+    for line in list.lines() {
+        let (f, want) = line.split_once(' ').expect("name and sha");
+        let got = sh_out(&format!(
+            "debugfs -R 'cat /{f}' {ws}/plain.img 2>/dev/null | sha256sum | cut -d' ' -f1"
+        ));
+        assert_eq!(got, want, "{f} as the host reads it");
+        n += 1;
+    }
+    assert!(n >= 20, "only {n} files were written");
+    eprintln!("{n} fsync'd files read back on the host");
+}

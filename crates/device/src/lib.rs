@@ -152,12 +152,12 @@ pub trait Attachment: Send {
     }
 }
 
-/// A kernel device left by an instance whose server died.
+/// A kernel device (or a vhost-user socket) left by an instance whose server died.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Orphan {
-    /// ublk or nbd.
+    /// ublk, nbd or vhost-user.
     pub kind: FrontendKind,
-    /// `/dev/ublkbN`, `/dev/nbdN`.
+    /// `/dev/ublkbN`, `/dev/nbdN`, the vhost-user socket.
     pub node: PathBuf,
     /// What happens to its I/O.
     pub state: &'static str,
@@ -229,6 +229,12 @@ pub fn remove_orphan(o: &Orphan) -> Result<(), DeviceError> {
     match o.kind {
         FrontendKind::Ublk => ublk::remove(number("/dev/ublkb")?),
         FrontendKind::Nbd => nbd_kernel::disconnect(number("/dev/nbd")?),
+        FrontendKind::VhostUser => match std::fs::remove_file(&o.node) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(DeviceError::io(o.node.display().to_string(), e))
+            }
+            _ => Ok(()),
+        },
         _ => Ok(()),
     }
 }

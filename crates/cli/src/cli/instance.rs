@@ -76,6 +76,23 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
     let tls = open::tls_config(&a)?;
     open::check_exposure(&a, tls.is_some())?;
     let kind = choose_frontend(&a, &name)?;
+    if a.recover && kind == FrontendKind::VhostUser {
+        // The VM reconnects where it was: the dead instance's socket.
+        let socket = frontend::vhost_user_recovery(&name)
+            .map_err(anyhow::Error::from)
+            .code(EXIT_DEVICE)?;
+        match &a.vhost_socket {
+            Some(p) if *p != socket => {
+                return Err(anyhow::anyhow!(
+                    "--recover serves the socket instance {name} had, {}, not {}",
+                    socket.display(),
+                    p.display()
+                ))
+                .code(EXIT_PARAMS)
+            }
+            _ => a.vhost_socket = Some(socket),
+        }
+    }
     let dir = InstanceDir::create(&name, a.recover).map_err(instance_error)?;
 
     // What to serve, and the image to lock (the table input is read once: it may be
@@ -229,7 +246,7 @@ fn serve(
         read_only: a.read_only,
         direct: a.direct,
         allow_large_sectors: a.large_sectors,
-        perf: a.perf.options(),
+        perf: frontend::perf_defaults(kind, a.perf.options()),
     };
     let input = match (mapping, unlocked) {
         (Some(m), _) if a.raw => Input::Raw(m),

@@ -593,6 +593,34 @@ pub fn probe(p: &Paths) -> Result<Probe, InstanceError> {
     Ok(Probe::Dead(remove_stale(p)))
 }
 
+/// What dead instance `p` left that outlives it: the kernel devices (ublk, kernel NBD),
+/// and a vhost-user socket, where the VM may be waiting to reconnect (QEMU's chardev
+/// `reconnect=N`); `open --recover` serves either again.
+fn orphans(p: &Paths) -> Vec<ucrypt_device::Orphan> {
+    let mut found = ucrypt_device::orphans_of(&p.name);
+    if let Some(node) = dead_vhost_socket(p) {
+        found.push(ucrypt_device::Orphan {
+            kind: ucrypt_device::FrontendKind::VhostUser,
+            node,
+            state: "a VM may be waiting to reconnect: its I/O waits",
+        });
+    }
+    found
+}
+
+/// The vhost-user socket instance `p` described, when it is still there (its server
+/// gone, nobody else removed it).
+pub fn dead_vhost_socket(p: &Paths) -> Option<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let d = p
+        .read_description()
+        .filter(|d| d.frontend == "vhost-user")?;
+    let node = PathBuf::from(d.node);
+    std::fs::symlink_metadata(&node)
+        .is_ok_and(|m| m.file_type().is_socket())
+        .then_some(node)
+}
+
 /// Removes a dead server's directory, and its FUSE mount (the kernel leaves the mount of
 /// a dead server; `fusermount3 -u -z` or `umount -l` takes it away): at the default mount
 /// point and at the one its description names (`--fuse DIR`), if a FUSE file system of
@@ -601,7 +629,7 @@ fn remove_stale(p: &Paths) -> Debris {
     let mut debris = Debris {
         name: p.name.clone(),
         pid: p.read_pid(),
-        devices: ucrypt_device::orphans_of(&p.name),
+        devices: orphans(p),
         image: p.read_description().map(|d| d.device).unwrap_or_default(),
         ..Debris::default()
     };
@@ -671,6 +699,8 @@ pub fn close_dead(p: &Paths, force: bool) -> Result<Option<Debris>, InstanceErro
         let busy: Vec<PathBuf> = debris
             .devices
             .iter()
+            // A VM waiting on a dead socket is not using it: nothing answers there.
+            .filter(|d| d.kind != ucrypt_device::FrontendKind::VhostUser)
             .filter(|d| ucrypt_device::block_device_in_use(&d.node).unwrap_or(true))
             .map(|d| d.node.clone())
             .collect();
@@ -788,7 +818,7 @@ impl InstanceDir {
         if !ours || old_server_lives(&paths)? {
             return Err(exists(&paths));
         }
-        let orphans = ucrypt_device::orphans_of(name);
+        let orphans = orphans(&paths);
         if !orphans.is_empty() && !recover {
             return Err(InstanceError::DeadDevice {
                 name: name.to_string(),

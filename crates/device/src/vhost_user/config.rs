@@ -59,11 +59,14 @@ impl Geometry {
 
     /// The vhost-user protocol features offered: the configuration space (QEMU's
     /// vhost-user-blk refuses a back end without it), several queues, acknowledged
-    /// requests.
+    /// requests, inflight I/O tracking (a restarted server resubmits what the dead one had
+    /// in flight) and the back end's request channel (a new capacity told to the VM).
     pub(super) fn protocol_features() -> VhostUserProtocolFeatures {
         VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+            | VhostUserProtocolFeatures::BACKEND_REQ
     }
 
     /// The configuration space for a volume of `size_bytes`, `CONFIG_LEN` bytes.

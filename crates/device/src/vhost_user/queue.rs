@@ -6,8 +6,14 @@
 //! or written from the VM's memory directly when its data buffer is one piece of one
 //! memory region (the usual case), and through a per-queue bounce buffer otherwise.
 //! Write-zeroes and discard go through [`emulate`], as for every front end.
+//!
+//! When the VM handed over an inflight region (`inflight.rs`), each request is marked
+//! there from the moment it leaves the available ring until it is in the used ring, and a
+//! queue's first run on a new connection resubmits what a dead server left marked.
 
 use super::config::{Geometry, CONFIG_LEN, MAX_ZERO_SECTORS, MAX_ZERO_SEGMENTS};
+use super::inflight::Region;
+use super::relay::Session;
 use crate::Export;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +26,7 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
     VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
 };
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
 use vm_memory::{
     Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
@@ -51,6 +58,9 @@ const ZERO_SEGMENT: usize = 16;
 pub(super) struct Shared {
     pub export: Export,
     pub geometry: Geometry,
+    /// The capacity the VM is shown, in bytes: the volume's, set again by a resize before
+    /// a shrink takes effect.
+    pub capacity: std::sync::atomic::AtomicU64,
     /// GET_ID's answer: the instance name, cut to 20 bytes, zero-padded.
     pub serial: [u8; VIRTIO_BLK_ID_BYTES as usize],
 }
@@ -68,25 +78,54 @@ struct Piece {
 struct Scratch {
     pieces: Vec<Piece>,
     bounce: Vec<u8>,
+    /// The inflight region this queue last checked for resubmissions (held, so that a new
+    /// one is never taken for it).
+    checked: Option<Arc<Region>>,
+    /// Requests taken from this queue so far: their order in the inflight region.
+    counter: u64,
 }
 
 /// The device as one VM connection sees it.
 pub(super) struct Conn {
     shared: Arc<Shared>,
+    session: Arc<Session>,
     mem: RwLock<Option<Memory>>,
     event_idx: AtomicBool,
     /// One per queue thread.
     scratch: Vec<Mutex<Scratch>>,
+    /// The read ends of the queue threads' exit eventfds: `vhost-user-backend` registers
+    /// each in its epoll as a bare descriptor and never closes it (one leaked per queue per
+    /// connection); [`Conn::close_exit_events`] does, once the daemon is gone.
+    exit_fds: Mutex<Vec<std::os::fd::RawFd>>,
 }
 
 impl Conn {
-    pub(super) fn new(shared: Arc<Shared>) -> Conn {
+    pub(super) fn new(shared: Arc<Shared>, session: Arc<Session>) -> Conn {
         let queues = usize::from(shared.geometry.queues);
         Conn {
             shared,
+            session,
             mem: RwLock::new(None),
             event_idx: AtomicBool::new(false),
             scratch: (0..queues).map(|_| Mutex::default()).collect(),
+            exit_fds: Mutex::default(),
+        }
+    }
+
+    /// Closes the exit eventfds the library left open. Call only after the daemon was
+    /// dropped (its queue threads joined, their epolls closed): nothing uses them then.
+    pub(super) fn close_exit_events(&self) {
+        let fds = std::mem::take(
+            &mut *self
+                .exit_fds
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for fd in fds {
+            // SAFETY: a descriptor the library took over as a bare number and never
+            // closes; its only user (the daemon's epoll) is gone, so closing it here
+            // is its one close.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
         }
     }
 
@@ -110,6 +149,14 @@ impl Conn {
         let ctx = IoCtx {
             client: u32::try_from(thread).unwrap_or(u32::MAX).saturating_add(1),
         };
+        let q = u16::try_from(thread).unwrap_or(u16::MAX);
+        let region = self.session.inflight();
+        if let Some(r) = &region {
+            if !scratch.checked.as_ref().is_some_and(|c| Arc::ptr_eq(c, r)) {
+                scratch.checked = Some(Arc::clone(r));
+                self.resubmit(vring, r, q, &atomic.memory(), &mut scratch, ctx)?;
+            }
+        }
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
@@ -122,6 +169,10 @@ impl Conn {
                     .pop_descriptor_chain(atomic.memory());
                 let Some(chain) = chain else { break };
                 let head = chain.head_index();
+                if let Some(r) = &region {
+                    r.begin(q, head, scratch.counter);
+                    scratch.counter = scratch.counter.wrapping_add(1);
+                }
                 scratch.pieces.clear();
                 scratch.pieces.extend(chain.map(|d| Piece {
                     addr: d.addr(),
@@ -129,10 +180,7 @@ impl Conn {
                     device_writes: d.is_write_only(),
                 }));
                 let used = self.request(&mem, &mut scratch, ctx);
-                vring.add_used(head, used).map_err(io::Error::other)?;
-                if vring.needs_notification().map_err(io::Error::other)? {
-                    vring.signal_used_queue()?;
-                }
+                complete(vring, region.as_deref(), q, head, used)?;
             }
             // With event indexes the VM may have queued more after the last pop and
             // before notifications were back on: look again.
@@ -142,10 +190,48 @@ impl Conn {
         }
     }
 
+    /// A queue's first run with inflight region `r`: the requests it holds as taken and not
+    /// completed (a dead server's) run again, oldest first, and the available ring goes on
+    /// after them.
+    fn resubmit(
+        &self,
+        vring: &VringRwLock<Memory>,
+        r: &Region,
+        q: u16,
+        mem: &GuestMemoryMmap,
+        scratch: &mut Scratch,
+        ctx: IoCtx,
+    ) -> io::Result<()> {
+        let ring_used = vring.queue_used_idx().map_err(io::Error::other)?;
+        let (heads, next) = r.resubmissions(q, ring_used);
+        scratch.counter = next;
+        if heads.is_empty() {
+            return Ok(());
+        }
+        // Everything taken is either in the used ring or marked, whatever the order of
+        // completion was.
+        vring.set_queue_next_avail(ring_used.wrapping_add(heads.len() as u16));
+        let (table, size) = {
+            let state = vring.get_ref();
+            let queue = state.get_queue();
+            (GuestAddress(queue.desc_table()), queue.size())
+        };
+        for head in heads {
+            scratch.pieces.clear();
+            let used = if chain_at(mem, table, size, head, &mut scratch.pieces).is_some() {
+                self.request(mem, scratch, ctx)
+            } else {
+                0
+            };
+            complete(vring, Some(r), q, head, used)?;
+        }
+        Ok(())
+    }
+
     /// Runs one request; returns the bytes written into the VM's buffers (the used
     /// length: data read plus the status byte).
     fn request(&self, mem: &GuestMemoryMmap, s: &mut Scratch, ctx: IoCtx) -> u32 {
-        let Scratch { pieces, bounce } = s;
+        let Scratch { pieces, bounce, .. } = s;
         let total: usize = pieces.iter().map(|p| p.len).sum();
         // A header, a status byte, and in between the data.
         if total < HEADER + 1 {
@@ -281,6 +367,67 @@ impl Conn {
             }
             _ => (VIRTIO_BLK_S_UNSUPP as u8, 0),
         }
+    }
+}
+
+/// Puts request `head` in the used ring, the inflight region kept in step, and notifies
+/// the VM when it asked to be.
+fn complete(
+    vring: &VringRwLock<Memory>,
+    region: Option<&Region>,
+    q: u16,
+    head: u16,
+    used: u32,
+) -> io::Result<()> {
+    if let Some(r) = region {
+        r.completing(q, head);
+    }
+    vring.add_used(head, used).map_err(io::Error::other)?;
+    if let Some(r) = region {
+        r.completed(q, head, vring.get_ref().get_queue().next_used());
+    }
+    if vring.needs_notification().map_err(io::Error::other)? {
+        vring.signal_used_queue()?;
+    }
+    Ok(())
+}
+
+/// The pieces of the descriptor chain whose head is `head` in the descriptor table at
+/// `table` of `size` entries, indirect tables followed (virtio 1.2, 2.7.5). For
+/// resubmissions: the queue library hands out chains only as it pops them.
+fn chain_at(
+    mem: &GuestMemoryMmap,
+    table: GuestAddress,
+    size: u16,
+    head: u16,
+    out: &mut Vec<Piece>,
+) -> Option<()> {
+    const DESC: u64 = std::mem::size_of::<Descriptor>() as u64;
+    let (mut table, mut size, mut i, mut ttl, mut indirect) = (table, size, head, size, false);
+    loop {
+        if i >= size || ttl == 0 {
+            return None;
+        }
+        let d: Descriptor = mem.read_obj(table.checked_add(u64::from(i) * DESC)?).ok()?;
+        if d.refers_to_indirect_table() {
+            if indirect || u64::from(d.len()) % DESC != 0 {
+                return None;
+            }
+            table = d.addr();
+            size = u16::try_from(u64::from(d.len()) / DESC).ok()?;
+            (i, ttl, indirect) = (0, size, true);
+            continue;
+        }
+        out.push(Piece {
+            addr: d.addr(),
+            len: d.len() as usize,
+            device_writes: d.is_write_only(),
+        });
+        if !d.has_next() {
+            return Some(());
+        }
+        i = d.next();
+        ttl -= 1;
     }
 }
 
@@ -426,7 +573,7 @@ impl VhostUserBackend for Conn {
         let space = self
             .shared
             .geometry
-            .config_space(self.shared.export.info().size_bytes);
+            .config_space(self.shared.capacity.load(Ordering::Acquire));
         let (offset, size) = (offset as usize, (size as usize).min(4096));
         let mut out = vec![0u8; size];
         if offset < CONFIG_LEN {
@@ -452,7 +599,13 @@ impl VhostUserBackend for Conn {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()
+        let pair =
+            new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()?;
+        self.exit_fds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(std::os::fd::AsRawFd::as_raw_fd(&pair.0));
+        Some(pair)
     }
 
     fn handle_event(
