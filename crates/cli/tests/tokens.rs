@@ -1111,3 +1111,311 @@ fn clevis_token_resumes_resizes_and_refreshes_a_running_instance() {
     assert_eq!(status("tk", &env)["suspended"], false);
     ok(&["close", "tk"]);
 }
+
+/// How many times systemd's PKCS#11 plugin logged into the token (it says so on stderr
+/// once per call that reaches the card).
+fn logins(out: &Output) -> usize {
+    text(&out.stderr)
+        .matches("Successfully logged into security token")
+        .count()
+}
+
+/// The plaintext of `img` through the table line `table` (one line, key shown).
+fn plaintext(table: &str, len: usize) -> Vec<u8> {
+    let out = common::ucrypt(
+        &[
+            "read",
+            "--table",
+            table.trim(),
+            "--length",
+            &len.to_string(),
+        ],
+        b"",
+    );
+    assert!(out.status.success(), "read: {}", text(&out.stderr));
+    out.stdout
+}
+
+#[test]
+fn pkcs11_token_reencrypts_with_one_login_per_unlock() {
+    if !common::require("systemd-cryptenroll")
+        || !common::require("softhsm2-util")
+        || !common::require("pkcs11-tool")
+        || !common::require("openssl")
+        || !common::require("cryptsetup")
+        || !common::require_that(
+            Path::new(SOFTHSM).exists(),
+            "SoftHSM2 module missing (Debian: softhsm2)",
+        )
+    {
+        return;
+    }
+    let hsm = Hsm::new();
+    let vol = Vol::new();
+    let out = hsm
+        .cmd("systemd-cryptenroll")
+        .args(["--pkcs11-token-uri=pkcs11:token=ucrypt-test", s(&vol.img)])
+        .env("PASSWORD", PASS)
+        .env("PIN", HSM_PIN)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = vol.token_id("systemd-pkcs11");
+    let env = hsm.env();
+    let pin = format!("{HSM_PIN}\n");
+    let pin_file = vol.path("pin");
+    std::fs::write(&pin_file, &pin).unwrap();
+
+    // One unlock, one login: libcryptsetup 2.6's keyslot-context path logs in twice
+    // (once for the passphrase it then drops, once for the key); cryptsetup's own
+    // activation logs in once.
+    let args = ["open", "--test-passphrase", "--token-only", s(&vol.img)];
+    let ours = uc(&args, pin.as_bytes(), &env);
+    assert!(ours.status.success(), "{}", text(&ours.stderr));
+    let theirs = piped(hsm.cmd("cryptsetup").args(args), pin.as_bytes());
+    assert!(theirs.status.success(), "{}", text(&theirs.stderr));
+    assert_eq!((logins(&ours), logins(&theirs)), (1, 1));
+    let out = print_table(&vol.img, &["--token-only"], pin.as_bytes(), &env);
+    assert_eq!(logins(&out), 1, "{}", text(&out.stderr));
+    let before = text(&out.stdout);
+
+    // Some data, to be found again after the re-key.
+    let data: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let w = common::ucrypt(&["write", "--table", before.trim()], &data);
+    assert!(w.status.success(), "write: {}", text(&w.stderr));
+
+    // The volume has two keyslots (the passphrase's and the token's): the token's is
+    // kept; its passphrase comes from the token, the PIN from the key file.
+    let out = uc(
+        &[
+            "reencrypt",
+            "-q",
+            "-v",
+            "--token-only",
+            "--key-slot",
+            "1",
+            "--key-file",
+            s(&pin_file),
+            s(&vol.img),
+        ],
+        b"",
+        &env,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(logins(&out), 1, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&format!("Token {id} (systemd-pkcs11) unlocked")),
+        "{}",
+        text(&out.stderr)
+    );
+    // The new volume key is in the new keyslot, which the token now names: cryptsetup
+    // opens it through the token, and ucrypt's table has a new key over the same data.
+    let theirs = piped(
+        hsm.cmd("cryptsetup").args([
+            "open",
+            "--test-passphrase",
+            "--token-only",
+            "-v",
+            s(&vol.img),
+        ]),
+        pin.as_bytes(),
+    );
+    assert!(theirs.status.success(), "{}", text(&theirs.stderr));
+    assert_eq!(
+        vol.tokens(),
+        vec![(id, "systemd-pkcs11".to_string())],
+        "the token survives"
+    );
+    let out = print_table(&vol.img, &["--token-only"], pin.as_bytes(), &env);
+    let after = text(&out.stdout);
+    assert_ne!(table_key(&out), before.split_whitespace().nth(4).unwrap());
+    assert_eq!(plaintext(&after, data.len()), data);
+    // The passphrase's keyslot is gone, as cryptsetup's --key-slot leaves it.
+    let out = uc(
+        &[
+            "open",
+            "--test-passphrase",
+            "--key-file",
+            s(&vol.pass),
+            s(&vol.img),
+        ],
+        b"",
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+
+    // Again, now with one keyslot (no --key-slot needed), the PIN typed; a resumed run
+    // (--init-only, then --resume-only) unlocks through the token both times.
+    for stage in ["--init-only", "--resume-only"] {
+        let out = uc(
+            &[
+                "reencrypt",
+                "-q",
+                stage,
+                "--token-type",
+                "systemd-pkcs11",
+                s(&vol.img),
+            ],
+            pin.as_bytes(),
+            &env,
+        );
+        assert!(out.status.success(), "{stage}: {}", text(&out.stderr));
+        assert_eq!(logins(&out), 1, "{stage}: {}", text(&out.stderr));
+    }
+    let out = print_table(&vol.img, &["--token-only"], pin.as_bytes(), &env);
+    assert_eq!(plaintext(&text(&out.stdout), data.len()), data);
+
+    // No token unlocks (a wrong PIN): nothing is asked, nothing changes.
+    let key = table_key(&out);
+    let out = uc(
+        &["reencrypt", "-q", "--token-only", s(&vol.img)],
+        b"9999\n",
+        &env,
+    );
+    assert!(!out.status.success(), "re-keyed with a wrong PIN");
+    let out = print_table(&vol.img, &["--token-only"], pin.as_bytes(), &env);
+    assert_eq!(table_key(&out), key);
+    // A new header has no token to use.
+    let plain = vol.path("plain.img");
+    std::fs::write(&plain, vec![0u8; 4 << 20]).unwrap();
+    let out = uc(
+        &[
+            "reencrypt",
+            "-q",
+            "--encrypt",
+            "--header",
+            s(&vol.path("new.hdr")),
+            "--token-only",
+            s(&plain),
+        ],
+        b"",
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("unlock an existing LUKS2 header"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Runs `keyctl ARGS`, returning its trimmed stdout.
+fn keyctl(args: &[&str]) -> String {
+    let out = common::cmd::ok("keyctl", args);
+    text(&out.stdout).trim().to_string()
+}
+
+/// The keyslot `open --test-passphrase -v --token-only EXTRA` unlocks for ucrypt and for
+/// cryptsetup (None: it failed), and both exit codes agree.
+fn token_slot(img: &Path, extra: &[&str]) -> Option<u32> {
+    let mut args = vec!["open", "--test-passphrase", "-v", "--token-only"];
+    args.extend_from_slice(extra);
+    args.push(s(img));
+    let ours = uc(&args, b"", &[]);
+    let theirs = common::cmd::run("cryptsetup", &args);
+    assert_eq!(
+        ours.status.code(),
+        theirs.status.code(),
+        "{extra:?}\nucrypt: {}\ncryptsetup: {}",
+        text(&ours.stderr),
+        text(&theirs.stderr)
+    );
+    let slot = |t: &str, before: &str, after: &str| -> Option<u32> {
+        let i = t.find(before)? + before.len();
+        t[i..].split(after).next()?.trim().parse().ok()
+    };
+    let mine = slot(
+        &text(&ours.stderr),
+        "unlocked the volume key (keyslot ",
+        ")",
+    );
+    let cs = slot(&text(&theirs.stdout), "Key slot ", " unlocked");
+    assert_eq!(mine, cs, "{extra:?}: {}", text(&ours.stderr));
+    mine
+}
+
+#[test]
+fn tokens_are_tried_in_cryptsetups_order_by_keyslot_priority() {
+    if !common::require("cryptsetup") || !common::require("keyctl") {
+        return;
+    }
+    let vol = Vol::new();
+    let tag = format!("ucrypt-prio-{}", std::process::id());
+    // Keyslots 1 and 2, each with its own passphrase in the keyring and a luks2-keyring
+    // token: token 0 opens keyslot 1 only, token 1 keyslot 2 only.
+    let mut keys = Vec::new();
+    for slot in ["1", "2"] {
+        let pass = vol.path(&format!("pass{slot}"));
+        std::fs::write(&pass, format!("passphrase {slot}")).unwrap();
+        common::cmd::ok(
+            "cryptsetup",
+            &[
+                "luksAddKey",
+                "-q",
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-slot",
+                slot,
+                "--key-file",
+                s(&vol.pass),
+                s(&vol.img),
+                s(&pass),
+            ],
+        );
+        let desc = format!("{tag}-{slot}");
+        common::cmd::ok(
+            "cryptsetup",
+            &[
+                "token",
+                "add",
+                "--key-description",
+                &desc,
+                "--key-slot",
+                slot,
+                s(&vol.img),
+            ],
+        );
+        keys.push(keyctl(&[
+            "add",
+            "user",
+            &desc,
+            &format!("passphrase {slot}"),
+            "@u",
+        ]));
+    }
+    let priority = |slot: &str, p: &str| {
+        common::cmd::ok(
+            "cryptsetup",
+            &["config", "--priority", p, "--key-slot", slot, s(&vol.img)],
+        );
+    };
+    // Both normal: the header's first token.
+    assert_eq!(token_slot(&vol.img, &[]), Some(1));
+    // Keyslot 2 preferred: token 1 goes first.
+    priority("2", "prefer");
+    assert_eq!(token_slot(&vol.img, &[]), Some(2));
+    assert_eq!(
+        token_slot(&vol.img, &["--token-type", "luks2-keyring"]),
+        Some(2)
+    );
+    // Keyslot 2 ignored: only by its token's id.
+    priority("2", "ignore");
+    assert_eq!(token_slot(&vol.img, &[]), Some(1));
+    assert_eq!(token_slot(&vol.img, &["--token-id", "1"]), Some(2));
+    // Both ignored: no token is tried unless named.
+    priority("1", "ignore");
+    assert_eq!(token_slot(&vol.img, &[]), None);
+    assert_eq!(token_slot(&vol.img, &["--token-id", "0"]), Some(1));
+    // Preferred beats the header's order; one that fails falls to the normal ones.
+    priority("1", "normal");
+    priority("2", "prefer");
+    keyctl(&["unlink", &keys[1], "@u"]);
+    assert_eq!(token_slot(&vol.img, &[]), Some(1));
+    keyctl(&["unlink", &keys[0], "@u"]);
+    assert_eq!(token_slot(&vol.img, &[]), None);
+}

@@ -101,6 +101,62 @@ pub fn read_user_key(description: &str, expected_len: usize) -> Result<VolumeKey
     Ok(VolumeKey::new(buf))
 }
 
+/// Reads the `user` key `description`, whatever its length (a passphrase, as a LUKS2
+/// `luks2-keyring` token names one), into a buffer zeroed when dropped.
+///
+/// # Errors
+/// [`KeyringError`] when the key is missing or unreadable.
+pub fn read_user_secret(description: &str) -> Result<zeroize::Zeroizing<Vec<u8>>, KeyringError> {
+    let desc = std::ffi::CString::new(description).map_err(|_| KeyringError::Nul)?;
+    // SAFETY: as in read_user_key.
+    let serial = unsafe {
+        libc::syscall(
+            libc::SYS_request_key,
+            c"user".as_ptr(),
+            desc.as_ptr(),
+            std::ptr::null::<u8>(),
+            0,
+        )
+    };
+    if serial < 0 {
+        return Err(KeyringError::NotFound {
+            description: description.to_string(),
+            reason: std::io::Error::last_os_error().to_string(),
+        });
+    }
+    let unreadable = || KeyringError::Unreadable {
+        description: description.to_string(),
+        reason: std::io::Error::last_os_error().to_string(),
+    };
+    // The length first (a read into no buffer returns it), then the bytes; a key that
+    // grows in between is read again.
+    let mut buf = zeroize::Zeroizing::new(Vec::new());
+    loop {
+        // SAFETY: keyctl(KEYCTL_READ) writes at most buf.len() bytes into buf (a null
+        // pointer with length 0 only asks for the length).
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_keyctl,
+                libc::KEYCTL_READ,
+                serial,
+                if buf.is_empty() {
+                    std::ptr::null_mut()
+                } else {
+                    buf.as_mut_ptr()
+                },
+                buf.len(),
+            )
+        };
+        let n = usize::try_from(n).map_err(|_| unreadable())?;
+        if n <= buf.len() {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        buf.zeroize();
+        *buf = vec![0u8; n];
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,12 +51,12 @@ unsafe extern "C" fn log_cb(level: libc::c_int, msg: *const libc::c_char, _usr: 
     LOG.with(|l| l.borrow_mut().push((level, text)));
 }
 
-fn take_log() -> Vec<(i32, String)> {
+pub(crate) fn take_log() -> Vec<(i32, String)> {
     LOG.with(|l| std::mem::take(&mut *l.borrow_mut()))
 }
 
 /// The library's error lines, joined into one sentence list.
-fn errors_of(log: &[(i32, String)]) -> String {
+pub(crate) fn errors_of(log: &[(i32, String)]) -> String {
     log.iter()
         .filter(|(lvl, _)| *lvl == ffi::CRYPT_LOG_ERROR)
         .map(|(_, m)| m.trim().trim_end_matches('.').to_string())
@@ -447,6 +447,12 @@ impl CryptDevice {
     /// The device path this context was opened on.
     pub fn device_name(&self) -> &str {
         &self.name
+    }
+
+    /// The libcryptsetup context, for calls made outside this module (token plugins
+    /// called back into the library with it).
+    pub(crate) fn as_ptr(&self) -> *mut ffi::crypt_device {
+        self.cd.as_ptr()
     }
 
     /// Runs one libcryptsetup call; a negative return becomes an error naming `op`.
@@ -1693,59 +1699,5 @@ impl CryptDevice {
             Err(FormatError::Cryptsetup { errno, .. }) if errno == libc::ENOENT => Ok(false),
             Err(e) => Err(e),
         }
-    }
-
-    /// The volume key through a LUKS2 token (cryptsetup's token unlock: `luks2-keyring`
-    /// reads the passphrase from the kernel keyring; plugin types through their plugins):
-    /// `token` None tries every token, `kind` restricts the token type. The key must be
-    /// the data segment's. `pin` is handed to plugins that ask for one (FIDO2, PKCS#11,
-    /// TPM2 with a PIN). Returns the keyslot and the key.
-    ///
-    /// # Errors
-    /// `ENOENT` when no token (or none of `kind`) is usable, `EPERM` when a token's
-    /// passphrase opens none of its keyslots, `ENOANO` when it needs a PIN (or the PIN
-    /// given is wrong), `EAGAIN` when its device is missing (no TPM2, no FIDO2 key).
-    pub fn volume_key_by_token(
-        &mut self,
-        token: Option<u32>,
-        kind: Option<&str>,
-        pin: Option<&[u8]>,
-    ) -> Result<(u32, VolumeKey), FormatError> {
-        let t = Self::token_arg(token);
-        let kind_c = kind.map(|k| cstring("token type", k)).transpose()?;
-        let kp = kind_c.as_ref().map_or(ptr::null(), |c| c.as_ptr());
-        let (pp, plen) = pin.map_or((ptr::null(), 0), |p| (p.as_ptr().cast(), p.len()));
-        let mut kc: *mut ffi::crypt_keyslot_context = ptr::null_mut();
-        // SAFETY: valid context, NULL or valid C string, NULL or a PIN of `plen` bytes
-        // (the library copies what it keeps); `kc` is an out-pointer.
-        self.call("reading a token", |cd| unsafe {
-            ffi::crypt_keyslot_context_init_by_token(cd, t, kp, pp, plen, ptr::null_mut(), &mut kc)
-        })?;
-        /// Frees the keyslot context however the unlock ends.
-        struct Kc(*mut ffi::crypt_keyslot_context);
-        impl Drop for Kc {
-            fn drop(&mut self) {
-                // SAFETY: allocated by crypt_keyslot_context_init_by_token, freed once.
-                unsafe { ffi::crypt_keyslot_context_free(self.0) };
-            }
-        }
-        let kc = Kc(kc);
-        let size = self.info().key_bytes.max(1);
-        let mut buf = Zeroizing::new(vec![0u8; size]);
-        let mut len: libc::size_t = size;
-        // SAFETY: `buf` has `len` writable bytes; `kc.0` is a live keyslot context.
-        let r = self.call("unlocking the volume key by token", |cd| unsafe {
-            ffi::crypt_volume_key_get_by_keyslot_context(
-                cd,
-                ffi::CRYPT_ANY_SLOT,
-                buf.as_mut_ptr().cast(),
-                &mut len,
-                kc.0,
-            )
-        })?;
-        drop(kc);
-        buf.truncate(len.min(size));
-        self.verify_volume_key(&buf)?;
-        Ok((Self::slot_ret(r), VolumeKey::new(std::mem::take(&mut *buf))))
     }
 }

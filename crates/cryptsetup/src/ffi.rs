@@ -283,6 +283,7 @@ extern "C" {
     pub fn crypt_convert(cd: *mut crypt_device, type_: *const c_char, params: *mut c_void)
         -> c_int;
     pub fn crypt_repair(cd: *mut crypt_device, type_: *const c_char, params: *mut c_void) -> c_int;
+    pub fn crypt_keyslot_get_priority(cd: *mut crypt_device, keyslot: c_int) -> c_int;
     pub fn crypt_keyslot_set_priority(
         cd: *mut crypt_device,
         keyslot: c_int,
@@ -327,13 +328,6 @@ extern "C" {
         kc: *mut *mut crypt_keyslot_context,
     ) -> c_int;
     pub fn crypt_keyslot_context_free(kc: *mut crypt_keyslot_context);
-    pub fn crypt_volume_key_get_by_keyslot_context(
-        cd: *mut crypt_device,
-        keyslot: c_int,
-        volume_key: *mut c_char,
-        volume_key_size: *mut size_t,
-        kc: *mut crypt_keyslot_context,
-    ) -> c_int;
     pub fn crypt_token_is_assigned(cd: *mut crypt_device, token: c_int, keyslot: c_int) -> c_int;
     pub fn crypt_keyslot_context_init_by_volume_key(
         cd: *mut crypt_device,

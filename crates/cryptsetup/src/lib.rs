@@ -22,6 +22,7 @@
 mod device;
 mod ffi;
 pub mod plain;
+mod token;
 
 pub use device::{
     activation_flags, disable_external_tokens, disable_metadata_locking,
@@ -29,6 +30,7 @@ pub use device::{
     set_debug, set_external_tokens_path, split_cipher, CryptDevice, KeyslotStatus, LuksFormat,
     Pbkdf, ReencryptInit, ReencryptMode, TokenStatus,
 };
+pub use token::KeyslotPriority;
 /// The header facts [`CryptDevice::info`] reports, in the format layer's own types.
 pub use ucrypt_format::{HeaderType, VolumeInfo};
 

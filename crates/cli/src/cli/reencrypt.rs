@@ -37,6 +37,11 @@ pub(crate) struct Args {
     /// the end, as cryptsetup does); needed when the volume has several.
     #[arg(short = 'S', long)]
     key_slot: Option<u32>,
+    /// LUKS2 tokens give the existing keyslot's passphrase before any is asked for, as
+    /// with cryptsetup reencrypt (with --key-slot, only that keyslot's tokens);
+    /// `--token-only` asks for none (a key file then holds a token PIN).
+    #[command(flatten)]
+    token: super::token::UnlockArgs,
     /// New cipher (default: the current one).
     #[arg(short = 'c', long)]
     cipher: Option<String>,
@@ -221,6 +226,11 @@ impl Args {
         o.pbkdf = self.pbkdf.choice();
         o.stop_after = self.debug_stop_after;
         o.locks = !super::DISABLE_LOCKS.load(std::sync::atomic::Ordering::Relaxed);
+        o.tokens = self.token.tokens();
+        // Under --token-only the key file has no passphrase to give: it holds the PIN.
+        if o.tokens.only && self.key.key_file.is_some() {
+            o.tokens.pin_file = Some(self.key.inputs());
+        }
         o
     }
 }

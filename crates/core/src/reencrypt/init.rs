@@ -110,10 +110,28 @@ pub(crate) fn rekey(opts: &Options, passphrase: &[u8], progress: &mut dyn Progre
         cipher,
         opts.sector_size.unwrap_or(info.sector_size),
     );
-    if let Err(e) = cd.reencrypt_init(Some(old_slot), Some(new_slot), passphrase, &p) {
+    // The old keyslot's tokens open the new one too (its passphrase is the same), as
+    // cryptsetup's assign_tokens does: the old keyslot goes when the reencryption ends,
+    // and its tokens would be left assigned to nothing.
+    let assigned = assign_tokens(&mut cd, old_slot, new_slot);
+    let init = assigned.and_then(|()| {
+        cd.reencrypt_init(Some(old_slot), Some(new_slot), passphrase, &p)
+            .map_err(Into::into)
+    });
+    if let Err(e) = init {
         // Leave the header as it was.
         let _ = cd.destroy_keyslot(new_slot);
-        return Err(e.into());
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Assigns every token of keyslot `old` to keyslot `new` too.
+fn assign_tokens(cd: &mut CryptDevice, old: u32, new: u32) -> Result<()> {
+    for token in 0..32 {
+        if cd.token_is_assigned(token, old)? {
+            cd.assign_token(token, Some(new))?;
+        }
     }
     Ok(())
 }

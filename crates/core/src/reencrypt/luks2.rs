@@ -80,8 +80,17 @@ pub(crate) fn run(
             path.display(),
             header_path.display()
         ))?;
-        prompt.passphrase(&format!("Enter passphrase for {}: ", path.display()))?
+        // The header is still the device's own until it is exported.
+        let question = format!("Enter passphrase for {}: ", path.display());
+        existing_passphrase(&a, &path, None, &question, prompt)?
     } else if fresh {
+        if a.tokens_named() {
+            return Err(anyhow!(
+                "--token-only, --token-id and --token-type unlock an existing LUKS2 header; \
+                 {} gets a new one and a new passphrase",
+                header_path.display()
+            ));
+        }
         let what = match a.reduce_device_size {
             Some(r) => format!(
                 "This will put a LUKS2 header at the head of {} and encrypt its data in \
@@ -98,7 +107,8 @@ pub(crate) fn run(
         prompt.confirm(&what)?;
         prompt.new_passphrase(&format!("Enter passphrase for {}: ", header_path.display()))?
     } else {
-        prompt.passphrase(&format!("Enter passphrase for {}: ", path.display()))?
+        let question = format!("Enter passphrase for {}: ", path.display());
+        existing_passphrase(&a, &path, a.header.as_deref(), &question, prompt)?
     };
     if in_progress && a.init_only() {
         return Err(anyhow!(
@@ -211,4 +221,29 @@ fn pass(a: &Options, passphrase: &[u8], progress: &mut dyn Progress) -> Result<(
         return Err(anyhow!("interrupted"));
     }
     Ok(())
+}
+
+/// The passphrase of an existing keyslot of the LUKS2 volume on `device` (its header on
+/// `header`): through a LUKS2 token first, by the library's token policy as `open` tries
+/// them (`--token-only`, `--token-id`, `--token-type`; only tokens of `--key-slot` when
+/// it is given), else asked for through `prompt` as `question`. The token's passphrase is
+/// what cryptsetup's reencryption takes from it too: the new keyslot gets the same one,
+/// so the token opens the volume after the reencryption as before.
+///
+/// # Errors
+/// Under `--token-only`, no token unlocks (nothing is asked); the prompt's errors.
+pub(crate) fn existing_passphrase(
+    opts: &Options,
+    device: &std::path::Path,
+    header: Option<&std::path::Path>,
+    question: &str,
+    prompt: &mut dyn Prompt,
+) -> Result<crate::secret::Secret> {
+    let mut tokens = opts.tokens.clone();
+    tokens.keyslot = opts.key_slot;
+    let kind = crate::header::VolumeType::Luks2;
+    if let Some(o) = crate::unlock::token::passphrase(device, header, kind, &tokens, prompt)? {
+        return Ok(o.passphrase);
+    }
+    prompt.passphrase(question)
 }

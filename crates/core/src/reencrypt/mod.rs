@@ -63,6 +63,12 @@ pub fn run(opts: &Options, prompt: &mut dyn Prompt, progress: &mut dyn Progress)
     if opts.active_name.is_none()
         && (luks1::applies(opts) || (opts.encrypt() && opts.kind_is(&HeaderKind::Luks1)))
     {
+        if opts.tokens_named() {
+            return Err(anyhow!(
+                "--token-only, --token-id and --token-type need a LUKS2 volume (LUKS1 has no \
+                 tokens)"
+            ));
+        }
         checks::unused_volume_key_file(opts, progress);
         return luks1::run(opts, prompt, progress);
     }

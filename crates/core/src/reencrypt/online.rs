@@ -119,7 +119,14 @@ pub(crate) fn run(
     let h = ucrypt_format::luks2::disk::Header::read(&f, &header_path.display().to_string())
         .map_err(|e| Error::from(e).with_kind(ErrorKind::Device))?;
     let in_progress = ucrypt_format::luks2::reencrypt::in_reencryption(&h.json);
-    let passphrase = prompt.passphrase(&format!("Enter passphrase for {}: ", served.display()))?;
+    let question = format!("Enter passphrase for {}: ", served.display());
+    let passphrase = super::luks2::existing_passphrase(
+        a,
+        &served,
+        served_opts.header.as_deref(),
+        &question,
+        prompt,
+    )?;
     if in_progress && a.init_only() {
         return Err(anyhow!(
             "LUKS2 reencryption already initialized in metadata"

@@ -208,6 +208,10 @@ pub struct Options {
     pub stop_after: Option<u64>,
     /// Take ucrypt's image locks while the header changes (off: `--disable-locks`).
     pub locks: bool,
+    /// LUKS2 tokens tried for the passphrase of an existing keyslot before it is asked
+    /// for (`--token-only`, `--token-id`, `--token-type`, as cryptsetup reencrypt; with
+    /// `key_slot`, only tokens of that keyslot).
+    pub tokens: crate::unlock::Tokens,
 }
 
 impl Options {
@@ -242,7 +246,13 @@ impl Options {
             pbkdf: PbkdfChoice::default(),
             stop_after: None,
             locks: true,
+            tokens: crate::unlock::Tokens::default(),
         }
+    }
+
+    /// Whether the user named tokens (`--token-only`, `--token-id`, `--token-type`).
+    pub(crate) fn tokens_named(&self) -> bool {
+        self.tokens.only || self.tokens.id.is_some() || self.tokens.kind.is_some()
     }
 
     /// Where the header is (the detached file or the device).

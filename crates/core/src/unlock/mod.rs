@@ -9,8 +9,9 @@
 //!    type: named, else detected (LUKS, BitLocker, FileVault2); options it has no use
 //!      for refused; no signature and no --type: refused before anything is asked
 //!    --volume-key-file ─► header::unlock_by_volume_key
-//!    LUKS2 tokens ─► token::volume_key (libcryptsetup and its plugins, clevis; a PIN
-//!      asked for, or the key file's under --token-only) ─► header::unlock_by_volume_key
+//!    LUKS2 tokens ─► token::volume_key (cryptsetup's order by keyslot priority; each
+//!      token's handler called once: the kernel keyring, a libcryptsetup plugin, clevis;
+//!      a PIN asked for, or the key file's under --token-only) ─► header::unlock_by_volume_key
 //!    the secret: key file, or Prompt::passphrase (TCRYPT: key files mixed in, PIM)
 //!    --test-passphrase (LUKS, local): the keyslots checked, nothing unlocked
 //!    header::unlock (TCRYPT: the header search) ─► Unlocked

@@ -18,10 +18,9 @@ use std::time::{Duration, Instant};
 /// minutes-long connect timeout.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A clevis token's parts: the keyslots it opens and its JWE, compact.
+/// A clevis token's JWE, compact (its keyslots are read from the header like every
+/// token's, [`super::unlock`]).
 pub(crate) struct ClevisToken {
-    /// The keyslots the token's passphrase opens.
-    pub(crate) keyslots: Vec<u32>,
     /// The JWE in compact serialisation (five base64url parts joined by dots).
     pub(crate) compact: String,
 }
@@ -36,8 +35,7 @@ impl ClevisToken {
         let bad = |why: &str| Error::Invalid(format!("malformed clevis token: {why}"));
         let v: serde_json::Value =
             serde_json::from_str(json).map_err(|e| bad(&format!("not JSON ({e})")))?;
-        let keyslots = v
-            .get("keyslots")
+        v.get("keyslots")
             .and_then(|k| k.as_array())
             .ok_or_else(|| bad("no keyslots array"))?
             .iter()
@@ -73,7 +71,7 @@ impl ClevisToken {
             part("tag", true)?,
         ]
         .join(".");
-        Ok(ClevisToken { keyslots, compact })
+        Ok(ClevisToken { compact })
     }
 }
 
@@ -208,7 +206,6 @@ mod tests {
             r#"{"type":"clevis","keyslots":["4"],"jwe":{"ciphertext":"Y3Q","encrypted_key":"","iv":"aXY","protected":"cHJvdA","tag":"dGFn"}}"#,
         )
         .unwrap();
-        assert_eq!(t.keyslots, vec![4]);
         assert_eq!(t.compact, "cHJvdA..aXY.Y3Q.dGFn");
     }
 

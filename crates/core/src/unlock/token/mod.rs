@@ -1,14 +1,18 @@
-//! LUKS2 tokens, tried before any passphrase as cryptsetup tries them: every token in id
-//! order, or only `--token-id`, of any type or only `--token-type`. Each type goes its own
-//! way:
+//! LUKS2 tokens, tried before any passphrase in cryptsetup's order ([`unlock`]: the
+//! header's order, keyslots of priority `prefer` before `normal` ones; or only
+//! `--token-id`), of any type or only `--token-type`. Each token's secret, the passphrase
+//! of its keyslots, is read once and its keyslots opened with it here, so that the same
+//! unlock gives the volume key (open) and the passphrase (a reencryption's new keyslot).
+//! Each type goes its own way to its secret:
 //!
-//! - `clevis` (tang, tpm2, sss pins): `clevis decrypt` gives the keyslot passphrase
-//!   ([`clevis`]), as `clevis luks unlock` does;
+//! - `clevis` (tang, tpm2, sss pins): `clevis decrypt` ([`clevis`]), as `clevis luks
+//!   unlock` does;
 //! - `systemd-recovery`: holds no secret; the recovery key is typed at the passphrase prompt;
 //! - everything else (`luks2-keyring`, `systemd-tpm2`, `systemd-fido2`, `systemd-pkcs11`, any
-//!   type with a plugin) through libcryptsetup and its external token plugins, with a PIN
-//!   when the plugin asks for one and the user named tokens (`--token-only`, `--token-id`,
-//!   `--token-type`, as cryptsetup asks only then).
+//!   type with a plugin) through libcryptsetup's token handlers, called once per try
+//!   ([`CryptDevice::token_secret`]), with a PIN when the handler asks for one and the
+//!   user named tokens (`--token-only`, `--token-id`, `--token-type`, as cryptsetup asks
+//!   only then).
 //!
 //! A token that cannot work here (no TPM2, no FIDO2 key, tang unreachable, clevis not
 //! installed) is passed over with one line through [`Prompt::verbose`]; one whose device or
@@ -24,8 +28,9 @@ use crate::VolumeType;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use ucrypt_crypto::VolumeKey;
-use ucrypt_cryptsetup::{CryptDevice, HeaderType};
+use ucrypt_cryptsetup::{CryptDevice, HeaderType, KeyslotPriority, KeyslotStatus};
 use ucrypt_format::FormatError;
+use zeroize::Zeroizing;
 
 /// Which tokens to try, and how.
 #[derive(Debug, Clone)]
@@ -47,6 +52,9 @@ pub struct Tokens {
     pub pin_file: Option<KeyFile>,
     /// How often a PIN typed at a terminal is asked for (cryptsetup's `--tries`).
     pub pin_tries: u32,
+    /// Only tokens assigned to this keyslot, and only it opened (reencrypt's
+    /// `--key-slot`, as cryptsetup's `luks_try_token_unlock` takes it).
+    pub keyslot: Option<u32>,
 }
 
 impl Default for Tokens {
@@ -58,6 +66,7 @@ impl Default for Tokens {
             timeout: Duration::ZERO,
             pin_file: None,
             pin_tries: 3,
+            keyslot: None,
         }
     }
 }
@@ -108,6 +117,10 @@ struct Failure {
     rank: u8,
     /// Worth trying again while `--token-timeout` runs (a device or server missing).
     again: bool,
+    /// Not to be tried again in this round (its secret could not be read: a PIN missing
+    /// or wrong, a device missing); a keyslot failure may still meet other keyslots in the
+    /// next pass.
+    settled: bool,
     /// The `-v` line, without the token's number and type.
     line: String,
     error: Error,
@@ -119,6 +132,7 @@ impl Failure {
         Failure {
             rank: 0,
             again: false,
+            settled: false,
             error: Error::Invalid(line.clone()),
             line,
         }
@@ -133,6 +147,11 @@ impl Failure {
         };
         let (rank, again, line) = match errno {
             libc::ENOANO => (3, false, "needs a PIN".to_string()),
+            libc::EPERM if kind == "luks2-keyring" => (
+                2,
+                false,
+                "its passphrase is not in the kernel keyring".to_string(),
+            ),
             libc::EPERM => (
                 2,
                 false,
@@ -151,7 +170,7 @@ impl Failure {
             libc::ENOENT if kind == "luks2-keyring" => (
                 0,
                 false,
-                "its passphrase is not in the kernel keyring".to_string(),
+                "the kernel keyring is not usable here".to_string(),
             ),
             libc::ENOENT => (
                 0,
@@ -166,18 +185,41 @@ impl Failure {
         Failure {
             rank,
             again,
+            settled: true,
             line,
             error: e.into(),
         }
     }
 }
 
+/// What a token unlocked: the passphrase of a keyslot (a reencryption puts it in the new
+/// keyslot, as cryptsetup does) and, from [`unlock`], the volume key it gave.
+pub struct Opened {
+    /// The token.
+    pub token: u32,
+    /// The keyslot its passphrase opened.
+    pub keyslot: u32,
+    /// The token's passphrase for that keyslot.
+    pub passphrase: Secret,
+    /// The volume key; None from [`passphrase`], which only checks the keyslot (a volume
+    /// in reencryption has two keys, and the keyslot may hold either).
+    pub key: Option<VolumeKey>,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened")
+            .field("token", &self.token)
+            .field("keyslot", &self.keyslot)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The volume key through a token of `device` (local LUKS2 only), or None to go on with a
-/// passphrase.
+/// passphrase. See [`unlock`].
 ///
 /// # Errors
-/// Only with `--token-only`: no token is usable (invalid), or the most telling failure of
-/// the tokens tried (a needed PIN, a wrong keyslot passphrase: a permission error).
+/// As [`unlock`].
 pub fn volume_key(
     device: &Path,
     header: Option<&Path>,
@@ -185,7 +227,109 @@ pub fn volume_key(
     tokens: &Tokens,
     prompt: &mut dyn Prompt,
 ) -> Result<Option<VolumeKey>> {
-    let usage = |msg: String| -> Result<Option<VolumeKey>> {
+    Ok(unlock(device, header, kind, tokens, prompt)?.and_then(|o| o.key))
+}
+
+/// The passphrase of a keyslot through a token of `device`, as [`unlock`] finds it but
+/// without taking the volume key out (a reencryption needs the passphrase, and its
+/// keyslots may hold the old or the new key), or None to go on with a typed passphrase.
+///
+/// # Errors
+/// As [`unlock`].
+pub fn passphrase(
+    device: &Path,
+    header: Option<&Path>,
+    kind: VolumeType,
+    tokens: &Tokens,
+    prompt: &mut dyn Prompt,
+) -> Result<Option<Opened>> {
+    run(device, header, kind, tokens, false, prompt)
+}
+
+/// One token of the header: its id, type and keyslots, in the header's order.
+struct HeaderToken {
+    id: u32,
+    kind: String,
+    keyslots: Vec<u32>,
+}
+
+/// The header's tokens in the order libcryptsetup walks them (its JSON object's order,
+/// which is the order they were added in, not always by id).
+fn header_tokens(cd: &mut CryptDevice) -> Vec<HeaderToken> {
+    let ids: Vec<u32> = cd
+        .dump_json()
+        .ok()
+        .and_then(|j| ucrypt_format::luks2::json::Json::parse(&j).ok())
+        .and_then(|j| match j.get("tokens") {
+            Some(ucrypt_format::luks2::json::Json::Obj(m)) => {
+                Some(m.iter().filter_map(|(k, _)| k.parse().ok()).collect())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| (0..32).collect());
+    ids.into_iter()
+        .filter_map(|id| {
+            let (status, kind) = cd.token_status(id);
+            if !status.in_use() {
+                return None;
+            }
+            let keyslots = cd
+                .token_json(id)
+                .ok()
+                .and_then(|j| ucrypt_format::luks2::json::Json::parse(&j).ok())
+                .and_then(|j| match j.get("keyslots") {
+                    Some(ucrypt_format::luks2::json::Json::Arr(a)) => Some(
+                        a.iter()
+                            .filter_map(|k| k.as_str().and_then(|s| s.parse().ok()))
+                            .collect(),
+                    ),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            Some(HeaderToken {
+                id,
+                kind: kind.unwrap_or_default(),
+                keyslots,
+            })
+        })
+        .collect()
+}
+
+/// Tries the tokens of `device` in cryptsetup's order and gives what the first that
+/// unlocks opened, or None to go on with a passphrase.
+///
+/// The order is libcryptsetup's (`LUKS2_token_unlock_key`): with `--token-id`, that token
+/// on any of its keyslots, whatever their priority; otherwise every token (of
+/// `--token-type`) in the header's order, first on its keyslots of priority `prefer`, then
+/// again on those of priority `normal`; keyslots of priority `ignore` are used only through
+/// a token named by id. A token whose PIN is missing or wrong is not tried again in the
+/// second round. Each token's secret is read once per round (one plugin call, one FIDO2
+/// touch, one PKCS#11 login, one `clevis decrypt`), and its keyslots opened with it here.
+/// With [`Tokens::keyslot`] only that keyslot is opened.
+///
+/// # Errors
+/// Only with `--token-only`: no token is usable (invalid), or the most telling failure of
+/// the tokens tried (a needed PIN, a wrong keyslot passphrase: a permission error).
+pub fn unlock(
+    device: &Path,
+    header: Option<&Path>,
+    kind: VolumeType,
+    tokens: &Tokens,
+    prompt: &mut dyn Prompt,
+) -> Result<Option<Opened>> {
+    run(device, header, kind, tokens, true, prompt)
+}
+
+/// [`unlock`] (`want_key`) or [`passphrase`].
+fn run(
+    device: &Path,
+    header: Option<&Path>,
+    kind: VolumeType,
+    tokens: &Tokens,
+    want_key: bool,
+    prompt: &mut dyn Prompt,
+) -> Result<Option<Opened>> {
+    let usage = |msg: String| -> Result<Option<Opened>> {
         if tokens.only {
             Err(Error::Invalid(msg))
         } else {
@@ -207,12 +351,7 @@ pub fn volume_key(
     if cd.cd.info().kind != Some(HeaderType::Luks2) {
         return usage("--token-only needs LUKS2 (LUKS1 has no tokens)".into());
     }
-    let present: Vec<(u32, String)> = (0..32)
-        .filter_map(|t| match cd.cd.token_status(t) {
-            (s, kind) if s.in_use() => Some((t, kind.unwrap_or_default())),
-            _ => None,
-        })
-        .collect();
+    let present = header_tokens(&mut cd.cd);
     // No token at all: nothing to try (and no spinner flash on every open).
     if present.is_empty() {
         return usage(format!(
@@ -220,10 +359,11 @@ pub fn volume_key(
             device.display()
         ));
     }
-    let chosen: Vec<(u32, String)> = present
+    let chosen: Vec<HeaderToken> = present
         .into_iter()
-        .filter(|(t, k)| {
-            tokens.id.is_none_or(|id| id == *t) && tokens.kind.as_ref().is_none_or(|want| want == k)
+        .filter(|t| {
+            tokens.id.is_none_or(|id| id == t.id)
+                && tokens.kind.as_ref().is_none_or(|want| *want == t.kind)
         })
         .collect();
     if chosen.is_empty() {
@@ -239,22 +379,70 @@ pub fn volume_key(
     // cryptsetup asks for a PIN only when the user named tokens; otherwise a token that
     // needs one is passed over for the passphrase.
     let ask_pin = tokens.only || tokens.id.is_some() || tokens.kind.is_some();
+    let passes: &[KeyslotPriority] = if tokens.id.is_some() {
+        &[KeyslotPriority::Ignore]
+    } else {
+        &[KeyslotPriority::Prefer, KeyslotPriority::Normal]
+    };
     let deadline = Instant::now() + tokens.timeout;
     let mut said: Vec<Option<String>> = vec![None; chosen.len()];
     let mut worst: Option<Failure> = None;
     loop {
-        let mut again = false;
-        for (i, (id, kind)) in chosen.iter().enumerate() {
-            let f = match try_one(&mut cd.cd, *id, kind, tokens, ask_pin, prompt) {
-                Ok(key) => {
-                    prompt.verbose(&format!("Token {id} ({kind}) unlocked the volume key."));
-                    return Ok(Some(key));
+        // Per token, this round: its secret once read, and its last failure.
+        let mut secrets: Vec<Option<Zeroizing<Vec<u8>>>> = vec![None; chosen.len()];
+        let mut failed: Vec<Option<Failure>> = (0..chosen.len()).map(|_| None).collect();
+        for &pass in passes {
+            for (i, t) in chosen.iter().enumerate() {
+                // A PIN missing or wrong, or a secret that failed: not again this round.
+                if failed[i].as_ref().is_some_and(|f| f.settled) {
+                    continue;
                 }
-                Err(f) => f,
-            };
+                let slots = usable_keyslots(&mut cd.cd, t, pass, tokens.keyslot);
+                if slots.is_empty() {
+                    if failed[i].is_none() || pass != passes[0] {
+                        failed[i] = Some(no_keyslot(&mut cd.cd, t, tokens.keyslot));
+                    }
+                    continue;
+                }
+                let secret = match secrets[i].take() {
+                    Some(s) => s,
+                    None => match open_secret(&mut cd.cd, t, tokens, ask_pin, prompt) {
+                        Ok(s) => s,
+                        Err(mut f) => {
+                            f.settled = true;
+                            failed[i] = Some(f);
+                            continue;
+                        }
+                    },
+                };
+                match open_keyslots(&mut cd.cd, t, &slots, &secret, want_key, prompt) {
+                    Ok(opened) => {
+                        prompt.verbose(&format!(
+                            "Token {} ({}) unlocked {} (keyslot {}).",
+                            t.id,
+                            t.kind,
+                            if want_key {
+                                "the volume key"
+                            } else {
+                                "its passphrase"
+                            },
+                            opened.keyslot
+                        ));
+                        return Ok(Some(opened));
+                    }
+                    Err(f) => failed[i] = Some(f),
+                }
+                secrets[i] = Some(secret);
+            }
+        }
+        drop(secrets);
+        let mut again = false;
+        for (i, f) in failed.into_iter().enumerate() {
+            let Some(f) = f else { continue };
+            let t = &chosen[i];
             // One line per token, and again only if what it says changes.
             if said[i].as_deref() != Some(f.line.as_str()) {
-                prompt.verbose(&format!("Token {id} ({kind}): {}.", f.line));
+                prompt.verbose(&format!("Token {} ({}): {}.", t.id, t.kind, f.line));
                 said[i] = Some(f.line.clone());
             }
             again |= f.again;
@@ -275,17 +463,117 @@ pub fn volume_key(
     Err(error).with_context(|| format!("no token unlocks {} (--token-only)", device.display()))
 }
 
-/// Tries token `id` of type `kind` once (a PIN asked for up to `pin_tries` times).
-fn try_one(
+/// The keyslots of token `t` that this pass may open, in the token's order: bound to
+/// the volume key (not unbound), of priority `pass` or higher (`Ignore`: any), and
+/// `only` if given.
+fn usable_keyslots(
     cd: &mut CryptDevice,
-    id: u32,
-    kind: &str,
+    t: &HeaderToken,
+    pass: KeyslotPriority,
+    only: Option<u32>,
+) -> Vec<u32> {
+    t.keyslots
+        .iter()
+        .copied()
+        .filter(|&s| {
+            let bound = matches!(
+                cd.keyslot_status(s),
+                KeyslotStatus::Active | KeyslotStatus::ActiveLast
+            );
+            let p = cd.keyslot_priority(s);
+            only.is_none_or(|o| o == s) && bound && p != KeyslotPriority::Invalid && p >= pass
+        })
+        .collect()
+}
+
+/// Why token `t` has no keyslot to open.
+fn no_keyslot(cd: &mut CryptDevice, t: &HeaderToken, only: Option<u32>) -> Failure {
+    if t.keyslots.is_empty() {
+        return Failure::unusable("it is assigned to no keyslot");
+    }
+    if let Some(o) = only {
+        if !t.keyslots.contains(&o) {
+            return Failure::unusable(format!("it is not assigned to keyslot {o}"));
+        }
+    }
+    let ignored = t
+        .keyslots
+        .iter()
+        .any(|&s| cd.keyslot_priority(s) == KeyslotPriority::Ignore);
+    if ignored {
+        return Failure::unusable(
+            "its keyslots have priority ignore (used only when the token is named with \
+             --token-id)",
+        );
+    }
+    Failure::unusable("none of its keyslots holds the volume key")
+}
+
+/// Opens `slots` with the secret of token `t`, first that opens wins: takes the volume
+/// key out (`want_key`), or only checks that the keyslot opens.
+fn open_keyslots(
+    cd: &mut CryptDevice,
+    t: &HeaderToken,
+    slots: &[u32],
+    secret: &[u8],
+    want_key: bool,
+    prompt: &mut dyn Prompt,
+) -> std::result::Result<Opened, Failure> {
+    let _busy = prompt.busy(Step::Token);
+    let mut wrong = None;
+    for &slot in slots {
+        let r = if want_key {
+            cd.volume_key(Some(slot), secret).map(|(s, k)| (s, Some(k)))
+        } else {
+            cd.check_passphrase(Some(slot), secret).map(|s| (s, None))
+        };
+        match r {
+            Ok((keyslot, key)) => {
+                return Ok(Opened {
+                    token: t.id,
+                    keyslot,
+                    passphrase: Secret::copy_of(secret),
+                    key,
+                })
+            }
+            Err(e @ FormatError::Cryptsetup { errno, .. })
+                if errno == libc::EPERM || errno == libc::ENOENT =>
+            {
+                if errno == libc::EPERM || wrong.is_none() {
+                    wrong = Some(e);
+                }
+            }
+            // A wrong passphrase, or a keyslot of the other key mid-reencryption.
+            Err(e @ (FormatError::BadPassphrase { .. } | FormatError::Refused(_))) => {
+                wrong = Some(e)
+            }
+            Err(e) => return Err(Failure::from_library(e, &t.kind)),
+        }
+    }
+    Err(match wrong {
+        Some(e) => Failure {
+            rank: 2,
+            again: false,
+            settled: false,
+            line: "its passphrase opens none of its keyslots".into(),
+            error: e.into(),
+        },
+        None => Failure::unusable("it is assigned to no keyslot"),
+    })
+}
+
+/// The secret of token `t`, read once: `clevis decrypt` for a clevis token, else
+/// libcryptsetup's handler for its type (the kernel keyring, a plugin), with a PIN asked
+/// for up to `pin_tries` times when it needs one and `ask_pin`.
+fn open_secret(
+    cd: &mut CryptDevice,
+    t: &HeaderToken,
     tokens: &Tokens,
     ask_pin: bool,
     prompt: &mut dyn Prompt,
-) -> std::result::Result<VolumeKey, Failure> {
-    match kind {
-        "clevis" => return try_clevis(cd, id, tokens, prompt),
+) -> std::result::Result<Zeroizing<Vec<u8>>, Failure> {
+    match t.kind.as_str() {
+        "clevis" => return clevis_secret(cd, t.id, tokens, prompt),
         "systemd-recovery" => {
             return Err(Failure::unusable(
                 "holds no secret: its recovery key is typed at the passphrase prompt",
@@ -295,19 +583,20 @@ fn try_one(
     }
     let first = {
         let _busy = prompt.busy(Step::Token);
-        cd.volume_key_by_token(Some(id), None, None)
+        cd.token_secret(t.id, &t.kind, None)
     };
     let e = match first {
-        Ok((_, key)) => return Ok(key),
+        Ok(s) => return Ok(s),
         Err(e) => e,
     };
     let needs_pin = matches!(e, FormatError::Cryptsetup { errno, .. } if errno == libc::ENOANO);
     if !needs_pin {
-        return Err(Failure::from_library(e, kind));
+        return Err(Failure::from_library(e, &t.kind));
     }
     if !ask_pin {
-        let mut f = Failure::from_library(e, kind);
-        f.line = "needs a PIN (name the token with --token-only, --token-id or --token-type                   to be asked for it)"
+        let mut f = Failure::from_library(e, &t.kind);
+        f.line = "needs a PIN (name the token with --token-only, --token-id or --token-type \
+                  to be asked for it)"
             .into();
         return Err(f);
     }
@@ -318,28 +607,29 @@ fn try_one(
     };
     let mut last = e;
     for attempt in 1..=tries {
-        let pin = read_pin(id, tokens.pin_file.as_ref(), prompt).map_err(|e| Failure {
+        let pin = read_pin(t.id, tokens.pin_file.as_ref(), prompt).map_err(|e| Failure {
             rank: 3,
             again: false,
+            settled: true,
             line: format!("no PIN: {e}"),
             error: e,
         })?;
         let r = {
             let _busy = prompt.busy(Step::Token);
-            cd.volume_key_by_token(Some(id), None, Some(&pin))
+            cd.token_secret(t.id, &t.kind, Some(&pin))
         };
         match r {
-            Ok((_, key)) => return Ok(key),
+            Ok(s) => return Ok(s),
             Err(e @ FormatError::Cryptsetup { errno, .. }) if errno == libc::ENOANO => {
                 if attempt < tries {
                     prompt.notice("No token could be unlocked with this PIN.");
                 }
                 last = e;
             }
-            Err(e) => return Err(Failure::from_library(e, kind)),
+            Err(e) => return Err(Failure::from_library(e, &t.kind)),
         }
     }
-    let mut f = Failure::from_library(last, kind);
+    let mut f = Failure::from_library(last, &t.kind);
     f.line = "no token could be unlocked with this PIN".into();
     Err(f)
 }
@@ -370,13 +660,13 @@ fn read_pin(id: u32, file: Option<&KeyFile>, prompt: &mut dyn Prompt) -> Result<
     Ok(pin)
 }
 
-/// A `clevis` token: `clevis decrypt` gives the passphrase of its keyslots.
-fn try_clevis(
+/// A `clevis` token's secret: what `clevis decrypt` makes of its JWE.
+fn clevis_secret(
     cd: &mut CryptDevice,
     id: u32,
     tokens: &Tokens,
     prompt: &mut dyn Prompt,
-) -> std::result::Result<VolumeKey, Failure> {
+) -> std::result::Result<Zeroizing<Vec<u8>>, Failure> {
     if ucrypt_cryptsetup::external_tokens_disabled() {
         return Err(Failure::unusable(
             "not tried (--disable-external-tokens: only built-in token types)",
@@ -400,24 +690,9 @@ fn try_clevis(
     let pass = clevis::decrypt(&program, &token.compact, timeout).map_err(|e| Failure {
         rank: 1,
         again: true,
+        settled: true,
         line: e.to_string(),
         error: e,
     })?;
-    let mut last = None;
-    for &slot in &token.keyslots {
-        match cd.volume_key(Some(slot), &pass) {
-            Ok((_, key)) => return Ok(key),
-            Err(e) => last = Some(e),
-        }
-    }
-    drop(pass);
-    Err(match last {
-        Some(e) => Failure {
-            rank: 2,
-            again: false,
-            line: "its passphrase opens none of its keyslots".into(),
-            error: e.into(),
-        },
-        None => Failure::unusable("it is assigned to no keyslot"),
-    })
+    Ok(Zeroizing::new(pass.to_vec()))
 }
