@@ -40,6 +40,7 @@ mod signals;
 mod table;
 mod tcrypt;
 mod token;
+mod udev_name;
 mod unlock_opts;
 mod wipe;
 mod write;
@@ -270,6 +271,9 @@ enum Command {
     Status(lifecycle::StatusArgs),
     /// List the named instances.
     Ls(lifecycle::LsArgs),
+    /// Print the name of root's instance serving a ublk or NBD device (for udev's rule
+    /// udev/99-ucrypt.rules, which names it /dev/ucrypt/NAME); exit 1 if none.
+    UdevName(udev_name::Args),
     /// Flush, detach and stop a named instance (refused while in use unless --force or
     /// --deferred).
     Close(lifecycle::CloseArgs),
@@ -334,6 +338,7 @@ pub(crate) const GROUPS: &[(&str, &[&str])] = &[
         &[
             "demo",
             "crypttab",
+            "udev-name",
             "integritysetup",
             "read",
             "write",
@@ -1025,6 +1030,7 @@ pub fn run() -> ExitCode {
         Command::Open(a) => open_command(*a),
         Command::Status(a) => lifecycle::status(a),
         Command::Ls(a) => lifecycle::ls(a),
+        Command::UdevName(a) => udev_name::run(a),
         Command::Close(a) => lifecycle::close(a),
         Command::LuksSuspend(a) => lifecycle::suspend(a),
         Command::LuksResume(a) => lifecycle::resume(a),

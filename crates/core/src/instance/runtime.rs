@@ -224,6 +224,39 @@ pub fn link_stable(name: &str, node: &Path) -> io::Result<PathBuf> {
     Ok(path)
 }
 
+/// The live instance of this runtime directory whose node is `node` (`/dev/ublkb0`): what
+/// udev's rule asks (`udev/99-ucrypt.rules`, through `ucrypt udev-name`) to name the
+/// device `/dev/ucrypt/NAME`. Read-only, as a program run for a udev event must be: only
+/// the descriptions are read; no lock is taken and a dead server's directory is left for
+/// the next `ls` or `open` to clean up.
+pub fn owner_of_node(node: &Path) -> Option<String> {
+    let entries = std::fs::read_dir(base_dir()).ok()?;
+    entries.flatten().find_map(|e| {
+        let name = e.file_name().into_string().ok()?;
+        let desc = Paths::of(&name).ok()?.read_description()?;
+        let pid = libc::pid_t::try_from(desc.pid).ok().filter(|&p| p > 0)?;
+        // SAFETY: kill(2) with signal 0 sends nothing; it only checks that the process
+        // exists (EPERM: it does, under another user).
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        (alive && Path::new(&desc.node) == node).then_some(desc.name)
+    })
+}
+
+/// Asks udev to look at the block device `node` again (a `change` event written to its
+/// sysfs `uevent`): the kernel announced the device before the instance's description
+/// named it, so udev's rule could not name it then. Without udev nobody listens; a node
+/// that is not a block device of `/dev` is left alone.
+pub fn announce_to_udev(node: &str) {
+    let Some(kernel) = node.strip_prefix("/dev/").filter(|k| !k.contains('/')) else {
+        return;
+    };
+    let uevent = Path::new("/sys/class/block").join(kernel).join("uevent");
+    if uevent.exists() {
+        let _ = std::fs::write(uevent, "change");
+    }
+}
+
 /// Removes instance `name`'s [`stable_path`] when it is a symbolic link (the caller holds
 /// the name, or found its server dead).
 pub fn unlink_stable(name: &str) {
@@ -874,8 +907,16 @@ impl Drop for InstanceDir {
     fn drop(&mut self) {
         // Remove first, unlock after: a concurrent `open NAME` that sees the name free
         // finds no directory of ours to delete under its feet.
+        let node = self.paths.read_description().map(|d| d.node);
         unlink_stable(&self.paths.name);
         let _ = std::fs::remove_dir_all(&self.paths.dir);
+        // udev's link goes too: its rule no longer finds the name (a disconnected NBD
+        // device stays; a ublk device is gone already).
+        if let Some(node) = node.filter(|n| !n.is_empty()) {
+            if stable_path(&self.paths.name).starts_with(DEV_LINKS) {
+                announce_to_udev(&node);
+            }
+        }
         self.lock.take();
         self.name_lock.take();
     }

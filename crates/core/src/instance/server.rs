@@ -307,6 +307,10 @@ pub fn serve(
         abandon(attachment);
         return Err(e.into());
     }
+    // Root's instances: udev names the node /dev/ucrypt/NAME once it can find the name.
+    if !desc.node.is_empty() && runtime::stable_path(&desc.name).starts_with(runtime::DEV_LINKS) {
+        runtime::announce_to_udev(&desc.node);
+    }
     let server = Arc::new(Server {
         name: desc.name.clone(),
         shutdown: shutdown.clone(),
