@@ -221,6 +221,11 @@ fi
 
   echo 'cut -d" " -f1 /proc/uptime > /run/ucrypt-lab/ready'
   printf 'cd %q\n' "$here"
+  if [ "${LAB_EXEC:-0}" = 1 ]; then
+    # The script becomes PID 1 (it may exec an init system); it writes status and
+    # finished itself and powers the guest off.
+    printf 'exec /run/ucrypt-lab/script'; printf ' %q' "$@"; echo ' > /run/ucrypt-lab/output 2>&1 < /dev/null'
+  fi
   printf '/run/ucrypt-lab/script'; printf ' %q' "$@"; echo ' > /run/ucrypt-lab/output 2>&1 < /dev/null'
   echo 'echo $? > /run/ucrypt-lab/status'
   echo 'cut -d" " -f1 /proc/uptime > /run/ucrypt-lab/finished'
