@@ -20,6 +20,8 @@
 //! real dm-crypt (`testdata/golden/`, copied from the kernel-made set).
 #![deny(unsafe_code)]
 
+pub mod aead;
+mod aead_spec;
 pub mod block;
 mod error;
 pub mod iv;

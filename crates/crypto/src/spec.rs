@@ -30,11 +30,36 @@ pub struct CipherSpec {
     pub iv: Option<IvMode>,
     /// Written in the `capi:` form.
     pub capi: bool,
+    /// An authenticated mode (`capi:authenc(...)`, `capi:gcm(aes)`,
+    /// `capi:rfc7539(chacha20,poly1305)`): built with [`CipherSpec::build_aead`] for a
+    /// target with `integrity:N:aead`, never as a plain sector cipher.
+    pub aead: Option<crate::aead_spec::AeadKind>,
 }
 
 impl std::fmt::Display for CipherSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.text)
+    }
+}
+
+impl CipherSpec {
+    /// An authenticated mode's spec (made by `aead::parse`).
+    pub(crate) fn new_aead(
+        text: &str,
+        cipher: &str,
+        mode: ChainMode,
+        iv: Option<IvMode>,
+        kind: crate::aead_spec::AeadKind,
+    ) -> CipherSpec {
+        CipherSpec {
+            text: text.to_string(),
+            cipher: cipher.to_string(),
+            keycount: 1,
+            mode,
+            iv,
+            capi: true,
+            aead: Some(kind),
+        }
     }
 }
 
@@ -118,6 +143,7 @@ fn parse_legacy(text: &str) -> Result<CipherSpec, CryptoError> {
         mode,
         iv,
         capi: false,
+        aead: None,
     })
 }
 
@@ -129,6 +155,13 @@ fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
         }
         _ => (api, None),
     };
+    if alg.contains('(') && alg.ends_with(')') {
+        let iv = parse_iv(text, ivpart)?;
+        if let Some(found) = crate::aead_spec::parse(text, alg, iv.as_ref()) {
+            let (kind, cipher, mode) = found?;
+            return Ok(CipherSpec::new_aead(text, cipher, mode, iv, kind));
+        }
+    }
     // A bare stream cipher: the kernel allocates the skcipher by that name.
     if alg == "chacha20" {
         let iv = parse_iv(text, ivpart)?;
@@ -139,6 +172,7 @@ fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
             mode: ChainMode::Chacha20,
             iv,
             capi: true,
+            aead: None,
         });
     }
     let open = alg.find('(').ok_or_else(|| {
@@ -185,6 +219,7 @@ fn parse_capi(text: &str, api: &str) -> Result<CipherSpec, CryptoError> {
         mode,
         iv,
         capi: true,
+        aead: None,
     })
 }
 
@@ -239,6 +274,9 @@ struct KeyLayout {
 impl CipherSpec {
     /// The IV length in bytes this spec uses (0 for ECB).
     pub fn iv_size(&self) -> usize {
+        if let Some(kind) = self.aead {
+            return kind.iv_size();
+        }
         let bs = block_size_of(&self.cipher).unwrap_or(16);
         self.mode.iv_size(bs)
     }
@@ -310,6 +348,13 @@ impl CipherSpec {
                 unit,
                 sector_size: ss.bytes(),
             });
+        }
+        if self.aead.is_some() {
+            return Err(CryptoError::Unsupported(format!(
+                "the authenticated mode {} without integrity:N:aead (its tags live in a \
+                 dm-integrity device below)",
+                self.text
+            )));
         }
         if self.iv == Some(IvMode::Random) {
             return Err(CryptoError::IvMode {

@@ -55,8 +55,12 @@ impl Mode {
 pub struct Options {
     /// J, D, B or R.
     pub mode: Mode,
-    /// `internal_hash`.
+    /// `internal_hash` (ignored with `external_tags`).
     pub hash: Algorithm,
+    /// No `internal_hash`: the tags are the layer above's (dm-crypt's authenticated
+    /// modes), written with [`IntegrityBackend::write_tagged`] and returned by
+    /// [`IntegrityBackend::read_tagged`] as they are, never computed or checked here.
+    pub external_tags: bool,
     /// Its key (HMACs).
     pub hash_key: Option<Zeroizing<Vec<u8>>>,
     /// `journal_mac` and its key, required when the superblock says the journal has a MAC.
@@ -83,11 +87,21 @@ pub struct Options {
 }
 
 impl Options {
+    /// Journal mode with external tags (a dm-integrity device under dm-crypt) of
+    /// `tag_size` bytes, and the kernel's defaults.
+    pub fn external(tag_size: u32) -> Options {
+        let mut o = Options::new(Algorithm::Crc32c);
+        o.external_tags = true;
+        o.tag_size = Some(tag_size);
+        o
+    }
+
     /// Journal mode with `hash` and the kernel's defaults.
     pub fn new(hash: Algorithm) -> Options {
         Options {
             mode: Mode::Journal,
             hash,
+            external_tags: false,
             hash_key: None,
             journal_mac: None,
             buffer_sectors: DEFAULT_BUFFER_SECTORS,
@@ -124,6 +138,8 @@ pub struct IntegrityBackend {
     mode: Mode,
     read_only: bool,
     hash: Hasher,
+    /// Tags are given by the layer above (no `internal_hash`).
+    external: bool,
     /// The superblock's salt when tags and MACs cover it (fix_hmac).
     salt: Option<[u8; SALT_SIZE]>,
     jmac: Option<Hasher>,
@@ -290,6 +306,25 @@ impl IntegrityBackend {
             sb.flags.0 |= Flags::RECALCULATING;
             sb.recalc_sector = 0;
         }
+        if opts.external_tags {
+            if opts.tag_size.is_none() {
+                return Err(refused("external tags need the table's tag size"));
+            }
+            if opts.mode == Mode::Bitmap {
+                return Err(refused(
+                    "bitmap mode without internal_hash is not supported (its dirty regions \
+                     would need tags only the layer above can make)",
+                ));
+            }
+            if opts.recalculate
+                || (sb.flags.has(Flags::RECALCULATING)
+                    && sb.recalc_sector < sb.provided_data_sectors)
+            {
+                return Err(refused(
+                    "recalculate can only be used with internal_hash (the kernel's rule)",
+                ));
+            }
+        }
         let hash = Hasher::new(opts.hash, opts.hash_key.as_ref().map(|k| k.as_slice()))
             .map_err(|e| refused(format!("internal hash: {e}")))?;
         let jmac = match &opts.journal_mac {
@@ -371,6 +406,7 @@ impl IntegrityBackend {
             mode: opts.mode,
             read_only,
             hash,
+            external: opts.external_tags,
             salt,
             jmac,
             align,
@@ -727,7 +763,7 @@ impl IntegrityBackend {
         let mut block = vec![0u8; self.geo.block_bytes() as usize];
         let ts = self.geo.tag_size as usize;
         let mut tag = vec![0u8; ts];
-        for (&s, &g) in &newest {
+        for (&s, &g) in newest.iter().filter(|_| !self.external) {
             st.journal.block_into(g, &mut block);
             self.tag(s, &block, &mut tag);
             let off = st.journal.shape.tag_offset();
@@ -891,6 +927,7 @@ impl IntegrityBackend {
         &self,
         st: &mut State,
         buf: &[u8],
+        given: Option<&[u8]>,
         sector: u64,
         fua: bool,
     ) -> Result<(), BackendError> {
@@ -910,7 +947,10 @@ impl IntegrityBackend {
             let (i, n) = j.split(g);
             let base = i as usize * j.section_bytes();
             let toff = j.shape.tag_offset();
-            self.tag(s, block, &mut tag);
+            match given {
+                Some(t) => tag.copy_from_slice(&t[k * ts..(k + 1) * ts]),
+                None => self.tag(s, block, &mut tag),
+            }
             for x in 0..j.shape.sectors_per_block {
                 let at = base + j.shape.data_sector(n, x) as usize * 512;
                 let src = &block[x as usize * 512..(x as usize + 1) * 512];
@@ -946,6 +986,7 @@ impl IntegrityBackend {
         &self,
         st: &mut State,
         buf: &[u8],
+        given: Option<&[u8]>,
         sector: u64,
         fua: bool,
     ) -> Result<(), BackendError> {
@@ -962,12 +1003,20 @@ impl IntegrityBackend {
             let n = room.min(buf.len() - done);
             let part = &buf[done..done + n];
             let mut tags = vec![0u8; n / bb * ts];
-            for (k, block) in part.chunks(bb).enumerate() {
-                self.tag(
-                    s + (k * bb / 512) as u64,
-                    block,
-                    &mut tags[k * ts..(k + 1) * ts],
-                );
+            match given {
+                Some(t) => {
+                    let (at, len) = (done / bb * ts, tags.len());
+                    tags.copy_from_slice(&t[at..at + len]);
+                }
+                None => {
+                    for (k, block) in part.chunks(bb).enumerate() {
+                        self.tag(
+                            s + (k * bb / 512) as u64,
+                            block,
+                            &mut tags[k * ts..(k + 1) * ts],
+                        );
+                    }
+                }
             }
             self.inner
                 .write_at(part, self.geo.data_sector(s) * 512, false)?;
@@ -982,8 +1031,15 @@ impl IntegrityBackend {
         Ok(())
     }
 
-    /// Reads `buf` at logical `sector` from the data area and checks the tags.
-    fn read_checked(&self, buf: &mut [u8], sector: u64) -> Result<(), BackendError> {
+    /// Reads `buf` at logical `sector` from the data area and checks the tags; with
+    /// external tags, reads the stored tags into `tags_out` (unchecked; none wanted: data
+    /// only).
+    fn read_checked(
+        &self,
+        buf: &mut [u8],
+        mut tags_out: Option<&mut [u8]>,
+        sector: u64,
+    ) -> Result<(), BackendError> {
         let ts = self.geo.tag_size as usize;
         let bb = self.geo.block_bytes() as usize;
         let mut done = 0usize;
@@ -995,6 +1051,15 @@ impl IntegrityBackend {
             let n = room.min(buf.len() - done);
             let part = &mut buf[done..done + n];
             self.inner.read_at(part, self.geo.data_sector(s) * 512)?;
+            if self.external {
+                if let Some(out) = tags_out.as_deref_mut() {
+                    let at = done / bb * ts;
+                    let want = &mut out[at..at + n / bb * ts];
+                    read_unaligned(&*self.inner, self.align, self.geo.tag_byte(s), want)?;
+                }
+                done += n;
+                continue;
+            }
             if s + (n / 512) as u64 > self.unchecked_from {
                 done += n;
                 continue;
@@ -1102,6 +1167,11 @@ impl IntegrityBackend {
     }
 
     fn recalc_range(&self, from: u64, to: u64) -> Result<(), BackendError> {
+        if self.external {
+            return Err(BackendError::Other(
+                "tags cannot be recalculated without internal_hash".into(),
+            ));
+        }
         const CHUNK: u64 = 2048;
         let ts = self.geo.tag_size as usize;
         let bb = self.geo.block_bytes() as usize;
@@ -1176,7 +1246,70 @@ fn verify_sb_mac(m: &Hasher, sector: &[u8]) -> Result<(), IntegrityError> {
 }
 
 impl IntegrityBackend {
+    /// External tags: reads `buf` at byte `offset` and the blocks' stored tags into `tags`
+    /// (`tag_size` bytes per block), as the kernel hands dm-crypt a bio's integrity
+    /// payload. Nothing is checked here.
+    ///
+    /// # Errors
+    /// I/O errors, a request not in whole blocks, `tags` of the wrong length, a device
+    /// with an internal hash.
+    pub fn read_tagged(
+        &self,
+        buf: &mut [u8],
+        tags: &mut [u8],
+        offset: u64,
+    ) -> Result<(), BackendError> {
+        self.check_tags(buf.len(), tags.len())?;
+        self.read_inner(buf, Some(tags), offset)
+    }
+
+    /// External tags: writes `buf` at byte `offset` with the blocks' tags from `tags`,
+    /// together (through the journal in mode J, so that a crash leaves either both or
+    /// neither).
+    ///
+    /// # Errors
+    /// As [`IntegrityBackend::read_tagged`], and read-only devices.
+    pub fn write_tagged(
+        &self,
+        buf: &[u8],
+        tags: &[u8],
+        offset: u64,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        self.check_tags(buf.len(), tags.len())?;
+        self.write_inner(buf, Some(tags), offset, fua)
+    }
+
+    /// Whether the tags are the layer above's (no `internal_hash`).
+    pub fn external_tags(&self) -> bool {
+        self.external
+    }
+
+    fn check_tags(&self, len: usize, tags: usize) -> Result<(), BackendError> {
+        if !self.external {
+            return Err(BackendError::Other(
+                "this dm-integrity device computes its own tags (internal_hash)".into(),
+            ));
+        }
+        let want = len / self.geo.block_bytes() as usize * self.geo.tag_size as usize;
+        if tags != want {
+            return Err(BackendError::Other(format!(
+                "{tags} tag bytes given for {len} data bytes ({want} wanted)"
+            )));
+        }
+        Ok(())
+    }
+
     fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+        self.read_inner(buf, None, offset)
+    }
+
+    fn read_inner(
+        &self,
+        buf: &mut [u8],
+        mut tags: Option<&mut [u8]>,
+        offset: u64,
+    ) -> Result<(), BackendError> {
         self.check_request(offset, buf.len() as u64)?;
         let st = self
             .state
@@ -1192,8 +1325,10 @@ impl IntegrityBackend {
         }
         let sector = offset / 512;
         if st.journal.newest.is_empty() {
-            return self.read_checked(buf, sector);
+            return self.read_checked(buf, tags, sector);
         }
+        let ts = self.geo.tag_size as usize;
+        let toff = st.journal.shape.tag_offset();
         // Blocks with a journal entry come from the journal; the runs between from their
         // places.
         let bb = self.geo.block_bytes() as usize;
@@ -1204,6 +1339,9 @@ impl IntegrityBackend {
             let s = sector + k as u64 * spb;
             if let Some(&g) = st.journal.newest.get(&s) {
                 st.journal.block_into(g, &mut buf[k * bb..(k + 1) * bb]);
+                if let Some(t) = tags.as_deref_mut() {
+                    t[k * ts..(k + 1) * ts].copy_from_slice(&st.journal.entry(g)[toff..toff + ts]);
+                }
                 k += 1;
                 continue;
             }
@@ -1211,13 +1349,31 @@ impl IntegrityBackend {
             while end < blocks && !st.journal.newest.contains_key(&(sector + end as u64 * spb)) {
                 end += 1;
             }
-            self.read_checked(&mut buf[k * bb..end * bb], s)?;
+            let part_tags = tags.as_deref_mut().map(|t| &mut t[k * ts..end * ts]);
+            self.read_checked(&mut buf[k * bb..end * bb], part_tags, s)?;
             k = end;
         }
         Ok(())
     }
 
     fn write(&self, buf: &[u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+        if self.external {
+            return Err(BackendError::Other(
+                "a dm-integrity device without internal_hash is written with its tags \
+                 (by the crypt target above it)"
+                    .into(),
+            ));
+        }
+        self.write_inner(buf, None, offset, fua)
+    }
+
+    fn write_inner(
+        &self,
+        buf: &[u8],
+        tags: Option<&[u8]>,
+        offset: u64,
+        fua: bool,
+    ) -> Result<(), BackendError> {
         if self.read_only {
             return Err(BackendError::ReadOnly);
         }
@@ -1228,8 +1384,8 @@ impl IntegrityBackend {
         let mut st = self.lock_write()?;
         let sector = offset / 512;
         match self.mode {
-            Mode::Journal => self.write_journal(&mut st, buf, sector, fua),
-            Mode::Direct | Mode::Bitmap => self.write_direct(&mut st, buf, sector, fua),
+            Mode::Journal => self.write_journal(&mut st, buf, tags, sector, fua),
+            Mode::Direct | Mode::Bitmap => self.write_direct(&mut st, buf, tags, sector, fua),
             Mode::Recovery => Err(BackendError::ReadOnly),
         }
     }
@@ -1365,6 +1521,7 @@ impl IntegrityBackend {
             read_only: false,
             salt: sb.flags.has(Flags::FIXED_HMAC).then_some(sb.salt),
             hash,
+            external: opts.external_tags,
             jmac,
             unchecked_from: u64::MAX,
             state: RwLock::new(State {

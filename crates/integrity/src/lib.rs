@@ -14,10 +14,16 @@
 //!                  │ read: data + tags, hash, compare (journal entries first in mode J)
 //!                  │ write: J: journal entry + commit id, later copied; D/B: data + tags
 //! ```
+//!
+//! Without `internal_hash` the tags are the layer above's ([`Options::external`],
+//! [`IntegrityBackend::read_tagged`], [`IntegrityBackend::write_tagged`]): dm-crypt's
+//! authenticated modes, which [`AeadVolume`] serves over such a device.
 
+mod crypt;
 mod device;
 pub mod hash;
 mod tags;
 
+pub use crypt::AeadVolume;
 pub use device::{format, IntegrityBackend, IntegrityError, Mode, Options};
 pub use hash::{Algorithm, Hasher};
