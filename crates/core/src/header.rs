@@ -43,6 +43,17 @@ fn device_bytes(path: &Path) -> Result<u64> {
     Ok(f.seek(SeekFrom::End(0))?)
 }
 
+/// The dm-integrity superblock at byte `at` of `path` (a LUKS2 segment with integrity).
+fn integrity_superblock(path: &Path, at: u64) -> Result<ucrypt_format::integrity::Superblock> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).with_context(|| format!("device {}", path.display()))?;
+    let mut first = vec![0u8; 512];
+    f.read_exact_at(&mut first, at)
+        .with_context(|| format!("reading the dm-integrity superblock of {}", path.display()))?;
+    ucrypt_format::integrity::Superblock::parse(&first)
+        .with_context(|| format!("the dm-integrity superblock of {}", path.display()))
+}
+
 /// Opens a libcryptsetup context on `device` (or on the detached header).
 ///
 /// # Errors
@@ -253,7 +264,16 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
         cd.device_name(),
         opts.allow_null_cipher,
     )?;
-    let cipher = luks::cipher_spec(&info, &device_str)?;
+    // An authenticated segment: the kernel's cipher (capi:authenc(...), gcm, rfc7539) and
+    // tag size, as cryptsetup builds them from the segment's cipher and integrity type.
+    let aead = match luks2.as_ref().and_then(|s| s.integrity.as_deref()) {
+        Some(kind) => Some(luks::aead_cipher_spec(&info, kind, &device_str)?),
+        None => None,
+    };
+    let cipher = match &aead {
+        Some((spec, _)) => spec.clone(),
+        None => luks::cipher_spec(&info, &device_str)?,
+    };
     let (slot, key) = match how {
         Unlock::Passphrase(secret) => {
             let (slot, key) = cd
@@ -275,6 +295,26 @@ fn unlock_with(device: &Path, how: Unlock<'_>, opts: &HeaderOptions) -> Result<U
     };
     drop(cd);
     luks::check_key(&info, &key, luks2.as_ref(), slot, &device_str)?;
+    if let (Some((_, tag)), Some(seg)) = (aead, luks2.as_ref()) {
+        let bytes = device_bytes(device)?;
+        let sb = integrity_superblock(device, info.data_offset * 512)?;
+        let mapping = luks::integrity_mapping(
+            &info,
+            cipher,
+            tag,
+            key,
+            &device_str,
+            &sb,
+            bytes,
+            seg,
+            opts.allow_discards,
+        )?;
+        return Ok(Unlocked {
+            mapping,
+            info,
+            slot,
+        });
+    }
     let segment_bytes = luks2.and_then(|s| s.size_bytes);
     // The device's size only where the segment runs to its end.
     let real = match segment_bytes {

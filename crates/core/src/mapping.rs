@@ -28,7 +28,8 @@ use crate::open::{open_device, open_parsed_with, Device, OpenOptions};
 use std::collections::HashMap;
 use std::sync::Arc;
 use ucrypt_backend::{Backend, LinearBackend, ZeroBackend};
-use ucrypt_format::{DeviceRef, Mapping, Target};
+use ucrypt_format::{DeviceRef, Mapping, Target, ValidateOptions};
+use ucrypt_integrity::{AeadVolume, IntegrityBackend};
 
 /// Opens every table of `mapping`, lower tables first, and returns the served one. A
 /// one-line table gives its volume directly (exactly as [`crate::open::open_parsed`]).
@@ -40,13 +41,38 @@ pub fn open_mapping(mapping: Mapping, opts: OpenOptions) -> Result<Arc<dyn Backe
     mapping.check()?;
     let mut devices = Devices::default();
     let mut opened: Vec<Arc<dyn Backend>> = Vec::with_capacity(mapping.tables.len());
-    for d in mapping.tables {
-        let dev = open_table_targets(d.targets, opts, &opened, &mut devices);
-        let dev = match &d.name {
+    // A table that is one dm-integrity target without internal_hash: what a crypt target
+    // with integrity:N:aead on it stores its tags in.
+    let mut tagged: Vec<Option<Arc<IntegrityBackend>>> = Vec::new();
+    let last = mapping.tables.len().saturating_sub(1);
+    for (i, d) in mapping.tables.into_iter().enumerate() {
+        // A dm-integrity device with external tags holds data only a crypt target with
+        // integrity:N:aead reads right: anything else on it (or serving it) would skip
+        // the tags.
+        for t in &d.targets {
+            let aead = matches!(t, Target::Crypt(l) if l.integrity_tag().is_some());
+            if let Some(DeviceRef::Layer(j)) = t.device() {
+                if !aead && tagged.get(*j).is_some_and(Option::is_some) {
+                    bail!(
+                        "table {j} is dm-integrity without internal_hash: only a crypt \
+                         target with integrity:N:aead can sit on it"
+                    );
+                }
+            }
+        }
+        let dev = open_table_targets(d.targets, opts, (&opened, &tagged), &mut devices);
+        let (dev, tags) = match &d.name {
             Some(n) => dev.with_context(|| format!("device {n}"))?,
             None => dev?,
         };
+        if i == last && tags.is_some() {
+            bail!(
+                "a dm-integrity device without internal_hash is not served by itself: its \
+                 tags are the crypt target's above it (integrity:N:aead)"
+            );
+        }
         opened.push(dev);
+        tagged.push(tags);
     }
     opened.pop().context("the table is empty")
 }
@@ -78,14 +104,22 @@ impl Devices {
 
 /// Opens one table's targets: crypt targets on a lower table of the same mapping or on the
 /// path they name (opened once per mapping, `devices`); one target is returned as it is,
-/// several are joined by [`LinearBackend`].
+/// several are joined by [`LinearBackend`]. A table of one dm-integrity target with
+/// external tags is also returned as itself, for a crypt target with `integrity:N:aead`
+/// above it.
+type Lower<'a> = (&'a [Arc<dyn Backend>], &'a [Option<Arc<IntegrityBackend>>]);
+
+/// A table's backend, and the dm-integrity device with external tags it is, if it is one.
+type Opened = (Arc<dyn Backend>, Option<Arc<IntegrityBackend>>);
+
 fn open_table_targets(
     targets: Vec<Target>,
     opts: OpenOptions,
-    lower: &[Arc<dyn Backend>],
+    (lower, tagged): Lower<'_>,
     devices: &mut Devices,
-) -> Result<Arc<dyn Backend>> {
+) -> Result<Opened> {
     let single = targets.len() == 1;
+    let mut tags_out = None;
     let mut below = |device: &DeviceRef| -> Result<Arc<dyn Backend>> {
         match device {
             DeviceRef::Layer(j) => match lower.get(*j) {
@@ -98,6 +132,11 @@ fn open_table_targets(
     let mut pieces: Vec<Arc<dyn Backend>> = Vec::with_capacity(targets.len());
     for t in targets {
         pieces.push(match t {
+            Target::Crypt(line) if line.integrity_tag().is_some() => {
+                let at = line.start;
+                open_aead(line, opts, tagged)
+                    .with_context(|| format!("crypt target at sector {at}"))?
+            }
             Target::Crypt(mut line) => {
                 // Each target is its own volume; its place comes from the concatenation.
                 line.start = 0;
@@ -106,8 +145,10 @@ fn open_table_targets(
             Target::Integrity(line) => {
                 let dev = below(&line.device)?;
                 let at = line.start;
-                open_integrity(line, dev, opts.read_only)
-                    .with_context(|| format!("integrity target at sector {at}"))?
+                let (b, t) = open_integrity(line, dev, opts.read_only)
+                    .with_context(|| format!("integrity target at sector {at}"))?;
+                tags_out = t.filter(|_| single);
+                b
             }
             Target::Zero { length, .. } => Arc::new(ZeroBackend::new(length * 512)),
             Target::Linear {
@@ -129,9 +170,42 @@ fn open_table_targets(
         });
     }
     if single {
-        return pieces.pop().context("no target");
+        return Ok((pieces.pop().context("no target")?, tags_out));
     }
-    Ok(Arc::new(LinearBackend::new(pieces)?))
+    Ok((Arc::new(LinearBackend::new(pieces)?), None))
+}
+
+/// A crypt target with `integrity:N:aead` ([`AeadVolume`]): on a lower table that is a
+/// dm-integrity device with external tags, as the kernel requires (the tags travel with
+/// each request as the bio's integrity payload; a plain device has nowhere to keep them).
+fn open_aead(
+    line: ucrypt_format::TableLine,
+    opts: OpenOptions,
+    tagged: &[Option<Arc<IntegrityBackend>>],
+) -> Result<Arc<dyn Backend>> {
+    let dev = match &line.device {
+        DeviceRef::Layer(j) => tagged.get(*j).cloned().flatten(),
+        DeviceRef::Device(_) => None,
+    };
+    let Some(dev) = dev else {
+        bail!(
+            "integrity:N:aead needs a dm-integrity device without internal_hash below it \
+             (a table input of two devices, \"NAME_dif: 0 LEN integrity DEV OFFSET TAG J ...\" \
+             and \"NAME: 0 LEN crypt ... /dev/mapper/NAME_dif 0 ... integrity:TAG:aead\")"
+        );
+    };
+    if line.offset != 0 {
+        bail!("a crypt target with integrity:N:aead starts at offset 0 of its dm-integrity device");
+    }
+    let cipher = line
+        .build_aead(ValidateOptions {
+            allow_large_sectors: false,
+        })
+        .context("checking the table line")?;
+    if opts.read_only && !dev.info().caps.read_only {
+        bail!("a read-only crypt target over a read-write dm-integrity device");
+    }
+    Ok(Arc::new(AeadVolume::new(cipher, dev, line.length)?))
 }
 
 /// A standalone dm-integrity target ([`ucrypt_integrity::IntegrityBackend`]) on `dev`, as
@@ -143,13 +217,24 @@ fn open_integrity(
     line: ucrypt_format::integrity::IntegrityLine,
     dev: Arc<dyn Backend>,
     read_only: bool,
-) -> Result<Arc<dyn Backend>> {
+) -> Result<Opened> {
     use ucrypt_format::integrity::{FormatParams, Superblock, SALT_SIZE};
-    use ucrypt_integrity::{Algorithm, IntegrityBackend, Mode, Options};
-    let (alg, key) = line.internal_hash.clone().context("no internal_hash")?;
-    let hash = Algorithm::from_name(&alg).map_err(anyhow_msg)?;
-    let mut o = Options::new(hash);
-    o.hash_key = key;
+    use ucrypt_integrity::{Algorithm, Mode, Options};
+    let (mut o, hash) = match line.internal_hash.clone() {
+        Some((alg, key)) => {
+            let hash = Algorithm::from_name(&alg).map_err(anyhow_msg)?;
+            let mut o = Options::new(hash);
+            o.hash_key = key;
+            (o, Some(hash))
+        }
+        None => {
+            // External tags: the crypt target above gives them; the size is the line's.
+            let tag = line
+                .tag_size
+                .context("an integrity target without internal_hash needs its tag size")?;
+            (Options::external(tag), None)
+        }
+    };
     if let Some((alg, key)) = line.journal_mac.clone() {
         o.journal_mac = Some((Algorithm::from_name(&alg).map_err(anyhow_msg)?, key));
     }
@@ -170,7 +255,9 @@ fn open_integrity(
     o.recalculate = line.recalculate;
     o.read_only = read_only;
     o.block_size = line.block_size;
-    o.tag_size = Some(line.tag_size.unwrap_or(hash.digest_size() as u32));
+    if let Some(hash) = hash {
+        o.tag_size = Some(line.tag_size.unwrap_or(hash.digest_size() as u32));
+    }
     let size = dev.info().size_bytes;
     let off = line.offset.checked_mul(512).filter(|&o| o < size);
     let Some(off) = off else {
@@ -183,6 +270,12 @@ fn open_integrity(
     };
     let mut first = vec![0u8; 512];
     dev.read_at(&mut first, 0)?;
+    if Superblock::is_blank(&first) && hash.is_none() {
+        bail!(
+            "the dm-integrity device has no superblock; one without internal_hash is \
+             formatted by the layer above (luksFormat --integrity), not at activation"
+        );
+    }
     if Superblock::is_blank(&first) && o.mode != Mode::Recovery && !read_only {
         let mut salt = [0u8; SALT_SIZE];
         std::fs::File::open("/dev/urandom")
@@ -213,14 +306,18 @@ fn open_integrity(
             provided / 512
         );
     }
+    let tagged = integrity.external_tags().then(|| Arc::clone(&integrity));
     if want == provided {
-        return Ok(integrity);
+        return Ok((integrity, tagged));
     }
-    Ok(Arc::new(LinearBackend::ranges(vec![(
-        integrity as Arc<dyn Backend>,
-        0,
-        want,
-    )])?))
+    Ok((
+        Arc::new(LinearBackend::ranges(vec![(
+            integrity as Arc<dyn Backend>,
+            0,
+            want,
+        )])?),
+        tagged,
+    ))
 }
 
 fn anyhow_msg(e: String) -> crate::error::Error {

@@ -1240,11 +1240,10 @@ impl std::str::FromStr for IntegrityLine {
                 }
             }
         }
-        if l.internal_hash.is_none() {
-            return Err(FormatError::NotSupported(
-                "an integrity target without internal_hash (tags written by dm-crypt above \
-                 it)"
-                .into(),
+        if l.internal_hash.is_none() && l.tag_size.is_none() {
+            return Err(table_err(
+                "integrity target without internal_hash: the tag size is the crypt target's \
+                 (a number, not -)",
             ));
         }
         Ok(l)
@@ -1262,7 +1261,14 @@ impl IntegrityLine {
     /// The line as `dmsetup table` prints it (keys shown only with `show_keys`), on
     /// `device` (a lower table's path) instead of its own when given.
     pub fn to_line_on(&self, show_keys: bool, device: Option<&str>) -> String {
+        // The kernel's order (dm_integrity_status): block_size and recalculate first.
         let mut args: Vec<String> = Vec::new();
+        if let Some(b) = self.block_size {
+            args.push(format!("block_size:{b}"));
+        }
+        if self.recalculate {
+            args.push("recalculate".into());
+        }
         let mut opt = |k: &str, v: Option<String>| {
             if let Some(v) = v {
                 args.push(format!("{k}:{v}"));
@@ -1282,7 +1288,6 @@ impl IntegrityLine {
             self.journal_watermark.map(|v| v.to_string()),
         );
         opt("commit_time", self.commit_time.map(|v| v.to_string()));
-        opt("block_size", self.block_size.map(|v| v.to_string()));
         opt(
             "sectors_per_bit",
             self.sectors_per_bit.map(|v| v.to_string()),
@@ -1292,7 +1297,6 @@ impl IntegrityLine {
             self.bitmap_flush_interval.map(|v| v.to_string()),
         );
         for (flag, name) in [
-            (self.recalculate, "recalculate"),
             (self.fix_padding, "fix_padding"),
             (self.fix_hmac, "fix_hmac"),
             (self.legacy_recalculate, "legacy_recalculate"),
@@ -1356,11 +1360,9 @@ mod line_tests {
         ] {
             let l: IntegrityLine = line.parse().unwrap();
             let printed = l.to_line_on(true, None);
-            // The same words; the order of the arguments may differ from the kernel's.
-            let mut want: Vec<&str> = line.split_whitespace().collect();
-            let mut got: Vec<&str> = printed.split_whitespace().collect();
-            want.sort_unstable();
-            got.sort_unstable();
+            // The same words in the kernel's order.
+            let want: Vec<&str> = line.split_whitespace().collect();
+            let got: Vec<&str> = printed.split_whitespace().collect();
             assert_eq!(got, want, "{line}");
             assert!(!format!("{l:?}").contains("808182"), "no key in Debug");
         }
@@ -1375,7 +1377,7 @@ mod line_tests {
         for bad in [
             "0 8 integrity d 0 4 I 1 internal_hash:crc32c",
             "0 8 integrity d 0 4 J 1 meta_device:/dev/x",
-            "0 8 integrity d 0 4 J 0",
+            "0 8 integrity d 0 - J 0",
             "0 8 integrity d 0 4 J 2 internal_hash:crc32c",
             "0 8 integrity d 0 4 X 1 internal_hash:crc32c",
             "0 8 integrity d 0 4 J 1 internal_hash:hmac(sha256):0g",

@@ -19,8 +19,8 @@ use crate::{DeviceRef, FormatError, KeySource, Mapping, TableLine, Target, Volum
 use ucrypt_crypto::{CipherSpec, VolumeKey};
 
 /// LUKS2 persistent flags (`config.flags`) ucrypt knows: the first five become table
-/// options ([`ActivationFlags::table_options`]); `no-journal` only concerns dm-integrity, whose segments are
-/// refused anyway, so on a plain crypt segment it changes nothing.
+/// options ([`ActivationFlags::table_options`]); `no-journal` only concerns dm-integrity
+/// (its mode D instead of J), so on a plain crypt segment it changes nothing.
 const LUKS2_KNOWN_FLAGS: [&str; 6] = [
     "allow-discards",
     "same-cpu-crypt",
@@ -37,7 +37,21 @@ pub struct Luks2Segment {
     pub size_bytes: Option<u64>,
     /// Digests that cover segment 0 (a keyslot must be bound to one of them).
     pub digest_keyslots: Vec<u32>,
+    /// `integrity.type` of an authenticated segment (`hmac(sha256)`, `aead`, `poly1305`):
+    /// dm-crypt over dm-integrity ([`integrity_mapping`]).
+    pub integrity: Option<String>,
+    /// The persistent flag `no-journal`: dm-integrity in direct mode (D).
+    pub no_journal: bool,
 }
+
+/// The `integrity.type` values ucrypt maps (what cryptsetup's `--integrity` writes).
+const INTEGRITY_TYPES: [&str; 5] = [
+    "hmac(sha1)",
+    "hmac(sha256)",
+    "hmac(sha512)",
+    "aead",
+    "poly1305",
+];
 
 /// Refuses a LUKS2 header whose metadata asks for anything ucrypt does not implement, before
 /// any data is served, naming the JSON field. Every field of the data segment that changes
@@ -100,13 +114,31 @@ pub fn check_luks2_metadata(
             "segments.0.type is \"{ty}\" (only \"crypt\" is implemented)"
         )));
     }
-    if let Some(integrity) = &seg.integrity {
-        let kind = integrity.kind.as_deref().unwrap_or("?");
-        return Err(refuse(format!(
-            "segments.0.integrity is {{\"type\": \"{kind}\"}}: authenticated encryption \
-             (dm-integrity tags interleaved with the data, cryptsetup --integrity)"
-        )));
-    }
+    let integrity = match &seg.integrity {
+        None => None,
+        Some(i) => {
+            let kind = i.kind.as_deref().unwrap_or("");
+            if !INTEGRITY_TYPES.contains(&kind) {
+                return Err(refuse(format!(
+                    "segments.0.integrity.type is {} (implemented: {})",
+                    i.kind.as_deref().map_or_else(|| "null".into(), quoted),
+                    INTEGRITY_TYPES.join(", ")
+                )));
+            }
+            for (field, v) in [
+                ("journal_encryption", &i.journal_encryption),
+                ("journal_integrity", &i.journal_integrity),
+            ] {
+                if let Some(other) = v.as_deref().filter(|v| *v != "none") {
+                    return Err(refuse(format!(
+                        "segments.0.integrity.{field} is {} (only \"none\" is implemented)",
+                        quoted(other)
+                    )));
+                }
+            }
+            Some(kind.to_string())
+        }
+    };
     if let Some(flags) = seg.flags.as_ref().filter(|f| !f.is_empty()) {
         let names: Vec<String> = flags.iter().map(|n| quoted(n)).collect();
         return Err(refuse(format!(
@@ -190,9 +222,16 @@ pub fn check_luks2_metadata(
             )));
         }
     }
+    let no_journal = v
+        .config
+        .flags
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == "no-journal"));
     Ok(Luks2Segment {
         size_bytes,
         digest_keyslots,
+        integrity,
+        no_journal,
     })
 }
 
@@ -364,6 +403,153 @@ pub fn segment_mapping(
         offset: info.data_offset,
         opts: with_discards(info.flags, allow_discards).table_options(info.sector_size),
     }))
+}
+
+/// The kernel's cipher and tag size of a LUKS2 segment with `integrity.type` `integrity`,
+/// as cryptsetup builds them from the segment's `encryption` (libcryptsetup's view, `info`):
+/// `aes-xts-plain64` with `hmac(sha256)` is `capi:authenc(hmac(sha256),xts(aes))-plain64`
+/// with a 32-byte tag; `aes-gcm-random` with `aead` is `capi:gcm(aes)-random`,
+/// `chacha20-random` with `poly1305` is `capi:rfc7539(chacha20,poly1305)-random`, both with
+/// a 28-byte tag (16 of authentication tag, then the 12-byte random IV).
+///
+/// # Errors
+/// A combination cryptsetup does not make or ucrypt does not serve.
+pub fn aead_cipher_spec(
+    info: &VolumeInfo,
+    integrity: &str,
+    device: &str,
+) -> Result<(CipherSpec, u32), FormatError> {
+    let enc = info.cipher_spec();
+    let refuse = |why: &str| {
+        FormatError::Refused(format!(
+            "LUKS2 header on {device}: the cipher \"{enc}\" with integrity \"{integrity}\": \
+             {why}"
+        ))
+    };
+    let (cipher, rest) = enc
+        .split_once('-')
+        .ok_or_else(|| refuse("no cipher mode"))?;
+    let (mode, iv) = rest.split_once('-').unwrap_or((rest, ""));
+    let (text, iv_name) = match integrity {
+        "poly1305" if cipher == "chacha20" && rest == "random" => (
+            "capi:rfc7539(chacha20,poly1305)-random".to_string(),
+            "random",
+        ),
+        "poly1305" => return Err(refuse("poly1305 goes with chacha20-random")),
+        "aead" => (format!("capi:{mode}({cipher})-{iv}"), iv),
+        hmac => (format!("capi:authenc({hmac},{mode}({cipher}))-{iv}"), iv),
+    };
+    let auth = match integrity {
+        "hmac(sha1)" => 20,
+        "hmac(sha256)" => 32,
+        "hmac(sha512)" => 64,
+        _ => 16,
+    };
+    let spec: CipherSpec = text.parse().map_err(|e| FormatError::At {
+        at: format!("header on {device}: cipher \"{enc}\" with integrity \"{integrity}\""),
+        source: Box::new(FormatError::Crypto(e)),
+    })?;
+    let stored_iv = if iv_name == "random" {
+        spec.iv_size()
+    } else {
+        0
+    };
+    Ok((spec, auth + stored_iv as u32))
+}
+
+/// The two tables cryptsetup maps for a LUKS2 segment with integrity: a dm-integrity
+/// table on `device` from the data offset, whose superblock is `sb` (`device_bytes` the
+/// device's size), with external tags of `tag` bytes, in mode J (D with `no_journal`),
+/// printed with the values the kernel prints; and the crypt table on it with
+/// `integrity:TAG:aead`. The crypt target maps what dm-integrity provides (or the
+/// segment's fixed size, which must fit).
+///
+/// # Errors
+/// A superblock whose tag or block size differs from the segment's, a device too small.
+#[allow(clippy::too_many_arguments)]
+pub fn integrity_mapping(
+    info: &VolumeInfo,
+    cipher: CipherSpec,
+    tag: u32,
+    key: VolumeKey,
+    device: &str,
+    sb: &crate::integrity::Superblock,
+    device_bytes: u64,
+    segment: &Luks2Segment,
+    allow_discards: bool,
+) -> Result<Mapping, FormatError> {
+    use crate::integrity::{Flags, Geometry, IntegrityLine, DEFAULT_BUFFER_SECTORS};
+    let rule = |m: String| FormatError::Rule(format!("LUKS2 volume on {device}: {m}"));
+    if u32::from(sb.tag_size) != tag {
+        return Err(rule(format!(
+            "the dm-integrity superblock's tag is {} bytes, the segment's cipher needs {tag}",
+            sb.tag_size
+        )));
+    }
+    if sb.block_bytes() != info.sector_size {
+        return Err(rule(format!(
+            "the dm-integrity block is {} bytes, the segment's sector {}",
+            sb.block_bytes(),
+            info.sector_size
+        )));
+    }
+    let total = (device_bytes / 512)
+        .checked_sub(info.data_offset)
+        .ok_or_else(|| rule("the device ends before the data offset".into()))?;
+    let geo = Geometry::new(sb, total, DEFAULT_BUFFER_SECTORS)?;
+    let provided = sb.provided_data_sectors;
+    let length = match segment.size_bytes {
+        Some(b) if b / 512 > provided => {
+            return Err(rule(format!(
+                "the segment is {} sectors, dm-integrity provides {provided}",
+                b / 512
+            )))
+        }
+        Some(b) => b / 512,
+        None => provided,
+    };
+    let journal = !segment.no_journal;
+    let dif = IntegrityLine {
+        start: 0,
+        length: provided,
+        device: DeviceRef::from(device),
+        offset: info.data_offset,
+        tag_size: Some(tag),
+        mode: if journal { 'J' } else { 'D' },
+        journal_sectors: u32::try_from(geo.journal.sectors()).ok(),
+        interleave_sectors: Some(1 << sb.log2_interleave_sectors),
+        buffer_sectors: Some(1 << geo.log2_buffer_sectors),
+        journal_watermark: journal.then_some(crate::integrity::DEFAULT_JOURNAL_WATERMARK),
+        commit_time: journal.then_some(10000),
+        block_size: (sb.block_bytes() != 512).then_some(sb.block_bytes()),
+        sectors_per_bit: None,
+        bitmap_flush_interval: None,
+        internal_hash: None,
+        journal_mac: None,
+        recalculate: false,
+        fix_padding: sb.flags.has(Flags::FIXED_PADDING),
+        fix_hmac: sb.flags.has(Flags::FIXED_HMAC),
+        legacy_recalculate: false,
+    };
+    let mut opts = with_discards(info.flags, allow_discards).table_options(info.sector_size);
+    opts.push(crate::OptParam::Integrity(tag));
+    opts.sort();
+    let crypt = TableLine {
+        start: 0,
+        length,
+        cipher,
+        key: KeySource::Hex(key),
+        iv_offset: info.iv_offset,
+        device: DeviceRef::Layer(0),
+        offset: 0,
+        opts,
+    };
+    Ok(Mapping {
+        tables: vec![
+            crate::mapping::Table::one(Target::Integrity(dif)),
+            crate::mapping::Table::one(Target::Crypt(crypt)),
+        ],
+    })
 }
 
 /// The persistent flags, with `--allow-discards` added.
@@ -585,15 +771,23 @@ mod tests {
         let rows: Vec<(&str, Option<Value>, &str)> = vec![
             (
                 "/segments/0/integrity",
-                Some(
-                    json!({"type": "hmac(sha256)", "journal_encryption": "none", "journal_integrity": "none"}),
-                ),
-                "segments.0.integrity is {\"type\": \"hmac(sha256)\"}",
+                Some(json!({"type": "cmac(aes)", "journal_encryption": "none"})),
+                "segments.0.integrity.type is \"cmac(aes)\"",
             ),
             (
                 "/segments/0/integrity",
-                Some(json!({"type": "aead"})),
-                "authenticated encryption",
+                Some(json!(null)),
+                "segments.0.integrity.type is null",
+            ),
+            (
+                "/segments/0/integrity",
+                Some(json!({"type": "aead", "journal_encryption": "cbc(aes)"})),
+                "segments.0.integrity.journal_encryption is \"cbc(aes)\"",
+            ),
+            (
+                "/segments/0/integrity",
+                Some(json!({"type": "hmac(sha256)", "journal_integrity": "hmac(sha256)"})),
+                "segments.0.integrity.journal_integrity is \"hmac(sha256)\"",
             ),
             (
                 "/segments/0/type",
@@ -703,6 +897,18 @@ mod tests {
             assert!(e.contains(want), "{path} = {value:?}: {e}");
             assert!(e.contains("ucrypt does not implement it"), "{e}");
         }
+        // Integrity as cryptsetup writes it is honoured, with no-journal as mode D.
+        let seg = check_luks2_metadata(
+            &meta(&with(
+                "/segments/0/integrity",
+                Some(json!({"type": "hmac(sha256)", "journal_encryption": "none", "journal_integrity": "none"})),
+            )),
+            &info,
+            "d",
+        )
+        .unwrap();
+        assert_eq!(seg.integrity.as_deref(), Some("hmac(sha256)"));
+        assert!(!seg.no_journal);
         // Fields that are honoured: a fixed size, known flags, unbound extra digests.
         let sized = check_luks2_metadata(
             &meta(&with("/segments/0/size", Some(json!("1048576")))),

@@ -486,7 +486,8 @@ impl Mapping {
     /// tables first: one line per target, prefixed `NAME: ` when the mapping has several
     /// tables, a lower table named by its `/dev/mapper/NAME`. Tables without a name of
     /// their own are named as cryptsetup names the devices of `cryptsetup open NAME` (the
-    /// `name` given): `NAME` on top, `NAME_1` below it, and so on down.
+    /// `name` given): `NAME` on top, `NAME_1` below it, and so on down; a dm-integrity
+    /// table below a crypt table `NAME_dif`.
     pub fn to_lines_named(&self, show_keys: bool, name: &str) -> Vec<String> {
         let n = self.tables.len();
         let names: Vec<Option<String>> = self
@@ -495,9 +496,10 @@ impl Mapping {
             .enumerate()
             .map(|(i, t)| {
                 t.name.clone().or_else(|| {
-                    (n > 1).then(|| match n - 1 - i {
-                        0 => name.to_string(),
-                        k => format!("{name}_{k}"),
+                    (n > 1).then(|| match (n - 1 - i, &t.targets[..]) {
+                        (0, _) => name.to_string(),
+                        (_, [Target::Integrity(_)]) => format!("{name}_dif"),
+                        (k, _) => format!("{name}_{k}"),
                     })
                 })
             })
@@ -547,10 +549,14 @@ impl Mapping {
     /// mapping for one-line volumes; the outermost layer of a cascade; BitLocker's first
     /// target).
     pub fn first_crypt(&self) -> Option<&TableLine> {
-        self.tables.first()?.targets.iter().find_map(|t| match t {
-            Target::Crypt(l) => Some(l),
-            Target::Zero { .. } | Target::Linear { .. } | Target::Integrity(_) => None,
-        })
+        // The lowest table holding one (a crypt table over dm-integrity is the second).
+        self.tables
+            .iter()
+            .flat_map(|d| &d.targets)
+            .find_map(|t| match t {
+                Target::Crypt(l) => Some(l),
+                Target::Zero { .. } | Target::Linear { .. } | Target::Integrity(_) => None,
+            })
     }
 
     /// Whether the mapping is one table of one crypt target (the common one-line table).
@@ -713,8 +719,8 @@ mod tests {
                 "linear target offset \"x\" is not a number",
             ),
             (
-                "0 8 integrity /d 0 32 J 0".into(),
-                "an integrity target without internal_hash",
+                "0 8 integrity /d 0 - J 0".into(),
+                "without internal_hash: the tag size is the crypt target's",
             ),
             (
                 "0 8 verity /d /h 4096 4096 1 1 sha256 - -".into(),
@@ -752,7 +758,7 @@ mod tests {
             ),
             (
                 format!("{} 1 integrity:32:aead", crypt(0, 8, "/d")),
-                "authenticated encryption",
+                "integrity:N:aead needs an authenticated cipher",
             ),
         ];
         for (text, want) in bad {

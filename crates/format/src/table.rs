@@ -32,6 +32,9 @@ pub enum OptParam {
     NoWriteWorkqueue,
     /// `high_priority`: run crypt workers at high priority.
     HighPriority,
+    /// `integrity:<bytes>:aead`: an authenticated mode whose per-sector tag of that many
+    /// bytes lives in the dm-integrity device below (the only kind ucrypt serves).
+    Integrity(u32),
     /// `sector_size:<bytes>`: the encryption unit.
     SectorSize(u32),
     /// `iv_large_sectors`: count IVs in sector_size units instead of 512 bytes.
@@ -59,8 +62,9 @@ impl OptParam {
             OptParam::NoReadWorkqueue => 3,
             OptParam::NoWriteWorkqueue => 4,
             OptParam::HighPriority => 5,
-            OptParam::SectorSize(_) => 6,
-            OptParam::IvLargeSectors => 7,
+            OptParam::Integrity(_) => 6,
+            OptParam::SectorSize(_) => 7,
+            OptParam::IvLargeSectors => 8,
         }
     }
 }
@@ -74,6 +78,7 @@ impl fmt::Display for OptParam {
             OptParam::NoReadWorkqueue => f.write_str("no_read_workqueue"),
             OptParam::NoWriteWorkqueue => f.write_str("no_write_workqueue"),
             OptParam::HighPriority => f.write_str("high_priority"),
+            OptParam::Integrity(n) => write!(f, "integrity:{n}:aead"),
             OptParam::SectorSize(n) => write!(f, "sector_size:{n}"),
             OptParam::IvLargeSectors => f.write_str("iv_large_sectors"),
         }
@@ -94,10 +99,20 @@ impl FromStr for OptParam {
                 .map_err(|_| err("sector size must be a number of bytes"))?;
             return Ok(OptParam::SectorSize(n));
         }
-        if s.starts_with("integrity:") {
-            return Err(FormatError::NotSupported(format!(
-                "authenticated encryption (\"{s}\", needs dm-integrity)"
-            )));
+        if let Some(v) = s.strip_prefix("integrity:") {
+            let (n, kind) = v.split_once(':').unwrap_or((v, ""));
+            let n: u32 = n
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| err("the tag size must be a positive number of bytes"))?;
+            if kind != "aead" {
+                return Err(FormatError::NotSupported(format!(
+                    "\"{s}\" (ucrypt serves integrity:N:aead, an authenticated cipher over \
+                     dm-integrity)"
+                )));
+            }
+            return Ok(OptParam::Integrity(n));
         }
         for p in FLAG_PARAMS.into_iter().chain([OptParam::IvLargeSectors]) {
             if p.to_string() == s {
@@ -384,12 +399,27 @@ impl FromStr for TableLine {
                 // sector_size keeps the last, as the kernel does.
                 opts.retain(|o: &OptParam| {
                     !(o == &p
-                        || matches!((o, p), (OptParam::SectorSize(_), OptParam::SectorSize(_))))
+                        || matches!((o, p), (OptParam::SectorSize(_), OptParam::SectorSize(_)))
+                        || matches!((o, p), (OptParam::Integrity(_), OptParam::Integrity(_))))
                 });
                 opts.push(p);
             }
         }
         opts.sort_by_key(|o| o.rank());
+        let tagged = opts.iter().any(|o| matches!(o, OptParam::Integrity(_)));
+        if tagged != cipher.aead.is_some() {
+            return Err(FormatError::Table(if tagged {
+                format!(
+                    "integrity:N:aead needs an authenticated cipher (capi:authenc(...), \
+                     capi:gcm(aes)-random, capi:rfc7539(chacha20,poly1305)-random), not {cipher}"
+                )
+            } else {
+                format!(
+                    "the authenticated cipher {cipher} needs integrity:N:aead (its tags live \
+                     in a dm-integrity device below)"
+                )
+            }));
+        }
         Ok(TableLine {
             start,
             length,
@@ -407,6 +437,14 @@ impl TableLine {
     /// Whether the flag is set.
     pub fn has(&self, p: OptParam) -> bool {
         self.opts.contains(&p)
+    }
+
+    /// The `integrity:N:aead` tag size, for an authenticated cipher.
+    pub fn integrity_tag(&self) -> Option<u32> {
+        self.opts.iter().find_map(|o| match o {
+            OptParam::Integrity(n) => Some(*n),
+            _ => None,
+        })
     }
 
     /// The `sector_size` parameter (512 by default), unvalidated.
@@ -504,6 +542,22 @@ impl TableLine {
         let params = self.validate(opts)?;
         let key = self.key.load()?;
         Ok(self.cipher.build(&key, params)?)
+    }
+
+    /// The authenticated sector cipher of a line with `integrity:N:aead`.
+    ///
+    /// # Errors
+    /// As [`TableLine::build_cipher`]; a line without `integrity:N:aead`.
+    pub fn build_aead(
+        &self,
+        opts: ValidateOptions,
+    ) -> Result<ucrypt_crypto::aead::AeadCipher, FormatError> {
+        let params = self.validate(opts)?;
+        let tag = self.integrity_tag().ok_or_else(|| {
+            FormatError::Table(format!("{} is not an authenticated cipher", self.cipher))
+        })?;
+        let key = self.key.load()?;
+        Ok(self.cipher.build_aead(&key, params, tag)?)
     }
 
     /// The canonical line, like `dmsetup table` (`show_keys` = `--showkeys`; otherwise the
@@ -642,11 +696,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("\"frobnicate\": unknown"), "{e}");
+        // integrity:N:aead goes with an authenticated cipher and only with one.
         let e = line(" 1 integrity:28:aead")
             .parse::<TableLine>()
             .unwrap_err()
             .to_string();
-        assert!(e.contains("not supported yet"), "{e}");
+        assert!(e.contains("needs an authenticated cipher"), "{e}");
+        let e = line(" 1 integrity:28:none")
+            .parse::<TableLine>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not supported"), "{e}");
+        let gcm = format!("0 8 crypt capi:gcm(aes)-random {K64} 0 d 0");
+        let e = gcm.parse::<TableLine>().unwrap_err().to_string();
+        assert!(e.contains("needs integrity:N:aead"), "{e}");
+        // As the kernel printed it (testdata/luks2-integrity): options in its order.
+        let t: TableLine = format!("{gcm} 2 sector_size:4096 integrity:28:aead")
+            .parse()
+            .unwrap();
+        assert_eq!(t.integrity_tag(), Some(28));
+        assert!(t
+            .to_line(true)
+            .ends_with(" 0 d 0 2 integrity:28:aead sector_size:4096"));
     }
 
     #[test]
