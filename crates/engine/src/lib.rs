@@ -33,3 +33,4 @@ pub use error::EngineError;
 pub use options::{AutoPolicy, EngineOptions, Placement, PoolOptions, WriteOrder};
 pub use stats::ClientStats;
 pub use volume::{Volume, VolumeConfig};
+pub use workers::Inspect;

@@ -13,7 +13,7 @@ use crate::request::Completion;
 use crate::split::{split, Partial};
 use crate::stats::{ClientStats, Stats};
 use crate::submit::{Batch, SubmitterThread};
-use crate::workers::{Job, JobKind, Workers};
+use crate::workers::{Inspect, Job, JobKind, Workers};
 use crate::EngineError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -323,6 +323,82 @@ impl Volume {
             } else {
                 completion.wait(self.spin())?;
             }
+        }
+        Ok(())
+    }
+
+    /// Re-encrypts whole sectors in place, without I/O: `buf` holds this volume's
+    /// ciphertext of position `pos`, decrypted with this volume's cipher and encrypted with
+    /// `new` at the same position (`new`'s own IV offset applies). Each chunk is decrypted
+    /// and encrypted while it is in one core's cache, on the worker pool with this thread
+    /// helping (inline without workers). `inspect`, if given, first sees every chunk's old
+    /// bytes (its offset in `buf`, the bytes) on the thread that holds the chunk.
+    ///
+    /// For reencryption, which reads and writes itself: its writes are ordered against
+    /// its own metadata (resilience data, header), which no volume request knows of.
+    ///
+    /// # Errors
+    /// [`BackendError::Misaligned`] if `pos` or `buf` are not whole sectors; a crypto
+    /// worker's panic.
+    pub fn recrypt_in_place(
+        &self,
+        new: &(dyn SectorCipher + 'static),
+        pos: u64,
+        buf: &mut [u8],
+        inspect: Option<&Inspect<'_>>,
+    ) -> Result<(), BackendError> {
+        let ss = self.sector_bytes.max(u64::from(new.sector_size().bytes()));
+        for (what, value) in [("position", pos), ("length", buf.len() as u64)] {
+            if value % ss != 0 {
+                return Err(BackendError::Misaligned {
+                    what,
+                    value,
+                    align: ss,
+                });
+            }
+        }
+        let Some(workers) = &self.workers else {
+            if let Some(f) = inspect {
+                f(0, buf);
+            }
+            let first = Sector512::from_bytes_floor(pos);
+            self.cipher.decrypt(first, buf);
+            new.encrypt(first, buf);
+            return Ok(());
+        };
+        let inspect = inspect.map(|f| {
+            // SAFETY: a lifetime cast only: the jobs holding this pointer are all counted
+            // done before this function returns (`help_until` below), so the hook
+            // outlives them.
+            unsafe { std::mem::transmute::<*const Inspect<'_>, *const Inspect<'static>>(f) }
+        });
+        let with = crate::workers::Recrypt {
+            new,
+            inspect,
+            start: buf.as_ptr(),
+        };
+        let split = self.opts.split_bytes;
+        for (r, group) in buf.chunks_mut(split * JOBS_PER_ROUND).enumerate() {
+            let base = pos + (r * split * JOBS_PER_ROUND) as u64;
+            let n = group.len().div_ceil(split);
+            let completion = Completion::new(n);
+            let mut hand_off = HandOff::new(&completion, n);
+            let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
+            for (i, chunk) in group.chunks_mut(split).enumerate() {
+                jobs[i] = Job {
+                    kind: JobKind::Recrypt {
+                        completion: &completion,
+                        with: &with,
+                    },
+                    first: Sector512::from_bytes_floor(base + (i * split) as u64),
+                    ptr: chunk.as_mut_ptr(),
+                    len: chunk.len(),
+                };
+            }
+            workers.submit_waking(&jobs[..n], workers.len().saturating_sub(1).max(1));
+            hand_off.sent(n);
+            // Helping and then waiting keeps `group`, `with` and `completion` alive.
+            workers.help_until(&completion)?;
         }
         Ok(())
     }

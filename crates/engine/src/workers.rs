@@ -47,6 +47,27 @@ pub(crate) enum JobKind {
     },
     /// Encrypt in place, then tell the ordered submitter the chunk of `batch` is ready.
     EncryptOrdered { batch: *const Batch },
+    /// Show the chunk to the hook, decrypt it in place, encrypt it with the other cipher,
+    /// count it done (reencryption: [`crate::Volume::recrypt_in_place`]).
+    Recrypt {
+        completion: *const Completion,
+        with: *const Recrypt,
+    },
+}
+
+/// The hook of [`crate::Volume::recrypt_in_place`]: (offset of a chunk in the buffer, the
+/// chunk's old bytes).
+pub type Inspect<'a> = dyn Fn(usize, &[u8]) + Sync + 'a;
+
+/// What a [`JobKind::Recrypt`] chunk needs beside the pool's own cipher; lives on the
+/// issuer's stack until its completion is counted (module docs).
+pub(crate) struct Recrypt {
+    /// The cipher the plaintext is encrypted with.
+    pub new: *const (dyn SectorCipher + 'static),
+    /// Sees each chunk's old bytes first: (offset of the chunk in the buffer, bytes).
+    pub inspect: Option<*const Inspect<'static>>,
+    /// The buffer's first byte, to tell the hook where a chunk lies.
+    pub start: *const u8,
 }
 
 /// One chunk of crypto.
@@ -318,6 +339,27 @@ fn run_job(s: &Shared, job: Job) {
         // until the issuer's completion is counted (module docs).
         data.copy_from_slice(unsafe { std::slice::from_raw_parts(src, job.len) });
     }
+    if let JobKind::Recrypt { completion, with } = job.kind {
+        // SAFETY: `with`, the cipher and the hook it points at live on the issuer's side
+        // until the completion below is counted (module docs).
+        let with = unsafe { &*with };
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            if let Some(f) = with.inspect {
+                // SAFETY: as above; `start` and `data` point into the same buffer.
+                let at = unsafe { data.as_ptr().offset_from(with.start) } as usize;
+                // SAFETY: as above: the hook outlives the job.
+                unsafe { (*f)(at, data) };
+            }
+            s.cipher.decrypt(job.first, data);
+            // SAFETY: as above.
+            unsafe { (*with.new).encrypt(job.first, data) };
+        }))
+        .map_err(|_| BackendError::Other("BUG: crypto worker panicked".into()));
+        // SAFETY: the completion lives until its count reaches zero (module docs).
+        let completion = unsafe { &*completion };
+        completion.done(r);
+        return;
+    }
     if let JobKind::ReadDecrypt { completion, offset } = job.kind {
         // Read and decrypt in one step (out of the backend's mapping when it has one).
         let pos = job.first.0 << 9;
@@ -341,7 +383,9 @@ fn run_job(s: &Shared, job: Job) {
     }))
     .map_err(|_| BackendError::Other("BUG: crypto worker panicked".into()));
     match job.kind {
-        JobKind::Decrypt { completion } | JobKind::ReadDecrypt { completion, .. } => {
+        JobKind::Decrypt { completion }
+        | JobKind::ReadDecrypt { completion, .. }
+        | JobKind::Recrypt { completion, .. } => {
             // SAFETY: the completion lives until its count reaches zero (module docs).
             let completion = unsafe { &*completion };
             completion.done(crypto);
