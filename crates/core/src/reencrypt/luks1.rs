@@ -26,6 +26,8 @@ use crate::error::{anyhow, ErrorKind, Result};
 use crate::prompt::Prompt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use ucrypt_backend::{Backend, FileBackend, FileOptions};
 use ucrypt_cryptsetup::{CryptDevice, HeaderType};
 
 /// Whether the header is a LUKS1 header, usable or marked by a LUKS1 reencryption, or
@@ -83,12 +85,6 @@ fn is_uuid(u: &str) -> bool {
                 c.is_ascii_hexdigit()
             }
         })
-}
-
-fn device_size(f: &std::fs::File) -> std::io::Result<u64> {
-    use std::io::Seek;
-    let mut f = f;
-    f.seek(std::io::SeekFrom::End(0))
 }
 
 /// Removes the state files (the run finished or never started); the log last, so that a
@@ -545,7 +541,7 @@ impl DataPass<'_> {
         let decrypting = log.mode == LogMode::Decrypt;
         let old_base = self.old.base;
         let dev = open_device(device, a.luks1.direct_io, progress)?;
-        let real = device_size(&dev).map_err(|e| anyhow!("Cannot get device size ({e})."))?;
+        let real = dev.info().size_bytes;
         // cryptsetup: the new mapping's size; decrypting, the old one's (the shorter).
         let total = real.saturating_sub(if decrypting { old_base } else { self.new.base });
         let size = match a.device_size {
@@ -565,7 +561,7 @@ impl DataPass<'_> {
             direction: log.direction,
             journal: self.files.journal.clone(),
         };
-        if p.recover(&dev, log)? {
+        if p.recover(&*dev, log)? {
             progress.notice(Notice::warning(format!(
                 "Put back the block at {} that an interrupted run was writing (from {}).",
                 log.offset,
@@ -606,7 +602,7 @@ impl DataPass<'_> {
         if decrypting {
             // cryptsetup wipes what lies beyond the plaintext (the old data area was
             // shorter than the device by its header), leaving no sign of encryption.
-            l1::zero_range(&dev, real - old_base, real)?;
+            l1::zero_range(&*dev, real - old_base, real)?;
         }
         summary.finished = true;
         progress.summary(&summary);
@@ -614,28 +610,38 @@ impl DataPass<'_> {
     }
 }
 
-/// The device, read-write (`O_DIRECT` with `--use-directio` where it takes it).
-fn open_device(device: &Path, direct: bool, progress: &mut dyn Progress) -> Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut o = std::fs::OpenOptions::new();
-    o.read(true).write(true);
-    if direct {
-        o.custom_flags(libc::O_DIRECT);
-    }
-    match o.open(device) {
-        Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+/// The device as a [`Backend`], read-write (`O_DIRECT` with `--use-directio` where it
+/// takes it; the backend aligns the blocks' buffers for it).
+fn open_device(
+    device: &Path,
+    direct: bool,
+    progress: &mut dyn Progress,
+) -> Result<Arc<dyn Backend>> {
+    let open = |direct| {
+        FileBackend::open(
+            device,
+            FileOptions {
+                direct,
+                ..FileOptions::default()
+            },
+        )
+    };
+    match open(direct) {
+        Err(e) if direct && e.errno() == libc::EINVAL => {
             progress.notice(Notice::warning(format!(
                 "{} does not take direct I/O; reencrypting through the page cache \
                  (every block is synced anyway).",
                 device.display()
             )));
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(device)
+            open(false)
         }
         other => other,
     }
+    .map(|mut b| {
+        // Each block is read once: `pread`, no mapping.
+        b.use_mmap(false);
+        Arc::new(b) as Arc<dyn Backend>
+    })
     .map_err(|e| {
         anyhow!("Cannot open device {} ({e}).", device.display()).with_kind(ErrorKind::Device)
     })

@@ -14,7 +14,9 @@
 //! The data pass reads the data area through the old header's mapping and writes it
 //! through the new one, block by block (`--block-size` MiB, 4 by default), forward (offset
 //! counts up from 0) or with `--reduce-device-size` backward (offset counts down from the
-//! size). cryptsetup maps both with dm-crypt; ucrypt decrypts and encrypts itself.
+//! size). cryptsetup maps both with dm-crypt; ucrypt reads and writes the device through a
+//! [`Backend`] and re-encrypts each block through the engine
+//! ([`Volume::recrypt_in_place`], every core).
 //!
 //! Crash safety: cryptsetup writes the log at the start and end of a pass (and after each
 //! block with `--write-log`), so a kill -9 leaves blocks re-encrypted that the log says
@@ -32,7 +34,10 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use ucrypt_crypto::{Sector512, SectorCipher};
+use std::sync::Arc;
+use ucrypt_backend::{Backend, BackendError};
+use ucrypt_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
+use ucrypt_engine::{EngineOptions, Volume, VolumeConfig};
 
 /// The UUID of cryptsetup's `--encrypt` state files (the plaintext device has none).
 pub const NO_UUID: &str = "cafecafe-cafe-cafe-cafe-cafecafeeeee";
@@ -64,6 +69,18 @@ pub enum Error {
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
     let what = what.into();
     move |source| Error::Io { what, source }
+}
+
+/// As [`io_err`] for the device's errors (its message, the OS error's kind kept).
+fn dev_err(what: impl Into<String>) -> impl FnOnce(BackendError) -> Error {
+    let what = what.into();
+    move |e| Error::Io {
+        what,
+        source: match e {
+            BackendError::Io { source, .. } | BackendError::Open { source, .. } => source,
+            other => io::Error::other(other),
+        },
+    }
 }
 
 /// Pass direction (cryptsetup's numbers in the log).
@@ -278,7 +295,7 @@ pub fn write_log(file: &File, log: &Log) -> Result<(), Error> {
 pub struct Side {
     /// dm-crypt compatible sector cipher of the side's header, IVs from the data area's
     /// start (LUKS1: 512-byte sectors, no IV offset).
-    pub cipher: Option<Box<dyn SectorCipher>>,
+    pub cipher: Option<Arc<dyn SectorCipher>>,
     /// The data area's start on the device, bytes.
     pub base: u64,
 }
@@ -322,6 +339,28 @@ fn journal_head(offset: u64, data: &[u8]) -> [u8; JOURNAL_HEAD] {
 }
 
 impl Pass {
+    /// The engine over `dev` with the old side's cipher (whose
+    /// [`Volume::recrypt_in_place`] does each block's crypto on every core), and the new
+    /// side's cipher.
+    fn engine(&self, dev: &Arc<dyn Backend>) -> Result<(Volume, Arc<dyn SectorCipher>), Error> {
+        let cfg = VolumeConfig {
+            data_offset_bytes: self.old.base,
+            length_bytes: self.size,
+            read_only: false,
+            allow_discards: false,
+        };
+        let opts = EngineOptions {
+            submit_from_crypt_cpus: true,
+            ..EngineOptions::default()
+        };
+        let old = Volume::with_options(side_cipher(&self.old)?, Arc::clone(dev), cfg, opts)
+            .map_err(|e| Error::Io {
+                what: "the old side's volume".into(),
+                source: io::Error::other(e),
+            })?;
+        Ok((old, side_cipher(&self.new)?))
+    }
+
     /// The physical range a block of the data area at `off` (len `len`) reads from and
     /// writes to overlap: the old bytes are then lost once the write starts.
     fn overlaps(&self, off: u64, len: u64) -> bool {
@@ -335,7 +374,7 @@ impl Pass {
     ///
     /// # Errors
     /// I/O.
-    pub fn recover(&self, dev: &File, log: &Log) -> Result<bool, Error> {
+    pub fn recover(&self, dev: &dyn Backend, log: &Log) -> Result<bool, Error> {
         let Ok(j) = std::fs::read(&self.journal) else {
             return Ok(false);
         };
@@ -361,9 +400,9 @@ impl Pass {
         if !pending {
             return Ok(false);
         }
-        dev.write_all_at(data, self.old.base + off)
-            .and_then(|()| dev.sync_data())
-            .map_err(io_err("restoring the journaled block"))?;
+        dev.write_at(data, self.old.base + off, false)
+            .and_then(|()| dev.flush())
+            .map_err(dev_err("restoring the journaled block"))?;
         Ok(true)
     }
 
@@ -374,7 +413,7 @@ impl Pass {
     /// I/O on the device, journal or log.
     pub fn run(
         &self,
-        dev: &File,
+        dev: &Arc<dyn Backend>,
         log_file: &File,
         log: &mut Log,
         stop: &AtomicBool,
@@ -400,6 +439,7 @@ impl Pass {
         .map_err(io_err(format!("opening {}", self.journal.display())))?;
         let block = self.block.max(512);
         let mut buf = vec![0u8; usize::try_from(block).unwrap_or(4 << 20)];
+        let (old, new) = self.engine(dev)?;
         let done = |log: &Log| match self.direction {
             Direction::Forward => log.offset,
             Direction::Backward => self.size - log.offset,
@@ -420,8 +460,8 @@ impl Pass {
                 return Ok(Outcome::Interrupted);
             }
             let data = &mut buf[..len as usize];
-            dev.read_exact_at(data, self.old.base + off)
-                .map_err(io_err("IO error during reencryption (read)"))?;
+            dev.read_at(data, self.old.base + off)
+                .map_err(dev_err("IO error during reencryption (read)"))?;
             if self.overlaps(off, len) {
                 let head = journal_head(off, data);
                 journal
@@ -430,16 +470,11 @@ impl Pass {
                     .and_then(|()| journal.sync_data())
                     .map_err(io_err("writing the block journal"))?;
             }
-            let first = Sector512(off / 512);
-            if let Some(c) = &self.old.cipher {
-                c.decrypt(first, data);
-            }
-            if let Some(c) = &self.new.cipher {
-                c.encrypt(first, data);
-            }
-            dev.write_all_at(data, self.new.base + off)
-                .and_then(|()| dev.sync_data())
-                .map_err(io_err("IO error during reencryption (write)"))?;
+            old.recrypt_in_place(&*new, off, data, None)
+                .map_err(dev_err("IO error during reencryption (crypto)"))?;
+            dev.write_at(data, self.new.base + off, false)
+                .and_then(|()| dev.flush())
+                .map_err(dev_err("IO error during reencryption (write)"))?;
             log.offset = match self.direction {
                 Direction::Forward => off + len,
                 Direction::Backward => off,
@@ -455,17 +490,35 @@ impl Pass {
 ///
 /// # Errors
 /// I/O.
-pub fn zero_range(dev: &File, from: u64, to: u64) -> Result<(), Error> {
+pub fn zero_range(dev: &dyn Backend, from: u64, to: u64) -> Result<(), Error> {
     let zeros = vec![0u8; 1 << 20];
     let mut at = from;
     while at < to {
         let n = (to - at).min(zeros.len() as u64);
-        dev.write_all_at(&zeros[..n as usize], at)
-            .map_err(io_err("zeroing the rest of the device"))?;
+        dev.write_at(&zeros[..n as usize], at, false)
+            .map_err(dev_err("zeroing the rest of the device"))?;
         at += n;
     }
-    dev.sync_data()
-        .map_err(io_err("zeroing the rest of the device"))
+    dev.flush()
+        .map_err(dev_err("zeroing the rest of the device"))
+}
+
+/// A side's cipher; plaintext (no cipher) as `cipher_null`, whose crypto is the identity.
+fn side_cipher(side: &Side) -> Result<Arc<dyn SectorCipher>, Error> {
+    if let Some(c) = &side.cipher {
+        return Ok(Arc::clone(c));
+    }
+    let spec: CipherSpec = "cipher_null-ecb".parse().map_err(|e| Error::Io {
+        what: "cipher_null".into(),
+        source: io::Error::other(e),
+    })?;
+    let c = spec
+        .build(&VolumeKey::empty(), SectorParams::default())
+        .map_err(|e| Error::Io {
+            what: "cipher_null".into(),
+            source: io::Error::other(e),
+        })?;
+    Ok(Arc::from(c))
 }
 
 /// OS random bytes (`getrandom(2)`).
@@ -607,11 +660,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dev_path = dir.path().join("dev");
         std::fs::write(&dev_path, vec![7u8; 8192]).unwrap();
-        let dev = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&dev_path)
-            .unwrap();
+        let dev = ucrypt_backend::FileBackend::open(&dev_path, Default::default()).unwrap();
         let pass = Pass {
             old: Side {
                 cipher: None,

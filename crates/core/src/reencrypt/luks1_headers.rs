@@ -265,7 +265,7 @@ pub(crate) fn side(
         .build(&key, SectorParams::default())
         .map_err(|e| anyhow!("cipher {}: {e}", info.cipher_spec()))?;
     Ok(Side {
-        cipher: Some(cipher),
+        cipher: Some(std::sync::Arc::from(cipher)),
         base: info.data_offset * 512,
     })
 }
