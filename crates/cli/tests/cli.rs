@@ -544,7 +544,9 @@ fn man_pages_and_completions_are_generated_for_every_command() {
             text.starts_with(".ie") || text.contains(".TH"),
             "{c}: {text:.200}"
         );
-        assert!(text.contains(&format!("ucrypt\\-{c}")), "{c}: no NAME");
+        // roff escapes every hyphen, also those inside a command's name (udev-name).
+        let name = format!("ucrypt-{c}").replace('-', "\\-");
+        assert!(text.contains(&name), "{c}: no NAME {name}");
     }
     let main = std::fs::read_to_string(dir.path().join("ucrypt.1")).unwrap();
     assert!(main.contains(".TH ucrypt 1"), "{main:.300}");
@@ -640,4 +642,28 @@ fn sigterm_to_open_run_stops_the_command_and_what_it_started() {
         !running,
         "the command's own child {grandchild} outlived ucrypt: {state}"
     );
+}
+
+/// `ucrypt status NAME | head -3`: once the reader has gone, the next print ends ucrypt
+/// as it ends cryptsetup, by SIGPIPE and silently, not with a panic and a backtrace.
+#[test]
+fn a_closed_stdout_ends_the_command_by_sigpipe_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .arg("--usage")
+        .stdin(std::process::Stdio::null())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{}: {stderr}",
+        out.status
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

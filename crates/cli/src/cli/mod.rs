@@ -907,6 +907,7 @@ fn debug_implies_verbose(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsS
 }
 
 pub fn run() -> ExitCode {
+    signals::die_of_sigpipe_when_stdout_is_closed();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(why) = refused(&args) {
         eprintln!("ucrypt: {why}");

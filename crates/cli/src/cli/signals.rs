@@ -57,3 +57,39 @@ impl Drop for Guard {
         }
     }
 }
+
+/// Makes a print to a closed stdout end the process as it ends a C tool: killed by
+/// SIGPIPE, silently (`ucrypt status NAME | head -3`, `cryptsetup status NAME | head -3`).
+///
+/// Rust ignores SIGPIPE, so such a write fails with EPIPE and `println!` panics with a
+/// backtrace. SIGPIPE stays ignored for everything else: the servers in this process write
+/// to sockets whose peers may vanish (NBD clients, a VM, a remote export) and must see that
+/// as an error on one connection, not die of it. So only this one panic is turned into the
+/// signal.
+pub(crate) fn die_of_sigpipe_when_stdout_is_closed() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout")
+            && message.contains(&std::io::Error::from_raw_os_error(libc::EPIPE).to_string())
+        {
+            // SAFETY: plain signal calls with valid arguments; the set is initialised by
+            // sigemptyset before use. A server's signal thread may have blocked SIGPIPE in
+            // this thread, hence the unblock before the raise.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGPIPE);
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                libc::raise(libc::SIGPIPE);
+            }
+        }
+        previous(info);
+    }));
+}
