@@ -227,6 +227,54 @@ rr l1-enc r1 $F --key-file ../pass --encrypt --type luks1 --reduce-device-size 2
 run re-l1-table -- luksOpen r1 --print-table --key-file ../pass
 cd .. || exit 1
 
+# The foreground open: where it serves, what it refuses before unlocking, --run's
+# environment and status, --raw, a header opened in the foreground; then header commands
+# on an NBD URI (the image served raw by a foreground open; staged, written back).
+L2="0 2048 crypt aes-xts-plain64 $KEY 0 $WORK/img 0
+2048 2048 crypt aes-xts-plain64 $KEY 0 $WORK/img 2048"
+printf '%s\n' "$L2" >table2
+printf 'alice:0123456789abcdef0123456789abcdef\n' >psk
+run fg-run -- open --table-file table --socket "$WORK/fg.sock" --run 'echo "$uri|$nbd|$unixsocket|$exportname|${port:-none}"; exit 3'
+run fg-run-signal -- open --table-file table --socket "$WORK/fg.sock" --run 'kill -TERM $$'
+run fg-pid -- open --table-file table --socket "$WORK/fg.sock" --pid-file "$WORK/fg.pid" --run "test -s '$WORK/fg.pid' && echo pid written"
+run fg-private -- open --table-file table --run 'case "$unixsocket" in */nbd.sock) test -S "$unixsocket" && echo private;; esac'
+run fg-listen-clear -- open --table-file table --listen 0
+run fg-listen-clear-on -- open --table-file table --listen 127.0.0.1:0 --tls on --tls-psk psk
+run fg-listen-tls -- open --table-file table --listen 0 --tls require --tls-psk psk --run 'echo "${uri%%:*}"'
+run fg-tls-malformed -- open --table-file table --tls require --tls-psk pass
+run fg-listen-allowed -- open --table-file table --listen 0 --allow-cleartext-tcp --run 'echo "${port:+port}|$exportname"'
+run fg-listen-bad -- open --table-file table --listen nosuchhost.invalid:1
+run fg-tls-off-creds -- open --table-file table --tls-psk pass
+run fg-tls-no-creds -- open --table-file table --tls require
+run fg-tls-bad-psk -- open --table-file table --tls require --tls-psk nosuchfile
+run fg-socket-group -- open --table-file table --socket "$WORK/fg.sock" --socket-group nosuchgroup
+run fg-socket-gid -- open --table-file table --socket "$WORK/fg.sock" --socket-group 0 --run 'echo served'
+run fg-raw -- open --table-file table --raw --socket "$WORK/fg.sock" --run 'echo raw'
+run fg-raw-two -- open --table-file table2 --raw --run 'echo never'
+run fg-raw-missing -- open --table "0 8192 crypt aes-xts-plain64 $KEY 0 $WORK/nosuch 0" --raw --run 'echo never'
+run fg-table-two -- open --table-file table2 --run 'echo two'
+run fg-both -- open --table-file table luks --run 'echo never'
+run fg-none -- open --run 'echo never'
+run fg-large -- open --table "0 8192 crypt aes-xts-plain64 $KEY 0 $WORK/img 0 1 sector_size:8192" --large-sectors --run 'echo large'
+run fg-header -- open luks --key-file pass --socket "$WORK/fg.sock" --run 'echo "$uri"'
+run fg-header-wrong -- open luks --key-file bad --run 'echo never'
+run fg-header-test -- open luks --key-file pass --test-passphrase --socket "$WORK/fg.sock"
+run fg-header-missing -- open nosuch --key-file pass --run 'echo never'
+U="nbd+unix:///?socket=$WORK/rh.sock"
+cp luks rh
+run rh-serve -- open --table "0 65536 crypt aes-xts-plain64 $KEY 0 $WORK/rh 0" --raw --socket "$WORK/rh.sock" --run "
+    '$BIN' isLuks -v '$U'; echo rc=\$?
+    '$BIN' luksUUID '$U'; echo rc=\$?
+    '$BIN' config --label remote '$U'; echo rc=\$?
+    '$BIN' luksDump '$U' | grep -E 'Label|Device'; echo rc=\$?
+    '$BIN' luksAddKey -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file pass '$U' pass2; echo rc=\$?
+    '$BIN' open '$U' --test-passphrase --key-file pass2; echo rc=\$?
+    '$BIN' luksHeaderBackup '$U' --header-backup-file '$WORK/rh.bak'; echo rc=\$?"
+run rh-label -- luksDump rh
+run rh-gone -- luksDump "nbd+unix:///?socket=$WORK/nosuch.sock"
+run rh-ram -- luksDump ram:1M
+run rh-isluks-ram -- isLuks -v ram:1M
+
 # Opening refusals.
 run open-plain-stdin -- open img p --type plain --device none
 run close-plain -- close p
@@ -352,6 +400,12 @@ if [ -f "$TC" ] && tar xJf "$TC" tcrypt-images/tc_2-ripemd160-cbc-aes-hidden 2>/
     run unlock-tcrypt-wrong tcpass -- luksOpen "$TI" --type tcrypt --print-table --tcrypt-hidden --hash ripemd160 --cipher aes tc
     run unlock-tcrypt-stdin tcpass -- luksOpen "$TI" --type tcrypt --print-table --key-file - --hash ripemd160 --cipher aes
     run unlock-tcrypt-dump tcpass -- tcryptDump "$TI" --hash ripemd160 --cipher aes
+    run unlock-tcrypt-dump-key tcpass -- tcryptDump "$TI" -q --dump-volume-key --hash ripemd160 --cipher aes
+    run unlock-tcrypt-dump-unconfirmed tcpass -- tcryptDump "$TI" --dump-volume-key --hash ripemd160 --cipher aes
+    run unlock-tcrypt-dump-wrong tchidden -- tcryptDump "$TI" --hash ripemd160 --cipher aes
+    TS=$(( $(stat -c %s "$TI") / 512 ))
+    run unlock-tcrypt-dump-remote tcpass -- open --table "0 $TS crypt aes-xts-plain64 $KEY 0 $WORK/$TI 0" --raw \
+        --socket "$WORK/tc.sock" --run "'$BIN' tcryptDump 'nbd+unix:///?socket=$WORK/tc.sock' --hash ripemd160 --cipher aes"
     run unlock-tcrypt-pim tcpass -- open "$TI" --type tcrypt --test-passphrase --veracrypt-query-pim --hash ripemd160
 fi
 exit 0

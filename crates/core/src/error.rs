@@ -300,6 +300,38 @@ pub fn link_kind(link: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> 
     None
 }
 
+/// The kind an error chain has as cryptsetup reports it: busy when a link says the device
+/// is held by someone else ([`link_is_busy`]), else the kind of the first link that decides
+/// one ([`link_kind`]: the format layer's errno, a device failure), else
+/// [`ErrorKind::Invalid`]. For errors of other types that hold the library's, or the
+/// library's own built by an operation that names no kind.
+pub fn chain_kind(e: &(dyn std::error::Error + 'static)) -> ErrorKind {
+    if links(e).any(link_is_busy) {
+        return ErrorKind::Busy;
+    }
+    links(e).find_map(link_kind).unwrap_or(ErrorKind::Invalid)
+}
+
+/// The kind of a failed open of a device or table: busy as in [`chain_kind`], a device
+/// failure anywhere in the chain ([`link_is_device`]) [`ErrorKind::Device`], anything
+/// else (the table, its cipher, an option) [`ErrorKind::Invalid`].
+pub fn open_kind(e: &(dyn std::error::Error + 'static)) -> ErrorKind {
+    if links(e).any(link_is_busy) {
+        ErrorKind::Busy
+    } else if links(e).any(link_is_device) {
+        ErrorKind::Device
+    } else {
+        ErrorKind::Invalid
+    }
+}
+
+/// `e` and every error under it.
+fn links<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |l| l.source())
+}
+
 /// The kinds of failure callers tell apart (cryptsetup's exit codes 1 to 5 are one per kind).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -40,9 +40,12 @@ pub mod secret;
 pub mod secure;
 pub mod settings;
 pub mod tcrypt;
+pub mod tcrypt_dump;
 pub mod unlock;
 pub mod unlocked;
 
-pub use error::{link_is_busy, link_is_device, link_kind, Error, ErrorKind, Result};
+pub use error::{
+    chain_kind, link_is_busy, link_is_device, link_kind, open_kind, Error, ErrorKind, Result,
+};
 pub use header::{open_header, open_unlocked, unlock, HeaderOptions, Unlocked, VolumeType};
 pub use open::{open_parsed, open_table, OpenOptions, OpenedTable};

@@ -145,6 +145,11 @@ pub trait Prompt {
     /// keyslot a passphrase unlocked under `-v`, a warning about what an option means.
     fn info(&mut self, _text: &str) {}
 
+    /// A warning about what the caller asked for (a volume served without
+    /// authentication, a sector size the kernel cannot open), shown however the caller
+    /// shows warnings.
+    fn warning(&mut self, _text: &str) {}
+
     /// A debug line (never a secret).
     fn debug(&mut self, _text: &str) {}
 

@@ -102,26 +102,14 @@ impl<T, E: Into<anyhow::Error>> WithCode<T> for Result<T, E> {
     }
 }
 
-/// Classifies an open error: device problems exit 4, everything else 1.
+/// Classifies an open error ([`ucrypt::open_kind`]): busy 5, device problems 4,
+/// everything else 1.
 pub(crate) fn open_error(e: impl Into<anyhow::Error>) -> CliError {
-    let e = e.into();
-    let device = e.chain().any(ucrypt::link_is_device);
+    let err = e.into();
     CliError {
-        code: if in_use(&e) {
-            EXIT_BUSY
-        } else if device {
-            EXIT_DEVICE
-        } else {
-            EXIT_PARAMS
-        },
-        err: e,
+        code: code_of(ucrypt::open_kind(err.as_ref())),
+        err,
     }
-}
-
-/// Whether `e` says the device is held by someone else: a remote device that refused the
-/// open as busy (an RBD image whose exclusive lock another client holds).
-pub(crate) fn in_use(e: &anyhow::Error) -> bool {
-    e.chain().any(ucrypt::link_is_busy)
 }
 
 /// An error and its context chain on one line, outermost first.
@@ -130,22 +118,14 @@ pub(crate) fn error_line(err: &anyhow::Error) -> String {
     msg.join(": ")
 }
 
-/// Maps an error to cryptsetup's exit code from its type: the first link of the chain
-/// that [`ucrypt::link_kind`] classifies (the format layer's errno: EPERM → 2, ENOMEM → 3,
-/// ENODEV/ENOTBLK → 4, EBUSY → 5; a device that cannot be opened → 4; backend and engine
-/// errors → 4), anything else → 1.
+/// Maps an error to cryptsetup's exit code from its type ([`ucrypt::chain_kind`]: busy 5,
+/// else the first link that decides: the format layer's errno, EPERM 2, ENOMEM 3,
+/// ENODEV/ENOTBLK 4, EBUSY 5; a device failure 4), anything else 1.
 pub(crate) fn cs_error(e: impl Into<anyhow::Error>) -> CliError {
-    let e = e.into();
-    if in_use(&e) {
-        return CliError {
-            code: EXIT_BUSY,
-            err: e,
-        };
-    }
-    let code = e.chain().find_map(ucrypt::link_kind).map(code_of);
+    let err = e.into();
     CliError {
-        code: code.unwrap_or(EXIT_PARAMS),
-        err: e,
+        code: code_of(ucrypt::chain_kind(err.as_ref())),
+        err,
     }
 }
 

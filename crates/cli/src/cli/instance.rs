@@ -17,10 +17,11 @@
 use super::daemon::{self, Ready};
 use super::exit::{instance_error, lib_error, lock_error};
 use super::open::{self, Args};
-use super::{error_line, open_error, CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
+use super::prompt::Terminal;
+use super::{open_error, CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::path::PathBuf;
 use std::sync::Arc;
-use ucrypt::export::{Listener, Shutdown};
+use ucrypt::export::{Bound, Endpoint, Shutdown};
 use ucrypt::instance::frontend;
 use ucrypt::instance::frontend::FrontendKind;
 use ucrypt::instance::lock::{self, LockMode};
@@ -73,8 +74,10 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
     if a.notify {
         super::secret::set_ask_password(true);
     }
-    let tls = open::tls_config(&a)?;
-    open::check_exposure(&a, tls.is_some())?;
+    let exposure = open::exposure(&a);
+    let tls = exposure
+        .check(&mut Terminal::new(&a.header.tcrypt.progress))
+        .map_err(lib_error)?;
     let kind = choose_frontend(&a, &name)?;
     if a.recover && kind == FrontendKind::VhostUser {
         // The VM reconnects where it was: the dead instance's socket.
@@ -207,7 +210,17 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
     } else {
         daemon::detach(&dir.paths.log())?
     };
-    let result = serve(&mut a, kind, &dir, desc, mapping, unlocked, tls, &mut ready);
+    let endpoint = match exposure.endpoint {
+        // Without --socket/--listen: nbd.sock in the runtime directory.
+        Endpoint::Private => Endpoint::Unix {
+            path: dir.paths.socket(),
+            group: None,
+        },
+        asked => asked,
+    };
+    let result = serve(
+        &mut a, kind, endpoint, tls, &dir, desc, mapping, unlocked, &mut ready,
+    );
     if let Err(e) = &result {
         if ready.pending() && ready.fail(e) {
             // The parent prints it; the child exits quietly (directory removed by drop).
@@ -227,11 +240,12 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
 fn serve(
     a: &mut Args,
     kind: FrontendKind,
+    endpoint: Endpoint,
+    tls: Option<Arc<ucrypt::export::TlsConfig>>,
     dir: &InstanceDir,
     desc: Description,
     mapping: Option<ucrypt::format::Mapping>,
     unlocked: Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>,
-    tls: Option<Arc<ucrypt::export::TlsConfig>>,
     ready: &mut Ready,
 ) -> Result<(), CliError> {
     // Before any other thread: only the signal thread takes SIGTERM/SIGINT, and hands
@@ -273,14 +287,11 @@ fn serve(
     })?;
 
     // The NBD socket: --socket/--listen, or nbd.sock in the runtime directory.
-    let mut cleanup = open::Cleanup(Vec::new());
-    let listener = if a.socket.is_some() || a.listen.is_some() {
-        open::listen(a, &mut cleanup)?
-    } else {
-        Listener::bind_unix(dir.paths.socket())
-            .map_err(anyhow::Error::from)
-            .code(EXIT_PARAMS)?
-    };
+    let Bound {
+        listener,
+        mut cleanup,
+        ..
+    } = endpoint.bind(false).map_err(lib_error)?;
     let config = server::Config {
         frontend: kind,
         opts,
@@ -298,8 +309,7 @@ fn serve(
     let pid_file = a.pid_file.clone();
     let served = server::serve(dir, desc, built, listener, config, shutdown, |shown| {
         if let Some(p) = &pid_file {
-            open::write_pid_file(p).map_err(|e| ucrypt::Error::Invalid(error_line(&e.err)))?;
-            cleanup.0.push(p.clone());
+            cleanup.write_pid_file(p)?;
         }
         let link = ucrypt::instance::runtime::stable_path(&dir.paths.name);
         if std::fs::symlink_metadata(&link).is_ok() {

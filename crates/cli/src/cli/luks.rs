@@ -1,12 +1,13 @@
 //! What the LUKS commands share: the device argument with `--header`, `--type`,
 //! `--batch-mode`, error → exit code mapping, and loading the header.
 
+use super::exit::lib_error;
 pub(crate) use super::exit::{cs_error, CsResult};
-use super::{CliError, WithCode, EXIT_DEVICE};
+use super::CliError;
 use std::path::{Path, PathBuf};
 use ucrypt::header::{crypt_device, load_luks, VolumeType};
 use ucrypt::luks::CryptDevice;
-use ucrypt::remote_header::RemoteHeader;
+use ucrypt::remote_header::Staging;
 
 /// The device and its header location.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -69,67 +70,30 @@ impl DeviceArgs {
 
 /// Remote devices staged by this process's header command, written back by
 /// [`write_back_remote`] when it ends.
-static STAGED: std::sync::Mutex<Vec<RemoteHeader>> = std::sync::Mutex::new(Vec::new());
+pub(crate) static STAGED: Staging = Staging::new();
 
-/// `path` itself, or for an NBD URI the path of its staged copy
-/// ([`ucrypt::remote_header::RemoteHeader`]; staged once per URI and process, `copy`
-/// naming whether its metadata is needed).
+/// `path` itself, or for an NBD URI the path of its staged copy ([`Staging::local_path`]:
+/// staged once per URI and process, `copy` naming whether its metadata is needed).
 ///
 /// # Errors
 /// The server cannot be reached or read (exit code 4), or its header is implausible.
 pub(crate) fn local_path(path: &Path, copy: bool) -> Result<PathBuf, CliError> {
-    if !ucrypt::remote_header::is_remote(path) {
-        return Ok(path.to_path_buf());
-    }
-    let uri = path.display().to_string();
-    if copy && ucrypt::open::is_ram(&uri) {
-        return Err(anyhow::anyhow!(
-            "{}",
-            ucrypt::header::ram_holds_no_header(&uri)
-        ))
-        .code(super::EXIT_PARAMS);
-    }
-    let mut staged = STAGED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(r) = staged.iter().find(|r| r.uri() == uri) {
-        return Ok(r.path().to_path_buf());
-    }
-    let r = RemoteHeader::stage(&uri, copy).code(EXIT_DEVICE)?;
-    let local = r.path().to_path_buf();
-    staged.push(r);
-    Ok(local)
+    STAGED.local_path(path, copy).map_err(lib_error)
 }
 
-/// Writes every staged remote device's changes back to its server (see
-/// [`RemoteHeader::write_back`]) and forgets the staging. Called when a command ends, and
-/// by luksFormat before it wipes through the data path.
+/// Writes every staged remote device's changes back to its server
+/// ([`Staging::write_back`]). Called when a command ends, and by luksFormat before it
+/// wipes through the data path.
 ///
 /// # Errors
-/// The first write-back that failed (exit code 4); the others are still attempted.
+/// The first write-back that failed (exit code 4, or 5 for a busy device).
 pub(crate) fn write_back_remote() -> Result<(), CliError> {
-    let staged = std::mem::take(&mut *STAGED.lock().unwrap_or_else(|p| p.into_inner()));
-    let mut first = None;
-    for r in staged {
-        if let Err(e) = r.write_back() {
-            first.get_or_insert(anyhow::Error::from(e));
-        }
-    }
-    match first {
-        Some(e) if super::in_use(&e) => Err(e).code(super::exit::EXIT_BUSY),
-        Some(e) => Err(e).code(EXIT_DEVICE),
-        None => Ok(()),
-    }
+    STAGED.write_back().map_err(lib_error)
 }
 
-/// `text` (libcryptsetup's dump, which names the device it read) with the path of every
-/// staged remote device replaced by its URI.
-pub(crate) fn shown(mut text: String) -> String {
-    for r in STAGED.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-        let path = r.path().display().to_string();
-        if text.contains(&path) {
-            text = text.replace(&path, r.uri());
-        }
-    }
-    text
+/// `text` (libcryptsetup's dump) naming every staged remote device by its URI.
+pub(crate) fn shown(text: String) -> String {
+    STAGED.shown(text)
 }
 
 /// Parses `--type` for LUKS commands.

@@ -48,7 +48,7 @@ mod write;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 pub(crate) use exit::{
-    error_line, in_use, open_error, CliError, Printed, WithCode, EXIT_DEVICE, EXIT_PARAMS,
+    error_line, open_error, CliError, Printed, WithCode, EXIT_DEVICE, EXIT_PARAMS,
 };
 use std::process::ExitCode;
 

@@ -2,19 +2,16 @@
 //! `ucrypt open`. cryptsetup's form: a device instead of a table line, the header
 //! detected (`--type luks` takes LUKS1 or LUKS2; without `--type`, BitLocker and FileVault2
 //! signatures are recognised too) or plain-mode options, and
-//! the passphrase from `--key-file` or a prompt. The volume is then served like a table's.
-//! `--test-passphrase` only checks the passphrase and serves nothing.
+//! the passphrase from `--key-file` or a prompt, as an unlock request for the library
+//! (`ucrypt::open::Source::Header`; a named instance unlocks it itself first).
 
 use super::exit::lib_error;
-use super::luks::cs_error;
 use super::plain_args::PlainArgs;
 use super::prompt::Terminal;
 use super::secret::KeyFileArgs;
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
-use std::sync::Arc;
 use ucrypt::header::VolumeType;
-use ucrypt::open::Backend;
 use ucrypt::unlock::{Outcome, Request};
 
 /// The cryptsetup-style arguments of `ucrypt open`.
@@ -77,65 +74,51 @@ pub(crate) struct HeaderArgs {
     pub(crate) unlock: super::unlock_opts::UnlockOpts,
 }
 
-/// What the header path gives `ucrypt open`: nothing more to do (`--test-passphrase`), or
-/// the volume to serve and its description.
-pub(crate) enum HeaderExport {
-    /// The passphrase checked out; exit 0.
-    Checked,
-    /// Serve this.
-    Serve(Arc<dyn Backend>, String),
+impl HeaderArgs {
+    /// The unlock request these options make for the library's policy
+    /// ([`ucrypt::unlock::Request::unlock`]). `writable`: the open is read-write and holds
+    /// the image lock, so a LUKS2 reencryption hotzone a crash interrupted may be recovered
+    /// first (as cryptsetup's activation does).
+    pub(crate) fn request(&self, writable: bool) -> Result<Request, CliError> {
+        let device = self.device.clone().expect("called only with a device");
+        let kind = match &self.kind {
+            Some(k) => Some(
+                k.parse::<VolumeType>()
+                    .map_err(anyhow::Error::from)
+                    .code(EXIT_PARAMS)?,
+            ),
+            None => None,
+        };
+        Ok(Request {
+            header: self.header.clone(),
+            kind,
+            key: self.key.inputs(),
+            key_slot: self.key_slot,
+            volume_key_file: self.volume_key_file.clone(),
+            tokens: self.token.tokens(),
+            plain: self.plain.inputs(),
+            tcrypt: self.tcrypt.inputs(),
+            allow_discards: self.allow_discards,
+            allow_null_cipher: self.insecure_allow_null_cipher,
+            tries: self.tries,
+            test_passphrase: self.test_passphrase,
+            unbound: self.unlock.unbound,
+            serialize_memory_hard_pbkdf: self.unlock.serialize_memory_hard_pbkdf,
+            link_vk_to_keyring: self.unlock.link_vk_to_keyring.clone(),
+            recover_reencryption: writable,
+            ..Request::new(device)
+        })
+    }
 }
 
-/// Unlocks `h.device` and builds its volume with the engine options of `opts`.
-pub(crate) fn export(h: &HeaderArgs, opts: ucrypt::OpenOptions) -> Result<HeaderExport, CliError> {
-    // No image lock is held here: a crashed reencryption hotzone is refused, not recovered.
-    let Some((unlocked, _)) = unlock(h, false)? else {
-        return Ok(HeaderExport::Checked);
-    };
-    let description = unlocked.export_description();
-    let volume = ucrypt::open_unlocked(unlocked, opts).map_err(cs_error)?;
-    Ok(HeaderExport::Serve(volume, description))
-}
-
-/// Reads the secret and unlocks `h.device` (the library's policy,
-/// [`ucrypt::unlock::Request::unlock`]): the volume key and table, and the header options
-/// that unlock it again (`luksResume`, `resize`, `refresh`). `None` with
-/// `--test-passphrase` once the passphrase checked out. A wrong passphrase typed at a
-/// terminal is asked for again, `--tries` times in all (as cryptsetup does). `writable`: the
-/// open is read-write and holds the image lock, so a LUKS2 reencryption hotzone a crash
-/// interrupted may be recovered first (as cryptsetup's activation does).
+/// Unlocks `h.device` with the terminal's prompt ([`HeaderArgs::request`]): the volume key
+/// and table, and the header options that unlock it again (`luksResume`, `resize`,
+/// `refresh`). `None` with `--test-passphrase` once the passphrase checked out.
 pub(crate) fn unlock(
     h: &HeaderArgs,
     writable: bool,
 ) -> Result<Option<(ucrypt::Unlocked, ucrypt::HeaderOptions)>, CliError> {
-    let device = h.device.clone().expect("called only with a device");
-    let kind = match &h.kind {
-        Some(k) => Some(
-            k.parse::<VolumeType>()
-                .map_err(anyhow::Error::from)
-                .code(EXIT_PARAMS)?,
-        ),
-        None => None,
-    };
-    let request = Request {
-        header: h.header.clone(),
-        kind,
-        key: h.key.inputs(),
-        key_slot: h.key_slot,
-        volume_key_file: h.volume_key_file.clone(),
-        tokens: h.token.tokens(),
-        plain: h.plain.inputs(),
-        tcrypt: h.tcrypt.inputs(),
-        allow_discards: h.allow_discards,
-        allow_null_cipher: h.insecure_allow_null_cipher,
-        tries: h.tries,
-        test_passphrase: h.test_passphrase,
-        unbound: h.unlock.unbound,
-        serialize_memory_hard_pbkdf: h.unlock.serialize_memory_hard_pbkdf,
-        link_vk_to_keyring: h.unlock.link_vk_to_keyring.clone(),
-        recover_reencryption: writable,
-        ..Request::new(device)
-    };
+    let request = h.request(writable)?;
     let mut prompt = Terminal::new(&h.tcrypt.progress);
     match request.unlock(&mut prompt).map_err(lib_error)? {
         Outcome::Unlocked(unlocked, hopts) if !h.test_passphrase => Ok(Some((*unlocked, *hopts))),

@@ -2,7 +2,7 @@
 //! unlock policy, the keyslot commands and reencryption ask through): passphrases from the terminal or one line
 //! of a pipe (`secret.rs`: echo off, `--timeout`, `-y`), or from the command's key file
 //! where it gives one; confirmations unless `--batch-mode`; standard input for
-//! `--key-file -`, notices on stderr, the command's own lines on stdout, `--debug` lines, a spinner with Ctrl-C ending the
+//! `--key-file -`, notices and warnings on stderr, the command's own lines on stdout, `--debug` lines, a spinner with Ctrl-C ending the
 //! command while a step runs (nothing is written then), and the TCRYPT search's bar or
 //! JSON lines; a header write under a copy of the header that a signal puts back.
 
@@ -89,6 +89,10 @@ impl Prompt for Terminal {
 
     fn info(&mut self, text: &str) {
         println!("{text}");
+    }
+
+    fn warning(&mut self, text: &str) {
+        eprintln!("ucrypt: warning: {text}");
     }
 
     fn debug(&mut self, text: &str) {

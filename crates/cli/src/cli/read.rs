@@ -1,8 +1,11 @@
 //! `ucrypt read`: the plaintext view of a table's mapping, to stdout or a file.
 
-use super::{open_error, CliError, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
+use super::exit::lib_error;
+use super::prompt::Terminal;
+use super::{CliError, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::io::Write;
-use ucrypt::open::Backend;
+use ucrypt::open::{Backend, Opened, Source};
+use ucrypt::prompt::Prompt;
 
 /// Arguments of `ucrypt read`.
 #[derive(clap::Args)]
@@ -32,37 +35,26 @@ const CHUNK: u64 = 1 << 20;
 
 /// Warns once when a table uses the large-sector extension.
 pub(crate) fn warn_large<'a>(lines: impl IntoIterator<Item = &'a ucrypt::format::TableLine>) {
-    let sizes = lines
-        .into_iter()
-        .map(ucrypt::format::TableLine::sector_size_bytes);
-    warn_large_size(sizes.max().unwrap_or(512));
-}
-
-/// [`warn_large`] for the largest sector size of a table.
-fn warn_large_size(big: u32) {
-    if big > 4096 {
-        eprintln!(
-            "ucrypt: warning: sector_size {big} is beyond the kernel's limit of 4096: the Linux kernel's dm-crypt cannot open this volume",
-        );
+    if let Some(big) = ucrypt::open::beyond_kernel(lines) {
+        Terminal::default().warning(&ucrypt::open::large_sector_warning(big));
     }
 }
 
-/// Opens the whole table input (every line) with `opts`; warns about large sectors.
+/// Opens the whole table input (every line) with `opts` ([`Source::Table`], which warns
+/// about large sectors).
 pub(crate) fn open_input(
     table: &TableArg,
     opts: ucrypt::OpenOptions,
 ) -> Result<(std::sync::Arc<dyn Backend>, String), CliError> {
     let mapping = table.mapping()?;
-    let big = mapping
-        .crypt_lines()
-        .map(ucrypt::format::TableLine::sector_size_bytes)
-        .max()
-        .unwrap_or(512);
-    let description = mapping.describe();
-    let volume = ucrypt::mapping::open_mapping(mapping, opts).map_err(open_error)?;
-    // Only for a table that opened (a refused one gets its error alone).
-    warn_large_size(big);
-    Ok((volume, description))
+    let opened = ucrypt::open::open_source(Source::Table(mapping), opts, &mut Terminal::default());
+    match opened.map_err(lib_error)? {
+        Opened::Volume {
+            volume,
+            description,
+        } => Ok((volume, description)),
+        Opened::Checked => unreachable!("a table is opened, never only checked"),
+    }
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {

@@ -4,9 +4,8 @@
 //! prompt or one line of standard input (`--key-file -` reads it from standard input).
 
 use super::exit::lib_error;
-use super::luks::cs_error;
 use super::prompt::Terminal;
-use super::secret::{self, KeyFileArgs};
+use super::secret::KeyFileArgs;
 use super::CliError;
 use std::path::PathBuf;
 use ucrypt::unlock::{PlainInputs, Request, TcryptInputs};
@@ -87,25 +86,10 @@ pub(crate) struct DumpArgs {
 }
 
 /// `tcryptDump`: the decrypted header as cryptsetup prints it, and the volume key when
-/// confirmed.
+/// confirmed ([`ucrypt::tcrypt_dump::tcrypt_dump`]).
 pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
-    if a.dump_volume_key {
-        secret::confirm(
-            a.batch_mode,
-            "The header dump with volume key is sensitive information that allows access to \
-             the encrypted partition without a passphrase. This dump should always be stored \
-             encrypted in a safe place",
-        )?;
-    }
-    // NBD URIs are read through staged copies (super::luks::local_path); the dump names
-    // what the user named.
-    let header = match &a.header {
-        Some(h) => Some(super::luks::local_path(h, true)?),
-        None => None,
-    };
-    let device = super::luks::local_path(&a.device, header.is_none())?;
     let request = Request {
-        header,
+        header: a.header.clone(),
         kind: Some(ucrypt::VolumeType::Tcrypt),
         key: a.key.inputs(),
         plain: PlainInputs {
@@ -116,28 +100,20 @@ pub(crate) fn run_dump(a: DumpArgs) -> Result<(), CliError> {
         tcrypt: a.tcrypt.inputs(),
         ..Request::new(&a.device)
     };
-    let (hopts, secret) = request
-        .tcrypt_inputs(&mut Terminal::new(&a.tcrypt.progress))
-        .map_err(lib_error)?;
-    let (hdr, meta) = super::progress::searching_maybe(None, || {
-        ucrypt::tcrypt::load_header(&device, &secret, &hopts)
-    })
-    .map_err(cs_error)?;
-    drop(secret);
-    let shown = if Some(&meta) == hopts.header.as_ref() {
-        a.header.clone().unwrap_or(meta)
-    } else if meta == device {
-        a.device.clone()
-    } else {
-        meta
+    let mut prompt = Terminal {
+        progress: a.tcrypt.progress.clone(),
+        batch: a.batch_mode,
+        ..Terminal::default()
     };
-    let mut out = hdr.dump(&shown.display().to_string());
-    if a.dump_volume_key {
-        let key = hdr.volume_key();
+    let staging = &super::luks::STAGED;
+    let dump = ucrypt::tcrypt_dump::tcrypt_dump(&request, staging, a.dump_volume_key, &mut prompt)
+        .map_err(lib_error)?;
+    let mut out = dump.text;
+    if let Some(key) = &dump.volume_key {
+        let hex = zeroize::Zeroizing::new(super::format_dump::hex_dump(key.as_bytes(), Some(16)));
         out.push_str("MK dump:\t");
-        out.push_str(&super::format_dump::hex_dump(key.as_bytes(), Some(16)));
+        out.push_str(&hex);
     }
-    print!("{out}");
-    zeroize::Zeroize::zeroize(&mut out);
+    print!("{}", *out);
     Ok(())
 }

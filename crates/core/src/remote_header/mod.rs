@@ -36,9 +36,13 @@
 //!
 //! A command killed before the write-back leaves the server untouched; one that fails
 //! still writes back what it changed (as libcryptsetup's writes would be on a local disk;
-//! `cli::run` calls the write-back after every command). There is no lock across machines: two hosts changing one remote header at
+//! the command calls [`Staging::write_back`] after every command). There is no lock across machines: two hosts changing one remote header at
 //! once is as unsafe as with cryptsetup on a shared disk; the changed-meanwhile check only
 //! catches changes to the copied ranges.
+
+mod staging;
+
+pub use staging::Staging;
 
 use crate::error::{bail, Context, Result};
 use crate::open::{Device, DeviceKind};

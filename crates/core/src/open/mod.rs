@@ -1,5 +1,10 @@
 //! Assembling a volume from a table line: the one place that shows where every part of
-//! the line goes (cipher and key → crypto, device → backend, offsets and flags → engine).
+//! the line goes (cipher and key → crypto, device → backend, offsets and flags → engine);
+//! opening the devices a line names; and what an `open` serves ([`Source`], `source.rs`).
+
+mod source;
+
+pub use source::{beyond_kernel, large_sector_warning, open_source, Opened, Source};
 
 use crate::config::{engine_options, PerfOptions};
 use crate::error::{Context, Result};
