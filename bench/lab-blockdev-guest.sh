@@ -1,12 +1,19 @@
 #!/bin/bash
 # Guest half of bench/lab-blockdev.sh (runs as root in the guest of tests/lab/run.sh).
-#   lab-blockdev-guest.sh ATTACH RUNTIME_S OUT_DIR
-# One brd ramdisk as backing; aes-xts-plain64 (512-bit key, 4096-byte sectors) over it
-# through: ucrypt's ublk front end (inline, and with 2 worker threads), ucrypt's kernel NBD
-# front end (1 and 2 connections), and the kernel's own dm-crypt. fio (libaio, direct) runs
-# the same six jobs on each; results are fio JSON files in OUT_DIR.
+#   lab-blockdev-guest.sh ATTACH RUNTIME_S OUT_DIR [CIPHERS] [DEVICES]
+# One brd ramdisk as backing; each cipher of CIPHERS (default "aes null": aes-xts-plain64
+# with a 512-bit key, and cipher_null-ecb with no key, both with 4096-byte sectors) over it
+# through each of DEVICES (default "ublk ublk-w2 nbd nbd-c2 dm-crypt"): ucrypt's ublk front
+# end (inline, and with 2 worker threads), ucrypt's kernel NBD front end (1 and 2
+# connections), and the kernel's own dm-crypt, given the same table line. fio (libaio,
+# direct) runs the same six jobs on each; results are fio JSON files in OUT_DIR, named
+# LABEL.RW.BS.QD.json (LABEL is the device, with "null-" before it for the null cipher).
+# Which cipher code each side ran goes to OUT_DIR/ciphers.txt: the kernel's drivers from
+# /proc/crypto while dm-crypt holds the table, and the guest CPU's AES flags.
 set -eu
 ATTACH=$1 RT=$2 OUT=$3
+CIPHERS=${4:-aes null}
+DEVICES=${5:-ublk ublk-w2 nbd nbd-c2 dm-crypt}
 mkdir -p "$OUT"
 MIB=256
 rmmod brd 2>/dev/null || true  # tests/lab/run.sh loads it with the default 4 MiB disks
@@ -16,7 +23,6 @@ dd if=/dev/zero of=/dev/ram0 bs=1M count=$MIB oflag=direct status=none
 KEY=$(head -c 64 /dev/urandom | od -An -tx1 | tr -d ' \n')
 SECTORS=$((MIB * 2048))
 T=$(mktemp -d)
-echo "0 $SECTORS crypt aes-xts-plain64 $KEY 0 /dev/ram0 0 1 sector_size:4096" > "$T/table"
 
 jobs() { # DEVICE LABEL
   local dev=$1 label=$2
@@ -34,15 +40,40 @@ start() { # FRONT ARGS...
   "$ATTACH" "$front" "$T/table" --ready "$T/ready" "$@" > /dev/null 2> "$T/err" &
   PID=$!
   for _ in $(seq 600); do [ -s "$T/ready" ] && break; sleep 0.1; done
+  [ -s "$T/ready" ] || { echo "attach $front $*: did not start: $(cat "$T/err")" >&2; exit 1; }
   DEV=$(cat "$T/ready")
 }
 stop() { kill -TERM "$PID"; wait "$PID" || true; }
 
-start ublk --no-recovery; jobs "$DEV" ublk; stop
-start ublk --no-recovery --workers 2; jobs "$DEV" ublk-w2; stop
-start nbd; jobs "$DEV" nbd; stop
-start nbd --conns 2; jobs "$DEV" nbd-c2; stop
-dmsetup create ucbench --table "$(cat "$T/table")"; dmsetup mknodes
-jobs /dev/mapper/ucbench dm-crypt
-dmsetup remove ucbench
+{
+  echo "# guest CPU AES flags: $(grep -m1 -o -w -E 'aes|vaes|avx2|avx512f|vpclmulqdq|pclmulqdq' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+  grep -m1 '^model name' /proc/cpuinfo
+} > "$OUT/ciphers.txt"
+for c in $CIPHERS; do
+  case $c in
+    aes) spec="aes-xts-plain64 $KEY" prefix= ;;
+    null) spec="cipher_null-ecb -" prefix=null- ;;
+    *) echo "unknown cipher $c" >&2; exit 1 ;;
+  esac
+  echo "0 $SECTORS crypt $spec 0 /dev/ram0 0 1 sector_size:4096" > "$T/table"
+  for d in $DEVICES; do
+    case $d in
+      ublk) start ublk --no-recovery ;;
+      ublk-w2) start ublk --no-recovery --workers 2 ;;
+      nbd) start nbd ;;
+      nbd-c2) start nbd --conns 2 ;;
+      dm-crypt)
+        dmsetup create ucbench --table "$(cat "$T/table")"; dmsetup mknodes
+        # The drivers the kernel's crypto API picked for this table (skcipher instances).
+        { echo "# $c: kernel dm-crypt table: $(dmsetup table ucbench | awk '{print $4}')"
+          awk '/^name/{n=$3} /^driver/{d=$3} /^priority/{p=$3} /^type/{if ($3=="skcipher") print "#   " n " -> " d " (priority " p ")"}' /proc/crypto |
+            grep -E 'xts|ecb|null' | sort -u; } >> "$OUT/ciphers.txt"
+        jobs /dev/mapper/ucbench "${prefix}dm-crypt"
+        dmsetup remove ucbench
+        continue ;;
+      *) echo "unknown device $d" >&2; exit 1 ;;
+    esac
+    jobs "$DEV" "$prefix$d"; stop
+  done
+done
 nproc | sed 's/^/# vCPUs: /'

@@ -1,10 +1,13 @@
 #!/bin/bash
-# Block-device front ends side by side in one guest of tests/lab/run.sh (issue 12, point 7):
-# fio (libaio, direct) on ucrypt's ublk device, ucrypt's kernel NBD device and the kernel's
-# dm-crypt, all aes-xts-plain64 (4096-byte sectors) over the same brd ramdisk.
-#   bench/lab-blockdev.sh [RUNTIME_SECONDS]      (default 8 per cell; about 6 min in all)
-# Prints a table of IOPS (4k) / MiB/s (1M) and the ratios; TCG distorts absolute speed,
-# so only ratios inside one run mean anything. Not part of CI.
+# Block-device front ends side by side in one guest of tests/lab/run.sh (issue 12, point 7;
+# issue 32, item 3): fio (libaio, direct) on ucrypt's ublk device, ucrypt's kernel NBD
+# device and the kernel's dm-crypt over the same brd ramdisk, each with aes-xts-plain64 and
+# with cipher_null-ecb (4096-byte sectors; the null cipher measures the I/O path alone).
+#   bench/lab-blockdev.sh [RUNTIME_SECONDS]      (default 8 per cell; about 12 min in all)
+#   CIPHERS='aes null' DEVICES='ublk ublk-w2 nbd nbd-c2 dm-crypt' narrow the run.
+# Prints a table of IOPS (4k) / MiB/s (1M) and the ratios per cipher, and which cipher code
+# the kernel and the guest CPU offered; TCG distorts absolute speed, so only ratios inside
+# one run mean anything. Not part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RT=${1:-8}
@@ -12,10 +15,13 @@ T=${CARGO_TARGET_DIR:-target}
 cargo build --release -p ucrypt-device --example attach >&2
 ATTACH=$(realpath "$T/release/examples/attach")
 OUT=$(mktemp -d "$PWD/target/lab-bench.XXXXXX")
-LAB_TIMEOUT=3600 tests/lab/run.sh bench/lab-blockdev-guest.sh "$ATTACH" "$RT" "$OUT"
-python3 - "$OUT" <<'PY'
+CIPHERS=${CIPHERS:-aes null}
+DEVICES=${DEVICES:-ublk ublk-w2 nbd nbd-c2 dm-crypt}
+LAB_MODULES="${LAB_MODULES:-} crypto_null" LAB_TIMEOUT=${LAB_TIMEOUT:-5400} \
+  tests/lab/run.sh bench/lab-blockdev-guest.sh "$ATTACH" "$RT" "$OUT" "$CIPHERS" "$DEVICES"
+python3 - "$OUT" "$CIPHERS" <<'PY'
 import json, os, sys
-out = sys.argv[1]
+out, ciphers = sys.argv[1], sys.argv[2].split()
 devs = ["ublk", "ublk-w2", "nbd", "nbd-c2", "dm-crypt"]
 cells = [("randread", "4k", 1), ("randread", "4k", 32), ("randwrite", "4k", 1),
          ("randwrite", "4k", 32), ("read", "1M", 8), ("write", "1M", 8)]
@@ -26,13 +32,20 @@ def val(dev, rw, bs, qd):
     j = json.load(open(p))["jobs"][0]
     side = j["read"] if "read" in rw else j["write"]
     return side["iops"] if bs == "4k" else side["bw_bytes"] / 2**20
-print("| cell | unit | " + " | ".join(devs) + " | ublk/nbd | ublk/dm-crypt | nbd/dm-crypt |")
-print("|---|---|" + "---|" * (len(devs) + 3))
-for rw, bs, qd in cells:
-    v = {d: val(d, rw, bs, qd) for d in devs}
-    unit = "IOPS" if bs == "4k" else "MiB/s"
-    r = lambda a, b: f"{v[a] / v[b]:.2f}x" if v[a] and v[b] else "-"
-    print(f"| {rw} {bs} QD{qd} | {unit} | " + " | ".join(f"{v[d]:.0f}" if v[d] else "-" for d in devs)
-          + f" | {r('ublk', 'nbd')} | {r('ublk', 'dm-crypt')} | {r('nbd', 'dm-crypt')} |")
+for c in ciphers:
+    prefix = "null-" if c == "null" else ""
+    print(f"\n{'cipher_null-ecb' if c == 'null' else 'aes-xts-plain64 (512-bit key)'}, 4096-byte sectors\n")
+    print("| cell | unit | " + " | ".join(devs) + " | ublk/nbd | ublk/dm-crypt | ublk-w2/dm-crypt | nbd/dm-crypt |")
+    print("|---|---|" + "---|" * (len(devs) + 4))
+    for rw, bs, qd in cells:
+        v = {d: val(prefix + d, rw, bs, qd) for d in devs}
+        unit = "IOPS" if bs == "4k" else "MiB/s"
+        r = lambda a, b: f"{v[a] / v[b]:.2f}x" if v[a] and v[b] else "-"
+        print(f"| {rw} {bs} QD{qd} | {unit} | " + " | ".join(f"{v[d]:.0f}" if v[d] else "-" for d in devs)
+              + f" | {r('ublk', 'nbd')} | {r('ublk', 'dm-crypt')} | {r('ublk-w2', 'dm-crypt')} | {r('nbd', 'dm-crypt')} |")
+print()
+p = os.path.join(out, "ciphers.txt")
+if os.path.exists(p):
+    print(open(p).read())
 PY
 echo "(fio JSON in $OUT)"

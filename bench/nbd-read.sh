@@ -14,7 +14,9 @@
 #
 # UCRYPT_B adds a second build as servers ucrypt-raw-b, ucrypt-l1-b and ucrypt-l2-b (run with
 # the environment UCRYPT_B_ENV), each against its own raw export: before and after a change
-# in one run. NICE runs fio and every server at that nice level (root for negative ones),
+# in one run. Servers ucrypt-n1 and ucrypt-n2 (not in the default set: SERVERS_ONLY) are
+# named instances (`ucrypt open IMG NAME --device none`) of the LUKS1 and LUKS2 images,
+# which serve through the instance's switch (N1, N2 in the ratio columns). NICE runs fio and every server at that nice level (root for negative ones),
 # which keeps other work on a shared machine from taking their CPUs.
 #
 # Columns: IOPS (MiB/s for the large-block rows), the server's CPU seconds per GiB moved
@@ -87,6 +89,12 @@ start() { # name
     ucrypt-raw*) "${U[@]}" open --table-file "$W/raw.table" --raw --socket "$sock" --pid-file "$pidf" >/dev/null & ;;
     ucrypt-l1*)  "${U[@]}" open "$W/luks1.img" --key-file "$W/pass" --socket "$sock" --pid-file "$pidf" >/dev/null & ;;
     ucrypt-l2*)  "${U[@]}" open "$W/luks2.img" --key-file "$W/pass" --socket "$sock" --pid-file "$pidf" >/dev/null & ;;
+    # Named instances (`ucrypt open DEV NAME`, served through the instance's switch), NBD
+    # socket only, sharing the image with the unnamed server of the same image.
+    ucrypt-n1*)  UCRYPT_RUNTIME_DIR=$W/run "${U[@]}" open "$W/luks1.img" "$1" --device none --shared --foreground \
+                   --key-file "$W/pass" --socket "$sock" --pid-file "$pidf" >/dev/null & ;;
+    ucrypt-n2*)  UCRYPT_RUNTIME_DIR=$W/run "${U[@]}" open "$W/luks2.img" "$1" --device none --shared --foreground \
+                   --key-file "$W/pass" --socket "$sock" --pid-file "$pidf" >/dev/null & ;;
     nbdkit-luks) "${N[@]}" nbdkit -f -U "$sock" -P "$pidf" --filter=luks file "$W/luks1.img" passphrase=$PASS & ;;
     nbdkit-null) "${N[@]}" nbdkit -f -U "$sock" -P "$pidf" null "$SIZE" & ;;
     qemu-luks)   "${N[@]}" qemu-nbd -t -e 4 -k "$sock" --pid-file "$pidf" --object secret,id=s0,data=$PASS \
@@ -107,8 +115,8 @@ fi
 for s in "${SERVERS[@]}"; do start "$s"; done
 uri() { echo "nbd+unix:///?socket=$W/$1.sock"; }
 # The LUKS2 data area is filled through ucrypt (a hole would decrypt nothing real).
-if [[ " ${SERVERS[*]} " == *" ucrypt-l2"* ]]; then
-  l2=$(tr ' ' '\n' <<< "${SERVERS[*]}" | grep -m1 '^ucrypt-l2')
+if [[ " ${SERVERS[*]} " == *" ucrypt-"[ln]"2"* ]]; then
+  l2=$(tr ' ' '\n' <<< "${SERVERS[*]}" | grep -m1 '^ucrypt-[ln]2')
   fio --name=fill --ioengine=nbd --uri="$(uri "$l2")" --rw=write --bs=1M --iodepth=4 \
     --size="$SIZE" --output-format=terse >/dev/null
 fi
@@ -168,7 +176,8 @@ for rnd, s, w, iops, mib, cpu in rows:
 servers = list(dict.fromkeys(r[1] for r in rows))
 loads = list(dict.fromkeys(r[2] for r in rows))
 names = {"nbdkit-null": "nbdkit null", "nbdkit-luks": "nbdkit + luks", "qemu-luks": "qemu-nbd luks",
-         "ucrypt-raw": "ucrypt --raw", "ucrypt-l1": "ucrypt LUKS1/512", "ucrypt-l2": "ucrypt LUKS2/4096"}
+         "ucrypt-raw": "ucrypt --raw", "ucrypt-l1": "ucrypt LUKS1/512", "ucrypt-l2": "ucrypt LUKS2/4096",
+         "ucrypt-n1": "named LUKS1/512", "ucrypt-n2": "named LUKS2/4096"}
 for k in list(names):
     if k.startswith("ucrypt"):
         names[k + "-b"] = names[k] + " (B)"
@@ -183,10 +192,11 @@ def fmt(v, w):
 print(f"fio nbd engine over unix sockets; {sys.argv[2]} s per cell, {sys.argv[3]} images, "
       f"medians of {sys.argv[4]} rounds (IOPS; MiB/s for 64k and 1M)")
 print()
-ours = [s for s in ("ucrypt-l1", "ucrypt-l2", "ucrypt-l1-b", "ucrypt-l2-b") if s in servers]
+ours = [s for s in ("ucrypt-l1", "ucrypt-l2", "ucrypt-n1", "ucrypt-n2",
+                    "ucrypt-l1-b", "ucrypt-l2-b", "ucrypt-n1-b", "ucrypt-n2-b") if s in servers]
 head = ["workload"] + [names.get(s, s) for s in servers]
 for o in ours:
-    tag = ("L1" if o.startswith("ucrypt-l1") else "L2") + (" (B)" if o.endswith("-b") else "")
+    tag = o[len("ucrypt-"):len("ucrypt-") + 2].upper() + (" (B)" if o.endswith("-b") else "")
     head += [f"{tag} / raw", f"{tag} / nbdkit+luks"]
 print("| " + " | ".join(head) + " |")
 print("|" + "---|" * len(head))
