@@ -10,6 +10,7 @@
 //! | `nbd` (kernel client) | `/dev/nbdN` | root, the `nbd` module |
 //! | `fuse` | `DIR/NAME`, one regular file | `/dev/fuse` (no root) |
 //! | `vhost-user` | a unix socket a VM attaches as a virtio-blk disk | nothing (no root) |
+//! | `vduse` | `/dev/vdX` (virtio-blk through `virtio_vdpa`) | root, `vduse`, `virtio_vdpa` |
 //!
 //! Every front end implements [`Attachment`]; `ucrypt`'s instance code picks one with
 //! [`FrontendKind`] and never needs to know which it got.
@@ -17,6 +18,7 @@
 pub mod fuse;
 pub mod nbd_kernel;
 pub mod ublk;
+pub mod vduse;
 pub mod vhost_user;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -34,6 +36,8 @@ pub enum FrontendKind {
     Fuse,
     /// A vhost-user-blk socket for a VM.
     VhostUser,
+    /// The host's own virtio-blk device through VDUSE: `/dev/vdX`.
+    Vduse,
     /// No local node: the NBD socket only.
     None,
 }
@@ -46,6 +50,7 @@ impl FrontendKind {
             FrontendKind::Nbd => "nbd",
             FrontendKind::Fuse => "fuse",
             FrontendKind::VhostUser => "vhost-user",
+            FrontendKind::Vduse => "vduse",
             FrontendKind::None => "none",
         }
     }
@@ -155,7 +160,7 @@ pub trait Attachment: Send {
 /// A kernel device (or a vhost-user socket) left by an instance whose server died.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Orphan {
-    /// ublk, nbd or vhost-user.
+    /// ublk, nbd, vhost-user or vduse.
     pub kind: FrontendKind,
     /// `/dev/ublkbN`, `/dev/nbdN`, the vhost-user socket.
     pub node: PathBuf,
@@ -172,6 +177,12 @@ pub fn orphans_of(name: &str) -> Vec<Orphan> {
         .map(ublk_orphan)
         .collect();
     found.extend(nbd_kernel::orphans_of(name).into_iter().map(nbd_orphan));
+    found.extend(
+        vduse::orphans()
+            .into_iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, node)| vduse_orphan(node)),
+    );
     found
 }
 
@@ -188,7 +199,20 @@ pub fn all_orphans() -> Vec<(String, Orphan)> {
             .into_iter()
             .map(|(name, i)| (name, nbd_orphan(i))),
     );
+    found.extend(
+        vduse::orphans()
+            .into_iter()
+            .map(|(name, node)| (name, vduse_orphan(node))),
+    );
     found
+}
+
+fn vduse_orphan(node: PathBuf) -> Orphan {
+    Orphan {
+        kind: FrontendKind::Vduse,
+        node,
+        state: "its server is gone: its I/O waits until close removes it",
+    }
 }
 
 fn ublk_orphan(id: u32) -> Orphan {
@@ -229,6 +253,7 @@ pub fn remove_orphan(o: &Orphan) -> Result<(), DeviceError> {
     match o.kind {
         FrontendKind::Ublk => ublk::remove(number("/dev/ublkb")?),
         FrontendKind::Nbd => nbd_kernel::disconnect(number("/dev/nbd")?),
+        FrontendKind::Vduse => vduse::remove_orphan(&o.node),
         FrontendKind::VhostUser => match std::fs::remove_file(&o.node) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(DeviceError::io(o.node.display().to_string(), e))

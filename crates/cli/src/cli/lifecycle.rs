@@ -302,9 +302,16 @@ fn dead_json(d: &Debris) -> Value {
             "frontend": o.kind.as_str(),
             "state": o.state,
         })).collect::<Vec<_>>(),
-        "recover": format!("ucrypt open --recover {} {}", d.image_or_placeholder(), d.name),
+        "recover": recoverable(d)
+            .then(|| format!("ucrypt open --recover {} {}", d.image_or_placeholder(), d.name)),
         "remove": format!("ucrypt close {}", d.name),
     })
+}
+
+/// Whether `open --recover` can take over what dead instance `d` left: a VDUSE device
+/// cannot be served again (only removed).
+fn recoverable(d: &Debris) -> bool {
+    d.devices.is_empty() || d.devices.iter().any(|o| o.kind.as_str() != "vduse")
 }
 
 /// `status NAME` of a dead instance whose kernel device remains.
@@ -325,11 +332,13 @@ fn print_dead(d: &Debris) {
             o.state
         );
     }
-    println!(
-        "  recover: ucrypt open --recover {} {}",
-        d.image_or_placeholder(),
-        d.name
-    );
+    if recoverable(d) {
+        println!(
+            "  recover: ucrypt open --recover {} {}",
+            d.image_or_placeholder(),
+            d.name
+        );
+    }
     println!("  remove:  ucrypt close {}", d.name);
 }
 

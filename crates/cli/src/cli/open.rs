@@ -63,14 +63,15 @@ pub(crate) struct Args {
     #[arg(help_heading = "Serving options", long)]
     pub(super) notify: bool,
     /// The front end of a named instance: ublk (/dev/ublkbN), nbd (/dev/nbdN), fuse (a
-    /// file, DIR/NAME), vhost-user (a socket a VM attaches as a virtio-blk disk), none
-    /// (the NBD socket only) or auto (the first of ublk, nbd, fuse that works here).
+    /// file, DIR/NAME), vhost-user (a socket a VM attaches as a virtio-blk disk), vduse
+    /// (/dev/vdX, a virtio-blk disk of this host through VDUSE and virtio_vdpa), none (the
+    /// NBD socket only) or auto (the first of ublk, nbd, fuse that works here).
     #[arg(help_heading = "Device options",
         long = "device",
         id = "frontend",
         default_value = "auto",
         value_name = "KIND",
-        value_parser = ["auto", "ublk", "nbd", "fuse", "vhost-user", "none"]
+        value_parser = ["auto", "ublk", "nbd", "fuse", "vhost-user", "vduse", "none"]
     )]
     pub(super) frontend: String,
     /// Crash recovery: the server of NAME died (killed, crashed) and its device waits, with
@@ -89,7 +90,7 @@ pub(crate) struct Args {
     /// instance's runtime directory).
     #[arg(help_heading = "Device options", long, value_name = "PATH")]
     pub(super) vhost_socket: Option<PathBuf>,
-    /// Queues of the device (ublk, vhost-user: default one per CPU; 1..=64).
+    /// Queues of the device (ublk, vhost-user, vduse: default one per CPU; 1..=64).
     #[arg(help_heading = "Device options", long, value_name = "N", value_parser = super::bounded::<1, 64>)]
     pub(super) queues: Option<usize>,
     /// Share the image with other --shared mappings (without it a mapping holds the image

@@ -6,12 +6,12 @@
 //! where `/dev/nbd0` exists and we are root, else FUSE when `/dev/fuse` is usable, else
 //! none (the NBD socket only). [`auto_explained`] says why each one before the choice
 //! was passed over. vhost-user is never chosen automatically: it serves a VM, not this
-//! host.
+//! host; nor is VDUSE (`/dev/vdX`), which ublk does without the vDPA bus.
 
 use std::path::{Path, PathBuf};
 use ucrypt_device::{AttachOptions, Attachment, DeviceError, Export};
 
-/// The kinds of front end (ublk, kernel NBD, FUSE, vhost-user, none).
+/// The kinds of front end (ublk, kernel NBD, FUSE, vhost-user, VDUSE, none).
 pub use ucrypt_device::FrontendKind;
 
 /// What a front end may need besides the export.
@@ -89,7 +89,10 @@ pub fn available(kind: FrontendKind) -> bool {
     match kind {
         FrontendKind::Ublk => ublk_available(),
         FrontendKind::Nbd => nbd_available(),
-        FrontendKind::Fuse | FrontendKind::VhostUser | FrontendKind::None => true,
+        FrontendKind::Fuse
+        | FrontendKind::VhostUser
+        | FrontendKind::Vduse
+        | FrontendKind::None => true,
     }
 }
 
@@ -143,6 +146,9 @@ pub fn check(kind: FrontendKind) -> Result<(), DeviceError> {
     if kind == FrontendKind::Fuse {
         ucrypt_device::fuse::available()?;
     }
+    if kind == FrontendKind::Vduse {
+        ucrypt_device::vduse::available()?;
+    }
     if !available(kind) {
         let ctx = Context {
             fuse_dir: PathBuf::new(),
@@ -156,7 +162,7 @@ pub fn check(kind: FrontendKind) -> Result<(), DeviceError> {
     Ok(())
 }
 
-/// Parses `--device`: ublk, nbd, fuse, vhost-user, none, or auto (`None`).
+/// Parses `--device`: ublk, nbd, fuse, vhost-user, vduse, none, or auto (`None`).
 ///
 /// # Errors
 /// An unknown name.
@@ -167,10 +173,11 @@ pub fn parse(s: &str) -> Result<Option<FrontendKind>, String> {
         "nbd" => FrontendKind::Nbd,
         "fuse" => FrontendKind::Fuse,
         "vhost-user" => FrontendKind::VhostUser,
+        "vduse" => FrontendKind::Vduse,
         "none" => FrontendKind::None,
         _ => {
             return Err(format!(
-                "unknown --device {s:?} (ublk, nbd, fuse, vhost-user, none or auto)"
+                "unknown --device {s:?} (ublk, nbd, fuse, vhost-user, vduse, none or auto)"
             ))
         }
     }))
@@ -206,6 +213,7 @@ pub fn attach(
         FrontendKind::VhostUser => {
             ucrypt_device::vhost_user::attach(export, &ctx.vhost_socket, opts).map(Some)
         }
+        FrontendKind::Vduse => ucrypt_device::vduse::attach(export, opts).map(Some),
         FrontendKind::None => Ok(None),
     }
 }

@@ -705,7 +705,12 @@ fn reload(s: &Server, what: Reload, secret: Option<Secret<'_>>, link: Option<&st
         allow_discards: d,
     } = what
     {
-        opts.perf = perf;
+        // The front end's own defaults (vhost-user: crypto on the queue thread) stay
+        // unless the refresh chose a placement, as at open.
+        let kind = lock_ignoring_poison(&s.attachment)
+            .as_ref()
+            .map_or(FrontendKind::None, |a| a.kind());
+        opts.perf = frontend::perf_defaults(kind, perf);
         allow_discards = Some(d);
     }
     let size = match what {

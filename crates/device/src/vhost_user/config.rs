@@ -12,7 +12,7 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 
 /// Bytes of the configuration space up to and including the write-zeroes fields (the last
 /// feature offered); a larger read is answered with zeroes past it.
-pub(super) const CONFIG_LEN: usize = 60;
+pub(crate) const CONFIG_LEN: usize = 60;
 
 /// Largest discard or write-zeroes request, in 512-byte sectors (1 GiB): bounds the time
 /// one request holds its queue.
@@ -23,7 +23,7 @@ pub(super) const MAX_ZERO_SEGMENTS: u32 = 16;
 
 /// The device's fixed facts, decided at attach.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Geometry {
+pub(crate) struct Geometry {
     /// Logical block size: the volume's sector size.
     pub logical_block: u32,
     /// Request queues.
@@ -36,16 +36,22 @@ pub(super) struct Geometry {
 }
 
 impl Geometry {
-    /// The virtio feature bits offered.
+    /// The virtio feature bits offered to a VM: the device's and vhost-user's
+    /// protocol-features bit.
     pub(super) fn features(&self) -> u64 {
+        self.virtio_features() | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    /// The virtio-blk device's own feature bits (virtio 1.2, 5.2.3), whatever carries
+    /// them.
+    pub(crate) fn virtio_features(&self) -> u64 {
         let mut f = 1u64 << VIRTIO_F_VERSION_1
             | 1 << VIRTIO_RING_F_INDIRECT_DESC
             | 1 << VIRTIO_RING_F_EVENT_IDX
             | 1 << VIRTIO_BLK_F_SEG_MAX
             | 1 << VIRTIO_BLK_F_BLK_SIZE
             | 1 << VIRTIO_BLK_F_FLUSH
-            | 1 << VIRTIO_BLK_F_MQ
-            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+            | 1 << VIRTIO_BLK_F_MQ;
         if self.read_only {
             f |= 1 << VIRTIO_BLK_F_RO;
         } else {
@@ -70,7 +76,7 @@ impl Geometry {
     }
 
     /// The configuration space for a volume of `size_bytes`, `CONFIG_LEN` bytes.
-    pub(super) fn config_space(&self, size_bytes: u64) -> [u8; CONFIG_LEN] {
+    pub(crate) fn config_space(&self, size_bytes: u64) -> [u8; CONFIG_LEN] {
         let mut c = [0u8; CONFIG_LEN];
         let mut put = |at: usize, bytes: &[u8]| c[at..at + bytes.len()].copy_from_slice(bytes);
         // capacity is in 512-byte sectors whatever the block size (5.2.4).

@@ -20,13 +20,12 @@
 //! discard where the volume has `allow_discards`, read-only (`VIRTIO_BLK_F_RO`), the
 //! volume's sector size as the logical block size, `GET_ID` answering the instance name.
 
-mod config;
+pub(crate) mod config;
 mod inflight;
-mod queue;
-mod relay;
+pub(crate) mod queue;
+pub(crate) mod relay;
 
 use crate::{AttachOptions, Attachment, DeviceError, Export, FrontendKind};
-use config::Geometry;
 use queue::{Conn, Memory, Shared};
 use relay::Session;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
@@ -35,7 +34,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use ucrypt_backend::Support;
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::GuestMemoryMmap;
 
@@ -105,23 +103,9 @@ pub fn attach(
         )));
     }
     let listener = bind(socket)?;
-    let mut serial = [0u8; 20];
-    let name = opts.name.as_bytes();
-    let n = name.len().min(serial.len());
-    serial[..n].copy_from_slice(&name[..n]);
-    let shared = Arc::new(Shared {
-        geometry: Geometry {
-            logical_block: opts.logical_block,
-            queues: opts.queues,
-            // seg_max follows: QEMU's queues are 128 descriptors unless told otherwise.
-            queue_size: 128,
-            read_only: opts.read_only,
-            discard: export.info().caps.discard != Support::None,
-        },
-        capacity: std::sync::atomic::AtomicU64::new(export.info().size_bytes),
-        export: Arc::clone(&export),
-        serial,
-    });
+    // seg_max follows the queue size: QEMU's queues are 128 descriptors unless told
+    // otherwise.
+    let shared = Arc::new(Shared::new(Arc::clone(&export), opts, 128));
     let control = Arc::new(Mutex::new(Control {
         stop: false,
         current: None,

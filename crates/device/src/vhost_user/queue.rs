@@ -38,7 +38,7 @@ use vmm_sys_util::event::{
 };
 
 /// The VM's memory as the library hands it over (no dirty-page bitmap: no migration log).
-pub(super) type Memory = GuestMemoryAtomic<GuestMemoryMmap>;
+pub(crate) type Memory = GuestMemoryAtomic<GuestMemoryMmap>;
 
 /// Descriptors per queue a VM may ask for.
 pub(super) const MAX_QUEUE_SIZE: u16 = 1024;
@@ -55,7 +55,7 @@ const HEADER: usize = 16;
 const ZERO_SEGMENT: usize = 16;
 
 /// What every connection of an attachment shares.
-pub(super) struct Shared {
+pub(crate) struct Shared {
     pub export: Export,
     pub geometry: Geometry,
     /// The capacity the VM is shown, in bytes: the volume's, set again by a resize before
@@ -63,6 +63,44 @@ pub(super) struct Shared {
     pub capacity: std::sync::atomic::AtomicU64,
     /// GET_ID's answer: the instance name, cut to 20 bytes, zero-padded.
     pub serial: [u8; VIRTIO_BLK_ID_BYTES as usize],
+}
+
+impl Shared {
+    /// The device `opts` describe for `export`, with `queue_size` descriptors per queue
+    /// at most.
+    pub(crate) fn new(export: Export, opts: &crate::AttachOptions, queue_size: u16) -> Shared {
+        let mut serial = [0u8; VIRTIO_BLK_ID_BYTES as usize];
+        let name = opts.name.as_bytes();
+        let n = name.len().min(serial.len());
+        serial[..n].copy_from_slice(&name[..n]);
+        Shared {
+            geometry: Geometry {
+                logical_block: opts.logical_block,
+                queues: opts.queues,
+                queue_size,
+                read_only: opts.read_only,
+                discard: export.info().caps.discard != ucrypt_backend::Support::None,
+            },
+            capacity: std::sync::atomic::AtomicU64::new(export.info().size_bytes),
+            export,
+            serial,
+        }
+    }
+
+    /// The configuration space's bytes `[offset, offset + size)`, zeroes past its end.
+    pub(crate) fn config(&self, offset: u32, size: u32) -> Vec<u8> {
+        // Read at each request: a resized volume shows its new capacity.
+        let space = self
+            .geometry
+            .config_space(self.capacity.load(Ordering::Acquire));
+        let (offset, size) = (offset as usize, (size as usize).min(4096));
+        let mut out = vec![0u8; size];
+        if offset < CONFIG_LEN {
+            let n = size.min(CONFIG_LEN - offset);
+            out[..n].copy_from_slice(&space[offset..offset + n]);
+        }
+        out
+    }
 }
 
 /// One piece of a request's descriptor chain.
@@ -86,7 +124,7 @@ struct Scratch {
 }
 
 /// The device as one VM connection sees it.
-pub(super) struct Conn {
+pub(crate) struct Conn {
     shared: Arc<Shared>,
     session: Arc<Session>,
     mem: RwLock<Option<Memory>>,
@@ -100,7 +138,7 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    pub(super) fn new(shared: Arc<Shared>, session: Arc<Session>) -> Conn {
+    pub(crate) fn new(shared: Arc<Shared>, session: Arc<Session>) -> Conn {
         let queues = usize::from(shared.geometry.queues);
         Conn {
             shared,
@@ -129,8 +167,15 @@ impl Conn {
         }
     }
 
-    /// Runs every request the VM has queued on `vring`, completing each as it finishes.
-    fn process(&self, vring: &VringRwLock<Memory>, thread: usize) -> io::Result<()> {
+    /// Runs every request the driver has queued on `vring`, completing each as it
+    /// finishes; `signal` tells the driver of used requests (vhost-user: the VM's call
+    /// eventfd; VDUSE: the kernel's interrupt injection).
+    pub(crate) fn process(
+        &self,
+        vring: &VringRwLock<Memory>,
+        thread: usize,
+        signal: &dyn Fn() -> io::Result<()>,
+    ) -> io::Result<()> {
         let Some(atomic) = self
             .mem
             .read()
@@ -154,7 +199,7 @@ impl Conn {
         if let Some(r) = &region {
             if !scratch.checked.as_ref().is_some_and(|c| Arc::ptr_eq(c, r)) {
                 scratch.checked = Some(Arc::clone(r));
-                self.resubmit(vring, r, q, &atomic.memory(), &mut scratch, ctx)?;
+                self.resubmit(vring, r, q, &atomic.memory(), &mut scratch, ctx, signal)?;
             }
         }
         loop {
@@ -180,7 +225,7 @@ impl Conn {
                     device_writes: d.is_write_only(),
                 }));
                 let used = self.request(&mem, &mut scratch, ctx);
-                complete(vring, region.as_deref(), q, head, used)?;
+                complete(vring, region.as_deref(), q, head, used, signal)?;
             }
             // With event indexes the VM may have queued more after the last pop and
             // before notifications were back on: look again.
@@ -193,6 +238,7 @@ impl Conn {
     /// A queue's first run with inflight region `r`: the requests it holds as taken and not
     /// completed (a dead server's) run again, oldest first, and the available ring goes on
     /// after them.
+    #[allow(clippy::too_many_arguments)]
     fn resubmit(
         &self,
         vring: &VringRwLock<Memory>,
@@ -201,6 +247,7 @@ impl Conn {
         mem: &GuestMemoryMmap,
         scratch: &mut Scratch,
         ctx: IoCtx,
+        signal: &dyn Fn() -> io::Result<()>,
     ) -> io::Result<()> {
         let ring_used = vring.queue_used_idx().map_err(io::Error::other)?;
         let (heads, next) = r.resubmissions(q, ring_used);
@@ -223,7 +270,7 @@ impl Conn {
             } else {
                 0
             };
-            complete(vring, Some(r), q, head, used)?;
+            complete(vring, Some(r), q, head, used, signal)?;
         }
         Ok(())
     }
@@ -371,13 +418,14 @@ impl Conn {
 }
 
 /// Puts request `head` in the used ring, the inflight region kept in step, and notifies
-/// the VM when it asked to be.
+/// the driver (`signal`) when it asked to be.
 fn complete(
     vring: &VringRwLock<Memory>,
     region: Option<&Region>,
     q: u16,
     head: u16,
     used: u32,
+    signal: &dyn Fn() -> io::Result<()>,
 ) -> io::Result<()> {
     if let Some(r) = region {
         r.completing(q, head);
@@ -387,7 +435,7 @@ fn complete(
         r.completed(q, head, vring.get_ref().get_queue().next_used());
     }
     if vring.needs_notification().map_err(io::Error::other)? {
-        vring.signal_used_queue()?;
+        signal()?;
     }
     Ok(())
 }
@@ -569,18 +617,7 @@ impl VhostUserBackend for Conn {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        // Read at each request: a resized volume shows its new capacity to the next VM.
-        let space = self
-            .shared
-            .geometry
-            .config_space(self.shared.capacity.load(Ordering::Acquire));
-        let (offset, size) = (offset as usize, (size as usize).min(4096));
-        let mut out = vec![0u8; size];
-        if offset < CONFIG_LEN {
-            let n = size.min(CONFIG_LEN - offset);
-            out[..n].copy_from_slice(&space[offset..offset + n]);
-        }
-        out
+        self.shared.config(offset, size)
     }
 
     fn update_memory(&self, mem: Memory) -> io::Result<()> {
@@ -621,7 +658,7 @@ impl VhostUserBackend for Conn {
             )));
         }
         match vrings.get(usize::from(device_event)) {
-            Some(vring) => self.process(vring, thread_id),
+            Some(vring) => self.process(vring, thread_id, &|| vring.signal_used_queue()),
             None => Ok(()),
         }
     }

@@ -44,7 +44,7 @@ const MAX_FDS: usize = 32;
 
 /// What one VM connection's relay shares with its device and the attachment.
 #[derive(Debug, Default)]
-pub(super) struct Session {
+pub(crate) struct Session {
     inflight: Mutex<Option<Arc<Region>>>,
     backend_channel: Mutex<Option<UnixStream>>,
 }
