@@ -146,6 +146,7 @@ if "$UCRYPT" open "$IMG" vdk --device vduse -d "$W/pass" > "$W/o" 2> "$W/e"; the
   "$UCRYPT" status vdk > "$W/o" 2>&1
   echo "# status of the dead instance: $(tr '\n' ' ' < "$W/o")"
   check "status of the dead instance names its $DEV" grep -q "$DEV" "$W/o"
+  check "status offers no --recover for a VDUSE device (none exists)" bash -c "! grep -q 'recover:' '$W/o'"
   timeout 300 "$UCRYPT" close vdk > "$W/o" 2> "$W/e"
   rc=$?
   echo "# close of the dead instance (exit $rc): $(cat "$W/o" "$W/e" | tr '\n' ' ')"

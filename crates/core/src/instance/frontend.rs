@@ -89,10 +89,9 @@ pub fn available(kind: FrontendKind) -> bool {
     match kind {
         FrontendKind::Ublk => ublk_available(),
         FrontendKind::Nbd => nbd_available(),
-        FrontendKind::Fuse
-        | FrontendKind::VhostUser
-        | FrontendKind::Vduse
-        | FrontendKind::None => true,
+        FrontendKind::Fuse | FrontendKind::VhostUser | FrontendKind::Vduse | FrontendKind::None => {
+            true
+        }
     }
 }
 

@@ -141,7 +141,9 @@ impl Device {
             // SAFETY: the ioctl returned a new descriptor, ours to own.
             let file = unsafe { File::from_raw_fd(fd) };
             if e.last < e.start || e.start < start {
-                return Err(io::Error::other(format!("an IOTLB entry out of order: {e:?}")));
+                return Err(io::Error::other(format!(
+                    "an IOTLB entry out of order: {e:?}"
+                )));
             }
             let len = usize::try_from(e.last - e.start + 1)
                 .map_err(|_| io::Error::other("an IOTLB region too large to map"))?;
@@ -277,7 +279,10 @@ impl Device {
                 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                eprintln!("ucrypt: vduse: queue {q}: poll: {}", io::Error::last_os_error());
+                eprintln!(
+                    "ucrypt: vduse: queue {q}: poll: {}",
+                    io::Error::last_os_error()
+                );
                 return;
             }
             if fds[1].revents != 0 {
@@ -384,7 +389,12 @@ impl Device {
             match dev.read(&mut req) {
                 Ok(n) if n == sys::MSG_LEN => {}
                 Ok(_) => continue,
-                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                    ) =>
+                {
                     continue
                 }
                 Err(e) => {
@@ -483,7 +493,9 @@ pub fn attach(export: Export, opts: &AttachOptions) -> Result<Box<dyn Attachment
     }
     let name = device_name(&opts.name);
     if name.len() >= sys::NAME_MAX {
-        return Err(unavailable(format!("the name {name:?} is too long for VDUSE")));
+        return Err(unavailable(format!(
+            "the name {name:?} is too long for VDUSE"
+        )));
     }
     let control = std::fs::OpenOptions::new()
         .read(true)
@@ -567,8 +579,8 @@ pub fn attach(export: Export, opts: &AttachOptions) -> Result<Box<dyn Attachment
         remap: Mutex::new(()),
         running: Mutex::new(None),
     });
-    let control_stop = EventFd::new(EFD_NONBLOCK | EFD_CLOEXEC)
-        .map_err(|e| DeviceError::io("eventfd", e))?;
+    let control_stop =
+        EventFd::new(EFD_NONBLOCK | EFD_CLOEXEC).map_err(|e| DeviceError::io("eventfd", e))?;
     let control_thread = {
         let device = Arc::clone(&device);
         let stop = control_stop
@@ -683,8 +695,14 @@ impl Attachment for VduseAttachment {
         unsafe { sys::ioctl(&d.dev, sys::DEV_SET_CONFIG, buf.as_mut_ptr()) }
             .map_err(|e| DeviceError::io("VDUSE_DEV_SET_CONFIG", e))?;
         // SAFETY: DEV_INJECT_CONFIG_IRQ takes no argument.
-        unsafe { sys::ioctl(&d.dev, sys::DEV_INJECT_CONFIG_IRQ, std::ptr::null_mut::<u8>()) }
-            .map_err(|e| DeviceError::io("VDUSE_DEV_INJECT_CONFIG_IRQ", e))?;
+        unsafe {
+            sys::ioctl(
+                &d.dev,
+                sys::DEV_INJECT_CONFIG_IRQ,
+                std::ptr::null_mut::<u8>(),
+            )
+        }
+        .map_err(|e| DeviceError::io("VDUSE_DEV_INJECT_CONFIG_IRQ", e))?;
         Ok(())
     }
 }
@@ -735,7 +753,11 @@ pub fn remove_orphan(node: &Path) -> Result<(), DeviceError> {
         // /sys/class/block/vdX/device is virtioN, whose parent is the vDPA device.
         std::fs::canonicalize(Path::new("/sys/class/block").join(&base).join("device"))
             .ok()
-            .and_then(|p| p.parent().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned()))
+            .and_then(|p| {
+                p.parent()
+                    .and_then(|d| d.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
             .ok_or_else(|| {
                 DeviceError::io(
                     format!("finding the vDPA device of {}", node.display()),
@@ -752,10 +774,9 @@ pub fn remove_orphan(node: &Path) -> Result<(), DeviceError> {
         .open(CONTROL)
         .map_err(|e| DeviceError::io(format!("opening {CONTROL}"), e))?;
     match destroy(&control, &dev) {
-        Err(e) if e.raw_os_error() != Some(libc::EINVAL) => Err(DeviceError::io(
-            format!("destroying VDUSE device {dev}"),
-            e,
-        )),
+        Err(e) if e.raw_os_error() != Some(libc::EINVAL) => {
+            Err(DeviceError::io(format!("destroying VDUSE device {dev}"), e))
+        }
         _ => Ok(()),
     }
 }

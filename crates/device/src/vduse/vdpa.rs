@@ -134,7 +134,8 @@ pub(super) fn bind_virtio(name: &str) -> Result<(), DeviceError> {
         return Ok(());
     }
     let write = |path: &Path| {
-        std::fs::write(path, name).map_err(|e| DeviceError::io(format!("writing {}", path.display()), e))
+        std::fs::write(path, name)
+            .map_err(|e| DeviceError::io(format!("writing {}", path.display()), e))
     };
     if let Some(d) = driver {
         write(&Path::new("/sys/bus/vdpa/drivers").join(d).join("unbind"))?;
