@@ -98,7 +98,16 @@ pub fn device_name(name: &str) -> String {
 /// The driver's memory and the queues started on it: one device life between a
 /// `DRIVER_OK` and a reset.
 struct Running {
-    threads: Vec<(u16, Arc<VringRwLock<Memory>>, EventFd, JoinHandle<()>)>,
+    threads: Vec<QueueThread>,
+}
+
+/// One started queue.
+struct QueueThread {
+    q: u16,
+    vring: Arc<VringRwLock<Memory>>,
+    /// Written to stop the thread.
+    stop: EventFd,
+    thread: JoinHandle<()>,
 }
 
 /// What the control thread, the queue threads and the attachment share.
@@ -233,7 +242,12 @@ impl Device {
                     .name(format!("vduse-q{q}"))
                     .spawn(move || dev.serve_queue(q, &vring, &kick, &stop))?
             };
-            threads.push((q, vring, stop, thread));
+            threads.push(QueueThread {
+                q,
+                vring,
+                stop,
+                thread,
+            });
         }
         *running = Some(Running { threads });
         Ok(())
@@ -245,10 +259,10 @@ impl Device {
         let Some(running) = lock(&self.running).take() else {
             return;
         };
-        for (q, _, stop, thread) in running.threads {
-            let _ = stop.write(1);
-            let _ = thread.join();
-            let _ = self.set_kickfd(q, -1);
+        for t in running.threads {
+            let _ = t.stop.write(1);
+            let _ = t.thread.join();
+            let _ = self.set_kickfd(t.q, -1);
         }
         if let Ok(g) = self.mem.lock() {
             g.replace(GuestMemoryMmap::new());
@@ -332,8 +346,8 @@ impl Device {
                 let index = word(u);
                 let avail = lock(&self.running)
                     .as_ref()
-                    .and_then(|r| r.threads.iter().find(|t| u32::from(t.0) == index))
-                    .map_or(0, |t| t.1.queue_next_avail());
+                    .and_then(|r| r.threads.iter().find(|t| u32::from(t.q) == index))
+                    .map_or(0, |t| t.vring.queue_next_avail());
                 resp[u..u + 4].copy_from_slice(&index.to_le_bytes());
                 resp[u + 4..u + 6].copy_from_slice(&avail.to_le_bytes());
                 sys::RESULT_OK
