@@ -517,6 +517,37 @@ struct Hsm {
 const HSM_PIN: &str = "1234";
 
 impl Hsm {
+    /// Whether the tools a SoftHSM2 token and its enrolment need are here (a message
+    /// names what is missing; under CI a missing tool fails the test).
+    fn available() -> bool {
+        common::require("systemd-cryptenroll")
+            && common::require("softhsm2-util")
+            && common::require("pkcs11-tool")
+            && common::require("openssl")
+            && common::require("cryptsetup")
+            && common::require_that(
+                Path::new(SOFTHSM).exists(),
+                "SoftHSM2 module missing (Debian: softhsm2)",
+            )
+    }
+
+    /// Enrols this token into VOL's LUKS2 header with systemd-cryptenroll, as a user would.
+    fn enroll(&self, vol: &Vol) {
+        let out = self
+            .cmd("systemd-cryptenroll")
+            .args(["--pkcs11-token-uri=pkcs11:token=ucrypt-test", s(&vol.img)])
+            .env("PASSWORD", PASS)
+            .env("PIN", HSM_PIN)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "systemd-cryptenroll: {}",
+            text(&out.stderr)
+        );
+    }
+
     fn new() -> Hsm {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_path_buf();
@@ -646,33 +677,12 @@ const SOFTHSM: &str = "/usr/lib/softhsm/libsofthsm2.so";
 
 #[test]
 fn pkcs11_token_from_systemd_cryptenroll_with_softhsm() {
-    if !common::require("systemd-cryptenroll")
-        || !common::require("softhsm2-util")
-        || !common::require("pkcs11-tool")
-        || !common::require("openssl")
-        || !common::require("cryptsetup")
-        || !common::require_that(
-            Path::new(SOFTHSM).exists(),
-            "SoftHSM2 module missing (Debian: softhsm2)",
-        )
-    {
+    if !Hsm::available() {
         return;
     }
     let hsm = Hsm::new();
     let vol = Vol::new();
-    let out = hsm
-        .cmd("systemd-cryptenroll")
-        .args(["--pkcs11-token-uri=pkcs11:token=ucrypt-test", s(&vol.img)])
-        .env("PASSWORD", PASS)
-        .env("PIN", HSM_PIN)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "systemd-cryptenroll: {}",
-        text(&out.stderr)
-    );
+    hsm.enroll(&vol);
     let id = vol.token_id("systemd-pkcs11");
     let want = vol.cryptsetup_key();
     let env = hsm.env();
@@ -1138,29 +1148,12 @@ fn plaintext(table: &str, len: usize) -> Vec<u8> {
 
 #[test]
 fn pkcs11_token_reencrypts_with_one_login_per_unlock() {
-    if !common::require("systemd-cryptenroll")
-        || !common::require("softhsm2-util")
-        || !common::require("pkcs11-tool")
-        || !common::require("openssl")
-        || !common::require("cryptsetup")
-        || !common::require_that(
-            Path::new(SOFTHSM).exists(),
-            "SoftHSM2 module missing (Debian: softhsm2)",
-        )
-    {
+    if !Hsm::available() {
         return;
     }
     let hsm = Hsm::new();
     let vol = Vol::new();
-    let out = hsm
-        .cmd("systemd-cryptenroll")
-        .args(["--pkcs11-token-uri=pkcs11:token=ucrypt-test", s(&vol.img)])
-        .env("PASSWORD", PASS)
-        .env("PIN", HSM_PIN)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    hsm.enroll(&vol);
     let id = vol.token_id("systemd-pkcs11");
     let env = hsm.env();
     let pin = format!("{HSM_PIN}\n");
