@@ -374,6 +374,13 @@ pub trait Backend: Send + Sync {
         Hints::default()
     }
 
+    /// Sectors that failed authentication ([`BackendError::Integrity`]) since this
+    /// backend was opened, for a backend that checks tags (dm-crypt's AEAD modes over
+    /// dm-integrity); `None` for one that does not.
+    fn integrity_failures(&self) -> Option<u64> {
+        None
+    }
+
     /// One plug: the device receives these writes together, in this order. The default
     /// submits them one by one; backends with a batch interface (io_uring) override it.
     ///
@@ -501,6 +508,9 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
     }
     fn hints(&self) -> Hints {
         (**self).hints()
+    }
+    fn integrity_failures(&self) -> Option<u64> {
+        (**self).integrity_failures()
     }
     fn submit_writes(&self, batch: &[WriteOp<'_>]) -> Result<(), BackendError> {
         (**self).submit_writes(batch)

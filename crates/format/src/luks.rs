@@ -419,11 +419,28 @@ pub fn aead_cipher_spec(
     integrity: &str,
     device: &str,
 ) -> Result<(CipherSpec, u32), FormatError> {
-    let enc = info.cipher_spec();
+    aead_spec_of(
+        &info.cipher_spec(),
+        integrity,
+        &format!("LUKS2 header on {device}"),
+    )
+}
+
+/// [`aead_cipher_spec`] of the segment cipher `enc` (cryptsetup's spelling,
+/// `aes-xts-plain64`) with `integrity.type` `integrity`; `what` names the header in errors.
+/// `luksFormat --integrity` decides with it what it may write, so that what ucrypt formats
+/// is what it opens.
+///
+/// # Errors
+/// A combination cryptsetup does not make or ucrypt does not serve, by name.
+pub fn aead_spec_of(
+    enc: &str,
+    integrity: &str,
+    what: &str,
+) -> Result<(CipherSpec, u32), FormatError> {
     let refuse = |why: &str| {
         FormatError::Refused(format!(
-            "LUKS2 header on {device}: the cipher \"{enc}\" with integrity \"{integrity}\": \
-             {why}"
+            "{what}: the cipher \"{enc}\" with integrity \"{integrity}\": {why}"
         ))
     };
     let (cipher, rest) = enc
@@ -446,7 +463,7 @@ pub fn aead_cipher_spec(
         _ => 16,
     };
     let spec: CipherSpec = text.parse().map_err(|e| FormatError::At {
-        at: format!("header on {device}: cipher \"{enc}\" with integrity \"{integrity}\""),
+        at: format!("{what}: cipher \"{enc}\" with integrity \"{integrity}\""),
         source: Box::new(FormatError::Crypto(e)),
     })?;
     let stored_iv = if iv_name == "random" {

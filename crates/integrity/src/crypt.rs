@@ -14,7 +14,7 @@
 
 use crate::IntegrityBackend;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 use ucrypt_backend::{check_range, emulate, Backend, BackendError, BackendInfo, Io, IoKind};
 use ucrypt_crypto::aead::AeadCipher;
 
@@ -25,8 +25,11 @@ pub struct AeadVolume {
     info: BackendInfo,
     /// Sectors whose tag did not match since open.
     failures: AtomicU64,
-    /// Read-modify-write of a partial sector, one at a time.
-    rmw: Mutex<()>,
+    /// Orders writes that share a sector: a partial-sector write (read, change, write
+    /// back) holds it exclusively from its read to its write; whole-sector writes hold it
+    /// shared, so none lands between a partial write's read and its write (which would
+    /// write back the sector as it was and lose that write half-way).
+    order: RwLock<()>,
 }
 
 impl std::fmt::Debug for AeadVolume {
@@ -88,7 +91,7 @@ impl AeadVolume {
             dev,
             info,
             failures: AtomicU64::new(0),
-            rmw: Mutex::new(()),
+            order: RwLock::new(()),
         })
     }
 
@@ -120,7 +123,18 @@ impl AeadVolume {
         })
     }
 
-    /// Whole sectors at `offset` (aligned); `buf` is encrypted in place.
+    /// Whole sectors at `offset` (aligned); `buf` is encrypted in place. Holds the write
+    /// order shared ([`AeadVolume::order`]).
+    fn write_whole(&self, buf: &mut [u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+        let _shared = self
+            .order
+            .read()
+            .map_err(|_| BackendError::Other("write order lock poisoned".into()))?;
+        self.write_sectors(buf, offset, fua)
+    }
+
+    /// Whole sectors at `offset` (aligned); `buf` is encrypted in place. The caller holds
+    /// the write order.
     fn write_sectors(&self, buf: &mut [u8], offset: u64, fua: bool) -> Result<(), BackendError> {
         let n = buf.len() / self.ss() as usize;
         let mut tags = vec![0u8; n * self.cipher.tag_size()];
@@ -158,13 +172,13 @@ impl AeadVolume {
         let end = (offset + buf.len() as u64).div_ceil(ss) * ss;
         if start == offset && end == offset + buf.len() as u64 {
             let mut own = buf.to_vec();
-            return self.write_sectors(&mut own, offset, fua);
+            return self.write_whole(&mut own, offset, fua);
         }
         // A partial sector: the whole sector read (and authenticated), changed, rewritten.
-        let _g = self
-            .rmw
-            .lock()
-            .map_err(|_| BackendError::Other("read-modify-write lock poisoned".into()))?;
+        let _exclusive = self
+            .order
+            .write()
+            .map_err(|_| BackendError::Other("write order lock poisoned".into()))?;
         let mut whole = vec![0u8; (end - start) as usize];
         self.read_sectors(&mut whole, start)?;
         let from = (offset - start) as usize;
@@ -186,7 +200,7 @@ impl Backend for AeadVolume {
                 let ss = self.ss();
                 if io.offset % ss == 0 && buf.len() as u64 % ss == 0 && !self.info.caps.read_only {
                     check_range(io.offset, buf.len() as u64, self.info.size_bytes)?;
-                    self.write_sectors(buf, io.offset, io.fua)
+                    self.write_whole(buf, io.offset, io.fua)
                 } else {
                     self.write(buf, io.offset, io.fua)
                 }
@@ -197,5 +211,9 @@ impl Backend for AeadVolume {
 
     fn flush(&self) -> Result<(), BackendError> {
         self.dev.flush()
+    }
+
+    fn integrity_failures(&self) -> Option<u64> {
+        Some(self.failures())
     }
 }

@@ -191,6 +191,7 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
             .map_or_else(|| "VOLUME".to_string(), |k| k.to_string());
         let shown = desc.device.clone();
         server::describe_table(u.first_line(), &kind_name, &mut desc);
+        server::describe_integrity(&u, &mut desc);
         desc.device = if shown.is_empty() {
             device.display().to_string()
         } else {

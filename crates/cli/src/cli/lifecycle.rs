@@ -204,6 +204,17 @@ fn print_status(v: &Value) {
             format!("ucrypt server (pid {})", text(v, "pid"))
         }
     );
+    // As cryptsetup status prints a volume with integrity; the failure count is ucrypt's
+    // (integritysetup status prints the same count for dm-integrity's own tags).
+    if !text(v, "integrity").is_empty() {
+        println!("  integrity: {}", text(v, "integrity"));
+    }
+    if let Some(bits) = v["integrity_key_bits"].as_u64() {
+        println!("  integrity keysize: {bits} bits");
+    }
+    if let Some(n) = v["integrity_failures"].as_u64() {
+        println!("  integrity failures: {n}");
+    }
     println!("  device:  {}", text(v, "device"));
     if !text(v, "header").is_empty() {
         println!("  header:  {}", text(v, "header"));

@@ -79,11 +79,6 @@ impl KeyslotCipherArgs {
         }
     }
 
-    /// Sets the keyslot encryption on `cd` for the keyslot written next (nothing when not
-    /// given; refused on LUKS1).
-    pub(crate) fn apply(&self, cd: &mut ucrypt::luks::CryptDevice) -> Result<(), CliError> {
-        self.choice().apply(cd).map_err(lib_error)
-    }
 }
 
 /// Arguments of `ucrypt luksAddKey`.

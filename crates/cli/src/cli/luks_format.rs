@@ -2,12 +2,13 @@
 //! libcryptsetup, with cryptsetup's defaults (LUKS2, aes-xts-plain64, 512-bit key,
 //! argon2id for LUKS2 and pbkdf2 for LUKS1, sector size chosen by the library).
 
+use super::exit::lib_error;
 use super::luks::{verbose, CsResult, DeviceArgs};
 use super::progress::{self, ProgressArgs};
 use super::secret::{self, KeyFileArgs};
 use super::{CliError, WithCode, EXIT_PARAMS};
 use std::path::PathBuf;
-use ucrypt::luks::{LuksFormat, Pbkdf};
+use ucrypt::luks::{format, LuksFormat};
 
 /// Arguments of `ucrypt luksFormat`.
 #[derive(clap::Args)]
@@ -99,6 +100,23 @@ pub(crate) struct Args {
     /// ucrypt's data path (a progress bar on stderr), so no old plaintext stays readable.
     #[arg(long)]
     wipe: bool,
+    /// Authenticated encryption (LUKS2): hmac-sha256, hmac-sha512, hmac-sha1 (with an XTS
+    /// cipher), aead (with --cipher aes-gcm-random), poly1305 (with --cipher
+    /// chacha20-random); a dm-integrity layer below keeps a tag per sector.
+    #[arg(short = 'I', long, value_name = "ALG")]
+    integrity: Option<String>,
+    /// Do not wipe the device after an --integrity format (every sector not yet written
+    /// then fails to read, as with cryptsetup).
+    #[arg(long)]
+    integrity_no_wipe: bool,
+    /// Accepted as cryptsetup's: a journal choice of open (--integrity-no-journal there),
+    /// not written into the header.
+    #[arg(long)]
+    #[allow(dead_code)]
+    integrity_no_journal: bool,
+    /// Format dm-integrity without fix_padding (for kernels before 5.4), as cryptsetup's.
+    #[arg(long)]
+    integrity_legacy_padding: bool,
     #[command(flatten)]
     progress: ProgressArgs,
 }
@@ -121,45 +139,57 @@ fn wipe(a: &Args, pass: &[u8]) -> Result<(), CliError> {
         let _spin = progress::Spinner::new("Unlocking the new keyslot for the wipe");
         ucrypt::unlock(&a.dev.device, pass, &hopts).cs()?
     };
-    let volume = ucrypt::open_unlocked(unlocked, ucrypt::OpenOptions::default()).cs()?;
-    super::wipe::fill(&*volume, &a.dev, 0, &a.progress)
+    let target = format::wipe_volume(unlocked).cs()?;
+    super::wipe::fill(&*target.volume, &a.dev, 0, target.chunk, &a.progress)
+}
+
+/// The initial wipe of an --integrity format (cryptsetup's `_wipe_data_device`): every
+/// sector written once through the new volume so that its tag is valid.
+fn integrity_wipe(a: &Args, key: &ucrypt::luks::VolumeKey) -> Result<(), CliError> {
+    if !a.batch_mode {
+        eprintln!(
+            "Wiping device to initialize integrity checksum.\nYou can interrupt this by \
+             pressing CTRL+c (rest of not wiped device will contain invalid checksum)."
+        );
+    }
+    let target = {
+        let _exit = progress::ExitOnSignal::with_message(
+            "ucrypt: interrupted before the wipe: the header is formatted, the data area was \
+             not wiped (its sectors fail to read until written; ucrypt wipe DEVICE writes \
+             them all)\n",
+        );
+        format::wipe_target(&a.dev.device, a.dev.header.as_deref(), key).cs()?
+    };
+    super::wipe::fill(&*target.volume, &a.dev, 0, target.chunk, &a.progress)
 }
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let _claimed = super::luks::claim_for_header_change(&a.dev)?;
-    let luks2 = a.kind != "luks1";
-    if !luks2 {
-        if a.pbkdf.as_deref().is_some_and(|p| p != "pbkdf2") {
-            return Err(anyhow::anyhow!(
-                "LUKS1 keyslots use pbkdf2 only (got --pbkdf {})",
-                a.pbkdf.as_deref().unwrap_or_default()
-            ))
-            .code(EXIT_PARAMS);
-        }
-        if a.label.is_some() || a.subsystem.is_some() {
-            return Err(anyhow::anyhow!("--label and --subsystem need LUKS2")).code(EXIT_PARAMS);
-        }
-        if a.luks2_metadata_size.is_some() || a.luks2_keyslots_size.is_some() {
-            return Err(anyhow::anyhow!(
-                "unsupported LUKS2 metadata size options on LUKS1 (--luks2-metadata-size, \
-                 --luks2-keyslots-size)"
-            ))
-            .code(EXIT_PARAMS);
-        }
-    }
-    let key_bits = a
-        .key_size
-        .unwrap_or(if a.cipher.contains("xts") { 512 } else { 256 });
-    if key_bits == 0 || key_bits % 8 != 0 {
-        return Err(anyhow::anyhow!(
-            "--key-size {key_bits} is not a positive multiple of 8 bits"
-        ))
-        .code(EXIT_PARAMS);
-    }
-    // The data path is ucrypt's: refuse a cipher it cannot serve before writing anything.
-    ucrypt::luks::check_data_cipher(&a.cipher)
-        .map_err(|e| anyhow::anyhow!("--cipher {}: {e}", a.cipher))
-        .code(EXIT_PARAMS)?;
+    let req = format::Request {
+        luks2: a.kind != "luks1",
+        cipher: a.cipher.clone(),
+        key_bits: a.key_size,
+        pbkdf: a.pbkdf.clone(),
+        hash: a.hash.clone(),
+        pbkdf_iterations: a.pbkdf_force_iterations,
+        pbkdf_time_ms: a.iter_time,
+        pbkdf_memory_kb: a.pbkdf_memory,
+        pbkdf_parallel: a.pbkdf_parallel,
+        labels: a.label.is_some() || a.subsystem.is_some(),
+        metadata_size: a.luks2_metadata_size,
+        keyslots_size: a.luks2_keyslots_size,
+        rng_random: (a.use_random || a.use_urandom).then_some(a.use_random),
+        offset: a.offset,
+        integrity: a.integrity.clone(),
+        integrity_legacy_padding: a.integrity_legacy_padding,
+        integrity_no_wipe: a.integrity_no_wipe,
+        remote: ucrypt::remote_header::is_remote(&a.dev.device)
+            || a.dev
+                .header
+                .as_deref()
+                .is_some_and(ucrypt::remote_header::is_remote),
+    };
+    let plan = format::plan(&req).map_err(lib_error)?;
     if a.new_key_file.is_some() && a.key.key_file.is_some() {
         return Err(anyhow::anyhow!(
             "give the key file either positionally or with --key-file"
@@ -170,7 +200,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     // Read before anything is written: a short file is refused with the header untouched.
     let volume_key = match &a.volume_key_file {
         Some(f) => Some(ucrypt::luks::VolumeKey::new(
-            secret::read_key_file(f, 0, u64::from(key_bits / 8))?.to_vec(),
+            secret::read_key_file(f, 0, plan.key_bytes as u64)?.to_vec(),
         )),
         None => None,
     };
@@ -199,35 +229,10 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         }
     }
     let mut cd = a.dev.header_context()?;
-    if a.luks2_metadata_size.is_some() || a.luks2_keyslots_size.is_some() {
-        cd.set_metadata_size(
-            a.luks2_metadata_size.unwrap_or(0),
-            a.luks2_keyslots_size.unwrap_or(0),
-        )
-        .map_err(|e| {
-            anyhow::anyhow!("unsupported LUKS2 metadata size options").context(e.to_string())
-        })
-        .code(EXIT_PARAMS)?;
-    }
-    if a.use_random || a.use_urandom {
-        cd.set_rng(a.use_random);
-    }
-    let kind = a
-        .pbkdf
-        .clone()
-        .unwrap_or_else(|| if luks2 { "argon2id" } else { "pbkdf2" }.to_string());
-    cd.set_pbkdf(&Pbkdf {
-        kind,
-        hash: a.hash.clone(),
-        iterations: a.pbkdf_force_iterations,
-        time_ms: a.iter_time,
-        memory_kb: a.pbkdf_memory,
-        parallel: a.pbkdf_parallel,
-    })
-    .cs()?;
+    plan.prepare(&mut cd, &req).map_err(lib_error)?;
     // The Argon2 benchmark writes nothing: Ctrl-C ends it at once.
     progress::searching("Benchmarking the PBKDF", || {
-        cd.prebenchmark_pbkdf(key_bits as usize / 8)
+        cd.prebenchmark_pbkdf(plan.key_bytes)
     })
     .cs()?;
     // What libcryptsetup may write: the default LUKS2 header area (16 MiB; LUKS1's fits in
@@ -236,19 +241,22 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         .max(a.align_payload.unwrap_or(0).saturating_mul(512))
         .max(a.offset.unwrap_or(0).saturating_mul(512))
         .min(256 << 20);
-    // As cryptsetup: set before the header is formatted.
-    if let Some(o) = a.offset {
-        cd.set_data_offset(o).cs()?;
-    }
-    let slot = progress::writing_header(
-        "Formatting the header and keyslot",
-        &a.dev.local_header()?,
-        area,
-        || format_header(&a, cd, luks2, key_bits, volume_key.as_ref(), &pass),
-    )?;
-    verbose(a.verbose, format_args!("Key slot {slot} created."));
+    let header = a.dev.local_header()?;
+    let formatted =
+        progress::writing_header("Formatting the header and keyslot", &header, area, || {
+            format_header(&a, &plan, cd, volume_key.as_ref(), &pass, &header)
+        })?;
+    verbose(
+        a.verbose,
+        format_args!("Key slot {} created.", formatted.slot),
+    );
     // A remote header reaches its server before the wipe reads it back from there.
     super::luks::write_back_remote()?;
+    if let Some(key) = &formatted.volume_key {
+        if plan.integrity.as_ref().is_some_and(|i| i.wipe) {
+            integrity_wipe(&a, key)?;
+        }
+    }
     if a.wipe {
         wipe(&a, &pass)?;
         verbose(a.verbose, "Data area wiped with encrypted zeros.");
@@ -257,35 +265,42 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Writes the header and its first keyslot on `cd` (PBKDF set); returns the slot.
+/// Writes the header and its first keyslot on `cd` (PBKDF set), and with --integrity the
+/// dm-integrity superblock below it ([`format::Plan::write`]).
 fn format_header(
     a: &Args,
-    mut cd: ucrypt::luks::CryptDevice,
-    luks2: bool,
-    key_bits: u32,
+    plan: &format::Plan,
+    cd: ucrypt::luks::CryptDevice,
     volume_key: Option<&ucrypt::luks::VolumeKey>,
     pass: &[u8],
-) -> Result<u32, CliError> {
-    cd.format_luks(
-        &LuksFormat {
-            luks2,
-            cipher: a.cipher.clone(),
-            key_bytes: key_bits as usize / 8,
-            uuid: a.uuid.clone(),
-            hash: a.hash.clone(),
-            sector_size: a.sector_size,
-            label: a.label.clone(),
-            subsystem: a.subsystem.clone(),
-            data_device: match &a.dev.header {
-                Some(_) => Some(a.dev.local_device()?),
-                None => None,
-            },
-            align_sectors: a.align_payload,
-        },
+    header: &std::path::Path,
+) -> Result<format::Formatted, CliError> {
+    let data = match &a.dev.header {
+        Some(_) => Some(a.dev.local_device()?),
+        None => None,
+    };
+    let fmt = LuksFormat {
+        luks2: plan.luks2,
+        cipher: a.cipher.clone(),
+        key_bytes: plan.key_bytes,
+        uuid: a.uuid.clone(),
+        hash: a.hash.clone(),
+        sector_size: a.sector_size,
+        label: a.label.clone(),
+        subsystem: a.subsystem.clone(),
+        data_device: data.clone(),
+        align_sectors: a.align_payload,
+    };
+    plan.write(
+        cd,
+        &fmt,
+        &a.keyslot_cipher.choice(),
+        a.key_slot,
         volume_key,
+        pass,
+        header,
+        data.as_deref().unwrap_or(header),
+        a.use_random,
     )
-    .cs()?;
-    // As cryptsetup: after the header is written, before its first keyslot.
-    a.keyslot_cipher.apply(&mut cd)?;
-    cd.add_keyslot_by_volume_key(a.key_slot, None, pass).cs()
+    .map_err(lib_error)
 }

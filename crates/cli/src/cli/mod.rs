@@ -680,16 +680,18 @@ pub(crate) const REFUSED: &[(&str, &str)] = &[
     ),
     (
         "--integrity",
-        "dm-integrity (authenticated encryption, --integrity) is not served by ucrypt: it \
-         needs per-sector tags that ucrypt's data path does not store",
+        "--integrity is taken by luksFormat (LUKS2 with authenticated encryption) and \
+         integritysetup; reencrypt does not take it (cryptsetup 2.6 refuses to reencrypt a \
+         device with integrity, and so does ucrypt)",
     ),
 ];
 
 /// The reason this command line asks for something ucrypt refuses ([`REFUSED`]).
 fn refused(args: &[std::ffi::OsString]) -> Option<&'static str> {
-    // `integritysetup` takes `--integrity` (the internal hash) as integritysetup does.
-    let integritysetup =
-        action_pos(args).is_some_and(|i| args[i].to_str() == Some("integritysetup"));
+    // `integritysetup` takes `--integrity` (the internal hash) as integritysetup does, and
+    // `luksFormat` (authenticated encryption) as cryptsetup's.
+    let integritysetup = action_pos(args)
+        .is_some_and(|i| matches!(args[i].to_str(), Some("integritysetup" | "luksFormat")));
     let mut prev = "";
     for a in args.iter().skip(1) {
         let a = a.to_str().unwrap_or("");

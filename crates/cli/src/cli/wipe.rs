@@ -64,17 +64,21 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         })
         .cs()?;
     drop(pass);
-    let volume = ucrypt::open_unlocked(unlocked, ucrypt::OpenOptions::default()).cs()?;
-    fill(&*volume, &a.dev, a.offset, &a.progress)
+    // A segment with integrity is wiped in dm-integrity's direct mode, whole interleave
+    // areas at a time, as luksFormat --integrity wipes it.
+    let target = ucrypt::luks::format::wipe_volume(unlocked).cs()?;
+    fill(&*target.volume, &a.dev, a.offset, target.chunk, &a.progress)
 }
 
-/// Writes encrypted zeros over `volume` from byte `from` to its end, 4 MiB at a time, with
-/// progress. A signal stops it at the next 4 MiB; a write error stops it at once; either
-/// way the error names how far it got and the command that finishes it.
+/// Writes encrypted zeros over `volume` from byte `from` to its end, `chunk` bytes at a
+/// time (each write ending on a multiple of `chunk`), with progress. A signal stops it at
+/// the next chunk; a write error stops it at once; either way the error names how far it
+/// got and the command that finishes it.
 pub(crate) fn fill(
     volume: &dyn Backend,
     dev: &DeviceArgs,
     from: u64,
+    chunk: usize,
     args: &ProgressArgs,
 ) -> Result<(), CliError> {
     let size = volume.info().size_bytes;
@@ -95,13 +99,14 @@ pub(crate) fn fill(
     let stop = progress::StopOnSignal::new();
     let mut bar = progress::Bytes::new(args, "Wiping", &device, size);
     bar.resume_at(from);
-    let zeros = vec![0u8; 4 << 20];
+    let chunk = chunk.max(4096) as u64;
+    let zeros = vec![0u8; chunk as usize];
     let mut at = from;
     while at < size {
         if stop.stopped() {
             break;
         }
-        let n = (size - at).min(zeros.len() as u64) as usize;
+        let n = (size - at).min(chunk - at % chunk) as usize;
         if let Err(e) = volume.write_at(&zeros[..n], at, false) {
             bar.abandon();
             let _ = volume.flush();

@@ -154,6 +154,10 @@ pub struct Status {
     pub reencryption: Option<Reencryption>,
     /// A deferred close is pending.
     pub deferred_close: bool,
+    /// Sectors that failed authentication (EILSEQ) since the volume was opened (volumes
+    /// with integrity only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity_failures: Option<u64>,
 }
 
 /// Where an online reencryption stands.

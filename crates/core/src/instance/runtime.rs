@@ -132,6 +132,13 @@ pub struct Description {
     pub cipher: String,
     /// Key size in bits.
     pub key_bits: u32,
+    /// Authenticated encryption: the integrity (`hmac(sha256)`, `aead`, `poly1305`), as
+    /// `cryptsetup status` names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity: Option<String>,
+    /// The integrity key's size in bits (HMAC), inside `key_bits`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity_key_bits: Option<u32>,
     /// Encryption sector size in bytes.
     pub sector_size: u32,
     /// Where the data starts on the device, in 512-byte sectors.

@@ -188,6 +188,27 @@ pub fn describe_table(t: &TableLine, kind: &str, desc: &mut Description) {
     desc.allow_discards = t.has(OptParam::AllowDiscards);
 }
 
+/// Writes what `cryptsetup status` says of a volume with integrity into a description:
+/// the header's cipher (`aes-xts-plain64`, not the kernel's `capi:authenc(...)`), the
+/// integrity as cryptsetup names it (`hmac(sha256)`, `aead`, `poly1305`) and the HMAC
+/// key's size. Nothing for a volume without integrity.
+pub fn describe_integrity(u: &crate::Unlocked, desc: &mut Description) {
+    use ucrypt_crypto::aead::AeadKind;
+    let Some(kind) = u.first_line().cipher.aead else {
+        return;
+    };
+    let (name, key) = match kind {
+        AeadKind::AuthencXts(h) => (format!("hmac({})", h.name()), h.digest_size()),
+        AeadKind::Gcm => ("aead".to_string(), 0),
+        AeadKind::ChaCha20Poly1305 => ("poly1305".to_string(), 0),
+    };
+    if u.info.kind.is_some() {
+        desc.cipher = u.info.cipher_spec();
+    }
+    desc.integrity = Some(name);
+    desc.integrity_key_bits = (key > 0).then_some(key as u32 * 8);
+}
+
 /// Serves `built` as the instance `dir` until `close` or `shutdown` (SIGTERM/SIGINT, when
 /// the caller routed them there): the NBD server on `listener`, the front end, the
 /// description published, the control socket. `ready` is called with what users open
@@ -632,6 +653,7 @@ fn status(s: &Server) -> Status {
         suspended: s.switch.is_suspended(),
         reencryption: online::status(&s.online),
         deferred_close: s.deferred.load(Ordering::SeqCst),
+        integrity_failures: s.switch.integrity_failures(),
     }
 }
 

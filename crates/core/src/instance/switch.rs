@@ -245,6 +245,10 @@ impl Backend for Switch {
     fn submit_writes(&self, batch: &[WriteOp<'_>]) -> Result<(), BackendError> {
         self.with(|v| v.submit_writes(batch))?
     }
+    /// The current volume's count (since it was opened or last rebuilt).
+    fn integrity_failures(&self) -> Option<u64> {
+        self.current().and_then(|v| v.integrity_failures())
+    }
     /// The current volume's `local` and `async_submit` (nothing while suspended). `local`
     /// lets the NBD server run small requests on the thread that reads the connection
     /// (bench/nbd-read.sh: 4 KiB reads at depth 32 cost half the CPU that way). A
