@@ -78,10 +78,19 @@ fn key_sizes_are_cryptsetups() {
     assert!(!i.wipe && i.legacy_padding);
 }
 
+/// Cipher, `--integrity`, `--key-size`, LUKS2 (else LUKS1), the words of the refusal.
+type Refusal = (
+    &'static str,
+    Option<&'static str>,
+    Option<u32>,
+    bool,
+    &'static str,
+);
+
 /// Each refusal: the kind (invalid: exit 1) and the words that name what is refused.
 #[test]
 fn what_ucrypt_cannot_serve_is_refused_by_name_before_anything_is_written() {
-    let cases: &[(&str, Option<&str>, Option<u32>, bool, &str)] = &[
+    let cases: &[Refusal] = &[
         ("aes-xts-plain64", Some("cmac-aes"), None, true, "cmac"),
         (
             "aes-xts-plain64",

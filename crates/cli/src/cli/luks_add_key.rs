@@ -78,7 +78,6 @@ impl KeyslotCipherArgs {
             cipher: self.keyslot_cipher.clone().zip(self.keyslot_key_size),
         }
     }
-
 }
 
 /// Arguments of `ucrypt luksAddKey`.

@@ -437,7 +437,9 @@ mod tests {
                 })
                 .collect()
         };
-        let all = |r: Vec<std::thread::JoinHandle<Vec<(u32, Option<u8>)>>>| -> Vec<_> {
+        // Each read's NBD error and, where the block is one repeated byte, that byte.
+        type Answers = Vec<(u32, Option<u8>)>;
+        let all = |r: Vec<std::thread::JoinHandle<Answers>>| -> Answers {
             r.into_iter().flat_map(|h| h.join().unwrap()).collect()
         };
         assert!(all(reads(&conn)).iter().all(|r| *r == (0, Some(1))));
