@@ -125,6 +125,8 @@ const ACTIONS: &[(&str, Does)] = &[
     ("reencrypt --luks2-metadata-size", Runs("reencrypt")),
     ("reencrypt --luks2-keyslots-size", Runs("reencrypt")),
     ("reencrypt --volume-key-file", Runs("reencrypt")),
+    ("luksFormat --integrity", Runs("luksFormat")),
+    ("luksFormat --integrity-no-wipe", Runs("luksFormat")),
     // Features that cannot make sense for ucrypt.
     (
         "luksFormat --hw-opal",
@@ -133,10 +135,6 @@ const ACTIONS: &[(&str, Does)] = &[
     (
         "luksFormat --hw-opal-only",
         Refused("OPAL self-encrypting drives"),
-    ),
-    (
-        "luksFormat --integrity hmac-sha256",
-        Refused("dm-integrity"),
     ),
 ];
 
