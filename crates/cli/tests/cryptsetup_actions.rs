@@ -125,8 +125,7 @@ const ACTIONS: &[(&str, Does)] = &[
     ("reencrypt --luks2-metadata-size", Runs("reencrypt")),
     ("reencrypt --luks2-keyslots-size", Runs("reencrypt")),
     ("reencrypt --volume-key-file", Runs("reencrypt")),
-    ("luksFormat --integrity", Runs("luksFormat")),
-    ("luksFormat --integrity-no-wipe", Runs("luksFormat")),
+    ("luksFormat --integrity hmac-sha256", Runs("luksFormat")),
     // Features that cannot make sense for ucrypt.
     (
         "luksFormat --hw-opal",
