@@ -6,13 +6,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use ucrypt::luks::keyslots::{
     self, AddKey, AddUnbound, ChangeKey, ConvertKey, KeyslotCipher, KillSlot, PbkdfChoice,
     RemoveKey,
 };
-use ucrypt::luks::{CryptDevice, KeyslotStatus, LuksFormat, Pbkdf};
+use ucrypt::luks::{CryptDevice, KeyslotStatus};
 use ucrypt::prompt::{Prompt, Step};
 use ucrypt::secret::Secret;
 use ucrypt::unlock::KeyFile;
@@ -91,35 +93,6 @@ fn fast() -> PbkdfChoice {
     }
 }
 
-/// An image with a keyslot per passphrase (slot i for passphrase i).
-fn image(dir: &Path, luks2: bool, passphrases: &[&[u8]]) -> PathBuf {
-    let img = ucrypt_testkit::image(dir, "luks.img", 16 << 20);
-    let mut cd = CryptDevice::init(&img).unwrap();
-    cd.set_pbkdf(&Pbkdf {
-        kind: "pbkdf2".into(),
-        iterations: Some(1000),
-        ..Pbkdf::default()
-    })
-    .unwrap();
-    cd.format_luks(
-        &LuksFormat {
-            luks2,
-            cipher: "aes-xts-plain64".into(),
-            key_bytes: 64,
-            ..LuksFormat::default()
-        },
-        None,
-    )
-    .unwrap();
-    for (i, p) in passphrases.iter().enumerate() {
-        let slot = cd
-            .add_keyslot_by_volume_key(Some(u32::try_from(i).unwrap()), None, p)
-            .unwrap();
-        assert_eq!(slot as usize, i);
-    }
-    img
-}
-
 fn load(img: &Path) -> CryptDevice {
     let mut cd = ucrypt::header::crypt_device(img, None).unwrap();
     ucrypt::header::load_luks(&mut cd, VolumeType::Luks).unwrap();
@@ -152,7 +125,7 @@ fn add_key(img: &Path) -> AddKey {
 #[test]
 fn add_key_checks_the_existing_passphrase_before_asking_for_the_new_one() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"old"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"old"]);
     let mut p = Script::answering(&[b"wrong", b"new"]);
     let e = keyslots::add(&mut load(&img), &img, &add_key(&img), &mut p).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Permission, "{e:#}");
@@ -165,7 +138,7 @@ fn add_key_checks_the_existing_passphrase_before_asking_for_the_new_one() {
 #[test]
 fn add_key_with_key_slot_alone_names_the_new_keyslot_and_says_so() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"old"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"old"]);
     let mut p = Script::answering(&[b"old", b"new"]);
     let o = AddKey {
         key_slot: Some(5),
@@ -201,7 +174,7 @@ fn add_key_with_key_slot_alone_names_the_new_keyslot_and_says_so() {
 #[test]
 fn add_key_from_key_files_asks_nothing_and_batch_mode_warns_of_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"old"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"old"]);
     let mut p = Script::default();
     let o = AddKey {
         key: key_file(tmp.path(), "old", b"old"),
@@ -221,7 +194,7 @@ fn add_key_from_key_files_asks_nothing_and_batch_mode_warns_of_nothing() {
 #[test]
 fn add_key_refuses_a_new_keyslot_out_of_range_before_asking() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"old"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"old"]);
     let mut p = Script::answering(&[b"old", b"new"]);
     let o = AddKey {
         new_key_slot: Some(40),
@@ -236,7 +209,7 @@ fn add_key_refuses_a_new_keyslot_out_of_range_before_asking() {
 #[test]
 fn add_key_with_a_volume_key_file_verifies_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"old"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"old"]);
     let wrong = tmp.path().join("wrong-vk");
     std::fs::write(&wrong, [7u8; 64]).unwrap();
     let o = AddKey {
@@ -264,7 +237,7 @@ fn add_key_with_a_volume_key_file_verifies_it() {
 #[test]
 fn keyslot_cipher_is_refused_on_luks1_before_any_passphrase() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), false, &[b"old"]);
+    let img = crate::common::luks_image(tmp.path(), false, 16 << 20, &[b"old"]);
     let mut p = Script::answering(&[b"old", b"new"]);
     let o = AddKey {
         keyslot_cipher: KeyslotCipher {
@@ -281,7 +254,7 @@ fn keyslot_cipher_is_refused_on_luks1_before_any_passphrase() {
 #[test]
 fn add_unbound_stores_a_keyslot_that_opens_no_segment() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"old"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"old"]);
     let mut p = Script::answering(&[b"unbound"]);
     let o = AddUnbound {
         key_bits: 256,
@@ -297,7 +270,7 @@ fn add_unbound_stores_a_keyslot_that_opens_no_segment() {
 #[test]
 fn change_key_checks_the_old_passphrase_first_and_rewrites_its_keyslot() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"zero", b"one"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"zero", b"one"]);
     let mut p = Script::answering(&[b"wrong", b"new"]);
     let o = ChangeKey {
         pbkdf: fast(),
@@ -321,7 +294,7 @@ fn change_key_checks_the_old_passphrase_first_and_rewrites_its_keyslot() {
 #[test]
 fn convert_key_refuses_an_inactive_keyslot_and_keeps_the_passphrase() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"pw"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
     let mut p = Script::answering(&[b"pw"]);
     let o = ConvertKey {
         key_slot: Some(9),
@@ -354,7 +327,7 @@ fn convert_key_refuses_an_inactive_keyslot_and_keeps_the_passphrase() {
 #[test]
 fn the_last_keyslot_is_not_killed_without_confirmation() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"pw"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
     let mut p = Script::default();
     let o = KillSlot {
         slot: 0,
@@ -378,7 +351,7 @@ fn the_last_keyslot_is_not_killed_without_confirmation() {
 #[test]
 fn batch_mode_kills_the_last_keyslot_without_asking() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"pw"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
     let mut p = Script::default();
     let o = KillSlot {
         slot: 0,
@@ -393,7 +366,7 @@ fn batch_mode_kills_the_last_keyslot_without_asking() {
 #[test]
 fn kill_slot_wants_a_passphrase_of_another_keyslot() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"zero", b"one"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"zero", b"one"]);
     let o = KillSlot {
         slot: 1,
         ..KillSlot::default()
@@ -432,7 +405,7 @@ fn kill_slot_wants_a_passphrase_of_another_keyslot() {
 #[test]
 fn remove_key_removes_the_keyslot_of_the_passphrase_and_the_last_only_when_confirmed() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = image(tmp.path(), true, &[b"zero", b"one"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"zero", b"one"]);
     let mut p = Script::answering(&[b"one", b"zero", b"zero"]);
     let o = RemoveKey::default();
     assert_eq!(keyslots::remove(&mut load(&img), &o, &mut p).unwrap(), 1);
@@ -492,7 +465,7 @@ mod tokens {
     #[test]
     fn add_assigns_export_reads_and_remove_removes() {
         let tmp = tempfile::tempdir().unwrap();
-        let img = image(tmp.path(), true, &[b"zero", b"one"]);
+        let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"zero", b"one"]);
         let t = Token {
             key_description: Some("ucrypt:test".into()),
             key_slot: Some(1),
@@ -522,7 +495,7 @@ mod tokens {
     #[test]
     fn import_checks_the_target_before_reading_the_json() {
         let tmp = tempfile::tempdir().unwrap();
-        let img = image(tmp.path(), true, &[b"zero"]);
+        let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"zero"]);
         let t = Token {
             key_slot: Some(4),
             ..Token::default()
@@ -581,7 +554,7 @@ mod header {
     #[test]
     fn erase_and_convert_change_nothing_unless_confirmed() {
         let tmp = tempfile::tempdir().unwrap();
-        let img = image(tmp.path(), false, &[b"pw"]);
+        let img = crate::common::luks_image(tmp.path(), false, 16 << 20, &[b"pw"]);
         let mut p = Refuse::default();
         header::erase(&mut load(&img), &img, false, &mut p).unwrap_err();
         assert_eq!(opens(&img, b"pw"), Some(0));
@@ -612,7 +585,7 @@ mod header {
     #[test]
     fn config_needs_something_and_refuses_an_unknown_priority() {
         let tmp = tempfile::tempdir().unwrap();
-        let img = image(tmp.path(), true, &[b"pw"]);
+        let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
         let e = header::config(&mut load(&img), &Config::default()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Invalid);
         let c = Config {
@@ -633,7 +606,7 @@ mod header {
     #[test]
     fn a_restore_puts_back_the_keyslots_of_the_backup() {
         let tmp = tempfile::tempdir().unwrap();
-        let img = image(tmp.path(), true, &[b"pw"]);
+        let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
         let backup = tmp.path().join("hdr");
         let mut p = Script::default();
         header::backup(&mut load(&img), &backup, &mut p).unwrap();
@@ -667,7 +640,7 @@ mod dump {
     #[test]
     fn the_volume_key_is_shown_only_when_confirmed_and_unlocked() {
         let tmp = tempfile::tempdir().unwrap();
-        let img = image(tmp.path(), true, &[b"pw"]);
+        let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
         // Not confirmed: no passphrase is even asked for.
         let mut p = Script::answering(&[b"pw"]);
         let Err(e) = dump::dump(&mut load(&img), &volume_key(&img), &mut p) else {
@@ -703,7 +676,7 @@ mod dump {
     #[test]
     fn a_key_file_is_new_and_owner_read_only() {
         let tmp = tempfile::tempdir().unwrap();
-        let img = image(tmp.path(), true, &[b"pw"]);
+        let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
         let f = tmp.path().join("vk");
         let d = Dump {
             batch: true,
@@ -730,7 +703,7 @@ mod dump {
     #[test]
     fn a_key_file_without_a_key_and_a_bound_keyslot_as_unbound_are_refused() {
         let tmp = tempfile::tempdir().unwrap();
-        let img = image(tmp.path(), true, &[b"pw"]);
+        let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
         let mut p = Script::answering(&[b"pw"]);
         let d = Dump {
             device: img.clone(),

@@ -6,11 +6,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::VecDeque;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use ucrypt::export::{Ended, Endpoint, Exposure, ServeOptions, Shutdown, Tls, TlsMode};
-use ucrypt::luks::{CryptDevice, LuksFormat, Pbkdf};
 use ucrypt::open::{open_source, Backend, Opened, Source};
 use ucrypt::prompt::Prompt;
 use ucrypt::secret::Secret;
@@ -63,32 +64,6 @@ fn volume(o: Opened) -> (std::sync::Arc<dyn Backend>, String) {
         } => (volume, description),
         Opened::Checked => panic!("expected a volume, got Checked"),
     }
-}
-
-/// A LUKS2 image (PBKDF2, 1000 iterations) with one keyslot for `passphrase` and 4 MiB
-/// of data after its 16 MiB header.
-fn luks2(dir: &Path, passphrase: &[u8]) -> PathBuf {
-    let img = ucrypt_testkit::image(dir, "luks2.img", 20 << 20);
-    let mut cd = CryptDevice::init(&img).unwrap();
-    cd.set_pbkdf(&Pbkdf {
-        kind: "pbkdf2".into(),
-        iterations: Some(1000),
-        ..Pbkdf::default()
-    })
-    .unwrap();
-    cd.format_luks(
-        &LuksFormat {
-            luks2: true,
-            cipher: "aes-xts-plain64".into(),
-            key_bytes: 64,
-            ..LuksFormat::default()
-        },
-        None,
-    )
-    .unwrap();
-    cd.add_keyslot_by_volume_key(Some(0), None, passphrase)
-        .unwrap();
-    img
 }
 
 #[test]
@@ -197,7 +172,7 @@ fn raw_serves_the_ciphertext_of_a_one_line_table_only() {
 #[test]
 fn a_header_is_unlocked_by_the_policy_and_test_passphrase_serves_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let img = luks2(dir.path(), b"right");
+    let img = crate::common::luks_image(dir.path(), true, 20 << 20, &[b"right"]);
     let header = |test_passphrase| {
         Source::Header(Box::new(Request {
             kind: Some(VolumeType::Luks),

@@ -6,37 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use ucrypt::export::{Listener, ServeOptions, Shutdown};
 use ucrypt::header::{crypt_device, load_luks};
-use ucrypt::luks::{CryptDevice, LuksFormat, Pbkdf};
 use ucrypt::open::Device;
 use ucrypt::remote_header::Staging;
 use ucrypt::{ErrorKind, VolumeType};
-
-/// A LUKS2 image (PBKDF2, 1000 iterations) with one keyslot.
-fn luks2(dir: &Path) -> PathBuf {
-    let img = ucrypt_testkit::image(dir, "luks2.img", 16 << 20);
-    let mut cd = CryptDevice::init(&img).unwrap();
-    cd.set_pbkdf(&Pbkdf {
-        kind: "pbkdf2".into(),
-        iterations: Some(1000),
-        ..Pbkdf::default()
-    })
-    .unwrap();
-    cd.format_luks(
-        &LuksFormat {
-            luks2: true,
-            cipher: "aes-xts-plain64".into(),
-            key_bytes: 64,
-            ..LuksFormat::default()
-        },
-        None,
-    )
-    .unwrap();
-    cd.add_keyslot_by_volume_key(Some(0), None, b"pw").unwrap();
-    img
-}
 
 fn label(path: &Path) -> Option<String> {
     let mut cd = crypt_device(path, None).unwrap();
@@ -47,7 +24,7 @@ fn label(path: &Path) -> Option<String> {
 #[test]
 fn a_staged_header_reaches_the_server_only_when_written_back() {
     let dir = tempfile::tempdir().unwrap();
-    let img = luks2(dir.path());
+    let img = crate::common::luks_image(dir.path(), true, 16 << 20, &[b"pw"]);
     let before = std::fs::read(&img).unwrap();
     let export =
         ucrypt::open::open_device(&Device::parse(img.to_str().unwrap()), false, false).unwrap();

@@ -7,12 +7,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use ucrypt::unlock::{KeyFile, Outcome, Prompt, Request, Secret, Step, TcryptInputs, Tokens};
 use ucrypt::{ErrorKind, VolumeType};
-use ucrypt_cryptsetup::{CryptDevice, LuksFormat, Pbkdf};
+use ucrypt_cryptsetup::CryptDevice;
 
 /// A prompt that answers from a script and records what it was asked and told.
 #[derive(Default)]
@@ -74,35 +76,6 @@ impl Prompt for Script {
 
 const NO_KEY: &str = "No key available with this passphrase.";
 
-/// A LUKS2 image with a keyslot per passphrase (slot i for passphrase i).
-fn luks2(dir: &Path, passphrases: &[&[u8]]) -> PathBuf {
-    let img = ucrypt_testkit::image(dir, "luks2.img", 16 << 20);
-    let mut cd = CryptDevice::init(&img).unwrap();
-    cd.set_pbkdf(&Pbkdf {
-        kind: "pbkdf2".into(),
-        iterations: Some(1000),
-        ..Pbkdf::default()
-    })
-    .unwrap();
-    cd.format_luks(
-        &LuksFormat {
-            luks2: true,
-            cipher: "aes-xts-plain64".into(),
-            key_bytes: 64,
-            ..LuksFormat::default()
-        },
-        None,
-    )
-    .unwrap();
-    for (i, p) in passphrases.iter().enumerate() {
-        let slot = cd
-            .add_keyslot_by_volume_key(Some(u32::try_from(i).unwrap()), None, p)
-            .unwrap();
-        assert_eq!(slot as usize, i);
-    }
-    img
-}
-
 fn request(img: &Path) -> Request {
     Request {
         kind: Some(VolumeType::Luks),
@@ -120,7 +93,7 @@ fn unlocked(o: Outcome) -> Box<ucrypt::Unlocked> {
 #[test]
 fn a_wrong_passphrase_is_asked_again_within_tries() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = luks2(tmp.path(), &[b"right"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"right"]);
     let mut p = Script::typing(&[b"wrong", b"right"]);
     let u = unlocked(request(&img).unlock(&mut p).unwrap());
     assert_eq!(u.slot, Some(0));
@@ -133,7 +106,7 @@ fn a_wrong_passphrase_is_asked_again_within_tries() {
 #[test]
 fn tries_run_out_with_a_permission_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = luks2(tmp.path(), &[b"right"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"right"]);
     let mut p = Script::typing(&[b"a", b"b", b"right"]);
     let r = Request {
         tries: 2,
@@ -162,7 +135,7 @@ fn tries_run_out_with_a_permission_error() {
 #[test]
 fn a_key_file_is_read_from_its_offset_for_its_size_and_asks_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = luks2(tmp.path(), &[b"secret"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"secret"]);
     let kf = tmp.path().join("key");
     std::fs::write(&kf, b"0123secret\nmore").unwrap();
     let with = |offset, size| Request {
@@ -208,7 +181,7 @@ fn a_key_file_is_read_from_its_offset_for_its_size_and_asks_nothing() {
 #[test]
 fn a_keyslot_restriction_tries_that_keyslot_only() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = luks2(tmp.path(), &[b"zero", b"one"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"zero", b"one"]);
     let slot1 = Request {
         key_slot: Some(1),
         ..request(&img)
@@ -227,7 +200,7 @@ fn a_keyslot_restriction_tries_that_keyslot_only() {
 #[test]
 fn token_only_without_a_usable_token_asks_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = luks2(tmp.path(), &[b"pw"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
     let only = Request {
         tokens: Tokens {
             only: true,
@@ -276,7 +249,7 @@ fn token_only_without_a_usable_token_asks_nothing() {
 #[test]
 fn test_passphrase_checks_and_opens_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = luks2(tmp.path(), &[b"pw"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
     let test = Request {
         test_passphrase: true,
         ..request(&img)
@@ -481,7 +454,7 @@ fn tcrypt_key_files_pim_and_a_passphrase_from_standard_input() {
 #[test]
 fn a_malformed_keyring_link_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let img = luks2(tmp.path(), &[b"pw"]);
+    let img = crate::common::luks_image(tmp.path(), true, 16 << 20, &[b"pw"]);
     let r = Request {
         link_vk_to_keyring: Some("no-separator".into()),
         ..request(&img)
