@@ -177,7 +177,49 @@ fn global_init() {
             // SAFETY: the device argument is unused by this global setting.
             unsafe { ffi::crypt_metadata_locking(ptr::null_mut(), 0) };
         }
+        init_crypto_backend();
     });
+}
+
+/// Brings libcryptsetup's crypto backend up once, on one thread, before any device exists.
+///
+/// The library initialises its backend lazily behind an unsynchronised flag; with OpenSSL 3
+/// it creates its library context first and loads the providers into it afterwards. Two
+/// threads opening devices at once can therefore see the context before it has a provider,
+/// and a call such as `crypt_set_pbkdf_type` fails with "Requested hash sha256 is not
+/// supported" (seen in CI with parallel tests). No public call only initialises, so this
+/// asks for a PBKDF benchmark of a type that does not exist: the library initialises its
+/// backend first and then refuses the type at once, without benchmarking anything.
+fn init_crypto_backend() {
+    const NO_SUCH_KDF: &CStr = c"ucrypt-init-only";
+    let mut params = ffi::crypt_pbkdf_type {
+        type_: NO_SUCH_KDF.as_ptr(),
+        hash: c"sha256".as_ptr(),
+        time_ms: 1,
+        iterations: 0,
+        max_memory_kb: 0,
+        parallel_threads: 0,
+        flags: 0,
+    };
+    // SAFETY: a NULL device is allowed (the library uses its default context); `params` and
+    // its strings outlive the call; no password (NULL, 0), no salt, no progress callback.
+    let r = unsafe {
+        ffi::crypt_benchmark_pbkdf(
+            ptr::null_mut(),
+            &mut params,
+            ptr::null(),
+            0,
+            ptr::null(),
+            0,
+            32,
+            None,
+            ptr::null_mut(),
+        )
+    };
+    // The refusal of the made-up type is the expected outcome; a failing backend shows up
+    // again, with the library's own message, on the first real call.
+    debug_assert!(r < 0);
+    let _ = take_log();
 }
 
 fn cstring(what: &str, s: &str) -> Result<CString, FormatError> {
