@@ -101,6 +101,23 @@ else
   bad "a virtio disk with serial $RO_NAME"
 fi
 
+# Writes while the host suspends the volume (luksSuspend), resumes it (luksResume) and
+# refreshes it: the host starts once $W/io-running exists and says so in $W/resumed. Whole
+# passes of the same 8 MiB, the last one after the resume, so the end state is known.
+head -c $((8 * MiB)) /dev/urandom > "$T/p2"
+touch "$W/io-running"
+passes=0 r=0
+while :; do
+  dd if="$T/p2" of="$RW" bs=64k seek=$(((RAW + 8) * MiB)) oflag=direct,seek_bytes status=none || { r=1; break; }
+  passes=$((passes + 1))
+  [ -e "$W/resumed" ] && break
+  [ $passes -gt 2000 ] && break
+done
+check "the host suspended, resumed and refreshed the volume meanwhile" [ -e "$W/resumed" ]
+check "writes across luksSuspend/luksResume/refresh ($passes passes of 8 MiB)" [ $r = 0 ]
+check "they read back" \
+  cmp <(dd if="$RW" bs=1M skip=$((RAW + 8)) count=8 iflag=direct status=none) "$T/p2"
+
 # The kernel's dm-crypt reads what went through the vhost-user disk: same ciphertext.
 if LOOP=$(losetup -r -f --show "$W/rw.img"); then
   awk -v d="$LOOP" '{ $7 = d; print }' "$W/rw.table" > "$T/table.dm"
@@ -111,6 +128,8 @@ if LOOP=$(losetup -r -f --show "$W/rw.img"); then
       cmp -n $((2 * MiB)) <(dd if=/dev/mapper/vulab bs=1M skip=$((RAW + 1)) count=2 status=none) /dev/zero
     check "dm-crypt: the raw write from CPU 1 is there" \
       cmp <(dd if=/dev/mapper/vulab bs=1M skip=$((RAW + 4)) count=4 status=none) "$T/p1"
+    check "dm-crypt: the writes across luksSuspend/luksResume are there" \
+      cmp <(dd if=/dev/mapper/vulab bs=1M skip=$((RAW + 8)) count=8 status=none) "$T/p2"
     umount "$MNT" 2>/dev/null
     dmsetup remove vulab
   else

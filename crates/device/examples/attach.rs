@@ -3,11 +3,14 @@
 //!
 //! ```text
 //! attach ublk|nbd TABLE_FILE [--name NAME] [--workers N] [--recover DEV_ID|auto] [--no-recovery]
-//!                            [--queues N] [--depth N] [--conns N] [--ready FILE]
+//!                            [--queues N] [--depth N] [--conns N] [--direct] [--ready FILE]
 //! ```
 //!
 //! TABLE_FILE holds one dm-crypt table line (`0 LEN crypt CIPHER KEY IV DEV OFFSET ...`,
-//! what `ucrypt luksOpen --print-table` prints). The node (`/dev/ublkbN`, `/dev/nbdN`) is
+//! what `ucrypt luksOpen --print-table` prints). Its performance flags (`no_read_workqueue`,
+//! `no_write_workqueue`, `same_cpu_crypt`, `submit_from_crypt_cpus`) place the crypto as
+//! `ucrypt open` places it (any of them replaces the automatic placement); `--direct` opens
+//! the device with O_DIRECT. The node (`/dev/ublkbN`, `/dev/nbdN`) is
 //! printed on stdout once it serves, and written to `--ready FILE` (atomically). SIGTERM
 //! or SIGINT detach (flush, remove the node) and exit; SIGKILL leaves a ublk device
 //! waiting for `--recover N`.
@@ -15,8 +18,8 @@
 use std::io::Write;
 use std::sync::Arc;
 use ucrypt_backend::file::{FileBackend, FileOptions};
-use ucrypt_device::{AttachOptions, Attachment};
-use ucrypt_engine::{Volume, VolumeConfig};
+use ucrypt_device::{AttachOptions, Attachment, FrontendKind};
+use ucrypt_engine::{EngineOptions, Volume, VolumeConfig};
 use ucrypt_format::{OptParam, TableLine, ValidateOptions};
 
 fn main() {
@@ -59,9 +62,28 @@ fn run() -> Result<(), String> {
     let cipher = table
         .build_cipher(ValidateOptions::default())
         .map_err(|e| format!("table: {e}"))?;
-    let backend = FileBackend::open(table.device.to_string(), FileOptions::default())
+    let file_opts = FileOptions {
+        direct: args.iter().any(|a| a == "--direct"),
+        ..FileOptions::default()
+    };
+    let backend = FileBackend::open(table.device.to_string(), file_opts)
         .map_err(|e| format!("{}: {e}", table.device))?;
-    let volume = Volume::new(
+    // The table's placement flags, as `ucrypt open` reads them (ucrypt::config).
+    let mut engine = EngineOptions {
+        no_read_workqueue: table.has(OptParam::NoReadWorkqueue),
+        no_write_workqueue: table.has(OptParam::NoWriteWorkqueue),
+        same_cpu_crypt: table.has(OptParam::SameCpuCrypt),
+        submit_from_crypt_cpus: table.has(OptParam::SubmitFromCryptCpus),
+        ..EngineOptions::default()
+    };
+    if engine.no_read_workqueue
+        || engine.no_write_workqueue
+        || engine.same_cpu_crypt
+        || engine.submit_from_crypt_cpus
+    {
+        engine.auto = None;
+    }
+    let volume = Volume::with_options(
         Arc::from(cipher),
         Arc::new(backend),
         VolumeConfig {
@@ -70,6 +92,7 @@ fn run() -> Result<(), String> {
             read_only: false,
             allow_discards: table.has(OptParam::AllowDiscards),
         },
+        engine,
     )
     .map_err(|e| format!("volume: {e}"))?;
     let logical_block = table.sector_size_bytes();
@@ -81,9 +104,10 @@ fn run() -> Result<(), String> {
         logical_block,
         queues: u16::try_from(num("--queues", cpus)?).unwrap_or(1),
         queue_depth: u16::try_from(num("--depth", 128)?).unwrap_or(128),
+        workers: num("--vq-workers", 0)?,
     };
-    let attachment: Box<dyn Attachment> = match front.as_str() {
-        "ublk" => {
+    let attachment: Box<dyn Attachment> = match FrontendKind::from_name(front) {
+        Some(FrontendKind::Ublk) => {
             let uopts = ucrypt_device::ublk::UblkOptions {
                 workers: num("--workers", 0)?,
                 user_recovery: !args.iter().any(|a| a == "--no-recovery"),
@@ -105,7 +129,7 @@ fn run() -> Result<(), String> {
             .map_err(|e| e.to_string())?;
             Box::new(a)
         }
-        "nbd" => {
+        Some(FrontendKind::Nbd) => {
             let nopts = ucrypt_device::nbd_kernel::NbdOptions {
                 connections: num("--conns", 1)?,
                 workers: num("--workers", 8)?,
@@ -116,7 +140,7 @@ fn run() -> Result<(), String> {
                     .map_err(|e| e.to_string())?,
             )
         }
-        other => return Err(format!("unknown front end {other}")),
+        _ => return Err(format!("unknown front end {front}")),
     };
     let node = attachment.node().display().to_string();
     if let Some(ready) = arg_value(&args, "--ready") {

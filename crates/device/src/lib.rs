@@ -43,8 +43,24 @@ pub enum FrontendKind {
 }
 
 impl FrontendKind {
+    /// Every kind, in the order the command line lists them.
+    pub const ALL: [FrontendKind; 6] = [
+        FrontendKind::Ublk,
+        FrontendKind::Nbd,
+        FrontendKind::Fuse,
+        FrontendKind::VhostUser,
+        FrontendKind::Vduse,
+        FrontendKind::None,
+    ];
+
+    /// The kind named `name` ([`FrontendKind::as_str`]'s inverse): the one place a front
+    /// end's name is read.
+    pub fn from_name(name: &str) -> Option<FrontendKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
     /// The name used on the command line and in status output.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             FrontendKind::Ublk => "ublk",
             FrontendKind::Nbd => "nbd",
@@ -69,6 +85,10 @@ pub struct AttachOptions {
     pub queues: u16,
     /// Requests in flight per queue.
     pub queue_depth: u16,
+    /// vhost-user and VDUSE: threads per VM connection that run a queue's requests beside
+    /// its own thread, so that a queue keeps up to 32 requests in flight (0: one at a time
+    /// on the queue's thread). The other front ends ignore it.
+    pub workers: usize,
 }
 
 /// Why a front end could not attach or detach.

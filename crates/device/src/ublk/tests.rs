@@ -10,6 +10,7 @@ fn opts(logical_block: u32, read_only: bool) -> AttachOptions {
         logical_block,
         queues: 1,
         queue_depth: 4,
+        workers: 0,
     }
 }
 

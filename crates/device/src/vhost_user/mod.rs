@@ -405,6 +405,7 @@ mod tests {
             logical_block: 512,
             queues: 4,
             queue_depth: 128,
+            workers: 0,
         };
         let at = attach(export, &socket, &opts).unwrap();
         let wait = |connected: bool| {
