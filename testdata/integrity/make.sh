@@ -3,7 +3,8 @@
 # (integritysetup format + writes through the mapped device). Runs as root inside a kernel
 # guest of the project's VM harness, whose default modules include the hash modules
 # dm-integrity needs (crc32c, hmac, sha256, sha512), from the repository root:
-#   tests/lab/run.sh testdata/integrity/make.sh OUTDIR
+#   tests/lab/run.sh testdata/integrity/make.sh OUTDIR [GLOB]
+# With GLOB, only the images whose names match it are made (e.g. '*-jc-*').
 # Images are formatted on the guest's /dev/shm (tmpfs) and copied to OUTDIR (a directory
 # shared with the host), uncompressed; xz them on the host.
 #
@@ -12,11 +13,14 @@
 # over some blocks of a few images, is printf 'j%014x\n' i at the same places.
 set -eu
 OUT=$1
+ONLY=${2:-*}
 mkdir -p "$OUT"
 W=/dev/shm/integrity
 rm -rf "$W"; mkdir -p "$W"
 modprobe crc32_generic 2>/dev/null || modprobe crc32-pclmul 2>/dev/null || true
 modprobe sha1_generic 2>/dev/null || true
+# Journal encryption (--journal-crypt): the kernel's skcipher templates and chacha20.
+for m in ctr cbc xts chacha_generic chacha20_generic; do modprobe "$m" 2>/dev/null || true; done
 
 # key FIRST COUNT FILE: COUNT bytes FIRST, FIRST+1, ... Keys: 0x00.. (32 bytes for
 # hmac-sha256, 64 for hmac-sha512); the journal-mac key 0x80.. (32 bytes).
@@ -27,7 +31,12 @@ key() {
 key 0 32 "$W/key32"
 key 0 64 "$W/key64"
 key 128 32 "$W/jkey32"
+# The --journal-crypt-key-file keys: 0x40.. (32 bytes; 64 for xts).
+key 64 32 "$W/jckey32"
+key 64 64 "$W/jckey64"
 cp "$W/key32" "$OUT/key32.bin"
+cp "$W/jckey32" "$OUT/jckey32.bin"
+cp "$W/jckey64" "$OUT/jckey64.bin"
 cp "$W/key64" "$OUT/key64.bin"
 cp "$W/jkey32" "$OUT/jkey32.bin"
 
@@ -50,6 +59,8 @@ write_range() {
 #         the device is still active (what the disk holds if the power failed right then).
 make() {
   local name=$1 mib=$2 mode=$3; shift 3
+  # shellcheck disable=SC2053 # a glob on purpose
+  [[ $name == $ONLY ]] || return 0
   local fmt=() opn=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do fmt+=("$1"); shift; done
   [ $# -gt 0 ] && shift
@@ -80,7 +91,7 @@ make() {
       cp --sparse=never "$img" "$OUT/$name.img"
       ;;
   esac
-  dmsetup table "$name" | sed -E 's/(internal_hash|journal_mac):([^: ]+):[0-9a-f]+/\1:\2:KEY/g' \
+  dmsetup table "$name" | sed -E 's/(internal_hash|journal_mac|journal_crypt):([^: ]+):[0-9a-f]+/\1:\2:KEY/g' \
     > "$OUT/$name.table"
   sha256sum < "$dev" | cut -d' ' -f1 > "$OUT/$name.sha256"
   echo "$size" > "$OUT/$name.size"
@@ -131,4 +142,25 @@ make hmac-sha256-4096-Junflushed 4 Junflushed --integrity hmac-sha256 "${K32[@]}
 make crc32c-512-Bdirty 4 Bdirty
 make hmac-sha256-512-jmac-J 4 J --integrity hmac-sha256 "${K32[@]}" "${JM[@]}" \
   -- --integrity hmac-sha256 "${K32[@]}" "${JM[@]}"
+
+# Journal encryption. integritysetup's man page names the ciphers "ctr-aes", "cbc-aes",
+# "chacha20"; which spelling reaches the kernel shows in each image's .table.
+JCK32=(--journal-crypt-key-file "$W/jckey32" --journal-crypt-key-size 32)
+JCK64=(--journal-crypt-key-file "$W/jckey64" --journal-crypt-key-size 64)
+jc() {
+  local name=$1 mib=$2 mode=$3 alg=$4 sector=$5; shift 5
+  local k=("${JCK32[@]}")
+  [ "$alg" = xts-aes ] && k=("${JCK64[@]}")
+  make "$name" "$mib" "$mode" --sector-size "$sector" --journal-crypt "$alg" "${k[@]}" "$@" \
+    -- --journal-crypt "$alg" "${k[@]}" "${OPEN_EXTRA[@]}"
+}
+OPEN_EXTRA=()
+jc crc32c-512-jc-ctr-aes-J 4 J ctr-aes 512
+jc crc32c-512-jc-ctr-aes-Junflushed 4 Junflushed ctr-aes 512 --journal-size 1048576
+jc crc32c-4096-jc-cbc-aes-Junflushed 4 Junflushed cbc-aes 4096 --journal-size 1048576
+jc crc32c-512-jc-xts-aes-Junflushed 4 Junflushed xts-aes 512 --journal-size 1048576
+jc crc32c-512-jc-chacha20-Junflushed 4 Junflushed chacha20 512 --journal-size 1048576
+OPEN_EXTRA=(--integrity hmac-sha256 "${K32[@]}" "${JM[@]}")
+jc hmac-sha256-512-jmac-jc-cbc-aes-Junflushed 4 Junflushed cbc-aes 512 --journal-size 1048576 \
+  --integrity hmac-sha256 "${K32[@]}" "${JM[@]}"
 echo "all images made"

@@ -18,6 +18,8 @@ bad() { echo "not ok - $*"; FAIL=$((FAIL + 1)); }
 W=/dev/shm/ucrypt-integrity
 rm -rf "$W"; mkdir -p "$W"
 modprobe crc32c_generic 2>/dev/null || true
+# --journal-crypt: the skcipher templates and chacha20
+for m in ctr cbc xts chacha_generic; do modprobe "$m" 2>/dev/null || true; done
 
 for img in "$DIR"/*.img; do
   name=$(basename "$img" .img)

@@ -50,7 +50,7 @@ fn dump_prints_what_integritysetup_printed() {
         assert_eq!(String::from_utf8(out.stdout).unwrap(), want, "{stem}");
         n += 1;
     }
-    assert_eq!(n, 14);
+    assert_eq!(n, 20);
     let other = tmp.path().join("other.img");
     std::fs::write(&other, vec![0x55u8; 8192]).unwrap();
     let out = ucrypt(&["integritysetup", "dump", other.to_str().unwrap()]);
@@ -293,15 +293,126 @@ fn open_serves_the_device_over_nbd() {
     }
 }
 
-/// A named instance is refused with the reason (the instance machinery describes crypt
-/// targets only).
+/// `--journal-crypt`: a kernel image whose encrypted journal was left unflushed reads
+/// through an `integrity` table line with `journal_crypt:ctr(aes):KEY` as the kernel read
+/// it; `integritysetup format --journal-crypt ctr-aes` writes a volume that opens so; an
+/// unknown cipher and `--integrity-inline` are refused by name with exit code 1.
 #[test]
-fn open_with_a_name_is_refused_for_now() {
+fn journal_crypt_is_served_and_unknown_ciphers_are_refused() {
     let Some(dir) = data() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let img = tmp.path().join("k.img");
-    unxz(&dir.join("crc32c-512-J.img.xz"), &img);
-    let out = ucrypt(&["integritysetup", "open", img.to_str().unwrap(), "vol"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("named instances"));
+    unxz(&dir.join("crc32c-512-jc-ctr-aes-Junflushed.img.xz"), &img);
+    let jkey = dir.join("jckey32.bin");
+    let hex: String = std::fs::read(&jkey)
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let table = tmp.path().join("table");
+    let size: u64 = std::fs::read_to_string(dir.join("crc32c-512-jc-ctr-aes-Junflushed.size"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::fs::write(
+        &table,
+        format!(
+            "0 {} integrity {} 0 4 J 2 internal_hash:crc32c journal_crypt:ctr(aes):{hex}",
+            size / 512,
+            img.display()
+        ),
+    )
+    .unwrap();
+    let out = ucrypt(&["read", "--table-file", table.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    use sha2::Digest;
+    let got: String = sha2::Sha256::digest(&out.stdout)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let want =
+        std::fs::read_to_string(dir.join("crc32c-512-jc-ctr-aes-Junflushed.sha256")).unwrap();
+    assert_eq!(got, want.trim(), "the replayed device");
+    // ucrypt's own format with an encrypted journal.
+    let u = tmp.path().join("u.img");
+    std::fs::write(&u, vec![0u8; 4 << 20]).unwrap();
+    let u = u.to_str().unwrap();
+    let jk = jkey.to_str().unwrap();
+    let out = ucrypt(&[
+        "-q",
+        "integritysetup",
+        "format",
+        u,
+        "--journal-crypt",
+        "ctr-aes",
+        "--journal-crypt-key-file",
+        jk,
+        "--journal-crypt-key-size",
+        "32",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let sb =
+        ucrypt_format::integrity::Superblock::parse(&std::fs::read(u).unwrap()[..512]).unwrap();
+    std::fs::write(
+        &table,
+        format!(
+            "0 {} integrity {u} 0 4 J 2 internal_hash:crc32c journal_crypt:ctr(aes):{hex}",
+            sb.provided_data_sectors
+        ),
+    )
+    .unwrap();
+    let out = ucrypt(&[
+        "read",
+        "--table-file",
+        table.to_str().unwrap(),
+        "--length",
+        "4096",
+    ]);
+    assert!(
+        out.status.success() && out.stdout == vec![0u8; 4096],
+        "{out:?}"
+    );
+    // Without the journal's cipher: refused (no valid commit id), never garbage.
+    std::fs::write(
+        &table,
+        format!(
+            "0 {} integrity {u} 0 4 J 1 internal_hash:crc32c",
+            sb.provided_data_sectors
+        ),
+    )
+    .unwrap();
+    let out = ucrypt(&[
+        "read",
+        "--table-file",
+        table.to_str().unwrap(),
+        "--length",
+        "4096",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("commit id"),
+        "{out:?}"
+    );
+    for (args, want) in [
+        (
+            vec!["--journal-crypt", "salsa20", "--journal-crypt-key-file", jk],
+            "\"salsa20\" is not supported",
+        ),
+        (
+            vec!["--integrity-inline"],
+            "--integrity-inline is not supported",
+        ),
+    ] {
+        for action in ["format", "open"] {
+            let mut argv = vec!["-q", "integritysetup", action, u];
+            argv.extend(args.iter());
+            let out = ucrypt(&argv);
+            assert_eq!(out.status.code(), Some(1), "{argv:?}: {out:?}");
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains(want),
+                "{argv:?}: {out:?}"
+            );
+        }
+    }
 }

@@ -12,7 +12,15 @@
 //! The same boot opens volumes `ucrypt luksFormat --integrity` made (every mode, 512 and
 //! 4096-byte sectors, legacy padding, three interleave areas), half written through ucrypt:
 //! the kernel reads every block (the wipe made every tag valid) and the data.
+//! The same boot replays journals ucrypt left behind: copies of the kernel's unflushed
+//! images (`NAME-Junflushed`, whose journal `ucrypt open` replays when it starts) written
+//! through `ucrypt open` over NBD, flushed, and the server killed with SIGKILL with its
+//! journal committed but not copied to its places: the kernel replays it and reads exactly
+//! what ucrypt flushed, every block (no EILSEQ).
 //! Skipped with a message when `CI` is unset and the lab cannot start; fails under `CI`.
+//!
+//! Offline too: those kernel journals read through `ucrypt read` as the kernel read them,
+//! the image left as it was.
 //!
 //! Against real cryptsetup on the host: what `ucrypt luksFormat --integrity` writes dumps
 //! (`cryptsetup luksDump`) as the header cryptsetup wrote for the same options in the lab
@@ -34,6 +42,14 @@ const IMAGES: [&str; 4] = [
     "hmac-sha512-xts-512",
     "aes-gcm-random-4096",
     "chacha20-poly1305-4096",
+];
+
+/// Kernel images with a journal the kernel left unflushed (make.sh, `-Junflushed`).
+const UNFLUSHED: [&str; 4] = [
+    "hmac-sha256-xts-4096-Junflushed",
+    "aes-gcm-random-4096-Junflushed",
+    "chacha20-poly1305-4096-Junflushed",
+    "hmac-sha512-xts-512-Junflushed",
 ];
 
 fn dir() -> Option<PathBuf> {
@@ -524,6 +540,73 @@ fn status_shows_integrity_and_counts_failed_sectors() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+#[test]
+fn unflushed_kernel_journals_read_as_the_kernel_read_them() {
+    let Some(d) = dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    for name in UNFLUSHED {
+        let img = tmp.path().join(format!("{name}.img"));
+        unxz(&d.join(format!("{name}.img.xz")), &img);
+        let before = std::fs::read(&img).unwrap();
+        let table = tmp.path().join(format!("{name}.table"));
+        std::fs::write(&table, tables(&d, &img, "v")).unwrap();
+        let data = ok(&["read", "--table-file", table.to_str().unwrap()]);
+        let sha = std::fs::read_to_string(d.join(format!("{name}.sha256"))).unwrap();
+        assert_eq!(hex(&Sha256::digest(&data)), sha.trim(), "{name}");
+        assert!(
+            std::fs::read(&img).unwrap() == before,
+            "{name}: reading wrote"
+        );
+    }
+}
+
+/// The table with the dm-integrity line in recovery mode (R: no replay, no checks of its
+/// own), to see what the places hold.
+fn recovery(table: &str) -> String {
+    let mut lines: Vec<String> = table.lines().map(String::from).collect();
+    assert!(lines[0].contains(" integrity ") && lines[0].contains(" J "));
+    lines[0] = lines[0].replacen(" J ", " R ", 1);
+    lines.join("\n") + "\n"
+}
+
+/// `ucrypt open` (NBD on a socket) on `table`, the given writes (offset, data), one
+/// flush, then SIGKILL: the journal is committed (the flush) and not copied to its places.
+fn write_flush_and_kill(table: &Path, sock: &Path, writes: &[(u64, Vec<u8>)]) {
+    use std::io::BufRead;
+    use ucrypt_nbd::client::{Address, Connection};
+    use ucrypt_nbd::command::Request;
+    use ucrypt_nbd::proto::{NBD_CMD_FLUSH, NBD_CMD_WRITE};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ucrypt"))
+        .args(["open", "--table-file"])
+        .arg(table)
+        .arg("--socket")
+        .arg(sock)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("nbd+unix"), "no URI: {line:?}");
+    let mut c = Connection::connect(&Address::Unix(sock.to_path_buf()), "").unwrap();
+    let req = |kind, offset, length| Request {
+        flags: 0,
+        kind,
+        cookie: 0,
+        offset,
+        length,
+    };
+    for (at, data) in writes {
+        let r = req(NBD_CMD_WRITE, *at, data.len() as u32);
+        assert_eq!(c.call(r, data, &mut []).unwrap(), 0);
+    }
+    assert_eq!(c.call(req(NBD_CMD_FLUSH, 0, 0), &[], &mut []).unwrap(), 0);
+    child.kill().unwrap(); // SIGKILL, with the connection still open
+    child.wait().unwrap();
+}
+
 /// One byte of the data of the block holding 512-byte sector `sector`, flipped in `img`;
 /// returns (block number, block size).
 fn flip_data_byte(img: &Path, sector: u64) -> (u64, u64) {
@@ -654,6 +737,69 @@ fn lab_the_kernel_reads_what_ucrypt_wrote() {
         std::fs::remove_file(&table).unwrap();
         let _ = std::fs::remove_file(img.with_extension("vk.bin"));
     }
+    // Journals ucrypt left: the kernel's unflushed images, opened by `ucrypt open` (which
+    // replays the kernel's journal to its places), three ranges written, one flush, then
+    // SIGKILL.
+    for name in UNFLUSHED {
+        let killed = format!("ucrypt-killed-{name}");
+        let img = lab.join(format!("{killed}.img"));
+        unxz(&d.join(format!("{name}.img.xz")), &img);
+        let text = tables(&d, &img, "v");
+        let table = lab.join(format!("{killed}.table"));
+        std::fs::write(&table, &text).unwrap();
+        let size: u64 = std::fs::read_to_string(d.join(format!("{name}.size")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // The kernel's data: the first pattern with the second over make.sh's ranges.
+        let mut data: Vec<u8> = Vec::with_capacity(size as usize);
+        for i in 0..size / 16 {
+            data.extend_from_slice(format!("{i:015x}\n").as_bytes());
+        }
+        for (from, len) in [(4096u64, 4096u64), (65536, 12288), (size - 8192, 8192)] {
+            for i in from / 16..(from + len) / 16 {
+                let at = (i * 16) as usize;
+                data[at..at + 16].copy_from_slice(format!("j{i:014x}\n").as_bytes());
+            }
+        }
+        let kernel = data.clone();
+        let mut writes = Vec::new();
+        for (from, len) in [(8192u64, 4096u64), (69632, 4096), (size - 16384, 8192)] {
+            let mut w = Vec::with_capacity(len as usize);
+            for i in from / 16..(from + len) / 16 {
+                w.extend_from_slice(format!("u{i:014x}\n").as_bytes());
+            }
+            data[from as usize..(from + len) as usize].copy_from_slice(&w);
+            writes.push((from, w));
+        }
+        write_flush_and_kill(&table, &lab.join(format!("{killed}.sock")), &writes);
+        // The places hold the kernel's data (its journal replayed when ucrypt opened),
+        // ucrypt's writes are in ucrypt's journal only; a normal open replays them.
+        let rtable = lab.join(format!("{killed}.rtable"));
+        std::fs::write(&rtable, recovery(&text)).unwrap();
+        let places = ok(&["read", "--table-file", rtable.to_str().unwrap()]);
+        assert!(
+            places == kernel,
+            "{name}: ucrypt's journal was copied to its places before the kill"
+        );
+        // On a copy: the image goes to the kernel as the kill left it.
+        let copy = lab.join(format!("{killed}.copy"));
+        std::fs::copy(&img, &copy).unwrap();
+        let ctable = lab.join(format!("{killed}.ctable"));
+        let ctext = text.replace(img.to_str().unwrap(), copy.to_str().unwrap());
+        std::fs::write(&ctable, ctext).unwrap();
+        let back = ok(&["read", "--table-file", ctable.to_str().unwrap()]);
+        assert!(back == data, "{name}: ucrypt replays its own journal");
+        std::fs::write(
+            lab.join(format!("{killed}.sha256")),
+            hex(&Sha256::digest(&data)),
+        )
+        .unwrap();
+        for f in [&table, &rtable, &ctable, &copy] {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
     let Some(out) = ucrypt_testkit::run_in_vm(
         &root.join("tests/lab/luks2_integrity.sh"),
         [&lab],
@@ -661,7 +807,10 @@ fn lab_the_kernel_reads_what_ucrypt_wrote() {
     ) else {
         return;
     };
-    let want = format!("{} passed, 0 failed", 2 * IMAGES.len() + FORMATTED.len());
+    let want = format!(
+        "{} passed, 0 failed",
+        2 * IMAGES.len() + FORMATTED.len() + UNFLUSHED.len()
+    );
     assert!(
         out.lines().any(|l| l == want),
         "the lab script did not report {want}"

@@ -21,10 +21,10 @@
 
 pub use crate::aead_spec::{AeadKind, MacHash};
 use crate::iv::{self, IvGenerator, IvMode};
+use crate::mode::aws_aead::{Algorithm, AwsAead, NONCE_LEN, TAG_LEN};
 use crate::spec::CipherSpec;
 use crate::{CryptoError, Sector512, SectorCipher, SectorParams, SectorSize, VolumeKey};
-use aes_gcm::aead::{AeadInOut, KeyInit};
-use hmac::Mac;
+use hmac::{KeyInit, Mac};
 
 /// A block failed its authentication: the tag does not match the data, the sector or the
 /// stored IV.
@@ -41,9 +41,8 @@ enum Engine {
         ivgen: Box<dyn IvGenerator>,
         mac: Box<MacKey>,
     },
-    Gcm128(Box<aes_gcm::Aes128Gcm>),
-    Gcm256(Box<aes_gcm::Aes256Gcm>),
-    ChaCha(Box<chacha20poly1305::ChaCha20Poly1305>),
+    /// AES-GCM or ChaCha20-Poly1305 (AWS-LC): 12-byte random IV, 16-byte tag.
+    Nonce12(Box<AwsAead>),
 }
 
 enum MacKey {
@@ -179,17 +178,13 @@ impl CipherSpec {
                          tag: integrity:28:aead)"
                     )));
                 }
-                match bytes.len() {
-                    16 => Engine::Gcm128(Box::new(
-                        aes_gcm::Aes128Gcm::new_from_slice(bytes)
-                            .map_err(|_| CryptoError::Library("AES-GCM key"))?,
-                    )),
-                    32 => Engine::Gcm256(Box::new(
-                        aes_gcm::Aes256Gcm::new_from_slice(bytes)
-                            .map_err(|_| CryptoError::Library("AES-GCM key"))?,
-                    )),
-                    _ => return Err(key_err("AES-GCM takes a 16- or 32-byte key".into())),
+                if !matches!(bytes.len(), 16 | 32) {
+                    return Err(key_err("AES-GCM takes a 16- or 32-byte key".into()));
                 }
+                Engine::Nonce12(Box::new(
+                    AwsAead::new(Algorithm::AesGcm, bytes)
+                        .ok_or(CryptoError::Library("AES-GCM key"))?,
+                ))
             }
             AeadKind::ChaCha20Poly1305 => {
                 if auth_size != 16 {
@@ -201,9 +196,9 @@ impl CipherSpec {
                 if bytes.len() != 32 {
                     return Err(key_err("ChaCha20-Poly1305 takes a 32-byte key".into()));
                 }
-                Engine::ChaCha(Box::new(
-                    chacha20poly1305::ChaCha20Poly1305::new_from_slice(bytes)
-                        .map_err(|_| CryptoError::Library("ChaCha20-Poly1305 key"))?,
+                Engine::Nonce12(Box::new(
+                    AwsAead::new(Algorithm::ChaCha20Poly1305, bytes)
+                        .ok_or(CryptoError::Library("ChaCha20-Poly1305 key"))?,
                 ))
             }
         };
@@ -291,9 +286,7 @@ impl AeadCipher {
                 mac.mac(&[&sector_le, &iv, data], auth);
                 rest.fill(0);
             }
-            Engine::Gcm128(c) => seal_12(c.as_ref(), &sector_le, data, auth, rest)?,
-            Engine::Gcm256(c) => seal_12(c.as_ref(), &sector_le, data, auth, rest)?,
-            Engine::ChaCha(c) => seal_12(c.as_ref(), &sector_le, data, auth, rest)?,
+            Engine::Nonce12(c) => seal_12(c, &sector_le, data, auth, rest)?,
         }
         Ok(())
     }
@@ -340,9 +333,7 @@ impl AeadCipher {
                 xts.decrypt(Sector512(s), data);
                 true
             }
-            Engine::Gcm128(c) => open_12(c.as_ref(), &sector_le, data, auth, rest),
-            Engine::Gcm256(c) => open_12(c.as_ref(), &sector_le, data, auth, rest),
-            Engine::ChaCha(c) => open_12(c.as_ref(), &sector_le, data, auth, rest),
+            Engine::Nonce12(c) => open_12(c, &sector_le, data, auth, rest),
         }
     }
 }
@@ -352,45 +343,40 @@ fn constant_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// A 12-byte-IV AEAD with a 16-byte tag: `rest` holds the random IV (already drawn), then
-/// zeros to the end of the on-disk tag.
-fn seal_12<A>(
-    c: &A,
+/// zeros to the end of the on-disk tag. The associated data is what dm-crypt authenticates
+/// besides the sector: its 512-byte sector number (little-endian) and the IV.
+fn seal_12(
+    c: &AwsAead,
     sector_le: &[u8; 8],
     data: &mut [u8],
     auth: &mut [u8],
     rest: &mut [u8],
-) -> Result<(), CryptoError>
-where
-    A: AeadInOut<NonceSize = aes_gcm::aead::consts::U12, TagSize = aes_gcm::aead::consts::U16>,
-{
-    let (ivb, pad) = rest.split_at_mut(12);
+) -> Result<(), CryptoError> {
+    let (ivb, pad) = rest.split_at_mut(NONCE_LEN);
     pad.fill(0);
-    let mut aad = [0u8; 20];
+    let nonce: [u8; NONCE_LEN] = (&*ivb)
+        .try_into()
+        .map_err(|_| CryptoError::Library("AEAD nonce"))?;
+    let mut aad = [0u8; 8 + NONCE_LEN];
     aad[..8].copy_from_slice(sector_le);
-    aad[8..].copy_from_slice(ivb);
-    let nonce = aes_gcm::aead::array::Array::from(<[u8; 12]>::try_from(&*ivb).unwrap_or([0; 12]));
-    let t = c
-        .encrypt_inout_detached(&nonce, &aad, data.into())
-        .map_err(|_| CryptoError::Library("AEAD encryption"))?;
-    auth.copy_from_slice(&t);
+    aad[8..].copy_from_slice(&nonce);
+    let mut tag = [0u8; TAG_LEN];
+    c.seal(&nonce, &aad, data, &mut tag)?;
+    auth.copy_from_slice(&tag);
     Ok(())
 }
 
-fn open_12<A>(c: &A, sector_le: &[u8; 8], data: &mut [u8], auth: &[u8], rest: &[u8]) -> bool
-where
-    A: AeadInOut<NonceSize = aes_gcm::aead::consts::U12, TagSize = aes_gcm::aead::consts::U16>,
-{
-    let ivb = &rest[..12];
-    let mut aad = [0u8; 20];
-    aad[..8].copy_from_slice(sector_le);
-    aad[8..].copy_from_slice(ivb);
-    let nonce = aes_gcm::aead::array::Array::from(<[u8; 12]>::try_from(ivb).unwrap_or([0; 12]));
-    let Ok(tag) = <[u8; 16]>::try_from(auth) else {
+fn open_12(c: &AwsAead, sector_le: &[u8; 8], data: &mut [u8], auth: &[u8], rest: &[u8]) -> bool {
+    let (Ok(nonce), Ok(tag)) = (
+        <[u8; NONCE_LEN]>::try_from(&rest[..NONCE_LEN]),
+        <[u8; TAG_LEN]>::try_from(auth),
+    ) else {
         return false;
     };
-    let tag = aes_gcm::aead::array::Array::from(tag);
-    c.decrypt_inout_detached(&nonce, &aad, data.into(), &tag)
-        .is_ok()
+    let mut aad = [0u8; 8 + NONCE_LEN];
+    aad[..8].copy_from_slice(sector_le);
+    aad[8..].copy_from_slice(&nonce);
+    c.open(&nonce, &aad, data, &tag)
 }
 
 #[cfg(test)]

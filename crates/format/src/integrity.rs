@@ -551,15 +551,46 @@ impl JournalShape {
     }
 }
 
+/// The four commit ids of a journal (the kernel's `ic->commit_ids`): [`COMMIT_IDS`], or,
+/// with a stream cipher as `journal_crypt`, those encrypted (see [`encrypted_commit_ids`]).
+pub type CommitIds = [u64; N_COMMIT_IDS as usize];
+
+/// The commit ids of a journal encrypted with a stream cipher: the kernel encrypts
+/// [`COMMIT_IDS`] (as little-endian bytes) with the keystream that follows the journal's
+/// pages, `keystream_tail` (32 bytes), then makes equal ids distinct by adding 1 to the
+/// later one until none repeats (`create_journal`).
+pub fn encrypted_commit_ids(keystream_tail: &[u8; 32]) -> CommitIds {
+    let mut ids = COMMIT_IDS;
+    for (k, id) in ids.iter_mut().enumerate() {
+        *id ^= le64(keystream_tail, 8 * k);
+    }
+    for i in 0..ids.len() {
+        while ids[..i].contains(&ids[i]) {
+            ids[i] = ids[i].wrapping_add(1);
+        }
+    }
+    ids
+}
+
 /// The commit id of sector `j` of section `i` in commit sequence `seq` (as the `le64` read
-/// from disk).
+/// from disk), with the kernel's default ids.
 pub fn commit_id(section: u32, sector: u32, seq: u8) -> u64 {
-    COMMIT_IDS[usize::from(seq % N_COMMIT_IDS)] ^ ((u64::from(section) << 32) ^ u64::from(sector))
+    commit_id_in(&COMMIT_IDS, section, sector, seq)
+}
+
+/// The commit id of sector `j` of section `i` in commit sequence `seq` with the ids `ids`.
+pub fn commit_id_in(ids: &CommitIds, section: u32, sector: u32, seq: u8) -> u64 {
+    ids[usize::from(seq % N_COMMIT_IDS)] ^ ((u64::from(section) << 32) ^ u64::from(sector))
 }
 
 /// The sequence whose commit id sector `j` of section `i` carries, if any.
 pub fn find_commit_seq(section: u32, sector: u32, id: u64) -> Option<u8> {
-    (0..N_COMMIT_IDS).find(|&k| commit_id(section, sector, k) == id)
+    find_commit_seq_in(&COMMIT_IDS, section, sector, id)
+}
+
+/// [`find_commit_seq`] with the ids `ids`.
+pub fn find_commit_seq_in(ids: &CommitIds, section: u32, sector: u32, id: u64) -> Option<u8> {
+    (0..N_COMMIT_IDS).find(|&k| commit_id_in(ids, section, sector, k) == id)
 }
 
 /// The next commit sequence.
@@ -818,6 +849,20 @@ impl ReplayPlan {
         journal: &[u8],
         journal_mode: bool,
     ) -> Result<ReplayPlan, FormatError> {
+        Self::decide_with(shape, journal, journal_mode, &COMMIT_IDS)
+    }
+
+    /// [`ReplayPlan::decide`] for a journal whose commit ids are `ids` (a journal
+    /// encrypted with a stream cipher; `journal` is the decrypted journal).
+    ///
+    /// # Errors
+    /// As [`ReplayPlan::decide`].
+    pub fn decide_with(
+        shape: &JournalShape,
+        journal: &[u8],
+        journal_mode: bool,
+        ids: &CommitIds,
+    ) -> Result<ReplayPlan, FormatError> {
         let sections = shape.sections;
         let section_bytes = shape.section_sectors as usize * 512;
         if journal.len() < sections as usize * section_bytes {
@@ -830,10 +875,11 @@ impl ReplayPlan {
         let mut empty = true;
         for i in 0..sections {
             for j in 0..shape.section_sectors {
-                let k = find_commit_seq(i, j, id_at(i, j)).ok_or_else(|| {
+                let k = find_commit_seq_in(ids, i, j, id_at(i, j)).ok_or_else(|| {
                     bad(format!(
                         "journal section {i} sector {j} has no valid commit id (the kernel \
-                         fails such a device)"
+                         fails such a device; a journal encrypted with journal_crypt reads \
+                         so without its cipher and key)"
                     ))
                 })?;
                 used[usize::from(k)] = true;
@@ -873,7 +919,7 @@ impl ReplayPlan {
         let mut write_sections = 0u32;
         'count: while write_sections < sections {
             for j in 0..shape.section_sectors {
-                if id_at(i, j) != commit_id(i, j, want) {
+                if id_at(i, j) != commit_id_in(ids, i, j, want) {
                     break 'count;
                 }
             }
@@ -1047,7 +1093,7 @@ mod tests {
 /// A dm-integrity table line (`<start> <length> integrity <device> <offset> <tag_size|->
 /// <mode> <#args> <args>...`), as `dmsetup table` prints it and the kernel's
 /// `dm_integrity_ctr` reads it. Refused with the reason: the inline mode `I`, a separate
-/// `meta_device`, `journal_crypt`, `allow_discards`, `reset_recalculate`, and a line
+/// `meta_device`, `allow_discards`, `reset_recalculate`, and a line
 /// without `internal_hash` (tags from dm-crypt above: not a standalone device).
 #[derive(Clone, PartialEq, Eq)]
 pub struct IntegrityLine {
@@ -1081,6 +1127,8 @@ pub struct IntegrityLine {
     pub bitmap_flush_interval: Option<u32>,
     /// `internal_hash:ALG[:HEXKEY]` (the kernel's name, the key's bytes).
     pub internal_hash: Option<AlgKey>,
+    /// `journal_crypt:ALG[:HEXKEY]` (the kernel's cipher name, e.g. `ctr(aes)`).
+    pub journal_crypt: Option<AlgKey>,
     /// `journal_mac:ALG[:HEXKEY]`.
     pub journal_mac: Option<AlgKey>,
     /// `recalculate`.
@@ -1173,6 +1221,7 @@ impl std::str::FromStr for IntegrityLine {
             sectors_per_bit: None,
             bitmap_flush_interval: None,
             internal_hash: None,
+            journal_crypt: None,
             journal_mac: None,
             recalculate: false,
             fix_padding: false,
@@ -1223,11 +1272,12 @@ impl std::str::FromStr for IntegrityLine {
                 "bitmap_flush_interval" => l.bitmap_flush_interval = Some(u32_of(k, v)?),
                 "internal_hash" => l.internal_hash = Some(alg_and_key(k, v)?),
                 "journal_mac" => l.journal_mac = Some(alg_and_key(k, v)?),
+                "journal_crypt" => l.journal_crypt = Some(alg_and_key(k, v)?),
                 "recalculate" if v.is_empty() => l.recalculate = true,
                 "fix_padding" if v.is_empty() => l.fix_padding = true,
                 "fix_hmac" if v.is_empty() => l.fix_hmac = true,
                 "legacy_recalculate" if v.is_empty() => l.legacy_recalculate = true,
-                "meta_device" | "journal_crypt" | "allow_discards" | "reset_recalculate" => {
+                "meta_device" | "allow_discards" | "reset_recalculate" => {
                     return Err(FormatError::NotSupported(format!(
                         "the integrity target's {k} argument"
                     )))
@@ -1307,6 +1357,7 @@ impl IntegrityLine {
         }
         for (k, v) in [
             ("internal_hash", &self.internal_hash),
+            ("journal_crypt", &self.journal_crypt),
             ("journal_mac", &self.journal_mac),
         ] {
             if let Some((alg, key)) = v {

@@ -542,6 +542,7 @@ pub fn integrity_mapping(
         sectors_per_bit: None,
         bitmap_flush_interval: None,
         internal_hash: None,
+        journal_crypt: None,
         journal_mac: None,
         recalculate: false,
         fix_padding: sb.flags.has(Flags::FIXED_PADDING),

@@ -8,6 +8,7 @@
 //! locks give it the same).
 
 use crate::hash::{Algorithm, Hasher};
+use crate::journal_crypt::JournalCrypt;
 use crate::tags::{read_unaligned, TagCache};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,10 +17,11 @@ use ucrypt_backend::{
     check_range, emulate, Backend, BackendError, BackendInfo, Caps, Io, IoKind, Support,
 };
 use ucrypt_format::integrity::{
-    commit_id, entry_state, log2_blocks_per_bitmap_bit, max_provided_data_sectors, next_commit_seq,
-    set_entry_unused, AfterReplay, EntryState, Flags, FormatParams, Geometry, JournalShape,
-    ReplayPlan, Superblock, BITMAP_BLOCK_SIZE, DEFAULT_BUFFER_SECTORS, DEFAULT_JOURNAL_WATERMARK,
-    JOURNAL_BLOCK_SECTORS, JOURNAL_MAC_PER_SECTOR, JOURNAL_MAC_SIZE, SALT_SIZE, SB_SECTORS,
+    commit_id_in, entry_state, log2_blocks_per_bitmap_bit, max_provided_data_sectors,
+    next_commit_seq, set_entry_unused, AfterReplay, CommitIds, EntryState, Flags, FormatParams,
+    Geometry, JournalShape, ReplayPlan, Superblock, BITMAP_BLOCK_SIZE, COMMIT_IDS,
+    DEFAULT_BUFFER_SECTORS, DEFAULT_JOURNAL_WATERMARK, JOURNAL_BLOCK_SECTORS,
+    JOURNAL_MAC_PER_SECTOR, JOURNAL_MAC_SIZE, SALT_SIZE, SB_SECTORS,
 };
 use ucrypt_format::FormatError;
 use zeroize::Zeroizing;
@@ -50,8 +52,9 @@ impl Mode {
     }
 }
 
-/// What opening takes besides the superblock (the kernel's table arguments).
-#[derive(Debug, Clone)]
+/// What opening takes besides the superblock (the kernel's table arguments). Its `Debug`
+/// shows whether each key is there, never the key.
+#[derive(Clone)]
 pub struct Options {
     /// J, D, B or R.
     pub mode: Mode,
@@ -65,6 +68,10 @@ pub struct Options {
     pub hash_key: Option<Zeroizing<Vec<u8>>>,
     /// `journal_mac` and its key, required when the superblock says the journal has a MAC.
     pub journal_mac: Option<(Algorithm, Option<Zeroizing<Vec<u8>>>)>,
+    /// `journal_crypt`: the cipher's name (`ctr(aes)`, `cbc-aes`...) and its key. The
+    /// superblock does not say whether the journal is encrypted: without it, an encrypted
+    /// journal shows no valid commit id and the device is refused, as the kernel fails it.
+    pub journal_crypt: Option<(String, Zeroizing<Vec<u8>>)>,
     /// `buffer_sectors` (tags are addressed in buffers of this size; default 128).
     pub buffer_sectors: u32,
     /// `journal_watermark` in percent (the journal is written back when it is this full).
@@ -86,6 +93,34 @@ pub struct Options {
     pub recalculate: bool,
 }
 
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let key = |k: Option<&Zeroizing<Vec<u8>>>| k.map(|k| format!("<{} bytes>", k.len()));
+        f.debug_struct("Options")
+            .field("mode", &self.mode)
+            .field("hash", &self.hash)
+            .field("external_tags", &self.external_tags)
+            .field("hash_key", &key(self.hash_key.as_ref()))
+            .field(
+                "journal_mac",
+                &self.journal_mac.as_ref().map(|(a, k)| (a, key(k.as_ref()))),
+            )
+            .field(
+                "journal_crypt",
+                &self.journal_crypt.as_ref().map(|(c, k)| (c, key(Some(k)))),
+            )
+            .field("buffer_sectors", &self.buffer_sectors)
+            .field("journal_watermark", &self.journal_watermark)
+            .field("sectors_per_bit", &self.sectors_per_bit)
+            .field("read_only", &self.read_only)
+            .field("legacy_recalculate", &self.legacy_recalculate)
+            .field("tag_size", &self.tag_size)
+            .field("block_size", &self.block_size)
+            .field("recalculate", &self.recalculate)
+            .finish()
+    }
+}
+
 impl Options {
     /// Journal mode with external tags (a dm-integrity device under dm-crypt) of
     /// `tag_size` bytes, and the kernel's defaults.
@@ -104,6 +139,7 @@ impl Options {
             external_tags: false,
             hash_key: None,
             journal_mac: None,
+            journal_crypt: None,
             buffer_sectors: DEFAULT_BUFFER_SECTORS,
             journal_watermark: DEFAULT_JOURNAL_WATERMARK,
             sectors_per_bit: 0,
@@ -143,6 +179,8 @@ pub struct IntegrityBackend {
     /// The superblock's salt when tags and MACs cover it (fix_hmac).
     salt: Option<[u8; SALT_SIZE]>,
     jmac: Option<Hasher>,
+    /// `journal_crypt`, keyed for this journal's shape.
+    jcrypt: Option<JournalCrypt>,
     /// Aligned I/O unit of the backend (at least a sector).
     align: u64,
     /// Tags beyond this sector are not checked (recalculating, read-only).
@@ -178,6 +216,8 @@ struct Journal {
     shape: JournalShape,
     buf: Vec<u8>,
     commit_seq: u8,
+    /// The commit ids (the kernel's, or encrypted by a stream `journal_crypt`).
+    ids: CommitIds,
     committed_section: u32,
     n_committed: u32,
     uncommitted_section: u32,
@@ -356,12 +396,14 @@ impl IntegrityBackend {
             )));
         }
         let shape = geo.journal;
+        let jcrypt = journal_crypt(&opts, &shape)?;
         let threshold =
             (shape.entries * u64::from(100 - opts.journal_watermark.min(100)) + 50) / 100;
         let journal = Journal {
             shape,
             buf: vec![0u8; shape.sectors() as usize * 512],
             commit_seq: 0,
+            ids: jcrypt.as_ref().map_or(COMMIT_IDS, JournalCrypt::commit_ids),
             committed_section: 0,
             n_committed: 0,
             uncommitted_section: 0,
@@ -409,6 +451,7 @@ impl IntegrityBackend {
             external: opts.external_tags,
             salt,
             jmac,
+            jcrypt,
             align,
             unchecked_from: u64::MAX,
             state: RwLock::new(State {
@@ -678,8 +721,19 @@ impl IntegrityBackend {
             let run = (n - done).min(sections - first);
             let from = first as usize * sb;
             let bytes = &j.buf[from..from + run as usize * sb];
-            self.inner
-                .write_at(bytes, self.geo.journal_byte(first, 0), true)?;
+            match &self.jcrypt {
+                None => self
+                    .inner
+                    .write_at(bytes, self.geo.journal_byte(first, 0), true)?,
+                Some(c) => {
+                    let mut io = Zeroizing::new(bytes.to_vec());
+                    for (k, section) in io.chunks_exact_mut(sb).enumerate() {
+                        c.encrypt_section(first + k as u32, section);
+                    }
+                    self.inner
+                        .write_at(&io, self.geo.journal_byte(first, 0), true)?;
+                }
+            }
             done += run;
         }
         Ok(())
@@ -705,7 +759,8 @@ impl IntegrityBackend {
             for s in 0..j.shape.section_sectors {
                 let at = base + s as usize * 512;
                 j.buf[at..at + 504].fill(0);
-                j.buf[at + 504..at + 512].copy_from_slice(&commit_id(i, s, seq).to_le_bytes());
+                j.buf[at + 504..at + 512]
+                    .copy_from_slice(&commit_id_in(&j.ids, i, s, seq).to_le_bytes());
             }
             for e in 0..j.shape.section_entries {
                 let at = base + j.shape.entry_offset(e);
@@ -727,11 +782,18 @@ impl IntegrityBackend {
         let mut buf = std::mem::take(&mut st.journal.buf);
         self.inner
             .read_at(&mut buf[..len], self.geo.journal_byte(0, 0))?;
+        if let Some(c) = &self.jcrypt {
+            let sb = st.journal.section_bytes();
+            for (i, section) in buf.chunks_exact_mut(sb).enumerate() {
+                c.decrypt_section(i as u32, section);
+            }
+        }
         st.journal.buf = buf;
-        let plan = ReplayPlan::decide(
+        let plan = ReplayPlan::decide_with(
             &st.journal.shape,
             &st.journal.buf,
             self.mode == Mode::Journal,
+            &st.journal.ids,
         )?;
         let se = u64::from(st.journal.shape.section_entries);
         let sections = st.journal.shape.sections;
@@ -858,7 +920,8 @@ impl IntegrityBackend {
             let base = i as usize * sb;
             for s in 0..j.shape.section_sectors {
                 let at = base + s as usize * 512 + 504;
-                j.buf[at..at + 8].copy_from_slice(&commit_id(i, s, j.commit_seq).to_le_bytes());
+                j.buf[at..at + 8]
+                    .copy_from_slice(&commit_id_in(&j.ids, i, s, j.commit_seq).to_le_bytes());
             }
             i += 1;
             if i >= sections {
@@ -1228,6 +1291,27 @@ fn recalc_disabled(sb: &Superblock, hash_keyed: bool, jmac_keyed: bool) -> bool 
     }
 }
 
+/// The keyed `journal_crypt` of `opts` for a journal of `shape`. Bitmap mode keeps its
+/// bitmap where the journal would be; with an encrypted journal the kernel writes it
+/// through the journal's encrypted buffer, which ucrypt does not reproduce: refused.
+fn journal_crypt(
+    opts: &Options,
+    shape: &JournalShape,
+) -> Result<Option<JournalCrypt>, IntegrityError> {
+    let Some((name, key)) = &opts.journal_crypt else {
+        return Ok(None);
+    };
+    if opts.mode == Mode::Bitmap {
+        return Err(refused(
+            "bitmap mode with journal_crypt is not supported (the kernel writes the bitmap \
+             through the encrypted journal's buffer)",
+        ));
+    }
+    JournalCrypt::new(name, key, shape)
+        .map(Some)
+        .map_err(refused)
+}
+
 fn jmac_keyed(opts: &Options) -> bool {
     matches!(&opts.journal_mac, Some((_, Some(_))))
 }
@@ -1404,6 +1488,12 @@ impl Backend for IntegrityBackend {
         }
     }
 
+    /// Blocks whose internal-hash tag did not match (the kernel's status counter); `None`
+    /// with external tags, which the crypt target above checks and counts.
+    fn integrity_failures(&self) -> Option<u64> {
+        (!self.external).then(|| self.mismatches())
+    }
+
     fn flush(&self) -> Result<(), BackendError> {
         if self.read_only {
             return Ok(());
@@ -1500,6 +1590,8 @@ impl IntegrityBackend {
             None => None,
         };
         let shape = geo.journal;
+        let jcrypt = journal_crypt(&opts, &shape)?;
+        let ids = jcrypt.as_ref().map_or(COMMIT_IDS, JournalCrypt::commit_ids);
         let block = geo.block_bytes();
         let log2_blocks_per_bit = sb.log2_blocks_per_bitmap_bit;
         Ok(IntegrityBackend {
@@ -1523,12 +1615,14 @@ impl IntegrityBackend {
             hash,
             external: opts.external_tags,
             jmac,
+            jcrypt,
             unchecked_from: u64::MAX,
             state: RwLock::new(State {
                 journal: Journal {
                     shape,
                     buf: vec![0u8; shape.sectors() as usize * 512],
                     commit_seq: 0,
+                    ids,
                     committed_section: 0,
                     n_committed: 0,
                     uncommitted_section: 0,
@@ -1549,5 +1643,32 @@ impl IntegrityBackend {
             geo,
             mismatches: AtomicU64::new(0),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_shows_a_key() {
+        let mut o = Options::new(Algorithm::Crc32c);
+        o.hash_key = Some(Zeroizing::new(b"HASHKEYSECRET".to_vec()));
+        o.journal_mac = Some((
+            Algorithm::Crc32c,
+            Some(Zeroizing::new(b"MACKEYSECRET".to_vec())),
+        ));
+        o.journal_crypt = Some((
+            "ctr(aes)".into(),
+            Zeroizing::new(b"CRYPTKEYSECRET".to_vec()),
+        ));
+        let text = format!("{o:?}");
+        assert!(!text.contains("SECRET"), "{text}");
+        let bytes: Vec<String> = b"HASHKEYSECRET".iter().map(|b| b.to_string()).collect();
+        assert!(!text.contains(&bytes.join(", ")), "{text}");
+        assert!(
+            text.contains("<13 bytes>") && text.contains("ctr(aes)"),
+            "{text}"
+        );
     }
 }

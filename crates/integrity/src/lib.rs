@@ -22,8 +22,10 @@
 mod crypt;
 mod device;
 pub mod hash;
+pub mod journal_crypt;
 mod tags;
 
 pub use crypt::AeadVolume;
 pub use device::{format, IntegrityBackend, IntegrityError, Mode, Options};
 pub use hash::{Algorithm, Hasher};
+pub use journal_crypt::JournalCrypt;

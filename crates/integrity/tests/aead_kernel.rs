@@ -4,7 +4,10 @@
 //! external tags, from the two table lines the kernel held (`NAME.table`) and the volume
 //! key (`NAME.vk`): the kernel's pattern exactly; one byte flipped in a sector's data or in
 //! its tag fails exactly that sector with `BackendError::Integrity`; what ucrypt writes
-//! reads back after a reopen.
+//! reads back after a reopen; a journal the kernel left unflushed (`NAME-Junflushed`: the
+//! image copied while the kernel's device was active, its last writes committed to the
+//! journal only) is replayed as the kernel replays it, in memory when read-only, to its
+//! places when writable.
 
 #![allow(clippy::unwrap_used)]
 
@@ -71,6 +74,16 @@ struct Opened {
 }
 
 fn open(d: &Path, name: &str, image: Arc<MemoryBackend>) -> Opened {
+    open_with(d, name, image, |_| {})
+}
+
+/// As [`open`], with the dm-integrity options changed by `set` (mode, read-only).
+fn open_with(
+    d: &Path,
+    name: &str,
+    image: Arc<MemoryBackend>,
+    set: impl FnOnce(&mut Options),
+) -> Opened {
     let t = table(d, name);
     let key = std::fs::read_to_string(d.join(format!("{name}.vk"))).unwrap();
     let key = VolumeKey::from_hex(key.trim()).unwrap();
@@ -86,7 +99,9 @@ fn open(d: &Path, name: &str, image: Arc<MemoryBackend>) -> Opened {
     let window: Arc<dyn Backend> = Arc::new(
         LinearBackend::ranges(vec![(image.clone() as Arc<dyn Backend>, off, size - off)]).unwrap(),
     );
-    let dev = Arc::new(IntegrityBackend::open(window, Options::external(t.tag)).unwrap());
+    let mut opts = Options::external(t.tag);
+    set(&mut opts);
+    let dev = Arc::new(IntegrityBackend::open(window, opts).unwrap());
     let vol = AeadVolume::new(cipher, dev, t.length).unwrap();
     Opened { image, vol }
 }
@@ -193,5 +208,63 @@ fn what_ucrypt_writes_reads_back_after_reopening() {
         drop(o);
         let again = open(&d, name, img);
         assert!(read_all(&again.vol) == want, "{name}: after reopening");
+    }
+}
+
+/// The kernel's journals left unflushed: the first pattern at its places, the second
+/// pattern's three ranges committed to the journal only. Recovery mode (no replay) reads
+/// the first pattern; a read-only open replays in memory (the kernel's sha256 of the
+/// device, the image unchanged, no tag mismatch); a writable open replays to the places,
+/// and after a clean close recovery mode reads the second pattern from the places.
+#[test]
+fn journals_the_kernel_left_unflushed_are_replayed() {
+    let Some(d) = dir() else { return };
+    for name in [
+        "hmac-sha256-xts-4096-Junflushed",
+        "aes-gcm-random-4096-Junflushed",
+        "chacha20-poly1305-4096-Junflushed",
+        "hmac-sha512-xts-512-Junflushed",
+    ] {
+        let bytes = common::snapshot(&*image(&d, name));
+        let size: u64 = std::fs::read_to_string(d.join(format!("{name}.size")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let want = pattern(size, true);
+        let sha = std::fs::read_to_string(d.join(format!("{name}.sha256"))).unwrap();
+        assert_eq!(
+            hex(&Sha256::digest(&want)),
+            sha.trim(),
+            "{name}: the kernel's read"
+        );
+        let recovery = |o: &mut Options| {
+            o.mode = ucrypt_integrity::Mode::Recovery;
+            o.read_only = true;
+        };
+        let before = open_with(&d, name, load(&bytes), recovery);
+        assert!(
+            read_all(&before.vol) == pattern(size, false),
+            "{name}: the second pattern is in the journal only"
+        );
+        // Read-only: replayed in memory, nothing written.
+        let ro = open_with(&d, name, load(&bytes), |o| o.read_only = true);
+        assert!(read_all(&ro.vol) == want, "{name}: read-only replay");
+        assert_eq!(ro.vol.failures(), 0, "{name}");
+        let img = ro.image.clone();
+        drop(ro);
+        assert!(common::snapshot(&*img) == bytes, "{name}: read-only wrote");
+        // Writable: replayed to the places.
+        let rw = open(&d, name, load(&bytes));
+        assert!(read_all(&rw.vol) == want, "{name}: writable replay");
+        assert_eq!(rw.vol.failures(), 0, "{name}");
+        let img = rw.image.clone();
+        rw.vol.flush().unwrap();
+        drop(rw);
+        let after = open_with(&d, name, img, recovery);
+        assert!(
+            read_all(&after.vol) == want,
+            "{name}: the replay reached the places"
+        );
     }
 }

@@ -1,19 +1,26 @@
-//! `ucrypt integritysetup dump|format|open DEVICE`: standalone dm-integrity, as cryptsetup's
-//! `integritysetup` (2.6) does it, with `ucrypt-integrity` in place of the kernel.
+//! `ucrypt integritysetup dump|format|open|status|close`: standalone dm-integrity, as
+//! cryptsetup's `integritysetup` (2.6) does it, with ucrypt's userspace dm-integrity in
+//! place of the kernel.
 //!
-//! `format` writes what the kernel writes when `integritysetup format` activates its
-//! temporary table (superblock, empty journal) and then, unless `--integrity-no-wipe`,
-//! zeros with valid tags over the data; `dump` prints the superblock as integritysetup does;
-//! `open` builds the kernel's table line from the superblock and the options and runs
-//! `ucrypt open` on it (the line through a pipe, so no key is on a command line).
+//! The arguments, the confirmation and the printing; what the actions decide (option
+//! checks, key files, the superblock, the table line, what `status` shows) is the
+//! library's [`ucrypt::integrity`]. `open DEV NAME` runs `ucrypt open` on the table line
+//! the library builds (through a pipe, so no key is on a command line), with the serving
+//! options given: a named instance started by the library's
+//! [`ucrypt::instance::start`] like every other, so `status NAME` and `close NAME` (here
+//! or `ucrypt status|close NAME`) work on it.
 
+use super::exit::{instance_error, lib_error, Printed};
+use super::lifecycle::{self, CloseArgs};
 use super::secret::confirm;
 use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use anyhow::{anyhow, Context};
-use std::io::Read;
-use ucrypt::integrity::{Algorithm, FormatParams, Mode, Options, Superblock, SALT_SIZE};
-use ucrypt::open::Device;
-use zeroize::Zeroizing;
+use std::path::PathBuf;
+use std::time::Duration;
+use ucrypt::instance::control::{Reply, Request};
+use ucrypt::instance::frontend::Choice;
+use ucrypt::instance::runtime::{self, Paths, Probe};
+use ucrypt::integrity::{FormatRequest, KeyFile, Keys, OpenRequest};
 
 /// Arguments of `ucrypt integritysetup`.
 #[derive(clap::Args)]
@@ -34,10 +41,108 @@ enum Action {
     },
     /// Format a device for dm-integrity (integritysetup format).
     Format(Box<FormatArgs>),
-    /// Serve a dm-integrity device (integritysetup open) over NBD in the foreground, as
-    /// `ucrypt open` serves a table; options of `ucrypt open` go after `--`. Named
-    /// instances (NAME) are refused for now.
+    /// Open a dm-integrity device (integritysetup open): as NAME, a named instance with
+    /// `ucrypt open`'s front ends (`--device ublk|nbd|fuse|vhost-user|vduse|none`);
+    /// without NAME (or with --run), served over NBD in the foreground. Other options of
+    /// `ucrypt open` (TLS...) go after `--`.
     Open(Box<OpenArgs>),
+    /// Show an open dm-integrity device (integritysetup status).
+    Status {
+        /// The instance name.
+        name: String,
+    },
+    /// Close an open dm-integrity device (integritysetup close).
+    Close {
+        /// The instance name.
+        name: String,
+    },
+}
+
+/// `ucrypt open`'s serving options that `integritysetup open` passes on to it (checked
+/// there).
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// The front end of NAME: ublk, nbd, fuse, vhost-user, vduse, none or auto (as
+    /// `ucrypt open --device`).
+    #[arg(long = "device", value_name = "KIND",
+          value_parser = super::open::frontend_parser(&Choice::NAMES))]
+    frontend: Option<Choice>,
+    /// Run CMD (sh -c) once serving, with $uri, $nbd, $unixsocket/$port set; stop when it
+    /// exits and return its status.
+    #[arg(long, value_name = "CMD")]
+    run: Option<String>,
+    /// Stay in the foreground (NAME otherwise goes to the background once ready).
+    #[arg(long)]
+    foreground: bool,
+    /// For a systemd service of Type=notify (as `ucrypt open --notify`).
+    #[arg(long)]
+    notify: bool,
+    /// Serve NBD on a unix socket at PATH.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Serve NBD on TCP ADDR:PORT (needs --tls=require after `--`, or
+    /// --allow-cleartext-tcp).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<String>,
+    /// Allow --listen without TLS.
+    #[arg(long)]
+    allow_cleartext_tcp: bool,
+    /// Write the server's pid to FILE once it serves.
+    #[arg(long, value_name = "FILE")]
+    pid_file: Option<PathBuf>,
+    /// FUSE: mount at DIR, the device is DIR/NAME.
+    #[arg(long, value_name = "DIR")]
+    fuse: Option<PathBuf>,
+    /// vhost-user: listen for the VM at PATH.
+    #[arg(long, value_name = "PATH")]
+    vhost_socket: Option<PathBuf>,
+    /// Queues of the device (ublk, vhost-user, vduse).
+    #[arg(long, value_name = "N")]
+    queues: Option<String>,
+    /// Share the image with other --shared mappings.
+    #[arg(long)]
+    shared: bool,
+    /// Bypass the page cache on the device (O_DIRECT).
+    #[arg(long)]
+    direct: bool,
+    /// Reattach to the device a dead server of NAME left (as `ucrypt open --recover`).
+    #[arg(long)]
+    recover: bool,
+}
+
+impl ServeArgs {
+    /// The options as `ucrypt open` takes them.
+    fn argv(&self) -> Vec<String> {
+        let mut v: Vec<String> = Vec::new();
+        let mut opt = |flag: &str, value: Option<String>| {
+            if let Some(value) = value {
+                v.push(format!("--{flag}"));
+                v.push(value);
+            }
+        };
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        opt("device", self.frontend.map(|c| c.as_str().to_string()));
+        opt("run", self.run.clone());
+        opt("socket", path(&self.socket));
+        opt("listen", self.listen.clone());
+        opt("pid-file", path(&self.pid_file));
+        opt("fuse", path(&self.fuse));
+        opt("vhost-socket", path(&self.vhost_socket));
+        opt("queues", self.queues.clone());
+        for (on, flag) in [
+            (self.foreground, "--foreground"),
+            (self.notify, "--notify"),
+            (self.allow_cleartext_tcp, "--allow-cleartext-tcp"),
+            (self.shared, "--shared"),
+            (self.direct, "--direct"),
+            (self.recover, "--recover"),
+        ] {
+            if on {
+                v.push(flag.into());
+            }
+        }
+        v
+    }
 }
 
 /// Arguments of `ucrypt integritysetup open`.
@@ -45,8 +150,11 @@ enum Action {
 struct OpenArgs {
     /// The device or image.
     device: String,
-    /// Instance name (refused for now: named instances describe crypt targets only).
+    /// Instance name: a named instance (`ucrypt status|close NAME`); without it, served
+    /// in the foreground.
     name: Option<String>,
+    #[command(flatten)]
+    serve: ServeArgs,
     /// Internal hash (must be the one the device was formatted with).
     #[arg(long = "integrity", short = 'I', default_value = "crc32c")]
     integrity: String,
@@ -65,6 +173,18 @@ struct OpenArgs {
     /// Bytes of that key to read.
     #[arg(long = "journal-integrity-key-size")]
     journal_integrity_key_size: Option<usize>,
+    /// Journal encryption (the one the device was formatted with).
+    #[arg(long = "journal-crypt")]
+    journal_crypt: Option<String>,
+    /// Key of the journal encryption, read from this file.
+    #[arg(long = "journal-crypt-key-file")]
+    journal_crypt_key_file: Option<String>,
+    /// Bytes of that key to read.
+    #[arg(long = "journal-crypt-key-size")]
+    journal_crypt_key_size: Option<usize>,
+    /// Inline mode (refused: tags in the drive's own metadata).
+    #[arg(long = "integrity-inline")]
+    inline: bool,
     /// Direct writes (mode D): no journal, a crash can leave blocks whose tag fails.
     #[arg(long = "integrity-no-journal", short = 'D')]
     no_journal: bool,
@@ -98,7 +218,7 @@ struct OpenArgs {
     /// Serve read-only.
     #[arg(long = "read-only", short = 'r')]
     read_only: bool,
-    /// Options for `ucrypt open` (`--device ublk`, `--socket PATH`, `--foreground`...).
+    /// Further options for `ucrypt open` (`--tls=require --tls-psk FILE`...).
     #[arg(last = true)]
     open_args: Vec<String>,
 }
@@ -140,9 +260,19 @@ struct FormatArgs {
     /// Bytes of that key to read.
     #[arg(long = "journal-integrity-key-size")]
     journal_integrity_key_size: Option<usize>,
-    /// Journal encryption (refused: not supported yet).
+    /// Journal encryption: ctr-aes or chacha20 (stream), cbc-aes, xts-aes or ecb-aes
+    /// (block), or the kernel's names (ctr(aes)...).
     #[arg(long = "journal-crypt")]
     journal_crypt: Option<String>,
+    /// Key of the journal encryption, read from this file.
+    #[arg(long = "journal-crypt-key-file")]
+    journal_crypt_key_file: Option<String>,
+    /// Bytes of that key to read.
+    #[arg(long = "journal-crypt-key-size")]
+    journal_crypt_key_size: Option<usize>,
+    /// Inline mode (refused: tags in the drive's own metadata).
+    #[arg(long = "integrity-inline")]
+    inline: bool,
     /// Do not wipe the data area (its tags are then invalid until written).
     #[arg(long = "integrity-no-wipe")]
     no_wipe: bool,
@@ -162,243 +292,142 @@ struct FormatArgs {
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     match a.action {
-        Action::Dump { device } => dump(&device),
+        Action::Dump { device } => {
+            print!("{}", ucrypt::integrity::dump(&device).map_err(lib_error)?);
+            Ok(())
+        }
         Action::Format(f) => format(*f, a.batch_mode),
         Action::Open(o) => open(*o),
+        Action::Status { name } => status(&name),
+        Action::Close { name } => lifecycle::close(CloseArgs::of(name)),
     }
 }
 
-fn dump(device: &str) -> Result<(), CliError> {
-    let dev = ucrypt::open::open_device(&Device::parse(device), true, false).code(EXIT_DEVICE)?;
-    let mut first = vec![0u8; 512];
-    dev.read_at(&mut first, 0)
-        .with_context(|| format!("reading {device}"))
-        .code(EXIT_DEVICE)?;
-    let sb = Superblock::parse(&first)
-        .map_err(|e| anyhow!("Device {device} is not a valid INTEGRITY device ({e})."))
-        .code(EXIT_PARAMS)?;
-    print!("{}", sb.dump(device));
+/// `integritysetup status NAME`: what integritysetup prints of an active device, exit 4
+/// ("NAME is inactive.") when there is none, 1 for an instance that is not dm-integrity.
+fn status(name: &str) -> Result<(), CliError> {
+    let p = Paths::of(name).map_err(instance_error)?;
+    match runtime::probe(&p).map_err(instance_error)? {
+        Probe::Live { .. } => {}
+        Probe::Dead(debris) => {
+            eprintln!("ucrypt: {name}: {debris}");
+            println!("{name} is inactive.");
+            return Err(anyhow::Error::new(Printed)).code(EXIT_DEVICE);
+        }
+        Probe::Absent => {
+            println!("{name} is inactive.");
+            return Err(anyhow::Error::new(Printed)).code(EXIT_DEVICE);
+        }
+    }
+    let Reply::Status(st) = lifecycle::call(&p, &Request::Status, None, Duration::from_secs(10))?
+    else {
+        return Err(anyhow!("{name}: the server did not answer with its status")).code(EXIT_DEVICE);
+    };
+    let d = &st.description;
+    let Some(target) = &d.integrity_target else {
+        return Err(anyhow!(
+            "{name} is not an INTEGRITY device (type {}; see ucrypt status {name})",
+            d.kind
+        ))
+        .code(EXIT_PARAMS);
+    };
+    print!(
+        "{}",
+        target.text(&ucrypt::integrity::Active {
+            name,
+            in_use: st.in_use,
+            device: &d.device,
+            size_sectors: d.size_sectors,
+            read_only: d.read_only,
+            failures: st.integrity_failures.unwrap_or(0),
+            allow_discards: d.allow_discards,
+        })
+    );
     Ok(())
 }
 
-/// Up to `size` bytes of a key file (all of it without `size`).
-fn key_file(path: &str, size: Option<usize>) -> Result<Zeroizing<Vec<u8>>, CliError> {
-    let mut f = std::fs::File::open(path)
-        .with_context(|| format!("opening key file {path}"))
-        .code(EXIT_PARAMS)?;
-    let mut key = Zeroizing::new(Vec::new());
-    f.read_to_end(&mut key)
-        .with_context(|| format!("reading key file {path}"))
-        .code(EXIT_PARAMS)?;
-    if let Some(n) = size {
-        if key.len() < n {
-            return Err(anyhow!(
-                "key file {path} holds {} bytes, {n} asked for",
-                key.len()
-            ))
-            .code(EXIT_PARAMS);
-        }
-        key.truncate(n);
-    }
-    Ok(key)
-}
-
-fn algorithm(name: &str) -> Result<Algorithm, CliError> {
-    Algorithm::from_name(name)
-        .map_err(|e| anyhow!(e))
-        .code(EXIT_PARAMS)
+fn key_file(path: &Option<String>, size: Option<usize>) -> Option<KeyFile> {
+    path.as_ref().map(|p| KeyFile {
+        path: p.clone(),
+        size,
+    })
 }
 
 fn format(a: FormatArgs, batch: bool) -> Result<(), CliError> {
-    if a.journal_crypt.is_some() {
-        return Err(anyhow!("--journal-crypt is not supported yet")).code(EXIT_PARAMS);
-    }
-    let hash = algorithm(&a.integrity)?;
-    let mut opts = Options::new(hash);
-    if hash.keyed() {
-        let file = a
-            .integrity_key_file
-            .as_deref()
-            .ok_or_else(|| anyhow!("--integrity {} needs --integrity-key-file", a.integrity))
-            .code(EXIT_PARAMS)?;
-        opts.hash_key = Some(key_file(
-            file,
-            Some(a.integrity_key_size.unwrap_or(hash.digest_size())),
-        )?);
-    } else if a.integrity_key_file.is_some() {
-        return Err(anyhow!("--integrity {} takes no key", a.integrity)).code(EXIT_PARAMS);
-    }
-    if let Some(j) = &a.journal_integrity {
-        let alg = algorithm(j)?;
-        let key = match &a.journal_integrity_key_file {
-            Some(f) => Some(key_file(
-                f,
-                Some(a.journal_integrity_key_size.unwrap_or(alg.digest_size())),
-            )?),
-            None if alg.keyed() => {
-                return Err(anyhow!(
-                    "--journal-integrity {j} needs --journal-integrity-key-file"
-                ))
-                .code(EXIT_PARAMS)
-            }
-            None => None,
-        };
-        opts.journal_mac = Some((alg, key));
-    }
-    if a.bitmap_mode {
-        opts.mode = Mode::Bitmap;
-    }
-    let mut salt = [0u8; SALT_SIZE];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut salt))
-        .context("reading /dev/urandom")?;
-    let params = FormatParams {
-        sector_size: a.sector_size,
-        tag_size: a.tag_size.unwrap_or(hash.digest_size() as u32),
-        journal_sectors: a.journal_size.map_or(0, |b| b / 512),
+    let req = FormatRequest {
+        device: a.device.clone(),
+        keys: Keys {
+            integrity: Some(a.integrity.clone()),
+            integrity_key: key_file(&a.integrity_key_file, a.integrity_key_size),
+            journal_integrity: a.journal_integrity,
+            journal_integrity_key: key_file(
+                &a.journal_integrity_key_file,
+                a.journal_integrity_key_size,
+            ),
+            journal_crypt: a.journal_crypt,
+            journal_crypt_key: key_file(&a.journal_crypt_key_file, a.journal_crypt_key_size),
+            inline: a.inline,
+        },
+        tag_size: a.tag_size,
+        sector_size: Some(a.sector_size),
         interleave_sectors: a.interleave_sectors,
-        journal_mac: opts.journal_mac.is_some(),
-        keyed_or_hashed: true,
-        fix_hmac: !a.legacy_hmac,
-        fix_padding: !a.legacy_padding,
+        journal_size: a.journal_size,
+        no_wipe: a.no_wipe,
+        legacy_padding: a.legacy_padding,
+        legacy_hmac: a.legacy_hmac,
         bitmap_mode: a.bitmap_mode,
-        sectors_per_bitmap_bit: a.sectors_per_bit,
-        salt,
+        sectors_per_bit: a.sectors_per_bit,
     };
-    let dev =
-        ucrypt::open::open_device(&Device::parse(&a.device), false, false).code(EXIT_DEVICE)?;
+    let prepared = ucrypt::integrity::prepare_format(&req).map_err(lib_error)?;
     confirm(
         batch,
         &format!("This will overwrite data on {} irrevocably", a.device),
     )?;
-    let sb = ucrypt::integrity::format(dev, &params, &opts, !a.no_wipe)
-        .with_context(|| format!("formatting {}", a.device))?;
+    let done = prepared.run().map_err(lib_error).map_err(|e| CliError {
+        code: e.code,
+        err: e.err.context(format!("formatting {}", a.device)),
+    })?;
     println!(
         "Formatted with tag size {}, internal integrity {}.",
-        sb.tag_size, a.integrity
+        done.superblock.tag_size, a.integrity
     );
-    if !a.no_wipe {
-        println!(
-            "Wiped {} bytes of data to initialize the integrity tags.",
-            sb.provided_data_sectors * 512
-        );
+    if let Some(n) = done.wiped_bytes {
+        println!("Wiped {n} bytes of data to initialize the integrity tags.");
     }
     Ok(())
 }
 
-fn hex(key: &[u8]) -> String {
-    key.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The kernel's table line for the device, as integritysetup builds it from the superblock
-/// and the options (`dmsetup table` shows it), keys in hex.
-fn open_line(a: &OpenArgs) -> Result<Zeroizing<String>, CliError> {
-    let dev =
-        ucrypt::open::open_device(&Device::parse(&a.device), true, false).code(EXIT_DEVICE)?;
-    let mut first = vec![0u8; 512];
-    dev.read_at(&mut first, 0)
-        .with_context(|| format!("reading {}", a.device))
-        .code(EXIT_DEVICE)?;
-    let sb = Superblock::parse(&first)
-        .map_err(|e| anyhow!("Device {} is not a valid INTEGRITY device ({e}).", a.device))
-        .code(EXIT_PARAMS)?;
-    let hash = algorithm(&a.integrity)?;
-    let mode = match (a.no_journal, a.bitmap_mode, a.recovery) {
-        (false, false, false) => 'J',
-        (true, false, false) => 'D',
-        (false, true, false) => 'B',
-        (false, false, true) => 'R',
-        _ => {
-            return Err(anyhow!(
-                "--integrity-no-journal, --integrity-bitmap-mode and --integrity-recovery-mode \
-                 exclude each other"
-            ))
-            .code(EXIT_PARAMS)
-        }
-    };
-    let mut args: Vec<String> = Vec::new();
-    if sb.block_bytes() != 512 {
-        args.push(format!("block_size:{}", sb.block_bytes()));
-    }
-    for (k, v) in [
-        ("buffer_sectors", a.buffer_sectors.map(u64::from)),
-        ("journal_watermark", a.journal_watermark.map(u64::from)),
-        ("commit_time", a.journal_commit_time.map(u64::from)),
-        ("sectors_per_bit", a.sectors_per_bit),
-        ("bitmap_flush_interval", a.bitmap_flush_time.map(u64::from)),
-    ] {
-        if let Some(v) = v {
-            args.push(format!("{k}:{v}"));
-        }
-    }
-    if a.recalculate {
-        args.push("recalculate".into());
-    }
-    if a.legacy_recalculate {
-        args.push("legacy_recalculate".into());
-    }
-    let mut line = Zeroizing::new(String::new());
-    let keyed = |what: &str, alg: Algorithm, file: &Option<String>, size: Option<usize>| match (
-        alg.keyed(),
-        file,
-    ) {
-        (true, Some(f)) => {
-            let key = key_file(f, Some(size.unwrap_or(alg.digest_size())))?;
-            Ok(format!("{what}:{}:{}", alg.kernel_name(), hex(&key)))
-        }
-        (true, None) => Err(anyhow!("{} needs a key file", alg.kernel_name())).code(EXIT_PARAMS),
-        (false, Some(_)) => Err(anyhow!("{} takes no key", alg.kernel_name())).code(EXIT_PARAMS),
-        (false, None) => Ok(format!("{what}:{}", alg.kernel_name())),
-    };
-    let mut secret_args = vec![Zeroizing::new(keyed(
-        "internal_hash",
-        hash,
-        &a.integrity_key_file,
-        a.integrity_key_size,
-    )?)];
-    if let Some(j) = &a.journal_integrity {
-        secret_args.push(Zeroizing::new(keyed(
-            "journal_mac",
-            algorithm(j)?,
-            &a.journal_integrity_key_file,
-            a.journal_integrity_key_size,
-        )?));
-    }
-    line.push_str(&format!(
-        "0 {} integrity {} 0 {} {mode} {}",
-        sb.provided_data_sectors,
-        a.device,
-        sb.tag_size,
-        args.len() + secret_args.len()
-    ));
-    for x in args
-        .iter()
-        .map(String::as_str)
-        .chain(secret_args.iter().map(|s| s.as_str()))
-    {
-        line.push(' ');
-        line.push_str(x);
-    }
-    line.push('\n');
-    Ok(line)
-}
-
-/// `integritysetup open`: the table line, handed to `ucrypt open` through a pipe (the keys
-/// never on a command line or on disk).
+/// `integritysetup open`: the library's table line, handed to `ucrypt open` through a pipe
+/// (the keys never on a command line or on disk).
 fn open(a: OpenArgs) -> Result<(), CliError> {
     use std::io::Write;
     use std::os::fd::AsRawFd;
-    if let Some(n) = &a.name {
-        // The instance machinery (status, close, resize) describes crypt targets only.
-        return Err(anyhow!(
-            "integritysetup open {n}: named instances of a dm-integrity device are not \
-             supported yet; serve it in the foreground (integritysetup open {} -- --socket \
-             PATH, or --listen)",
-            a.device
-        ))
-        .code(EXIT_PARAMS);
-    }
-    let line = open_line(&a)?;
+    let req = OpenRequest {
+        device: a.device.clone(),
+        keys: Keys {
+            integrity: Some(a.integrity.clone()),
+            integrity_key: key_file(&a.integrity_key_file, a.integrity_key_size),
+            journal_integrity: a.journal_integrity.clone(),
+            journal_integrity_key: key_file(
+                &a.journal_integrity_key_file,
+                a.journal_integrity_key_size,
+            ),
+            journal_crypt: a.journal_crypt.clone(),
+            journal_crypt_key: key_file(&a.journal_crypt_key_file, a.journal_crypt_key_size),
+            inline: a.inline,
+        },
+        no_journal: a.no_journal,
+        bitmap_mode: a.bitmap_mode,
+        recovery: a.recovery,
+        recalculate: a.recalculate,
+        legacy_recalculate: a.legacy_recalculate,
+        buffer_sectors: a.buffer_sectors,
+        journal_watermark: a.journal_watermark,
+        journal_commit_time: a.journal_commit_time,
+        sectors_per_bit: a.sectors_per_bit,
+        bitmap_flush_time: a.bitmap_flush_time,
+    };
+    let line = ucrypt::integrity::open_table_line(&req).map_err(lib_error)?;
     let (reader, mut writer) = std::io::pipe().context("creating a pipe")?;
     writer
         .write_all(line.as_bytes())
@@ -413,6 +442,12 @@ fn open(a: OpenArgs) -> Result<(), CliError> {
     if a.read_only {
         argv.push("--read-only".into());
     }
+    argv.extend(a.serve.argv());
     argv.extend(a.open_args.iter().cloned());
+    // NAME last: `ucrypt open --table-file F NAME` takes the one positional as the name.
+    if let Some(n) = &a.name {
+        argv.push("--".into());
+        argv.push(n.clone());
+    }
     super::run_open_args(argv, reader)
 }

@@ -8,15 +8,50 @@
 //! | `parallel` | 001, 003 | placement × write order across sizes and depths |
 //! | `alloc` | 002 | pooled buffers vs per-request allocation at 1 MiB writes |
 //! | `sector-size` | 004 | 512 vs 4096 vs 64 KiB encryption sectors |
+//! | `integrity` | (issue 28) | what each authenticated mode costs against plain aes-xts-plain64 |
 
 use super::load::{self, Op, Sample};
 use std::sync::Arc;
 use ucrypt_backend::{Backend, FileBackend, FileOptions, MemoryBackend};
 use ucrypt_crypto::{CipherSpec, SectorParams, SectorSize, VolumeKey};
 use ucrypt_engine::{EngineOptions, PoolOptions, Volume, VolumeConfig, WriteOrder};
+use ucrypt_integrity::Mode;
 
 /// Every experiment name.
-pub const EXPERIMENTS: [&str; 5] = ["cloudflare", "parallel", "alloc", "sector-size", "uring"];
+pub const EXPERIMENTS: [&str; 6] = [
+    "cloudflare",
+    "parallel",
+    "alloc",
+    "sector-size",
+    "uring",
+    "integrity",
+];
+
+/// One way of serving the cell's data, measured beside the raw passthrough.
+#[derive(Debug, Clone, Copy)]
+pub enum Variant {
+    /// The cell's cipher through the engine ([`Volume`]) with these options.
+    Engine(EngineOptions),
+    /// An authenticated crypt target over dm-integrity with external tags, as `ucrypt open`
+    /// serves `luksFormat --integrity ...` volumes ([`ucrypt_integrity::AeadVolume`] over
+    /// [`ucrypt_integrity::IntegrityBackend`], formatted on the cell's memory backend).
+    Aead {
+        /// The crypt target's cipher spec (`capi:gcm(aes)-random`, ...).
+        spec: &'static str,
+        /// Its key length in bytes.
+        key_bytes: usize,
+        /// Bytes of tag per sector (`integrity:N:aead`).
+        tag: u32,
+        /// The dm-integrity mode (journal or direct).
+        mode: Mode,
+    },
+}
+
+fn engine(v: Vec<(&'static str, EngineOptions)>) -> Vec<(&'static str, Variant)> {
+    v.into_iter()
+        .map(|(n, o)| (n, Variant::Engine(o)))
+        .collect()
+}
 
 /// Where the ciphertext lives during a measurement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,8 +109,11 @@ pub struct Cell {
     pub sector: u32,
     /// The backend.
     pub store: Store,
-    /// Engine variants to compare (the raw passthrough is always measured too).
-    pub variants: Vec<(&'static str, EngineOptions)>,
+    /// Variants to compare (the raw passthrough is always measured too).
+    pub variants: Vec<(&'static str, Variant)>,
+    /// The variant every other one is also compared with (`plain` in `integrity`), besides
+    /// the raw passthrough.
+    pub base: Option<&'static str>,
 }
 
 impl Cell {
@@ -114,6 +152,8 @@ pub struct Row {
     pub spread: (f64, f64),
     /// Median over the repeats of this variant's MiB/s over the raw passthrough's in the same repeat.
     pub ratio_to_raw: f64,
+    /// The same against the cell's base variant, where the cell has one.
+    pub ratio_to_base: Option<f64>,
 }
 
 /// Run settings.
@@ -185,7 +225,8 @@ pub fn cells(experiment: &str, quick: bool) -> Vec<Cell> {
         cipher,
         sector,
         store: Store::Memory,
-        variants,
+        variants: engine(variants),
+        base: None,
     };
     match experiment {
         "cloudflare" => {
@@ -291,9 +332,122 @@ pub fn cells(experiment: &str, quick: bool) -> Vec<Cell> {
                 }
             }
         }
+        "integrity" => {
+            let shapes: &[(usize, usize)] = if quick {
+                &[(4096, 1), (1 << 20, 1)]
+            } else {
+                &[(4096, 1), (4096, 32), (1 << 20, 1)]
+            };
+            for &(block, depth) in shapes {
+                for op in [Op::Read, Op::Write] {
+                    let mut c = cell(
+                        "integrity",
+                        op,
+                        block,
+                        depth,
+                        "aes-xts-plain64",
+                        4096,
+                        vec![("plain", auto)],
+                    );
+                    c.variants.extend(aead_variants());
+                    c.base = Some("plain");
+                    out.push(c);
+                }
+            }
+        }
         _ => {}
     }
     out
+}
+
+/// The largest region an `integrity` cell measures over (each of its authenticated
+/// variants keeps a formatted copy in memory).
+pub const AEAD_REGION_MAX: u64 = 128 << 20;
+
+/// The authenticated modes cryptsetup makes (`--integrity hmac-sha256`, `--cipher
+/// aes-gcm-random --integrity aead`, `--cipher chacha20-random --integrity poly1305`), each
+/// with dm-integrity's journal (J) and without it (D).
+fn aead_variants() -> Vec<(&'static str, Variant)> {
+    let mut v = Vec::new();
+    for (names, spec, key_bytes, tag) in [
+        (
+            ["hmac-sha256 J", "hmac-sha256 D"],
+            "capi:authenc(hmac(sha256),xts(aes))-plain64",
+            96,
+            32,
+        ),
+        (["aes-gcm J", "aes-gcm D"], "capi:gcm(aes)-random", 32, 28),
+        (
+            ["chacha20-poly1305 J", "chacha20-poly1305 D"],
+            "capi:rfc7539(chacha20,poly1305)-random",
+            32,
+            28,
+        ),
+    ] {
+        for (name, mode) in names.into_iter().zip([Mode::Journal, Mode::Direct]) {
+            v.push((
+                name,
+                Variant::Aead {
+                    spec,
+                    key_bytes,
+                    tag,
+                    mode,
+                },
+            ));
+        }
+    }
+    v
+}
+
+/// An authenticated volume of `region` bytes: dm-integrity formatted on its own memory
+/// backend (room for the tags and the journal), the crypt target on it, every sector
+/// written once so that reads meet valid tags (as after `luksFormat`'s wipe).
+fn aead_volume(
+    region: u64,
+    spec: &str,
+    key_bytes: usize,
+    tag: u32,
+    mode: Mode,
+) -> Result<Arc<dyn Backend>, String> {
+    use ucrypt_format::integrity::FormatParams;
+    use ucrypt_integrity::{format, AeadVolume, IntegrityBackend, Options};
+    let inner: Arc<dyn Backend> =
+        Arc::new(MemoryBackend::new(region + region / 64 + (8 << 20)).map_err(|e| e.to_string())?);
+    let mut o = Options::external(tag);
+    o.mode = mode;
+    let fp = FormatParams {
+        sector_size: 4096,
+        tag_size: tag,
+        ..FormatParams::default()
+    };
+    format(Arc::clone(&inner), &fp, &o, false).map_err(|e| e.to_string())?;
+    let dev = Arc::new(IntegrityBackend::open(inner, o).map_err(|e| e.to_string())?);
+    let key = VolumeKey::new((0..key_bytes).map(|i| (i * 37 + 11) as u8).collect());
+    let params = SectorParams {
+        sector_size: SectorSize::new(4096).map_err(|e| e.to_string())?,
+        ..Default::default()
+    };
+    let cipher = spec
+        .parse::<CipherSpec>()
+        .and_then(|s| s.build_aead(&key, params, tag))
+        .map_err(|e| e.to_string())?;
+    let vol = AeadVolume::new(cipher, dev, region / 512).map_err(|e| e.to_string())?;
+    fill(&vol, region)?;
+    vol.flush().map_err(|e| e.to_string())?;
+    Ok(Arc::new(vol))
+}
+
+/// Writes `region` bytes of a pattern over `dev` from its start, 1 MiB at a time.
+fn fill(dev: &dyn Backend, region: u64) -> Result<(), String> {
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut at = 0;
+    while at < region {
+        let n = (region - at).min(chunk.len() as u64) as usize;
+        dev.write_at(&chunk[..n], at, false)
+            .map_err(|e| e.to_string())?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 fn volume(
@@ -335,14 +489,7 @@ fn volume(
 /// Allocation failure.
 pub fn ramdisk(region: u64) -> Result<Arc<dyn Backend>, String> {
     let mem = MemoryBackend::new(region).map_err(|e| e.to_string())?;
-    let chunk = vec![0x5au8; 1 << 20];
-    let mut at = 0;
-    while at < region {
-        let n = (region - at).min(chunk.len() as u64) as usize;
-        mem.write_at(&chunk[..n], at, false)
-            .map_err(|e| e.to_string())?;
-        at += n as u64;
-    }
+    fill(&mem, region)?;
     Ok(Arc::new(mem))
 }
 
@@ -397,40 +544,67 @@ fn store(
 /// # Errors
 /// A variant that cannot be built (bad cipher or sector size).
 pub fn measure(cell: &Cell, s: &Settings, tick: &mut dyn FnMut()) -> Result<Vec<Row>, String> {
-    let (ram, _file) = store(cell.store, s.region)?;
+    // Each authenticated variant holds its own formatted copy of the region in memory:
+    // capped, so that the seven of them stay within a small machine's memory.
+    let region = if cell
+        .variants
+        .iter()
+        .any(|(_, v)| matches!(v, Variant::Aead { .. }))
+    {
+        s.region.min(AEAD_REGION_MAX)
+    } else {
+        s.region
+    };
+    let (ram, _file) = store(cell.store, region)?;
     let mut devs: Vec<(&'static str, Arc<dyn Backend>)> = vec![("raw", Arc::clone(&ram))];
-    for (name, opts) in &cell.variants {
-        devs.push((name, volume(&ram, cell, *opts)?));
+    for (name, v) in &cell.variants {
+        let dev = match *v {
+            Variant::Engine(opts) => volume(&ram, cell, opts)?,
+            Variant::Aead {
+                spec,
+                key_bytes,
+                tag,
+                mode,
+            } => aead_volume(region, spec, key_bytes, tag, mode)?,
+        };
+        devs.push((name, dev));
     }
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); devs.len()];
     for _ in 0..s.repeats {
         for (i, (_, dev)) in devs.iter().enumerate() {
             samples[i].push(load::run(
-                dev, cell.op, cell.block, cell.depth, s.region, s.secs,
+                dev, cell.op, cell.block, cell.depth, region, s.secs,
             ));
             tick();
         }
     }
     // Ratio to raw: the median of per-repeat ratios, each against the raw sample measured
     // moments before in the same repeat, so a load change between repeats cancels out.
-    let ratios: Vec<f64> = samples
-        .iter()
-        .map(|v| {
-            let mut r: Vec<f64> = v
-                .iter()
-                .zip(&samples[0])
-                .map(|(s, raw)| {
-                    if raw.mib_s() > 0.0 {
-                        s.mib_s() / raw.mib_s()
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            r.sort_by(f64::total_cmp);
-            r[r.len() / 2]
-        })
-        .collect();
+    let ratios_to = |base: usize| -> Vec<f64> {
+        samples
+            .iter()
+            .map(|v| {
+                let mut r: Vec<f64> = v
+                    .iter()
+                    .zip(&samples[base])
+                    .map(|(s, b)| {
+                        if b.mib_s() > 0.0 {
+                            s.mib_s() / b.mib_s()
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                r.sort_by(f64::total_cmp);
+                r[r.len() / 2]
+            })
+            .collect()
+    };
+    let ratios = ratios_to(0);
+    let base = cell
+        .base
+        .and_then(|b| devs.iter().position(|(n, _)| *n == b))
+        .map(ratios_to);
     let medians: Vec<(Sample, (f64, f64))> = samples
         .into_iter()
         .map(|mut v| {
@@ -443,12 +617,14 @@ pub fn measure(cell: &Cell, s: &Settings, tick: &mut dyn FnMut()) -> Result<Vec<
         .iter()
         .zip(medians)
         .zip(ratios)
-        .map(|(((name, _), (median, spread)), ratio_to_raw)| Row {
+        .enumerate()
+        .map(|(i, (((name, _), (median, spread)), ratio_to_raw))| Row {
             cell: cell.clone(),
             variant: name,
             median,
             spread,
             ratio_to_raw,
+            ratio_to_base: base.as_ref().map(|b| b[i]),
         })
         .collect())
 }

@@ -18,7 +18,7 @@ pub mod experiments;
 pub mod load;
 pub mod report;
 
-pub use experiments::{cells, measure, Cell, Row, Settings, EXPERIMENTS};
+pub use experiments::{cells, measure, Cell, Row, Settings, Variant, EXPERIMENTS};
 
 /// Whether the automatic policy is within `tolerance` (e.g. 0.05) of the best fixed
 /// placement in a cell; returns (cell label, auto MiB/s, best variant, best MiB/s) for

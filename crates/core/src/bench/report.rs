@@ -20,7 +20,7 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<12} {:<24} {:<9} {:>5} {:>5} {:>6} {:<22} {:<17} {:>10} {:>10} {:>19} {:>7}",
+        "{:<12} {:<24} {:<9} {:>5} {:>5} {:>6} {:<22} {:<17} {:>10} {:>10} {:>19} {:>7} {:>7}",
         "experiment",
         "variant",
         "op",
@@ -32,13 +32,14 @@ pub fn table(rows: &[Row]) -> String {
         "MiB/s",
         "IOPS",
         "spread MiB/s",
-        "x raw"
+        "x raw",
+        "x base"
     );
     for r in rows {
         let c = &r.cell;
         let _ = writeln!(
             out,
-            "{:<12} {:<24} {:<9} {:>5} {:>5} {:>6} {:<22} {:<17} {:>10.1} {:>10.0} {:>9.1}..{:<9.1} {:>7.3}",
+            "{:<12} {:<24} {:<9} {:>5} {:>5} {:>6} {:<22} {:<17} {:>10.1} {:>10.0} {:>9.1}..{:<9.1} {:>7.3} {:>7}",
             c.experiment,
             r.variant,
             c.op.name(),
@@ -51,7 +52,8 @@ pub fn table(rows: &[Row]) -> String {
             r.median.iops(),
             r.spread.0,
             r.spread.1,
-            r.ratio_to_raw
+            r.ratio_to_raw,
+            r.ratio_to_base.map_or("-".into(), |b| format!("{b:.3}"))
         );
     }
     out
@@ -64,7 +66,7 @@ pub fn json(rows: &[Row]) -> String {
         let c = &r.cell;
         let _ = writeln!(
             out,
-            "{{\"experiment\":\"{}\",\"variant\":\"{}\",\"op\":\"{}\",\"block_size\":{},\"iodepth\":{},\"sector_size\":{},\"cipher\":\"{}\",\"backend\":\"{}\",\"mib_s\":{:.2},\"iops\":{:.1},\"spread_mib_s\":[{:.2},{:.2}],\"ratio_to_raw\":{:.4}}}",
+            "{{\"experiment\":\"{}\",\"variant\":\"{}\",\"op\":\"{}\",\"block_size\":{},\"iodepth\":{},\"sector_size\":{},\"cipher\":\"{}\",\"backend\":\"{}\",\"mib_s\":{:.2},\"iops\":{:.1},\"spread_mib_s\":[{:.2},{:.2}],\"ratio_to_raw\":{:.4}{}}}",
             c.experiment,
             r.variant,
             c.op.name(),
@@ -77,7 +79,9 @@ pub fn json(rows: &[Row]) -> String {
             r.median.iops(),
             r.spread.0,
             r.spread.1,
-            r.ratio_to_raw
+            r.ratio_to_raw,
+            r.ratio_to_base
+                .map_or(String::new(), |b| format!(",\"ratio_to_base\":{b:.4}"))
         );
     }
     out

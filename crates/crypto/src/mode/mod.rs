@@ -16,8 +16,12 @@
 //! | `lrw` | [`lrw`] | 16 (big-endian block index) |
 //! | `adiantum` | [`adiantum`] | 32 |
 //! | `hctr2` | [`hctr2`] | 32 (the tweak) |
+//!
+//! [`aws_aead`] is not a sector mode but the AEADs (AES-GCM, ChaCha20-Poly1305) of the
+//! authenticated crypt targets (`crate::aead`), through AWS-LC.
 
 pub mod adiantum;
+pub mod aws_aead;
 pub mod aws_xts;
 pub mod cbc;
 pub mod chacha;
