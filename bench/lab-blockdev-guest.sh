@@ -4,8 +4,10 @@
 # One brd ramdisk as backing; each cipher of CIPHERS (default "aes null": aes-xts-plain64
 # with a 512-bit key, and cipher_null-ecb with no key, both with 4096-byte sectors) over it
 # through each of DEVICES (default "ublk ublk-w2 nbd nbd-c2 dm-crypt"): ucrypt's ublk front
-# end (inline, and with 2 worker threads), ucrypt's kernel NBD front end (1 and 2
-# connections), and the kernel's own dm-crypt, given the same table line. fio (libaio,
+# end (requests run on the queue thread, and with 2 worker threads), ucrypt's kernel NBD
+# front end (1 and 2 connections), and the kernel's own dm-crypt, given the same table
+# line, each cell on every device in turn. Also: ublk-i (the table with no_read_workqueue no_write_workqueue: crypto inline
+# instead of the automatic placement), ublk-d (the ramdisk opened O_DIRECT), ublk-id (both). fio (libaio,
 # direct) runs the same six jobs on each; results are fio JSON files in OUT_DIR, named
 # LABEL.RW.BS.QD.json (LABEL is the device, with "null-" before it for the null cipher).
 # Which cipher code each side ran goes to OUT_DIR/ciphers.txt: the kernel's drivers from
@@ -24,20 +26,15 @@ KEY=$(head -c 64 /dev/urandom | od -An -tx1 | tr -d ' \n')
 SECTORS=$((MIB * 2048))
 T=$(mktemp -d)
 
-jobs() { # DEVICE LABEL
-  local dev=$1 label=$2
-  for j in "randread 4k 1" "randread 4k 32" "randwrite 4k 1" "randwrite 4k 32" "read 1M 8" "write 1M 8"; do
-    set -- $j
-    fio --name="$label" --filename="$dev" --ioengine=libaio --direct=1 --rw=$1 --bs=$2 \
-      --iodepth=$3 --numjobs=1 --time_based --runtime="$RT" --ramp_time=1 \
-      --output-format=json --output="$OUT/$label.$1.$2.$3.json" > /dev/null
-  done
-  echo "# $label done"
+cell() { # DEVICE LABEL RW BS QD
+  fio --name="$2" --filename="$1" --ioengine=libaio --direct=1 --rw=$3 --bs=$4 \
+    --iodepth=$5 --numjobs=1 --time_based --runtime="$RT" --ramp_time=1 \
+    --output-format=json --output="$OUT/$2.$3.$4.$5.json" > /dev/null
 }
 start() { # FRONT ARGS...
   local front=$1; shift
   rm -f "$T/ready"
-  "$ATTACH" "$front" "$T/table" --ready "$T/ready" "$@" > /dev/null 2> "$T/err" &
+  "$ATTACH" "$front" "${TABLE:-$T/table}" --ready "$T/ready" "$@" > /dev/null 2> "$T/err" &
   PID=$!
   for _ in $(seq 600); do [ -s "$T/ready" ] && break; sleep 0.1; done
   [ -s "$T/ready" ] || { echo "attach $front $*: did not start: $(cat "$T/err")" >&2; exit 1; }
@@ -56,24 +53,36 @@ for c in $CIPHERS; do
     *) echo "unknown cipher $c" >&2; exit 1 ;;
   esac
   echo "0 $SECTORS crypt $spec 0 /dev/ram0 0 1 sector_size:4096" > "$T/table"
-  for d in $DEVICES; do
-    case $d in
-      ublk) start ublk --no-recovery ;;
-      ublk-w2) start ublk --no-recovery --workers 2 ;;
-      nbd) start nbd ;;
-      nbd-c2) start nbd --conns 2 ;;
-      dm-crypt)
-        dmsetup create ucbench --table "$(cat "$T/table")"; dmsetup mknodes
-        # The drivers the kernel's crypto API picked for this table (skcipher instances).
-        { echo "# $c: kernel dm-crypt table: $(dmsetup table ucbench | awk '{print $4}')"
-          awk '/^name/{n=$3} /^driver/{d=$3} /^priority/{p=$3} /^type/{if ($3=="skcipher") print "#   " n " -> " d " (priority " p ")"}' /proc/crypto |
-            grep -E 'xts|ecb|null' | sort -u; } >> "$OUT/ciphers.txt"
-        jobs /dev/mapper/ucbench "${prefix}dm-crypt"
-        dmsetup remove ucbench
-        continue ;;
-      *) echo "unknown device $d" >&2; exit 1 ;;
-    esac
-    jobs "$DEV" "$prefix$d"; stop
+  # The same with dm-crypt's inline flags (crypto on the thread that took the request).
+  echo "0 $SECTORS crypt $spec 0 /dev/ram0 0 3 sector_size:4096 no_read_workqueue no_write_workqueue" > "$T/table-i"
+  # Each cell on every device in turn (a device is attached for its cell and detached
+  # after it), so that a loaded host's drift touches every device alike.
+  for j in "randread 4k 1" "randread 4k 32" "randwrite 4k 1" "randwrite 4k 32" "read 1M 8" "write 1M 8"; do
+    for d in $DEVICES; do
+      case $d in
+        ublk) start ublk --no-recovery ;;
+        ublk-w2) start ublk --no-recovery --workers 2 ;;
+        ublk-i) TABLE=$T/table-i start ublk --no-recovery ;;
+        ublk-d) start ublk --no-recovery --direct ;;
+        ublk-id) TABLE=$T/table-i start ublk --no-recovery --direct ;;
+        nbd) start nbd ;;
+        nbd-c2) start nbd --conns 2 ;;
+        dm-crypt)
+          dmsetup create ucbench --table "$(cat "$T/table")"; dmsetup mknodes
+          # The drivers the kernel's crypto API picked for this table (skcipher instances).
+          if [ "$j" = "randread 4k 1" ]; then
+            { echo "# $c: kernel dm-crypt table: $(dmsetup table ucbench | awk '{print $4}')"
+              awk '/^name/{n=$3} /^driver/{d=$3} /^priority/{p=$3} /^type/{if ($3=="skcipher") print "#   " n " -> " d " (priority " p ")"}' /proc/crypto |
+                grep -E 'xts|ecb|null' | sort -u; } >> "$OUT/ciphers.txt"
+          fi
+          cell /dev/mapper/ucbench "${prefix}dm-crypt" $j
+          dmsetup remove ucbench
+          continue ;;
+        *) echo "unknown device $d" >&2; exit 1 ;;
+      esac
+      cell "$DEV" "$prefix$d" $j; stop
+    done
+    echo "# $c $j done"
   done
 done
 nproc | sed 's/^/# vCPUs: /'

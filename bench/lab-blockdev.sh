@@ -4,7 +4,8 @@
 # device and the kernel's dm-crypt over the same brd ramdisk, each with aes-xts-plain64 and
 # with cipher_null-ecb (4096-byte sectors; the null cipher measures the I/O path alone).
 #   bench/lab-blockdev.sh [RUNTIME_SECONDS]      (default 8 per cell; about 12 min in all)
-#   CIPHERS='aes null' DEVICES='ublk ublk-w2 nbd nbd-c2 dm-crypt' narrow the run.
+#   CIPHERS='aes null' DEVICES='ublk ublk-w2 nbd nbd-c2 dm-crypt' narrow the run (more
+#   devices: ublk-i, ublk-d, ublk-id, see the guest script).
 # Prints a table of IOPS (4k) / MiB/s (1M) and the ratios per cipher, and which cipher code
 # the kernel and the guest CPU offered; TCG distorts absolute speed, so only ratios inside
 # one run mean anything. Not part of CI.
@@ -12,8 +13,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RT=${1:-8}
 T=${CARGO_TARGET_DIR:-target}
-cargo build --release -p ucrypt-device --example attach >&2
-ATTACH=$(realpath "$T/release/examples/attach")
+# ATTACH names another build of the example (e.g. target/debug/examples/attach).
+if [ -z "${ATTACH:-}" ]; then
+  cargo build --release -p ucrypt-device --example attach >&2
+  ATTACH=$T/release/examples/attach
+fi
+ATTACH=$(realpath "$ATTACH")
 OUT=$(mktemp -d "$PWD/target/lab-bench.XXXXXX")
 CIPHERS=${CIPHERS:-aes null}
 DEVICES=${DEVICES:-ublk ublk-w2 nbd nbd-c2 dm-crypt}
@@ -22,7 +27,8 @@ LAB_MODULES="${LAB_MODULES:-} crypto_null" LAB_TIMEOUT=${LAB_TIMEOUT:-5400} \
 python3 - "$OUT" "$CIPHERS" <<'PY'
 import json, os, sys
 out, ciphers = sys.argv[1], sys.argv[2].split()
-devs = ["ublk", "ublk-w2", "nbd", "nbd-c2", "dm-crypt"]
+devs = [d for d in ["ublk", "ublk-i", "ublk-d", "ublk-id", "ublk-w2", "nbd", "nbd-c2", "dm-crypt"]
+        if any(f.split(".")[0] in (d, "null-" + d) for f in os.listdir(out))]
 cells = [("randread", "4k", 1), ("randread", "4k", 32), ("randwrite", "4k", 1),
          ("randwrite", "4k", 32), ("read", "1M", 8), ("write", "1M", 8)]
 def val(dev, rw, bs, qd):
@@ -35,14 +41,15 @@ def val(dev, rw, bs, qd):
 for c in ciphers:
     prefix = "null-" if c == "null" else ""
     print(f"\n{'cipher_null-ecb' if c == 'null' else 'aes-xts-plain64 (512-bit key)'}, 4096-byte sectors\n")
-    print("| cell | unit | " + " | ".join(devs) + " | ublk/nbd | ublk/dm-crypt | ublk-w2/dm-crypt | nbd/dm-crypt |")
-    print("|---|---|" + "---|" * (len(devs) + 4))
+    others = [d for d in devs if d != "dm-crypt"]
+    print("| cell | unit | " + " | ".join(devs) + " | " + " | ".join(f"{d}/dm-crypt" for d in others) + " |")
+    print("|---|---|" + "---|" * (len(devs) + len(others)))
     for rw, bs, qd in cells:
         v = {d: val(prefix + d, rw, bs, qd) for d in devs}
         unit = "IOPS" if bs == "4k" else "MiB/s"
-        r = lambda a, b: f"{v[a] / v[b]:.2f}x" if v[a] and v[b] else "-"
+        r = lambda a, b: f"{v[a] / v[b]:.2f}x" if v.get(a) and v.get(b) else "-"
         print(f"| {rw} {bs} QD{qd} | {unit} | " + " | ".join(f"{v[d]:.0f}" if v[d] else "-" for d in devs)
-              + f" | {r('ublk', 'nbd')} | {r('ublk', 'dm-crypt')} | {r('ublk-w2', 'dm-crypt')} | {r('nbd', 'dm-crypt')} |")
+              + " | " + " | ".join(r(d, "dm-crypt") for d in others) + " |")
 print()
 p = os.path.join(out, "ciphers.txt")
 if os.path.exists(p):

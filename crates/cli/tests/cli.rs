@@ -225,11 +225,7 @@ fn bench_emits_json_rows_with_the_required_fields_and_a_chart() {
         ],
         b"",
     ));
-    let rows: Vec<serde_json::Value> = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = json_lines(out);
     // cloudflare: 8 cells x (raw + 3 variants); sector-size: 6 cells x (raw + 2).
     assert_eq!(rows.len(), 8 * 4 + 6 * 3);
     for r in &rows {
@@ -666,4 +662,58 @@ fn a_closed_stdout_ends_the_command_by_sigpipe_without_a_panic() {
         out.status
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn bench_integrity_compares_each_authenticated_mode_with_plain() {
+    let out = ok(ucrypt(
+        &[
+            "bench",
+            "integrity",
+            "--quick",
+            "--seconds",
+            "0.01",
+            "--repeat",
+            "1",
+            "--region-mib",
+            "8",
+            "--json",
+        ],
+        b"",
+    ));
+    let rows = json_lines(out);
+    // --quick: 4 cells (4k and 1M, read and write) x (raw + plain + 3 AEADs x J/D).
+    assert_eq!(rows.len(), 4 * 8);
+    let variants: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r["variant"].as_str().unwrap())
+        .collect();
+    for v in [
+        "raw",
+        "plain",
+        "hmac-sha256 J",
+        "aes-gcm D",
+        "chacha20-poly1305 J",
+    ] {
+        assert!(variants.contains(v), "no {v} in {variants:?}");
+    }
+    for r in &rows {
+        assert_eq!(r["experiment"], "integrity");
+        assert!(r["mib_s"].as_f64().unwrap() > 0.0, "{r}");
+        let base = r["ratio_to_base"].as_f64().unwrap();
+        if r["variant"] == "plain" {
+            assert_eq!(base, 1.0, "{r}");
+        } else {
+            assert!(base > 0.0, "{r}");
+        }
+    }
+}
+
+/// One JSON value per line of a command's output.
+fn json_lines(out: Vec<u8>) -> Vec<serde_json::Value> {
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }

@@ -14,6 +14,7 @@
 
 mod common;
 
+use common::CHEAP_PBKDF;
 use std::process::Output;
 
 /// What ucrypt does with a cryptsetup action.
@@ -146,9 +147,6 @@ const TOOLS: [(&str, &str); 2] = [
     ("ucrypt", env!("CARGO_BIN_EXE_ucrypt")),
     ("cryptsetup", "cryptsetup"),
 ];
-
-/// A PBKDF that costs nothing, for headers made only to be compared.
-const FAST: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
 
 /// A passphrase file ("pw") in `dir`, as a path string.
 fn pass_file(dir: &std::path::Path) -> String {
@@ -303,7 +301,7 @@ fn batch_mode_and_verbose_go_before_the_action_and_on_every_action() {
     let img = common::image(tmp.path(), "img", 20 << 20);
     let pass = pass_file(tmp.path());
     let (img, pass) = (img.to_str().unwrap(), pass.as_str());
-    let out = run(&[&["-q", "luksFormat", img, "-d", pass][..], &FAST].concat());
+    let out = run(&[&["-q", "luksFormat", img, "-d", pass][..], &CHEAP_PBKDF].concat());
     assert!(out.status.success(), "{out:?}");
     let cases: &[&[&str]] = &[
         &["-q", "isLuks", img],
@@ -466,7 +464,7 @@ fn luks_format_offset_places_the_data_as_cryptsetups() {
                     "--offset",
                     "40960",
                 ])
-                .args(FAST)
+                .args(CHEAP_PBKDF)
                 .arg(img)
                 .output()
                 .unwrap();
@@ -522,7 +520,7 @@ fn open_options_a_type_cannot_use_are_refused_as_cryptsetup_refuses_them() {
     let luks = tmp.path().join("luks");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
         .args(["luksFormat", "-q", "--type", "luks2", "-d", key])
-        .args(FAST)
+        .args(CHEAP_PBKDF)
         .arg(common::image(tmp.path(), "luks", 16 << 20))
         .output()
         .unwrap();
@@ -626,7 +624,7 @@ fn reencrypt_new_is_encrypt() {
             let out = std::process::Command::new(bin)
                 .args(["reencrypt", "-q", spelling, "--type", "luks2"])
                 .args(["--reduce-device-size", "8M", "--init-only", "-d", pass])
-                .args(FAST)
+                .args(CHEAP_PBKDF)
                 .arg(&img)
                 .output()
                 .unwrap();
@@ -688,7 +686,7 @@ fn disable_locks_is_taken_by_every_action() {
     ];
     for args in cases {
         let args: Vec<&str> = if args.contains(&"luksFormat") || args.contains(&"luksAddKey") {
-            [*args, &FAST[..]].concat()
+            [*args, &CHEAP_PBKDF[..]].concat()
         } else {
             args.to_vec()
         };
@@ -835,7 +833,7 @@ fn reencrypt_encrypt_sizes_the_new_header_as_cryptsetup() {
             let hdr = tmp.path().join(format!("{tool}-{case}.hdr"));
             let mut cmd = std::process::Command::new(bin);
             cmd.args(["reencrypt", "-q", "--encrypt", "--init-only", "-d", pass])
-                .args(FAST)
+                .args(CHEAP_PBKDF)
                 .args(extra);
             if case == "header" {
                 cmd.arg("--header").arg(&hdr);
@@ -857,7 +855,7 @@ fn reencrypt_encrypt_sizes_the_new_header_as_cryptsetup() {
     let img = common::image(tmp.path(), "luks", 32 << 20);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ucrypt"))
         .args(["luksFormat", "-q", "-d", pass])
-        .args(FAST)
+        .args(CHEAP_PBKDF)
         .arg(&img)
         .output()
         .unwrap();

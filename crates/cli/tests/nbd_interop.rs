@@ -852,12 +852,7 @@ fn luks_header_on_a_remote_nbd_device_opens_through_a_memfd_copy() {
         let img = image(tmp.path(), "upstream.img", 24 * MIB);
         let pass = tmp.path().join("pass");
         std::fs::write(&pass, "remote passphrase").unwrap();
-        let mut fmt = std::process::Command::new("cryptsetup");
-        fmt.args(["luksFormat", "-q", "--type", luks, "--pbkdf", "pbkdf2"])
-            .args(["--pbkdf-force-iterations", "1000", "--key-file"])
-            .arg(&pass)
-            .arg(&img);
-        run_ok(&fmt.output().unwrap(), "cryptsetup luksFormat");
+        cryptsetup_format(luks, &pass, &img);
         let sock = tmp.path().join("up.sock");
         let pid = tmp.path().join("up.pid");
         let mut cmd = std::process::Command::new("nbdkit");
@@ -1012,13 +1007,7 @@ fn an_unreadable_header_is_an_io_error_not_a_missing_signature() {
     let img = image(tmp.path(), "disk.img", 16 * MIB);
     let pass = tmp.path().join("pass");
     std::fs::write(&pass, "pw").unwrap();
-    let out = std::process::Command::new("cryptsetup")
-        .args(["luksFormat", "-q", "--type", "luks2", "--pbkdf", "pbkdf2"])
-        .args(["--pbkdf-force-iterations", "1000", "--key-file"])
-        .args([&pass, &img])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    cryptsetup_format("luks2", &pass, &img);
     let sock = tmp.path().join("eio.sock");
     let mut nbdkit = std::process::Command::new("nbdkit")
         .args(["-f", "-U"])

@@ -28,7 +28,7 @@
 
 mod common;
 
-use common::{random_bytes, require, require_that};
+use common::{random_bytes, require, require_that, CHEAP_PBKDF};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -276,8 +276,6 @@ fn passfile(name: &str, pw: &str) -> PathBuf {
     p
 }
 
-const CHEAP: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
 /// Both directions on one image: librbd writes A (aligned) and B (unaligned), ucrypt reads
 /// them; ucrypt writes C (unaligned, across a 4 KiB sector), librbd reads it.
 fn both_ways(c: &Cluster, image: &str, fmt: &str, pass: &Path) {
@@ -359,7 +357,7 @@ fn images_formatted_by_ucrypt_read_the_same_in_librbd_and_back() {
         c.create(image, "64M");
         let dev = format!("rbd:rbd/{image}");
         let mut args = vec!["luksFormat", "-q", "--type", ty, &dev, s(&pass)];
-        args.extend(CHEAP);
+        args.extend(CHEAP_PBKDF);
         ok(c.ucrypt(&args, b""), "ucrypt luksFormat");
         let out = c.ucrypt(&["isLuks", &dev], b"");
         assert!(out.status.success(), "isLuks");
@@ -367,7 +365,7 @@ fn images_formatted_by_ucrypt_read_the_same_in_librbd_and_back() {
         // A keyslot added through the RBD device opens the image in librbd too.
         let pass2 = passfile(&format!("{image}.pw2"), "second passphrase");
         let mut args = vec!["luksAddKey", &dev, "--key-file", s(&pass), s(&pass2)];
-        args.extend(CHEAP);
+        args.extend(CHEAP_PBKDF);
         ok(c.ucrypt(&args, b""), "ucrypt luksAddKey");
         let got = c.librbd_read(image, fmt, &pass2, 0, 4096);
         assert_eq!(got, c.librbd_read(image, fmt, &pass, 0, 4096));
@@ -388,7 +386,7 @@ fn a_cryptsetup_image_imported_with_rbd_import_opens_in_both() {
             "--sector-size",
             "4096",
         ])
-        .args(CHEAP)
+        .args(CHEAP_PBKDF)
         .arg(&img)
         .arg(&pass)
         .output()
@@ -428,7 +426,7 @@ fn format_cheap(c: &Cluster, image: &str, pass: &Path) -> String {
     c.create(image, "64M");
     let dev = format!("rbd:rbd/{image}");
     let mut args = vec!["luksFormat", "-q", "--type", "luks2", &dev, s(pass)];
-    args.extend(CHEAP);
+    args.extend(CHEAP_PBKDF);
     ok(c.ucrypt(&args, b""), "ucrypt luksFormat");
     dev
 }
@@ -452,7 +450,7 @@ fn a_read_write_open_holds_the_image_against_other_writers() {
     // A header change needs the lock too.
     let pass2 = passfile("lock.pw2", "another");
     let mut args = vec!["luksAddKey", &dev, "--key-file", s(&pass), s(&pass2)];
-    args.extend(CHEAP);
+    args.extend(CHEAP_PBKDF);
     let out = c.ucrypt(&args, b"");
     assert_eq!(
         out.status.code(),

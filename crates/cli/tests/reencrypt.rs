@@ -19,6 +19,7 @@ use common::cmd::{ok, run};
 use common::{require, Rng};
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use ucrypt_testkit::luks2_json as json;
 
 const PASS: &[u8] = b"reencrypt test passphrase";
 const DATA_OFFSET: u64 = 16 << 20;
@@ -98,7 +99,7 @@ impl Fixture {
         ];
         args.extend_from_slice(extra);
         ok(ucrypt_bin(), &args);
-        assert!(self.json(&img).contains("online-reencrypt-v2"));
+        assert!(json(&img).contains("online-reencrypt-v2"));
         img
     }
 
@@ -156,13 +157,6 @@ impl Fixture {
             "{} reads back different plaintext",
             img.display()
         );
-    }
-
-    fn json(&self, img: &Path) -> String {
-        let b = std::fs::read(img).unwrap();
-        let area = &b[4096..16384];
-        let end = area.iter().position(|&c| c == 0).unwrap();
-        String::from_utf8(area[..end].to_vec()).unwrap()
     }
 
     fn copy(&self, img: &Path, name: &str) -> PathBuf {
@@ -232,7 +226,7 @@ impl Fixture {
     }
 
     fn in_crash_state(&self, img: &Path) -> bool {
-        self.json(img).contains("in-reencryption")
+        json(img).contains("in-reencryption")
     }
 }
 
@@ -311,7 +305,7 @@ fn result_equals_cryptsetups_for_each_resilience_and_a_new_cipher_shape() {
             err.contains("Finished, time") && err.contains("MiB/s"),
             "{err}"
         );
-        assert!(!f.json(&uc).contains("reencrypt"), "{}", f.json(&uc));
+        assert!(!json(&uc).contains("reencrypt"), "{}", json(&uc));
         assert_same(&cs, &uc);
         f.assert_plain(&uc);
     }
@@ -331,7 +325,7 @@ fn a_run_stopped_by_either_tool_is_finished_by_the_other() {
         // ucrypt stops cleanly after 8 MiB; cryptsetup finishes.
         let a = f.copy(&init, "a.img");
         f.ucrypt_resume(&a, &["--debug-stop-after", "8M"]);
-        let j = f.json(&a);
+        let j = json(&a);
         assert!(
             j.contains("\"size\":\"8388608\"") && j.contains("online-reencrypt-v2"),
             "{j}"
@@ -388,7 +382,7 @@ fn a_run_killed_mid_hotzone_is_recovered_by_either_tool() {
                 Fixture::s(&crashed),
             ],
         );
-        assert!(f.in_crash_state(&crashed), "{}", f.json(&crashed));
+        assert!(f.in_crash_state(&crashed), "{}", json(&crashed));
         let with_old = |name: &str, from: u64, len: usize| {
             use std::os::unix::fs::FileExt;
             let img = f.copy(&crashed, name);
@@ -473,14 +467,14 @@ fn a_run_killed_mid_hotzone_is_recovered_by_either_tool() {
                 Fixture::s(&cs_crashed),
             ],
         );
-        assert!(f.in_crash_state(&cs_crashed), "{}", f.json(&cs_crashed));
+        assert!(f.in_crash_state(&cs_crashed), "{}", json(&cs_crashed));
         f.ucrypt_resume(&cs_crashed, &[]);
         // cryptsetup re-created the reencryption digest when it started (its id differs),
         // and the old keyslot's wipe is random: compare the data and the plaintext.
         let x = std::fs::read(&reference).unwrap();
         let y = std::fs::read(&cs_crashed).unwrap();
         assert!(x[DATA_OFFSET as usize..] == y[DATA_OFFSET as usize..]);
-        assert!(!f.json(&cs_crashed).contains("reencrypt"));
+        assert!(!json(&cs_crashed).contains("reencrypt"));
         f.assert_plain(&cs_crashed);
     }
 }
@@ -680,7 +674,7 @@ fn a_volume_mid_reencryption_is_served_as_two_segments_and_written_through() {
     };
     let secret = std::fs::read(&f.key).unwrap();
     let u = ucrypt::unlock(&recovered, &secret, &opts).unwrap();
-    assert!(!f.in_crash_state(&recovered), "{}", f.json(&recovered));
+    assert!(!f.in_crash_state(&recovered), "{}", json(&recovered));
     assert!(u.size_bytes() > 0);
     f.assert_plain(&recovered);
     f.ucrypt_resume(&crashed, &["--debug-stop-after", "4M"]);
@@ -768,7 +762,7 @@ fn detached(f: &Fixture, tag: &str, resilience: &str) -> (PathBuf, PathBuf) {
             d,
         ],
     );
-    assert!(f.json(&hdr).contains("online-reencrypt-v2"));
+    assert!(json(&hdr).contains("online-reencrypt-v2"));
     (hdr, data)
 }
 
@@ -833,7 +827,7 @@ fn assert_same_detached(f: &Fixture, a: &(PathBuf, PathBuf), b: &(PathBuf, PathB
         a.1.display(),
         b.1.display()
     );
-    assert!(!f.json(&b.0).contains("reencrypt"), "{}", f.json(&b.0));
+    assert!(!json(&b.0).contains("reencrypt"), "{}", json(&b.0));
     let (lines, plain) = read_detached(f, b);
     assert_eq!(lines, 1);
     assert!(
@@ -898,9 +892,9 @@ fn a_detached_header_volume_is_reencrypted_as_cryptsetup_does_and_resumed_by_eit
         let a = copy_pair(&f, &init, "a");
         ucrypt_resume_detached(&f, &a, &["--debug-stop-after", "8M"]);
         assert!(
-            f.json(&a.0).contains("\"size\":\"8388608\""),
+            json(&a.0).contains("\"size\":\"8388608\""),
             "{}",
-            f.json(&a.0)
+            json(&a.0)
         );
         // Mid-way, the detached pair maps as two segments (new key, old key) and reads back.
         let (lines, plain) = read_detached(&f, &a);
@@ -959,7 +953,7 @@ fn a_detached_header_volume_is_reencrypted_as_cryptsetup_does_and_resumed_by_eit
         let ca = cs_args(&crashed);
         let ca: Vec<&str> = ca.iter().map(String::as_str).collect();
         f.killed_at("write", u32::try_from(nth).unwrap(), "cryptsetup", &ca);
-        assert!(f.in_crash_state(&crashed.0), "{}", f.json(&crashed.0));
+        assert!(f.in_crash_state(&crashed.0), "{}", json(&crashed.0));
         // A read-write open recovers the hotzone from the header file's resilience area
         // and maps the pair; the plaintext is intact.
         let opened = copy_pair(&f, &crashed, "cs-crashed-opened");
@@ -970,7 +964,7 @@ fn a_detached_header_volume_is_reencrypted_as_cryptsetup_does_and_resumed_by_eit
         };
         let secret = std::fs::read(&f.key).unwrap();
         ucrypt::unlock(&opened.1, &secret, &opts).unwrap();
-        assert!(!f.in_crash_state(&opened.0), "{}", f.json(&opened.0));
+        assert!(!f.in_crash_state(&opened.0), "{}", json(&opened.0));
         assert!(
             read_detached(&f, &opened).1 == f.plain,
             "{resilience}: recovered plaintext"
@@ -979,6 +973,6 @@ fn a_detached_header_volume_is_reencrypted_as_cryptsetup_does_and_resumed_by_eit
         // cryptsetup re-created the reencryption digest when it started, and keyslot
         // wipes are random: the data file and the plaintext are what must match.
         assert!(std::fs::read(&reference.1).unwrap() == std::fs::read(&crashed.1).unwrap());
-        assert!(!f.json(&crashed.0).contains("reencrypt"));
+        assert!(!json(&crashed.0).contains("reencrypt"));
     }
 }

@@ -20,9 +20,10 @@ mod common;
 
 use common::cmd::{ok, run, s};
 
-use common::{require, Rng};
+use common::{luks2_shape as shape, require, Rng};
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use ucrypt_testkit::luks2_json as json;
 
 const PASS: &[u8] = b"reencrypt modes passphrase";
 const DATA: usize = 24 << 20;
@@ -225,36 +226,6 @@ impl Fixture {
             "{cmd} was not killed at {syscall} #{nth}"
         );
     }
-}
-
-/// The JSON metadata area of a header file.
-fn json(hdr: &Path) -> String {
-    let b = std::fs::read(hdr).unwrap();
-    let area = &b[4096..16384];
-    let end = area.iter().position(|&c| c == 0).unwrap();
-    String::from_utf8(area[..end].to_vec()).unwrap()
-}
-
-/// The metadata with what is random in it (salts, digests, PBKDF costs, UUIDs) blanked.
-fn shape(hdr: &Path) -> serde_json::Value {
-    fn blank(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(m) => {
-                for (k, x) in m.iter_mut() {
-                    if ["salt", "digest", "iterations"].contains(&k.as_str()) {
-                        *x = serde_json::Value::Null;
-                    } else {
-                        blank(x);
-                    }
-                }
-            }
-            serde_json::Value::Array(a) => a.iter_mut().for_each(blank),
-            _ => {}
-        }
-    }
-    let mut v: serde_json::Value = serde_json::from_str(&json(hdr)).unwrap();
-    blank(&mut v);
-    v
 }
 
 /// Same JSON bytes, same binary header fields but seqid/checksum, same data.

@@ -26,9 +26,10 @@ mod common;
 
 use common::cmd::{ok, run, s};
 
-use common::{require, Rng};
+use common::{luks2_shape as shape, require, Rng};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use ucrypt_testkit::luks2_json as json;
 
 const PASS: &[u8] = b"reencrypt shift passphrase";
 const PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
@@ -40,36 +41,6 @@ fn ucrypt_bin() -> &'static str {
 
 fn tools() -> bool {
     require("cryptsetup") && require("strace")
-}
-
-/// The JSON metadata area of a device's header.
-fn json(dev: &Path) -> String {
-    let b = std::fs::read(dev).unwrap();
-    let area = &b[4096..16384];
-    let end = area.iter().position(|&c| c == 0).unwrap();
-    String::from_utf8(area[..end].to_vec()).unwrap()
-}
-
-/// The metadata with what is random in it (salts, digests, PBKDF costs) blanked.
-fn shape(dev: &Path) -> serde_json::Value {
-    fn blank(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(m) => {
-                for (k, x) in m.iter_mut() {
-                    if ["salt", "digest", "iterations"].contains(&k.as_str()) {
-                        *x = serde_json::Value::Null;
-                    } else {
-                        blank(x);
-                    }
-                }
-            }
-            serde_json::Value::Array(a) => a.iter_mut().for_each(blank),
-            _ => {}
-        }
-    }
-    let mut v: serde_json::Value = serde_json::from_str(&json(dev)).unwrap();
-    blank(&mut v);
-    v
 }
 
 /// A device geometry: `data` bytes of plaintext the filesystem uses, the device `reduce`

@@ -9,6 +9,7 @@
 mod common;
 
 use common::nbd::require;
+use common::CHEAP_PBKDF;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
@@ -122,8 +123,6 @@ fn only_changed_bytes_written(writes: &[(u64, u64)], before: &[u8], after: &[u8]
     }
 }
 
-const PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-
 #[test]
 fn luks_header_commands_on_an_nbd_uri_match_cryptsetup_on_a_local_copy() {
     if !require("cryptsetup") || !require("nbdkit") {
@@ -141,7 +140,7 @@ fn luks_header_commands_on_an_nbd_uri_match_cryptsetup_on_a_local_copy() {
     let mut args = vec!["luksFormat", "-q", "--type", "luks2", "--key-file"];
     let pw1 = pw("pw1");
     args.push(&pw1);
-    args.extend(PBKDF);
+    args.extend(CHEAP_PBKDF);
     args.push(ap);
     ok(cryptsetup(&args), "cryptsetup luksFormat");
     std::fs::copy(&a, &b).unwrap();
@@ -218,7 +217,7 @@ fn luks_header_commands_on_an_nbd_uri_match_cryptsetup_on_a_local_copy() {
     // luksAddKey: cryptsetup opens the new keyslot.
     let (pw2, pw3) = (pw("pw2"), pw("pw3"));
     let mut add = vec!["luksAddKey", "--key-file", &pw1];
-    add.extend(PBKDF);
+    add.extend(CHEAP_PBKDF);
     add.extend([uri, &pw2]);
     ok(ucrypt(&add, b""), "luksAddKey");
     let test = |key: &str| {
@@ -268,7 +267,7 @@ fn luks_header_commands_on_an_nbd_uri_match_cryptsetup_on_a_local_copy() {
 
     // luksChangeKey: the new passphrase opens, the old one no longer does.
     let mut change = vec!["luksChangeKey", "--key-file", &pw1];
-    change.extend(PBKDF);
+    change.extend(CHEAP_PBKDF);
     change.extend([uri, &pw3]);
     ok(ucrypt(&change, b""), "luksChangeKey");
     assert!(test(&pw3) && !test(&pw1), "luksChangeKey");
@@ -306,7 +305,7 @@ fn luks_header_commands_on_an_nbd_uri_match_cryptsetup_on_a_local_copy() {
 
     // luksFormat --type luks1 over it: cryptsetup reads a LUKS1 header that opens.
     let mut fmt = vec!["luksFormat", "-q", "--type", "luks1", "--key-file", &pw2];
-    fmt.extend(PBKDF);
+    fmt.extend(CHEAP_PBKDF);
     fmt.push(uri);
     ok(ucrypt(&fmt, b""), "luksFormat");
     assert!(ok(cryptsetup(&["luksDump", ap]), "cryptsetup luksDump").contains("Version:       \t1"));

@@ -238,6 +238,12 @@ fn open_integrity(
     if let Some((alg, key)) = line.journal_mac.clone() {
         o.journal_mac = Some((Algorithm::from_name(&alg).map_err(anyhow_msg)?, key));
     }
+    if let Some((alg, key)) = line.journal_crypt.clone() {
+        let Some(key) = key else {
+            bail!("journal_crypt:{alg} needs its key (journal_crypt:{alg}:HEXKEY)");
+        };
+        o.journal_crypt = Some((alg, key));
+    }
     o.mode = match line.mode {
         'D' => Mode::Direct,
         'B' => Mode::Bitmap,

@@ -11,7 +11,9 @@
 //! * **One image helper set** ([`image`], [`image_with`], [`random_bytes`]).
 //! * **One way into the VM** ([`run_in_vm`]): a script run as root in a guest of the
 //!   repository's harness `tests/lab/run.sh` (Debian's 6.12 kernel), for what needs kernel
-//!   drivers (ublk, kernel NBD, dm-crypt, dm-integrity).
+//!   drivers (ublk, kernel NBD, dm-crypt, dm-integrity); [`assert_lab_passed`] reads its
+//!   verdict.
+//! * **One reader of a LUKS2 header's JSON area** ([`luks2_json`]), as the file holds it.
 //!
 //! Standard library only, so that every crate (even `ucrypt-crypto`, at the bottom of the
 //! layering) can use it without pulling anything in.
@@ -253,6 +255,32 @@ where
     }
 }
 
+/// Fails unless a lab script's output (from [`run_in_vm`]) reports its checks (a line
+/// `N passed, 0 failed`) and none of them failed (no `not ok` line).
+///
+/// # Panics
+/// When the report is missing or a check failed (the output was printed by [`run_in_vm`]).
+pub fn assert_lab_passed(out: &str) {
+    assert!(
+        out.lines().any(|l| l.ends_with(" passed, 0 failed")),
+        "the lab script did not report its checks (output above)"
+    );
+    assert!(!out.contains("not ok"), "a lab check failed (output above)");
+}
+
+/// The JSON text of the LUKS2 header at the start of `path` (the primary copy's JSON area,
+/// bytes 4096 to 16384, up to its first NUL), as it is on disk.
+///
+/// # Panics
+/// When the file cannot be read, is shorter than the area, or the text is not UTF-8.
+pub fn luks2_json(path: &Path) -> String {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let area = &b[4096..16384];
+    let end = area.iter().position(|&c| c == 0).unwrap_or(area.len());
+    String::from_utf8(area[..end].to_vec())
+        .unwrap_or_else(|e| panic!("{}: the JSON area is not UTF-8: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +313,32 @@ mod tests {
             ));
             assert!(!require("no-such-tool-ucrypt-testkit"));
         }
+    }
+
+    #[test]
+    fn a_lab_report_passes_only_with_its_checks_and_no_failure() {
+        assert_lab_passed("ok 1 - a\nok 2 - b\n2 passed, 0 failed\n");
+        for bad in [
+            "ok 1 - a\n",
+            "ok 1 - a\nnot ok 2 - b\n1 passed, 1 failed\n",
+            "not ok 2 - b\n1 passed, 0 failed\n",
+        ] {
+            assert!(
+                std::panic::catch_unwind(|| assert_lab_passed(bad)).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_luks2_json_area_is_read_up_to_its_first_nul() {
+        let dir = std::env::temp_dir().join(format!("ucrypt-testkit-json-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let mut hdr = vec![0u8; 16384];
+        hdr[4096..4096 + 11].copy_from_slice(b"{\"keyslots\"");
+        let p = image_with(&dir, "hdr", &hdr);
+        assert_eq!(luks2_json(&p), "{\"keyslots\"");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -8,10 +8,9 @@
 
 use super::exit::lib_error;
 use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
-use std::ffi::OsString;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use ucrypt::crypttab::{self, Crypttab, Entry, Key};
+use ucrypt::crypttab::{self, Crypttab, Entry};
 use ucrypt::instance::runtime::{self, Paths, Probe};
 
 /// What `ucrypt crypttab --help` and its man page say about the file.
@@ -30,7 +29,7 @@ bits), hash=, offset=, skip=, tcrypt-hidden, tcrypt-system, tcrypt-veracrypt, \
 veracrypt-pim=, tcrypt-keyfile=, same-cpu-crypt, submit-from-crypt-cpus, \
 no-read-workqueue, no-write-workqueue, tpm2-device=auto, fido2-device=auto, \
 pkcs11-uri=auto, token-timeout= (default 30s with a device named), headless, nofail, noauto, _netdev, \
-x-systemd.device-timeout=, x-ucrypt-device=ublk|nbd|fuse|vhost-user|none. Any other option is \
+x-systemd.device-timeout=, x-ucrypt-device=ublk|nbd|fuse|vhost-user|vduse|none. Any other option is \
 refused by name with the reason (swap, tmp, a tpm2-device path...), never ignored.
 
 Boot: the ucrypt-generator script (systemd/ in the sources) runs `ucrypt crypttab \
@@ -142,17 +141,18 @@ fn open(a: OpenArgs) -> Result<(), CliError> {
             ))
             .code(EXIT_PARAMS);
         };
-        let (argv, key) = open_argv(entry, true)?;
+        let cmd = entry.open_command(true).map_err(lib_error)?;
         if a.dry_run {
-            println!("{}", shown(&argv));
+            println!("{}", cmd.shown());
             return Ok(());
         }
         // This process becomes the server: systemd's main process, as Type=notify wants.
         return super::run_open_args(
-            argv.iter()
+            cmd.argv
+                .iter()
                 .map(|s| s.to_string_lossy().into_owned())
                 .collect(),
-            key,
+            cmd.key,
         );
     }
     let exe =
@@ -166,16 +166,16 @@ fn open(a: OpenArgs) -> Result<(), CliError> {
             eprintln!("ucrypt: {} is already open", e.name);
             continue;
         }
-        let result = open_argv(e, false).and_then(|(argv, key)| {
+        let result = e.open_command(false).map_err(lib_error).and_then(|cmd| {
             if a.dry_run {
-                println!("{}", shown(&argv));
+                println!("{}", cmd.shown());
                 return Ok(());
             }
             let status = std::process::Command::new(&exe)
-                .args(&argv[1..])
+                .args(&cmd.argv[1..])
                 .status()
                 .map_err(|err| anyhow::anyhow!("running {}: {err}", exe.display()))?;
-            drop(key);
+            drop(cmd);
             match status.code() {
                 Some(0) => Ok(()),
                 code => Err(anyhow::anyhow!(
@@ -202,183 +202,6 @@ fn open(a: OpenArgs) -> Result<(), CliError> {
             err: anyhow::Error::new(super::Printed),
         }),
     }
-}
-
-/// The command line, shown (key material never is on it: key files are paths).
-fn shown(argv: &[OsString]) -> String {
-    argv.iter()
-        .map(|a| {
-            let s = a.to_string_lossy();
-            if s.is_empty() || s.contains(|c: char| c.is_whitespace() || c == '\'') {
-                format!("'{}'", s.replace('\'', "'\\''"))
-            } else {
-                s.into_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// A key read from a device's file system, in an anonymous memory file the `open` reads
-/// as `/dev/fd/N` (inherited by a child; closed when dropped).
-struct MemKey(std::os::fd::OwnedFd);
-
-/// The `ucrypt open` arguments (from `ucrypt` on) an entry stands for, and the in-memory
-/// key it refers to, which must live until that open has read it.
-fn open_argv(e: &Entry, notify: bool) -> Result<(Vec<OsString>, Option<MemKey>), CliError> {
-    let o = &e.options;
-    let device = e.device.resolve().map_err(|err| CliError {
-        code: EXIT_DEVICE,
-        err: err.into(),
-    })?;
-    let mut v: Vec<OsString> = vec!["ucrypt".into(), "open".into()];
-    let mut arg = |s: &str| v.push(s.into());
-    if let Some(k) = o.kind {
-        arg("--type");
-        arg(crypttab::options::type_name(k));
-    }
-    if let Some(secs) = o.timeout_secs {
-        arg(&format!("--timeout={secs}"));
-    }
-    if o.tries != 3 {
-        arg(&format!("--tries={}", o.tries));
-    }
-    if let Some(s) = o.key_slot {
-        arg(&format!("--key-slot={s}"));
-    }
-    if o.read_only {
-        arg("--read-only");
-    }
-    if o.discard {
-        arg("--allow-discards");
-    }
-    for (flag, on) in [
-        ("--perf-same_cpu_crypt", o.same_cpu_crypt),
-        ("--perf-submit_from_crypt_cpus", o.submit_from_crypt_cpus),
-        ("--perf-no_read_workqueue", o.no_read_workqueue),
-        ("--perf-no_write_workqueue", o.no_write_workqueue),
-        ("--tcrypt-hidden", o.tcrypt_hidden),
-        ("--tcrypt-system", o.tcrypt_system),
-        ("--veracrypt", o.tcrypt_veracrypt),
-    ] {
-        if on {
-            arg(flag);
-        }
-    }
-    let valued = [
-        ("--cipher", o.cipher.clone()),
-        ("--key-size", o.key_size.map(|n| n.to_string())),
-        ("--hash", o.hash.clone()),
-        ("--offset", o.offset.map(|n| n.to_string())),
-        ("--skip", o.skip.map(|n| n.to_string())),
-        ("--sector-size", o.sector_size.map(|n| n.to_string())),
-        ("--veracrypt-pim", o.veracrypt_pim.map(|n| n.to_string())),
-        ("--token-type", o.tokens.only_type().map(str::to_string)),
-        (
-            "--token-timeout",
-            o.tokens
-                .wait()
-                .map(|t| t.as_millis().div_ceil(1000).to_string()),
-        ),
-        ("--device", o.frontend.map(|f| f.as_str().to_string())),
-    ];
-    for (flag, value) in valued {
-        if let Some(value) = value {
-            arg(&format!("{flag}={value}"));
-        }
-    }
-    for k in &o.tcrypt_keyfiles {
-        let mut s = OsString::from("--tcrypt-keyfile=");
-        s.push(k);
-        v.push(s);
-    }
-    if let Some(h) = &o.header {
-        let path = h.resolve().map_err(|err| CliError {
-            code: EXIT_DEVICE,
-            err: err.into(),
-        })?;
-        let mut s = OsString::from("--header=");
-        s.push(path);
-        v.push(s);
-    }
-    let mut mem = None;
-    let key_path: Option<PathBuf> = match &e.key {
-        Key::None => None,
-        Key::File(p) => Some(p.clone()),
-        Key::FileOnDevice { file, device } => {
-            let m = key_from_device(file, device)?;
-            let path = PathBuf::from(format!("/dev/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&m.0)));
-            mem = Some(m);
-            Some(path)
-        }
-    };
-    match key_path {
-        Some(p) => {
-            let mut s = OsString::from("--key-file=");
-            s.push(p);
-            v.push(s);
-            if o.keyfile_offset != 0 {
-                v.push(format!("--keyfile-offset={}", o.keyfile_offset).into());
-            }
-            if o.keyfile_size != 0 {
-                v.push(format!("--keyfile-size={}", o.keyfile_size).into());
-            }
-        }
-        // Never a passphrase prompt: tokens only.
-        None if o.headless => v.push("--token-only".into()),
-        None => {}
-    }
-    if notify {
-        v.push("--notify".into());
-    }
-    v.push("--".into());
-    v.push(device.into_os_string());
-    v.push(e.name.clone().into());
-    Ok((v, mem))
-}
-
-/// Reads `file` from the file system on `device`, mounted read-only at a private
-/// directory for as long as that takes, into a memory file.
-fn key_from_device(file: &Path, device: &crypttab::DeviceSpec) -> Result<MemKey, CliError> {
-    let dev = device.resolve().map_err(|err| CliError {
-        code: EXIT_DEVICE,
-        err: err.into(),
-    })?;
-    let dir = tempfile::Builder::new()
-        .prefix("ucrypt-keydev-")
-        .tempdir()
-        .map_err(|e| anyhow::anyhow!("creating a mount point for the key device: {e}"))?;
-    let mounted = std::process::Command::new("mount")
-        .args(["-o", "ro,nosuid,nodev,noexec"])
-        .arg(&dev)
-        .arg(dir.path())
-        .status()
-        .map_err(|e| anyhow::anyhow!("running mount: {e}"))?;
-    if !mounted.success() {
-        return Err(anyhow::anyhow!(
-            "cannot mount the key device {} ({device}) read-only",
-            dev.display()
-        ))
-        .code(EXIT_DEVICE);
-    }
-    let rel = file.strip_prefix("/").unwrap_or(file);
-    let key = ucrypt::unlock::read_key_file(&dir.path().join(rel), 0, 0).map_err(lib_error);
-    let _ = std::process::Command::new("umount")
-        .arg(dir.path())
-        .status();
-    let key = key?;
-    // SAFETY: memfd_create takes a NUL-terminated name and flags; no CLOEXEC, so the
-    // `ucrypt open` child inherits it.
-    let fd = unsafe { libc::memfd_create(c"ucrypt-key".as_ptr(), 0) };
-    if fd < 0 {
-        return Err(anyhow::anyhow!("memfd_create: {}", std::io::Error::last_os_error()).into());
-    }
-    // SAFETY: a descriptor we just created and own.
-    let owned = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let mut f = std::fs::File::from(owned);
-    f.write_all(&key)
-        .map_err(|e| anyhow::anyhow!("writing the key to a memory file: {e}"))?;
-    Ok(MemKey(f.into()))
 }
 
 fn close(a: NamesArgs) -> Result<(), CliError> {
@@ -490,63 +313,7 @@ fn generate(a: GenerateArgs) -> Result<(), CliError> {
 mod tests {
     use super::*;
 
-    fn argv(line: &str) -> String {
-        let tab = Crypttab::parse(Path::new("/t"), line).unwrap();
-        shown(
-            &open_argv(&tab.entries[0], false)
-                .unwrap_or_else(|e| panic!("{}", e.err))
-                .0,
-        )
-    }
-
-    #[test]
-    fn entries_become_open_command_lines() {
-        assert_eq!(
-            argv("data /dev/null none luks,discard,x-ucrypt-device=ublk,tries=5,timeout=30s\n"),
-            "ucrypt open --type luks --timeout=30 --tries=5 --allow-discards --device=ublk -- \
-             /dev/null data"
-        );
-        assert_eq!(
-            argv(
-                "s /dev/null /dev/urandom plain,cipher=aes-xts-plain64,size=512,hash=sha512,\
-                  offset=8,skip=2,sector-size=4096,readonly,same-cpu-crypt,no-read-workqueue,\
-                  no-write-workqueue,submit-from-crypt-cpus\n"
-            ),
-            "ucrypt open --type plain --read-only --perf-same_cpu_crypt \
-             --perf-submit_from_crypt_cpus --perf-no_read_workqueue --perf-no_write_workqueue \
-             --cipher=aes-xts-plain64 --key-size=512 --hash=sha512 --offset=8 --skip=2 \
-             --sector-size=4096 --key-file=/dev/urandom -- /dev/null s"
-        );
-        assert_eq!(
-            argv(
-                "k /dev/null '/etc/my key' keyfile-offset=4,keyfile-size=32,key-slot=2,\
-                  tpm2-device=auto,headless\n"
-            ),
-            "ucrypt open --key-slot=2 --token-type=systemd-tpm2 --token-timeout=30 \
-             '--key-file=/etc/my key' \
-             --keyfile-offset=4 --keyfile-size=32 -- /dev/null k"
-        );
-        assert_eq!(
-            argv("h /dev/null none headless,tries=0\n"),
-            format!(
-                "ucrypt open --tries={} --token-only -- /dev/null h",
-                u32::MAX
-            )
-        );
-        assert_eq!(
-            argv(
-                "t /dev/null none tcrypt,tcrypt-hidden,tcrypt-system,tcrypt-veracrypt,\
-                  veracrypt-pim=3,tcrypt-keyfile=/k\n"
-            ),
-            "ucrypt open --type tcrypt --tcrypt-hidden --tcrypt-system --veracrypt \
-             --veracrypt-pim=3 --tcrypt-keyfile=/k -- /dev/null t"
-        );
-        assert_eq!(
-            argv("b /dev/null - luks,header=/dev/zero\n"),
-            "ucrypt open --type luks --header=/dev/zero -- /dev/null b"
-        );
-    }
-
+    /// The library's command lines ([`Entry::open_command`]) are ones `ucrypt open` takes.
     #[test]
     fn the_open_command_accepts_every_line() {
         use clap::Parser;
@@ -562,9 +329,10 @@ mod tests {
         ] {
             let tab = Crypttab::parse(Path::new("/t"), line).unwrap();
             for notify in [false, true] {
-                let (v, _) =
-                    open_argv(&tab.entries[0], notify).unwrap_or_else(|e| panic!("{}", e.err));
-                if let Err(e) = super::super::Cli::try_parse_from(&v) {
+                let cmd = tab.entries[0]
+                    .open_command(notify)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                if let Err(e) = super::super::Cli::try_parse_from(&cmd.argv) {
                     panic!("{line}: {e}");
                 }
             }

@@ -13,6 +13,7 @@ use std::io::Write as _;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use ucrypt::instance::frontend::Choice;
 use ucrypt::open::Backend;
 
 /// `println!` that ignores a closed standard output (`ucrypt demo | head`): the demo still
@@ -31,9 +32,21 @@ pub(crate) struct Args {
     dir: Option<PathBuf>,
     /// Front end to open the volume with (default auto: what works here).
     #[arg(long, value_name = "KIND", default_value = "auto",
-          value_parser = ["auto", "ublk", "nbd", "fuse", "none"])]
-    device: String,
+          value_parser = super::open::frontend_parser(&DEMO_FRONTENDS))]
+    device: Choice,
 }
+
+/// The front ends the demo offers (those that give this host a node, or none).
+const DEMO_FRONTENDS: [&str; 5] = {
+    use ucrypt::instance::frontend::FrontendKind as K;
+    [
+        Choice::NAMES[0],
+        K::Ublk.as_str(),
+        K::Nbd.as_str(),
+        K::Fuse.as_str(),
+        K::None.as_str(),
+    ]
+};
 
 /// The demo volume's passphrase (in the key file, so nothing is asked).
 const PASSPHRASE: &str = "ucrypt demo passphrase";
@@ -275,7 +288,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
     let out = step(&[
         "open",
         "--device",
-        &a.device,
+        a.device.as_str(),
         "--key-file",
         &shown(&key),
         &shown(&image),

@@ -102,16 +102,6 @@ impl<T, E: Into<anyhow::Error>> WithCode<T> for Result<T, E> {
     }
 }
 
-/// Classifies an open error ([`ucrypt::open_kind`]): busy 5, device problems 4,
-/// everything else 1.
-pub(crate) fn open_error(e: impl Into<anyhow::Error>) -> CliError {
-    let err = e.into();
-    CliError {
-        code: code_of(ucrypt::open_kind(err.as_ref())),
-        err,
-    }
-}
-
 /// An error and its context chain on one line, outermost first.
 pub(crate) fn error_line(err: &anyhow::Error) -> String {
     let msg: Vec<String> = err.chain().map(ToString::to_string).collect();

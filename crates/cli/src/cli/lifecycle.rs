@@ -5,10 +5,11 @@
 use super::exit::{code_of, instance_error, EXIT_BUSY};
 use super::prompt::Terminal;
 use super::secret::KeyFileArgs;
-use super::{CliError, PerfArgs, TableArg, WithCode, EXIT_DEVICE, EXIT_PARAMS};
+use super::{CliError, PerfArgs, TableArg, WithCode, EXIT_DEVICE};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use ucrypt::instance::control::{self, Reply, Request};
+use ucrypt::instance::rekey;
 use ucrypt::instance::runtime::{self, Debris, InstanceError, Paths, Probe};
 
 /// `ucrypt status [NAME] [--json]`.
@@ -188,6 +189,25 @@ fn text(v: &Value, k: &str) -> String {
 fn print_status(v: &Value) {
     let name = text(v, "name");
     let busy = v["in_use"].as_bool() == Some(true);
+    if let Ok(st) =
+        serde_json::from_value::<ucrypt::integrity::Status>(v["integrity_target"].clone())
+    {
+        // `integritysetup open`'s instance: integritysetup's layout.
+        print!(
+            "{}",
+            st.text(&ucrypt::integrity::Active {
+                name: &name,
+                in_use: busy,
+                device: &text(v, "device"),
+                size_sectors: v["size_sectors"].as_u64().unwrap_or(0),
+                read_only: v["read_only"].as_bool() == Some(true),
+                failures: v["integrity_failures"].as_u64().unwrap_or(0),
+                allow_discards: v["allow_discards"].as_bool() == Some(true),
+            })
+        );
+        print_serving(v);
+        return;
+    }
     println!(
         "{name} is active{}.",
         if busy { " and is in use" } else { "" }
@@ -234,6 +254,11 @@ fn print_status(v: &Value) {
     if v["allow_discards"].as_bool() == Some(true) {
         println!("  flags:   discards");
     }
+    print_serving(v);
+}
+
+/// The front end, node and socket lines of `status`.
+fn print_serving(v: &Value) {
     println!("  front end: {}", text(v, "frontend"));
     let node = text(v, "node");
     println!(
@@ -313,16 +338,10 @@ fn dead_json(d: &Debris) -> Value {
             "frontend": o.kind.as_str(),
             "state": o.state,
         })).collect::<Vec<_>>(),
-        "recover": recoverable(d)
+        "recover": d.recoverable()
             .then(|| format!("ucrypt open --recover {} {}", d.image_or_placeholder(), d.name)),
         "remove": format!("ucrypt close {}", d.name),
     })
-}
-
-/// Whether `open --recover` can take over what dead instance `d` left: a VDUSE device
-/// cannot be served again (only removed).
-fn recoverable(d: &Debris) -> bool {
-    d.devices.is_empty() || d.devices.iter().any(|o| o.kind.as_str() != "vduse")
 }
 
 /// `status NAME` of a dead instance whose kernel device remains.
@@ -343,7 +362,7 @@ fn print_dead(d: &Debris) {
             o.state
         );
     }
-    if recoverable(d) {
+    if d.recoverable() {
         println!(
             "  recover: ucrypt open --recover {} {}",
             d.image_or_placeholder(),
@@ -489,68 +508,36 @@ impl std::ops::Deref for Payload {
 
 fn read_secret(p: &Paths, s: &SecretArgs) -> Result<Payload, CliError> {
     let desc = p.read_description().unwrap_or_default();
-    if s.table.is_some() || s.table_file.is_some() {
-        if desc.from_header {
-            return Err(anyhow::anyhow!(
-                "{} was opened from a header: give its passphrase, not a table line",
-                p.name
-            ))
-            .code(EXIT_PARAMS);
+    let table = s.table.is_some() || s.table_file.is_some();
+    match rekey::secret(&desc, &p.name, table).map_err(super::exit::lib_error)? {
+        rekey::Secret::Table => Ok(Payload::Table(
+            TableArg {
+                table: s.table.clone(),
+                table_file: s.table_file.clone(),
+            }
+            .text()?,
+        )),
+        rekey::Secret::Passphrase { device } => {
+            super::secret::existing(&s.key, &device).map(Payload::Passphrase)
         }
-        let line = TableArg {
-            table: s.table.clone(),
-            table_file: s.table_file.clone(),
-        }
-        .text()?;
-        return Ok(Payload::Table(line));
     }
-    if !desc.from_header {
-        return Err(anyhow::anyhow!(
-            "{} was opened from a table line: give it again with --table-file",
-            p.name
-        ))
-        .code(EXIT_PARAMS);
-    }
-    super::secret::existing(&s.key, std::path::Path::new(&desc.device)).map(Payload::Passphrase)
 }
 
-/// The volume key of `p`'s volume through one of its LUKS2 tokens (the library's token
-/// policy, as `open`: clevis, libcryptsetup's plugins with their PINs, `--token-*`), or
-/// None to go on with the passphrase or table line. `tries`: how often a PIN is asked.
+/// The volume key of `p`'s volume through one of its LUKS2 tokens ([`rekey::token_key`]),
+/// or None to go on with the passphrase or table line. `tries`: how often a PIN is asked.
 fn token_key(
     p: &Paths,
     s: &SecretArgs,
     tries: u32,
 ) -> Result<Option<ucrypt::luks::VolumeKey>, CliError> {
-    let table = s.table.is_some() || s.table_file.is_some();
-    let desc = p.read_description().unwrap_or_default();
-    if table || !desc.from_header {
-        if s.token.token_only {
-            return Err(anyhow::anyhow!(
-                "{} was opened from a table line: --token-only needs a LUKS2 header",
-                p.name
-            ))
-            .code(EXIT_PARAMS);
-        }
-        return Ok(None);
-    }
-    // A type that has no tokens ends in the library's own refusal (--token-only) or None.
-    let kind = desc
-        .kind
-        .to_ascii_lowercase()
-        .parse()
-        .unwrap_or(ucrypt::header::VolumeType::Plain);
     let mut tokens = s.token.tokens();
     tokens.pin_tries = tries;
-    // Under --token-only the key file has no passphrase to give: it holds the PIN.
-    if tokens.only && s.key.key_file.is_some() {
-        tokens.pin_file = Some(s.key.inputs());
-    }
-    ucrypt::unlock::token::volume_key(
-        std::path::Path::new(&desc.device),
-        desc.header.as_deref().map(std::path::Path::new),
-        kind,
-        &tokens,
+    rekey::token_key(
+        &p.read_description().unwrap_or_default(),
+        &p.name,
+        s.table.is_some() || s.table_file.is_some(),
+        tokens,
+        s.key.inputs(),
         &mut super::prompt::Terminal::default(),
     )
     .map_err(super::exit::lib_error)

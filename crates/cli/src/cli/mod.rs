@@ -47,9 +47,7 @@ mod write;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-pub(crate) use exit::{
-    error_line, open_error, CliError, Printed, WithCode, EXIT_DEVICE, EXIT_PARAMS,
-};
+pub(crate) use exit::{error_line, CliError, Printed, WithCode, EXIT_DEVICE, EXIT_PARAMS};
 use std::process::ExitCode;
 
 /// dm-crypt rebuilt in userspace.

@@ -39,6 +39,7 @@ use super::{CliError, PerfArgs, TableArg, WithCode, EXIT_PARAMS};
 use std::io::Write;
 use std::path::PathBuf;
 use ucrypt::export::{Ended, Endpoint, Exposure, ServeOptions, Shutdown, Tls, TlsMode};
+use ucrypt::instance::frontend::Choice;
 use ucrypt::open::{Opened, Source};
 
 /// Arguments of `ucrypt open`.
@@ -71,9 +72,9 @@ pub(crate) struct Args {
         id = "frontend",
         default_value = "auto",
         value_name = "KIND",
-        value_parser = ["auto", "ublk", "nbd", "fuse", "vhost-user", "vduse", "none"]
+        value_parser = frontend_parser(&Choice::NAMES)
     )]
-    pub(super) frontend: String,
+    pub(super) frontend: Choice,
     /// Crash recovery: the server of NAME died (killed, crashed) and its device waits, with
     /// whatever is mounted on it; open the same volume again and reattach to that device
     /// instead of creating one. ublk (user recovery): requests in flight are re-issued, no
@@ -158,7 +159,7 @@ pub(crate) struct Args {
     /// Threads per connection, each receiving, running and answering requests (0 or 1: one
     /// request at a time, in the thread that reads the socket; at most 128). Default 8; 32
     /// for an rbd:POOL/IMAGE or NBD URI device, whose requests wait for a network round
-    /// trip.
+    /// trip. With --device vhost-user or vduse: requests each queue keeps in flight.
     #[arg(help_heading = "Serving options", long, value_parser = super::bounded::<0, { ucrypt::export::MAX_WORKERS }>)]
     pub(super) nbd_workers: Option<usize>,
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
@@ -190,6 +191,15 @@ pub(crate) struct Args {
     /// Print per-connection errors on stderr.
     #[arg(help_heading = "Serving options", long, short)]
     pub(super) verbose: bool,
+}
+
+/// A `--device KIND` parser: clap refuses a name not in `names` (listing them), the
+/// library's [`Choice`] parser reads the rest.
+pub(super) fn frontend_parser(
+    names: &[&'static str],
+) -> impl clap::builder::TypedValueParser<Value = Choice> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(names.iter().copied()).try_map(|s| s.parse::<Choice>())
 }
 
 /// `--tls`: nbdkit's values.

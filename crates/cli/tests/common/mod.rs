@@ -15,6 +15,29 @@ pub use ucrypt_crypto::testing::golden_dir;
 #[allow(unused_imports)] // not every test binary uses each
 pub use ucrypt_testkit::{ci, image, image_with, random_bytes, require, require_that, Rng};
 
+/// The cheapest PBKDF both tools take (PBKDF2, 1000 iterations): keyslots made in a
+/// moment, for tests about anything but the key derivation.
+pub const CHEAP_PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+/// `cryptsetup luksFormat -q --type KIND` of `img` with [`CHEAP_PBKDF`], the passphrase
+/// in `key_file`; asserts success.
+pub fn cryptsetup_format(kind: &str, key_file: &Path, img: &Path) {
+    let out = Command::new("cryptsetup")
+        .args(["luksFormat", "-q", "--type", kind])
+        .args(CHEAP_PBKDF)
+        .arg("--key-file")
+        .arg(key_file)
+        .arg(img)
+        .output()
+        .unwrap_or_else(|e| panic!("cryptsetup: {e}"));
+    assert!(
+        out.status.success(),
+        "cryptsetup luksFormat --type {kind} {} failed: {}",
+        img.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// All manifest cases.
 pub fn cases(dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("manifest.jsonl"))
@@ -63,4 +86,28 @@ pub fn ok(out: Output) -> Vec<u8> {
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
+}
+
+/// The JSON metadata of the LUKS2 header at the start of `path`
+/// ([`ucrypt_testkit::luks2_json`]) with what is random in it (salts, digests, PBKDF
+/// costs) blanked: what two headers made alike (ucrypt's and cryptsetup's) share.
+pub fn luks2_shape(path: &Path) -> serde_json::Value {
+    fn blank(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m.iter_mut() {
+                    if ["salt", "digest", "iterations"].contains(&k.as_str()) {
+                        *x = serde_json::Value::Null;
+                    } else {
+                        blank(x);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(blank),
+            _ => {}
+        }
+    }
+    let mut v: serde_json::Value = serde_json::from_str(&ucrypt_testkit::luks2_json(path)).unwrap();
+    blank(&mut v);
+    v
 }

@@ -11,14 +11,17 @@
 //!
 //! [`Crypttab::parse`] reads the text into typed [`Entry`]s; every option is honoured or
 //! refused by name ([`options`]), never ignored. What an entry means for `ucrypt open` is
-//! read off the entry ([`Options`]); [`systemd`] writes the units a generator makes of it.
+//! read off the entry ([`Options`]) and becomes its `ucrypt open` command line
+//! ([`Entry::open_command`]); [`systemd`] writes the units a generator makes of it.
 
 mod device;
+pub mod open;
 pub mod options;
 pub mod systemd;
 mod words;
 
 pub use device::DeviceSpec;
+pub use open::OpenCommand;
 pub use options::{Frontend, Options, TokenDevice, TokenOptions};
 
 use std::path::{Path, PathBuf};

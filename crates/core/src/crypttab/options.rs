@@ -8,32 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// How the opened volume is served (`x-ucrypt-device=`; `open --device`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Frontend {
-    /// `/dev/ublkbN`.
-    Ublk,
-    /// `/dev/nbdN`.
-    Nbd,
-    /// A file in a FUSE mount.
-    Fuse,
-    /// A vhost-user-blk socket for a VM.
-    VhostUser,
-    /// The NBD socket only.
-    None,
-}
-
-impl Frontend {
-    /// The name `ucrypt open --device` takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Frontend::Ublk => "ublk",
-            Frontend::Nbd => "nbd",
-            Frontend::Fuse => "fuse",
-            Frontend::VhostUser => "vhost-user",
-            Frontend::None => "none",
-        }
-    }
-}
+pub use crate::instance::frontend::FrontendKind as Frontend;
 
 /// A security-device option (`tpm2-device=`, `fido2-device=`, `pkcs11-uri=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -491,16 +466,11 @@ fn token_device(key: &str, v: &str, token: &str) -> Result<TokenDevice, String> 
 }
 
 fn frontend(v: &str) -> Result<Frontend, String> {
-    match v {
-        "ublk" => Ok(Frontend::Ublk),
-        "nbd" => Ok(Frontend::Nbd),
-        "fuse" => Ok(Frontend::Fuse),
-        "vhost-user" => Ok(Frontend::VhostUser),
-        "none" => Ok(Frontend::None),
-        _ => Err(format!(
-            "x-ucrypt-device={v}: unknown front end (ublk, nbd, fuse, none or vhost-user)"
-        )),
-    }
+    Frontend::from_name(v).ok_or_else(|| {
+        format!(
+            "x-ucrypt-device={v}: unknown front end (ublk, nbd, fuse, vduse, vhost-user or none)"
+        )
+    })
 }
 
 /// A systemd time span: a number with an optional unit (`us`, `ms`, `s`, `sec`, `m`,
@@ -635,6 +605,13 @@ mod tests {
             p("x-ucrypt-device=fuse").unwrap().frontend,
             Some(Frontend::Fuse)
         );
+        assert_eq!(
+            p("x-ucrypt-device=vduse").unwrap().frontend,
+            Some(Frontend::Vduse)
+        );
+        assert!(p("x-ucrypt-device=vdpa")
+            .unwrap_err()
+            .contains("unknown front end"));
         assert_eq!(p("").unwrap(), Options::default());
         assert!(!p("noauto,auto").unwrap().noauto);
     }

@@ -154,14 +154,15 @@ pub fn unit_text(e: &Entry, source: &Path, exe: &Path) -> String {
             let _ = writeln!(u, "RequiresMountsFor={}", unit_path(k));
         }
     }
-    // The front end's kernel module, loaded first (as systemd's modprobe@ units do).
-    let module = match o.frontend {
-        Some(super::Frontend::Ublk) => Some("ublk_drv"),
-        Some(super::Frontend::Nbd) => Some("nbd"),
-        Some(super::Frontend::Fuse) => Some("fuse"),
-        Some(super::Frontend::VhostUser | super::Frontend::None) | None => None,
+    // The front end's kernel modules, loaded first (as systemd's modprobe@ units do).
+    let modules: &[&str] = match o.frontend {
+        Some(super::Frontend::Ublk) => &["ublk_drv"],
+        Some(super::Frontend::Nbd) => &["nbd"],
+        Some(super::Frontend::Fuse) => &["fuse"],
+        Some(super::Frontend::Vduse) => &["vduse", "virtio_vdpa"],
+        Some(super::Frontend::VhostUser | super::Frontend::None) | None => &[],
     };
-    if let Some(m) = module {
+    for m in modules {
         let _ = writeln!(u, "Wants=modprobe@{m}.service");
         let _ = writeln!(u, "After=modprobe@{m}.service");
     }

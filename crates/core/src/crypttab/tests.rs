@@ -247,3 +247,25 @@ fn parse_each_keeps_the_good_lines() {
     let first = Crypttab::parse(Path::new("/t"), text).unwrap_err();
     assert_eq!(first.to_string(), msgs[0]);
 }
+
+#[test]
+fn a_vduse_entry_loads_both_of_its_modules_first() {
+    let t = Crypttab::parse(
+        Path::new("/etc/ucrypttab"),
+        "host /dev/vdb none luks,x-ucrypt-device=vduse\n",
+    )
+    .unwrap();
+    assert_eq!(t.entries[0].options.frontend.unwrap().as_str(), "vduse");
+    let g = systemd::generate(&t, Path::new("/usr/bin/ucrypt"));
+    let (_, unit) = g
+        .files
+        .iter()
+        .find(|(p, _)| p == Path::new("ucrypt@host.service"))
+        .unwrap();
+    for m in ["vduse", "virtio_vdpa"] {
+        for dep in ["Wants", "After"] {
+            let line = format!("{dep}=modprobe@{m}.service");
+            assert!(unit.lines().any(|l| l == line), "missing {line} in\n{unit}");
+        }
+    }
+}

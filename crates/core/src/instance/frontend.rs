@@ -105,6 +105,7 @@ pub fn attach_options(name: &str, read_only: bool, sector: u32) -> AttachOptions
             .map_or(1, |n| n.get())
             .min(64) as u16,
         queue_depth: 128,
+        workers: 0,
     }
 }
 
@@ -161,25 +162,64 @@ pub fn check(kind: FrontendKind) -> Result<(), DeviceError> {
     Ok(())
 }
 
-/// Parses `--device`: ublk, nbd, fuse, vhost-user, vduse, none, or auto (`None`).
-///
-/// # Errors
-/// An unknown name.
-pub fn parse(s: &str) -> Result<Option<FrontendKind>, String> {
-    Ok(Some(match s {
-        "auto" => return Ok(None),
-        "ublk" => FrontendKind::Ublk,
-        "nbd" => FrontendKind::Nbd,
-        "fuse" => FrontendKind::Fuse,
-        "vhost-user" => FrontendKind::VhostUser,
-        "vduse" => FrontendKind::Vduse,
-        "none" => FrontendKind::None,
-        _ => {
-            return Err(format!(
-                "unknown --device {s:?} (ublk, nbd, fuse, vhost-user, vduse, none or auto)"
-            ))
+/// The front end asked for (`open --device KIND`): one kind, or the automatic choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Choice {
+    /// `auto`: [`auto_explained`]'s choice (with `--recover`, the kind the dead instance
+    /// used).
+    #[default]
+    Auto,
+    /// This kind and no other.
+    Kind(FrontendKind),
+}
+
+impl Choice {
+    /// The names `--device` takes: `auto`, then every kind's.
+    pub const NAMES: [&'static str; 7] = [
+        "auto",
+        FrontendKind::ALL[0].as_str(),
+        FrontendKind::ALL[1].as_str(),
+        FrontendKind::ALL[2].as_str(),
+        FrontendKind::ALL[3].as_str(),
+        FrontendKind::ALL[4].as_str(),
+        FrontendKind::ALL[5].as_str(),
+    ];
+
+    /// The kind asked for; `None` for [`Choice::Auto`].
+    pub fn kind(self) -> Option<FrontendKind> {
+        match self {
+            Choice::Auto => None,
+            Choice::Kind(k) => Some(k),
         }
-    }))
+    }
+
+    /// The name `--device` takes for this choice.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Choice::Auto => Self::NAMES[0],
+            Choice::Kind(k) => k.as_str(),
+        }
+    }
+}
+
+impl std::str::FromStr for Choice {
+    type Err = String;
+
+    /// Parses `--device`: ublk, nbd, fuse, vhost-user, vduse, none, or auto.
+    fn from_str(s: &str) -> Result<Choice, String> {
+        if s == Self::NAMES[0] {
+            return Ok(Choice::Auto);
+        }
+        FrontendKind::from_name(s).map(Choice::Kind).ok_or_else(|| {
+            format!("unknown --device {s:?} (ublk, nbd, fuse, vhost-user, vduse, none or auto)")
+        })
+    }
+}
+
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Attaches `export` with front end `kind`; `None` for [`FrontendKind::None`].
@@ -306,7 +346,7 @@ pub fn recover_kind(name: &str) -> Option<FrontendKind> {
     let described = super::runtime::Paths::of(name)
         .ok()
         .and_then(|p| p.read_description())
-        .and_then(|d| parse(&d.frontend).ok().flatten())
+        .and_then(|d| d.frontend_kind())
         .filter(|k| {
             matches!(
                 k,
@@ -320,4 +360,33 @@ pub fn recover_kind(name: &str) -> Option<FrontendKind> {
         .first()
         .map(|o| o.kind)
         .or_else(|| ucrypt_device::nbd_kernel::find_by_instance(name).map(|_| FrontendKind::Nbd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Choice, FrontendKind};
+
+    #[test]
+    fn every_name_parses_to_its_choice_and_back() {
+        assert_eq!("auto".parse::<Choice>(), Ok(Choice::Auto));
+        for kind in FrontendKind::ALL {
+            let c: Choice = kind.as_str().parse().unwrap();
+            assert_eq!(c, Choice::Kind(kind));
+            assert_eq!(c.kind(), Some(kind));
+        }
+        for name in Choice::NAMES {
+            assert_eq!(name.parse::<Choice>().unwrap().as_str(), name);
+        }
+    }
+
+    #[test]
+    fn an_unknown_name_is_refused_with_the_allowed_ones() {
+        for bad in ["", "UBLK", "vdpa", "auto ", "nbd0"] {
+            let e = bad.parse::<Choice>().unwrap_err();
+            assert!(
+                e.contains("ublk, nbd, fuse, vhost-user, vduse, none or auto"),
+                "{e}"
+            );
+        }
+    }
 }

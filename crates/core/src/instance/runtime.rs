@@ -32,6 +32,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use ucrypt_device::FrontendKind;
 
 /// The byte of the name lock a server holds while it lives.
 const LIVE: i64 = 0;
@@ -139,6 +140,10 @@ pub struct Description {
     /// The integrity key's size in bits (HMAC), inside `key_bits`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub integrity_key_bits: Option<u32>,
+    /// A standalone dm-integrity device (`integritysetup open`, type INTEGRITY): what
+    /// `integritysetup status` shows of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity_target: Option<crate::integrity::Status>,
     /// Encryption sector size in bytes.
     pub sector_size: u32,
     /// Where the data starts on the device, in 512-byte sectors.
@@ -169,6 +174,14 @@ pub struct Description {
     pub from_header: bool,
     /// Seconds since the epoch when it became ready.
     pub started: u64,
+}
+
+impl Description {
+    /// The front end [`Description::frontend`] names; `None` for a name this build does
+    /// not know (a description written by another version).
+    pub fn frontend_kind(&self) -> Option<FrontendKind> {
+        FrontendKind::from_name(&self.frontend)
+    }
 }
 
 /// The base directory holding every instance's directory (not created here).
@@ -454,6 +467,12 @@ pub struct Debris {
 }
 
 impl Debris {
+    /// Whether `open --recover` can take over what the dead server left: a VDUSE device
+    /// cannot be served again (only removed).
+    pub fn recoverable(&self) -> bool {
+        self.devices.is_empty() || self.devices.iter().any(|o| o.kind != FrontendKind::Vduse)
+    }
+
     /// The image to name in a hint: the described one, or a placeholder.
     pub fn image_or_placeholder(&self) -> &str {
         if self.image.is_empty() {
@@ -640,7 +659,7 @@ fn orphans(p: &Paths) -> Vec<ucrypt_device::Orphan> {
     let mut found = ucrypt_device::orphans_of(&p.name);
     if let Some(node) = dead_vhost_socket(p) {
         found.push(ucrypt_device::Orphan {
-            kind: ucrypt_device::FrontendKind::VhostUser,
+            kind: FrontendKind::VhostUser,
             node,
             state: "a VM may be waiting to reconnect: its I/O waits",
         });
@@ -654,7 +673,7 @@ pub fn dead_vhost_socket(p: &Paths) -> Option<PathBuf> {
     use std::os::unix::fs::FileTypeExt;
     let d = p
         .read_description()
-        .filter(|d| d.frontend == "vhost-user")?;
+        .filter(|d| d.frontend_kind() == Some(FrontendKind::VhostUser))?;
     let node = PathBuf::from(d.node);
     std::fs::symlink_metadata(&node)
         .is_ok_and(|m| m.file_type().is_socket())
@@ -674,7 +693,10 @@ fn remove_stale(p: &Paths) -> Debris {
         ..Debris::default()
     };
     let mut points = vec![p.fuse_dir()];
-    if let Some(d) = p.read_description().filter(|d| d.frontend == "fuse") {
+    if let Some(d) = p
+        .read_description()
+        .filter(|d| d.frontend_kind() == Some(FrontendKind::Fuse))
+    {
         if let Some(dir) = Path::new(&d.node)
             .parent()
             .filter(|d| !d.as_os_str().is_empty())

@@ -130,7 +130,8 @@ pub struct Config {
     pub raw: bool,
     /// NBD connections served at once.
     pub max_connections: usize,
-    /// Threads per NBD connection.
+    /// Threads per NBD connection; for vhost-user and VDUSE, the requests a queue keeps in
+    /// flight (its own thread and `workers - 1` helpers per VM connection).
     pub workers: usize,
     /// Print per-connection errors.
     pub log_errors: bool,
@@ -280,6 +281,9 @@ pub fn serve(
     if let Some(q) = config.queues {
         options.queues = q;
     }
+    // A VM's queue keeps as many requests in flight as an NBD connection would: its own
+    // thread and `workers - 1` helpers.
+    options.workers = config.workers.saturating_sub(1);
     let attached = frontend::attach(config.frontend, Arc::clone(&export), &options, &ctx);
     let attachment = match attached {
         Ok(at) => at,
