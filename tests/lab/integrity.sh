@@ -7,6 +7,7 @@
 #   integrity.sh DIR
 # DIR (shared with the host) holds IMAGE.img, IMAGE.sha256 (the device's expected sha256),
 # IMAGE.args (integritysetup open's options, one line) and, for the tamper check,
+# IMAGE.data (then IMAGE.img is its metadata device: integritysetup's --data-device),
 # IMAGE.bad (a copy with one byte flipped) and IMAGE.badblock (the block number and size:
 # the kernel must fail exactly that block with EILSEQ). Prints "ok - ..." per check and
 # "N passed, M failed"; exits 1 on any failure.
@@ -26,6 +27,11 @@ for img in "$DIR"/*.img; do
   read -r -a args < "$DIR/$name.args"
   # integritysetup refuses images on the shared directory; the kernel writes on replay.
   cp --sparse=never "$img" "$W/$name.img"
+  # IMAGE.data: IMAGE.img is the metadata device of a separate data device.
+  if [ -f "$DIR/$name.data" ]; then
+    cp --sparse=never "$DIR/$name.data" "$W/$name.data"
+    args+=(--data-device "$W/$name.data")
+  fi
   if integritysetup open "${args[@]}" "$W/$name.img" "u$name" 2> "$W/err"; then
     dmsetup mknodes
     got=$(sha256sum < "/dev/mapper/u$name" | cut -d' ' -f1)
@@ -73,7 +79,7 @@ for img in "$DIR"/*.img; do
       bad "$name: open of the tampered copy failed: $(cat "$W/err")"
     fi
   fi
-  rm -f "$W/$name.img" "$W/$name.bad"
+  rm -f "$W/$name.img" "$W/$name.bad" "$W/$name.data"
 done
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -395,3 +395,201 @@ fn status_prints_what_integritysetup_printed() {
         assert_eq!(stdout(&out), want, "{mode}");
     }
 }
+
+/// `--data-device`: `format META --data-device DATA`, `open META NAME --data-device DATA`
+/// and `status NAME` print what integritysetup 2.6.1 printed on Linux 6.12 for 1 MiB of
+/// metadata and 8 MiB of data in modes J, D, B and R (testdata/integrity/status/datadev-*,
+/// made by testdata/integrity/datadev/make.sh; the devices are the images themselves where
+/// integritysetup names its loop devices); a kernel-made pair reads back as the kernel read
+/// it; the errors integritysetup gives for bad input, with its exit codes.
+#[test]
+fn data_device_format_open_status_and_refusals() {
+    let Some(dir) = data() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let sized = |name: &str, bytes: u64| -> PathBuf {
+        let p = tmp.path().join(name);
+        std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
+        std::fs::canonicalize(p).unwrap()
+    };
+    for (mode, opts) in [("J", ""), ("D", "-D"), ("B", "-B"), ("R", "-R")] {
+        let meta = sized(&format!("{mode}.meta"), 1 << 20);
+        let data = sized(&format!("{mode}.data"), 8 << 20);
+        let (m, d) = (meta.to_str().unwrap(), data.to_str().unwrap());
+        let out = ucrypt(
+            &run,
+            &["-q", "integritysetup", "format", m, "--data-device", d],
+        );
+        assert!(out.status.success(), "{mode}: {out:?}");
+        let name = format!("s{mode}");
+        let mut extra = vec!["--data-device", d];
+        if !opts.is_empty() {
+            extra.push(opts);
+        }
+        let _vol = open(&run, &name, &meta, &extra);
+        let out = ucrypt(&run, &["integritysetup", "status", &name]);
+        assert!(out.status.success(), "{mode}: {out:?}");
+        let kernel =
+            std::fs::read_to_string(dir.join("status").join(format!("datadev-{mode}.txt")))
+                .unwrap();
+        let mut want = String::new();
+        for l in kernel.lines() {
+            if l.starts_with("0 ") || l.starts_with("  loop:    ") {
+                continue;
+            } else if let Some(rest) = l.strip_prefix("/dev/mapper/") {
+                want.push_str(rest);
+            } else if l.starts_with("  device:  ") {
+                want.push_str(&format!("  device:  {d} (detached)"));
+            } else if l.starts_with("  metadata device:  ") {
+                want.push_str(&format!("  metadata device:  {m}"));
+            } else {
+                want.push_str(l);
+            }
+            want.push('\n');
+        }
+        assert_eq!(stdout(&out), want, "{mode}");
+        let out = ucrypt(&run, &["integritysetup", "dump", m]);
+        assert!(
+            stdout(&out).contains("log2_interleave_sectors 0\n"),
+            "{out:?}"
+        );
+    }
+
+    // A kernel-made pair: the NBD export reads what the kernel read.
+    let dd = dir.join("datadev");
+    let name = "crc32c-4096-datadev-J";
+    let meta = tmp.path().join("k.meta");
+    let data = tmp.path().join("k.data");
+    unxz(&dd.join(format!("{name}.meta.img.xz")), &meta);
+    unxz(&dd.join(format!("{name}.data.img.xz")), &data);
+    let _k = open(
+        &run,
+        "kpair",
+        &meta,
+        &["--data-device", data.to_str().unwrap()],
+    );
+    let out = Command::new("nbdcopy")
+        .args([&uri(&run, "kpair"), "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let want = std::fs::read_to_string(dd.join(format!("{name}.sha256"))).unwrap();
+    assert_eq!(sha256_hex(&out.stdout), want.trim());
+
+    // Bad input, as integritysetup 2.6.1 answered (testdata/integrity/datadev/errors.txt).
+    let m = sized("bad.meta", 1 << 20);
+    let d4 = sized("bad.data", 4 << 20);
+    let tiny = sized("tiny", 4096);
+    let empty = sized("empty", 0);
+    let (ms, ds) = (m.to_str().unwrap(), d4.to_str().unwrap());
+    let fmt = |meta: &str, data: &str| {
+        ucrypt(
+            &run,
+            &[
+                "-q",
+                "integritysetup",
+                "format",
+                meta,
+                "--data-device",
+                data,
+            ],
+        )
+    };
+    // An empty data device: exit 1.
+    let out = fmt(ms, empty.to_str().unwrap());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("too small"),
+        "{out:?}"
+    );
+    // A metadata device too small for one journal section and the tags: exit 4.
+    let out = fmt(tiny.to_str().unwrap(), ds);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("metadata device"),
+        "{out:?}"
+    );
+    // 4 KiB of data formats (8 sectors).
+    let out = fmt(ms, tiny.to_str().unwrap());
+    assert!(out.status.success(), "{out:?}");
+    // A data-device format opened without its data device, a plain format opened with
+    // one, and a data device smaller than formatted: exit 4 with the reason.
+    let out = fmt(ms, ds);
+    assert!(out.status.success(), "{out:?}");
+    let open_fail = |dev: &str, extra: &[&str], want: &str| {
+        let mut args = vec!["integritysetup", "open", dev, "x", "--device", "none"];
+        args.extend_from_slice(extra);
+        let out = ucrypt(&run, &args);
+        assert_eq!(out.status.code(), Some(4), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(want),
+            "{want}: {out:?}"
+        );
+    };
+    open_fail(ms, &[], "--data-device");
+    let plain = sized("plain", 4 << 20);
+    let out = ucrypt(
+        &run,
+        &["-q", "integritysetup", "format", plain.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    open_fail(
+        plain.to_str().unwrap(),
+        &["--data-device", ds],
+        "without a data device",
+    );
+    let d2 = sized("d2", 2 << 20);
+    open_fail(ms, &["--data-device", d2.to_str().unwrap()], "too small");
+}
+
+/// `integritysetup close NAME --deferred` while a client is connected: integritysetup's
+/// "still active and scheduled for deferred removal", the instance stays; `--cancel-deferred`
+/// keeps it past its client; `--deferred` with no user closes at once.
+#[test]
+fn close_deferred_and_cancel_deferred() {
+    let Some(dir) = data() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let img = tmp.path().join("c.img");
+    unxz(&dir.join("crc32c-512-J.img.xz"), &img);
+    let _vol = open(&run, "dvol", &img, &[]);
+    let status = || stdout(&ucrypt(&run, &["status", "dvol"]));
+    let mut client = Command::new("qemu-io")
+        .args(["-f", "raw", &uri(&run, "dvol")])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !stdout(&ucrypt(&run, &["integritysetup", "status", "dvol"])).contains("in use")
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = ucrypt(&run, &["integritysetup", "close", "dvol", "--deferred"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        stdout(&out),
+        "Device dvol is still active and scheduled for deferred removal.\n"
+    );
+    assert!(run.join("dvol").exists(), "{}", status());
+    let out = ucrypt(
+        &run,
+        &["integritysetup", "close", "dvol", "--cancel-deferred"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let _ = client.kill();
+    let _ = client.wait();
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert!(
+        run.join("dvol").exists(),
+        "cancelled: it outlives its client"
+    );
+    let out = ucrypt(&run, &["integritysetup", "close", "dvol", "--deferred"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout(&out), "", "no user: closed at once");
+    let out = ucrypt(&run, &["integritysetup", "status", "dvol"]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+}

@@ -22,7 +22,7 @@ use zeroize::Zeroizing;
 
 pub use ucrypt_format::integrity::{FormatParams, IntegrityLine, Superblock, SALT_SIZE};
 pub use ucrypt_integrity::journal_crypt::{kernel_cipher_name, JOURNAL_CRYPT_NAMES};
-pub use ucrypt_integrity::{format, Algorithm, Mode, Options};
+pub use ucrypt_integrity::{format, format_separate, Algorithm, Mode, Options};
 
 /// A key read from a file: its path and how many bytes to take (all without a size).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -55,8 +55,10 @@ pub struct Keys {
 /// What `integritysetup format` is asked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FormatRequest {
-    /// The device or image.
+    /// The device or image (the metadata device with `data_device`).
     pub device: String,
+    /// `--data-device`: the data goes there, the superblock, journal and tags to `device`.
+    pub data_device: Option<String>,
     /// Algorithms and keys.
     pub keys: Keys,
     /// `--tag-size` (default: the hash's digest size).
@@ -82,8 +84,10 @@ pub struct FormatRequest {
 /// What `integritysetup open` is asked (besides how to serve the device).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OpenRequest {
-    /// The device or image.
+    /// The device or image (the metadata device with `data_device`).
     pub device: String,
+    /// `--data-device`: the device with the data of a device formatted with one.
+    pub data_device: Option<String>,
     /// Algorithms and keys.
     pub keys: Keys,
     /// `--integrity-no-journal` (mode D).
@@ -225,6 +229,17 @@ fn open_dev(device: &str, read_only: bool) -> Result<Arc<dyn Backend>> {
         .map_err(|e| e.with_kind(ErrorKind::Device))
 }
 
+/// `--data-device`, unless it names the device itself (integritysetup then formats and
+/// opens one device, as without it).
+fn separate_data(device: &str, data: Option<&String>) -> Option<String> {
+    let data = data?;
+    let canon = |p: &str| std::fs::canonicalize(p).ok();
+    if data == device || (canon(data).is_some() && canon(data) == canon(device)) {
+        return None;
+    }
+    Some(data.clone())
+}
+
 fn read_superblock(dev: &dyn Backend, device: &str) -> Result<Superblock> {
     let mut first = vec![0u8; 512];
     dev.read_at(&mut first, 0)
@@ -250,6 +265,7 @@ pub fn dump(device: &str) -> Result<String> {
 /// after the user confirmed.
 pub struct PreparedFormat {
     dev: Arc<dyn Backend>,
+    data: Option<Arc<dyn Backend>>,
     params: FormatParams,
     opts: Options,
     wipe: bool,
@@ -305,8 +321,23 @@ pub fn prepare_format(req: &FormatRequest) -> Result<PreparedFormat> {
         salt,
     };
     let dev = open_dev(&req.device, false)?;
+    let data = match separate_data(&req.device, req.data_device.as_ref()) {
+        Some(d) => {
+            let data = open_dev(&d, false)?;
+            if data.info().size_bytes < 512 {
+                // integritysetup 2.6.1 says so of an empty data device, exit 1.
+                return Err(invalid(format!(
+                    "Header detected but device {d} is too small (the data device holds no \
+                     sector)."
+                )));
+            }
+            Some(data)
+        }
+        None => None,
+    };
     Ok(PreparedFormat {
         dev,
+        data,
         params,
         opts,
         wipe: !req.no_wipe,
@@ -320,7 +351,15 @@ impl PreparedFormat {
     /// # Errors
     /// Parameters the kernel refuses, a device too small, I/O errors.
     pub fn run(self) -> Result<Formatted> {
-        let sb = format(self.dev, &self.params, &self.opts, self.wipe)?;
+        let sb = match self.data {
+            Some(data) => format_separate(self.dev, data, &self.params, &self.opts, self.wipe)
+                .map_err(|e| {
+                    // The kernel refuses the table then: integritysetup exits 4.
+                    Error::Invalid(format!("Cannot format integrity for device: {e}"))
+                        .with_kind(ErrorKind::Device)
+                })?,
+            None => format(self.dev, &self.params, &self.opts, self.wipe)?,
+        };
         Ok(Formatted {
             wiped_bytes: self.wipe.then_some(sb.provided_data_sectors * 512),
             superblock: sb,
@@ -362,7 +401,41 @@ pub fn open_table_line(req: &OpenRequest) -> Result<Zeroizing<String>> {
     }
     let dev = open_dev(&req.device, true)?;
     let sb = read_superblock(&*dev, &req.device)?;
+    let data = separate_data(&req.device, req.data_device.as_ref());
     let mut args: Vec<Zeroizing<String>> = Vec::new();
+    match &data {
+        Some(d) => {
+            if !sb.separate_metadata() {
+                return Err(invalid(format!(
+                    "Device {} was formatted without a data device: it keeps its data beside \
+                     its tags (interleave {} sectors); open it without --data-device.",
+                    req.device,
+                    1u64 << sb.log2_interleave_sectors
+                ))
+                .with_kind(ErrorKind::Device));
+            }
+            let data_dev = open_dev(d, true)?;
+            let have = data_dev.info().size_bytes / 512;
+            if have < sb.provided_data_sectors {
+                return Err(invalid(format!(
+                    "The data device {d} is too small: {have} sectors, the superblock of {} \
+                     says {} (the kernel refuses the table).",
+                    req.device, sb.provided_data_sectors
+                ))
+                .with_kind(ErrorKind::Device));
+            }
+            args.push(Zeroizing::new(format!("meta_device:{}", req.device)));
+        }
+        None if sb.separate_metadata() => {
+            return Err(invalid(format!(
+                "Device {} holds the superblock, journal and tags of a device with a separate \
+                 data device; give it with --data-device.",
+                req.device
+            ))
+            .with_kind(ErrorKind::Device));
+        }
+        None => {}
+    }
     if sb.block_bytes() != 512 {
         args.push(Zeroizing::new(format!("block_size:{}", sb.block_bytes())));
     }
@@ -404,7 +477,7 @@ pub fn open_table_line(req: &OpenRequest) -> Result<Zeroizing<String>> {
     let mut line = Zeroizing::new(format!(
         "0 {} integrity {} 0 {} {mode} {}",
         sb.provided_data_sectors,
-        req.device,
+        data.as_deref().unwrap_or(&req.device),
         sb.tag_size,
         args.len()
     ));
@@ -447,6 +520,9 @@ pub struct Status {
     /// The journal cipher, as the kernel names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_crypt: Option<String>,
+    /// The separate metadata device (`meta_device:`), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_device: Option<String>,
 }
 
 /// The kernel's defaults for `commit_time` and `bitmap_flush_interval` (10 s).
@@ -475,7 +551,11 @@ pub fn describe(line: &IntegrityLine) -> Result<Status> {
         log2_blocks_per_bitmap_bit, Geometry, DEFAULT_BUFFER_SECTORS, DEFAULT_JOURNAL_WATERMARK,
         SB_SECTORS,
     };
-    let device = line.device.to_string();
+    let data_path = line.device.to_string();
+    let device = line
+        .meta_device
+        .as_ref()
+        .map_or_else(|| data_path.clone(), ToString::to_string);
     let dev = open_dev(&device, true)?;
     let off = line.offset.saturating_mul(512);
     let mut first = vec![0u8; 512];
@@ -488,11 +568,14 @@ pub fn describe(line: &IntegrityLine) -> Result<Status> {
         ))
     })?;
     let sectors = (dev.info().size_bytes.saturating_sub(off)) / 512;
-    let geo = Geometry::new(
-        &sb,
-        sectors,
-        line.buffer_sectors.unwrap_or(DEFAULT_BUFFER_SECTORS),
-    )
+    let buffer = line.buffer_sectors.unwrap_or(DEFAULT_BUFFER_SECTORS);
+    let geo = match &line.meta_device {
+        Some(_) => {
+            let data = open_dev(&data_path, true)?;
+            Geometry::new_separate(&sb, sectors, data.info().size_bytes / 512, buffer)
+        }
+        None => Geometry::new(&sb, sectors, buffer),
+    }
     .map_err(|e| invalid(e.to_string()))?;
     let spb = 1u64 << sb.log2_sectors_per_block;
     let log2_bit = log2_blocks_per_bitmap_bit(&sb, line.sectors_per_bit.unwrap_or(0));
@@ -507,12 +590,25 @@ pub fn describe(line: &IntegrityLine) -> Result<Status> {
         interleave_sectors: geo.interleave_sectors(),
         mode: line.mode.to_string(),
         journal_bytes: geo.initial_sectors.saturating_sub(SB_SECTORS) * 512,
-        journal_watermark: line.journal_watermark.unwrap_or(DEFAULT_JOURNAL_WATERMARK),
-        commit_time_ms: line.commit_time.unwrap_or(DEFAULT_MSEC),
+        // Mode R's table has no journal watermark or commit time: libcryptsetup reads 0.
+        journal_watermark: if line.mode == 'R' {
+            0
+        } else {
+            line.journal_watermark.unwrap_or(DEFAULT_JOURNAL_WATERMARK)
+        },
+        commit_time_ms: if line.mode == 'R' {
+            0
+        } else {
+            line.commit_time.unwrap_or(DEFAULT_MSEC)
+        },
         sectors_per_bit: spb << log2_bit,
         bitmap_flush_ms: line.bitmap_flush_interval.unwrap_or(DEFAULT_MSEC),
         journal_integrity: line.journal_mac.as_ref().map(|(a, _)| a.clone()),
         journal_crypt: line.journal_crypt.as_ref().map(|(a, _)| a.clone()),
+        metadata_device: line.meta_device.as_ref().map(|m| {
+            let m = m.to_string();
+            std::fs::canonicalize(&m).map_or(m, |p| p.display().to_string())
+        }),
     })
 }
 
@@ -557,7 +653,15 @@ impl Status {
             &self.integrity
         };
         let _ = writeln!(s, "  integrity: {integrity}");
-        let _ = writeln!(s, "  device:  {}", a.device);
+        match &self.metadata_device {
+            Some(m) => {
+                let _ = writeln!(s, "  device:  {} (detached)", a.device);
+                let _ = writeln!(s, "  metadata device:  {m}");
+            }
+            None => {
+                let _ = writeln!(s, "  device:  {}", a.device);
+            }
+        }
         let _ = writeln!(s, "  sector size:  {} bytes", self.sector_size);
         let _ = writeln!(s, "  interleave sectors: {}", self.interleave_sectors);
         let _ = writeln!(s, "  size:    {} sectors", a.size_sectors);

@@ -144,8 +144,9 @@ fn open_table_targets(
             }
             Target::Integrity(line) => {
                 let dev = below(&line.device)?;
+                let meta = line.meta_device.as_ref().map(&mut below).transpose()?;
                 let at = line.start;
-                let (b, t) = open_integrity(line, dev, opts.read_only)
+                let (b, t) = open_integrity(line, dev, meta, opts.read_only)
                     .with_context(|| format!("integrity target at sector {at}"))?;
                 tags_out = t.filter(|_| single);
                 b
@@ -212,10 +213,13 @@ fn open_aead(
 /// the kernel's `dm_integrity_ctr` builds it: the superblock at `offset`, checked against
 /// the line's tag and block size; a device whose superblock is all zeros is formatted with
 /// the line's parameters first (the kernel does the same, without wiping); the mapping's
-/// length may be shorter than what the device provides, not longer.
+/// length may be shorter than what the device provides, not longer. With `meta_device:`
+/// (`meta`), the superblock, journal and tags are on `meta` (at `offset`) and the data alone
+/// on `dev`.
 fn open_integrity(
     line: ucrypt_format::integrity::IntegrityLine,
     dev: Arc<dyn Backend>,
+    meta: Option<Arc<dyn Backend>>,
     read_only: bool,
 ) -> Result<Opened> {
     use ucrypt_format::integrity::{FormatParams, Superblock, SALT_SIZE};
@@ -264,6 +268,12 @@ fn open_integrity(
     if let Some(hash) = hash {
         o.tag_size = Some(line.tag_size.unwrap_or(hash.digest_size() as u32));
     }
+    // The superblock's device: the metadata device when there is one (the kernel's
+    // `start` is applied there; the data device is used from its first sector).
+    let (dev, data) = match meta {
+        Some(m) => (m, Some(dev)),
+        None => (dev, None),
+    };
     let size = dev.info().size_bytes;
     let off = line.offset.checked_mul(512).filter(|&o| o < size);
     let Some(off) = off else {
@@ -300,9 +310,25 @@ fn open_integrity(
             sectors_per_bitmap_bit: line.sectors_per_bit,
             salt,
         };
-        ucrypt_integrity::format(Arc::clone(&dev), &params, &o, false)?;
+        match &data {
+            Some(d) => {
+                ucrypt_integrity::format_separate(
+                    Arc::clone(&dev),
+                    Arc::clone(d),
+                    &params,
+                    &o,
+                    false,
+                )?;
+            }
+            None => {
+                ucrypt_integrity::format(Arc::clone(&dev), &params, &o, false)?;
+            }
+        }
     }
-    let integrity = Arc::new(IntegrityBackend::open(dev, o)?);
+    let integrity = Arc::new(match data {
+        Some(d) => IntegrityBackend::open_separate(dev, d, o)?,
+        None => IntegrityBackend::open(dev, o)?,
+    });
     let provided = integrity.info().size_bytes;
     let want = line.length.saturating_mul(512);
     if want > provided {

@@ -15,9 +15,13 @@
 //! An entry is `sector: le64` (high half `0xffffffff` unused, `0xfffffffe` being written),
 //! `last_bytes: le64 × sectors_per_block`, then the tag, rounded up to 8 bytes.
 //!
+//! With a separate metadata device (`meta_device:`, `integritysetup --data-device`) the
+//! superblock, the journal and every tag live on the metadata device, one tag after the
+//! other after the journal (`log2_interleave_sectors` 0, no padding), and the data device
+//! holds the data alone, block for block ([`Geometry::new_separate`]).
+//!
 //! Every superblock field is honoured or refused with the reason: the inline mode (tags in the
-//! drive's own metadata, Linux 6.11+) and a separate metadata device are refused; unknown
-//! flag bits and versions are refused.
+//! drive's own metadata, Linux 6.11+) is refused; unknown flag bits and versions are refused.
 
 use crate::bytes::{le16, le32, le64};
 use crate::FormatError;
@@ -160,8 +164,7 @@ impl Superblock {
     ///
     /// # Errors
     /// [`FormatError::Header`] when it is not a dm-integrity superblock or a field is out of
-    /// what the kernel accepts; [`FormatError::NotSupported`] for the inline mode and a
-    /// separate metadata device.
+    /// what the kernel accepts; [`FormatError::NotSupported`] for the inline mode.
     pub fn parse(sector: &[u8]) -> Result<Superblock, FormatError> {
         if sector.len() < 512 {
             return Err(bad(format!(
@@ -232,13 +235,9 @@ impl Superblock {
         if self.journal_sections == 0 {
             return Err(bad("journal_sections is 0"));
         }
-        if self.log2_interleave_sectors == 0 {
-            return Err(FormatError::NotSupported(
-                "a dm-integrity device with a separate metadata device (interleave 0)".into(),
-            ));
-        }
-        if !(MIN_LOG2_INTERLEAVE_SECTORS..=MAX_LOG2_INTERLEAVE_SECTORS)
-            .contains(&self.log2_interleave_sectors)
+        if !self.separate_metadata()
+            && !(MIN_LOG2_INTERLEAVE_SECTORS..=MAX_LOG2_INTERLEAVE_SECTORS)
+                .contains(&self.log2_interleave_sectors)
         {
             return Err(bad(format!(
                 "log2 interleave sectors {} ({MIN_LOG2_INTERLEAVE_SECTORS} to \
@@ -346,9 +345,90 @@ impl Superblock {
         Ok(sb)
     }
 
+    /// Whether the superblock is of a device with a separate metadata device (the kernel
+    /// writes `log2_interleave_sectors` 0 then, and only then).
+    pub fn separate_metadata(&self) -> bool {
+        self.log2_interleave_sectors == 0
+    }
+
+    /// A new superblock as the kernel's `initialize_superblock` makes it with a separate
+    /// metadata device of `meta_sectors` and a data device of `data_sectors`: the data
+    /// device's whole blocks provided, no metadata padding (`fix_padding` is not recorded),
+    /// interleave 0, and the most journal sections up to the ones asked for (`journal_sectors`,
+    /// 0: the kernel's default from the data device's size) that fit the metadata device
+    /// beside every tag, with tag buffers of `buffer_sectors` shrunk (down to 8) until one
+    /// section fits.
+    ///
+    /// # Errors
+    /// [`FormatError::Rule`] when the parameters are out of range or a device is too small.
+    pub fn new_for_format_separate(
+        p: &FormatParams,
+        meta_sectors: u64,
+        data_sectors: u64,
+        buffer_sectors: u32,
+    ) -> Result<Superblock, FormatError> {
+        let mut q = p.clone();
+        q.fix_padding = false;
+        q.interleave_sectors = 1 << MIN_LOG2_INTERLEAVE_SECTORS;
+        // The checks and flags of the interleaved format, on a device big enough for them.
+        let mut sb = Superblock::new_for_format(&q, u64::MAX >> 16)?;
+        sb.log2_interleave_sectors = 0;
+        let spb = u64::from(p.sector_size / 512);
+        sb.provided_data_sectors = data_sectors & !(spb - 1);
+        if sb.provided_data_sectors == 0 {
+            return Err(FormatError::Rule(format!(
+                "the data device ({} bytes) is smaller than one {}-byte block",
+                data_sectors * 512,
+                p.sector_size
+            )));
+        }
+        let journal_sectors = if p.journal_sectors == 0 {
+            (data_sectors >> DEFAULT_JOURNAL_SIZE_FACTOR).min(DEFAULT_MAX_JOURNAL_SECTORS)
+        } else {
+            p.journal_sectors
+        };
+        sb.journal_sections = 1;
+        let section = u64::from(JournalShape::of(&sb).section_sectors);
+        let wanted = u32::try_from(journal_sectors / section)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let mut log2_buffer = log2_buffer_sectors(buffer_sectors);
+        loop {
+            let mut sections = 0u32;
+            for bit in (0..32 - wanted.leading_zeros()).rev() {
+                let test = sections | (1 << bit);
+                if test > wanted {
+                    continue;
+                }
+                sb.journal_sections = test;
+                if separate_limits(&sb, meta_sectors, log2_buffer).is_some() {
+                    sections = test;
+                }
+            }
+            if sections > 0 {
+                sb.journal_sections = sections;
+                break;
+            }
+            if log2_buffer > 3 {
+                log2_buffer -= 1;
+                continue;
+            }
+            return Err(FormatError::Rule(format!(
+                "the metadata device ({} bytes) is too small for the superblock, one journal \
+                 section and the tags of {} bytes of data",
+                meta_sectors * 512,
+                sb.provided_data_sectors * 512
+            )));
+        }
+        sb.log2_blocks_per_bitmap_bit =
+            log2_blocks_per_bitmap_bit(&sb, p.sectors_per_bitmap_bit.unwrap_or(0));
+        sb.version = sb.version_for(p.bitmap_mode);
+        Ok(sb)
+    }
+
     /// The version the kernel writes for these flags (`sb_set_version`): 5 with a fixed
     /// HMAC, 4 with fixed padding, 3 in bitmap mode or with a dirty bitmap, 2 when
-    /// recalculating, else 1.
+    /// recalculating or with a separate metadata device, else 1.
     pub fn version_for(&self, bitmap_mode: bool) -> u8 {
         let f = self.flags;
         if f.has(Flags::INLINE) {
@@ -359,7 +439,7 @@ impl Superblock {
             4
         } else if bitmap_mode || f.has(Flags::DIRTY_BITMAP) {
             3
-        } else if f.has(Flags::RECALCULATING) {
+        } else if f.has(Flags::RECALCULATING) || self.separate_metadata() {
             2
         } else {
             1
@@ -648,11 +728,18 @@ pub struct Geometry {
     pub log2_sectors_per_block: u8,
     /// Tag bytes.
     pub tag_size: u32,
+    /// The tags and the journal are on a separate metadata device, the data alone on the
+    /// data device ([`Geometry::new_separate`]).
+    pub separate: bool,
 }
 
 /// The kernel's `calculate_device_limits` for a device without a metadata device: the
 /// metadata run, and whether `provided` data sectors fit `device_sectors`.
 fn device_limits(sb: &Superblock, provided: u64, device_sectors: u64) -> Option<(u64, u64)> {
+    if sb.log2_interleave_sectors < sb.log2_sectors_per_block {
+        // A separate metadata device's superblock (interleave 0): see `separate_limits`.
+        return None;
+    }
     let journal = JournalShape::of(sb);
     let initial = SB_SECTORS + journal.sectors();
     if initial + 8 >= device_sectors || initial > u64::from(u32::MAX) {
@@ -678,6 +765,29 @@ fn device_limits(sb: &Superblock, provided: u64, device_sectors: u64) -> Option<
         .checked_add(initial)?
         .checked_add(offset)?;
     (last_sector < device_sectors).then_some((initial, metadata_run))
+}
+
+/// The table's `buffer_sectors` as the kernel takes it (`log2_buffer_sectors`: a power of
+/// two, at least 1, at most 2^22).
+fn log2_buffer_sectors(buffer_sectors: u32) -> u8 {
+    (31 - buffer_sectors.max(1).leading_zeros()).min(31 - 9) as u8
+}
+
+/// The kernel's `calculate_device_limits` with a separate metadata device of
+/// `meta_sectors`: the sectors before the tags (superblock and journal) when the superblock,
+/// the journal and the tags of every provided block (in whole tag buffers of
+/// 2^`log2_buffer` sectors) fit it.
+fn separate_limits(sb: &Superblock, meta_sectors: u64, log2_buffer: u8) -> Option<u64> {
+    let journal = JournalShape::of(sb);
+    let initial = SB_SECTORS + journal.sectors();
+    if initial + 8 >= meta_sectors || initial > u64::from(u32::MAX) {
+        return None;
+    }
+    let blocks = sb.provided_data_sectors >> sb.log2_sectors_per_block;
+    let bytes = blocks.checked_mul(u64::from(sb.tag_size))?;
+    let buffer_bytes = 1u64 << (9 + u32::from(log2_buffer));
+    let meta = bytes.div_ceil(buffer_bytes) << log2_buffer;
+    (initial.checked_add(meta)? <= meta_sectors).then_some(initial)
 }
 
 /// The most data a device of `device_sectors` provides with this superblock's journal and
@@ -729,6 +839,15 @@ impl Geometry {
         device_sectors: u64,
         buffer_sectors: u32,
     ) -> Result<Geometry, FormatError> {
+        if sb.separate_metadata() {
+            return Err(FormatError::NotSupported(
+                "this dm-integrity superblock is of a device with a separate metadata device \
+                 (interleave 0): it holds the journal and tags only, the data is on another \
+                 device (integritysetup open META NAME --data-device DATA, or meta_device: in \
+                 the table)"
+                    .into(),
+            ));
+        }
         let (initial, metadata_run) = device_limits(sb, sb.provided_data_sectors, device_sectors)
             .ok_or_else(|| {
             bad(format!(
@@ -737,7 +856,7 @@ impl Geometry {
                 sb.provided_data_sectors, sb.journal_sections
             ))
         })?;
-        let log2_buffer = (31 - buffer_sectors.max(1).leading_zeros()).min(31 - 9) as u8;
+        let log2_buffer = log2_buffer_sectors(buffer_sectors);
         let log2_buffer = log2_buffer.min(metadata_run.trailing_zeros() as u8);
         Ok(Geometry {
             journal: JournalShape::of(sb),
@@ -748,6 +867,71 @@ impl Geometry {
             provided_data_sectors: sb.provided_data_sectors,
             log2_sectors_per_block: sb.log2_sectors_per_block,
             tag_size: u32::from(sb.tag_size),
+            separate: false,
+        })
+    }
+
+    /// The geometry of `sb` with a separate metadata device of `meta_sectors` (superblock,
+    /// journal, then the tags of blocks 0, 1, ... one after the other) and a data device
+    /// of `data_sectors` (block n at block n), as the kernel's `dm_integrity_ctr` sets it up
+    /// for `meta_device:`: the data device's whole blocks are provided (the superblock's
+    /// `provided_data_sectors` is brought to that on open), and tag buffers of
+    /// `buffer_sectors` shrink (down to 8 sectors) until the tags fit.
+    ///
+    /// # Errors
+    /// [`FormatError::Header`] when the superblock is not of a separate metadata device;
+    /// [`FormatError::Rule`] when the data device holds no block, or the metadata device is
+    /// too small for the journal and the tags of the data device's blocks.
+    pub fn new_separate(
+        sb: &Superblock,
+        meta_sectors: u64,
+        data_sectors: u64,
+        buffer_sectors: u32,
+    ) -> Result<Geometry, FormatError> {
+        if !sb.separate_metadata() {
+            return Err(bad(format!(
+                "interleave sectors 2^{}: the superblock is of a device that keeps its data \
+                 beside its tags, not of a separate metadata device (open it without a data \
+                 device)",
+                sb.log2_interleave_sectors
+            )));
+        }
+        let mut sized = sb.clone();
+        sized.provided_data_sectors = data_sectors & !((1u64 << sb.log2_sectors_per_block) - 1);
+        if sized.provided_data_sectors == 0 {
+            return Err(FormatError::Rule(format!(
+                "the data device ({} bytes) is too small: it holds no whole {}-byte block",
+                data_sectors * 512,
+                sb.block_bytes()
+            )));
+        }
+        let mut log2_buffer = log2_buffer_sectors(buffer_sectors);
+        let initial = loop {
+            if let Some(i) = separate_limits(&sized, meta_sectors, log2_buffer) {
+                break i;
+            }
+            if log2_buffer > 3 {
+                log2_buffer -= 1;
+                continue;
+            }
+            return Err(FormatError::Rule(format!(
+                "the metadata device ({} bytes) is too small for the superblock, {} journal \
+                 sections and the tags of the data device's {} bytes",
+                meta_sectors * 512,
+                sb.journal_sections,
+                sized.provided_data_sectors * 512
+            )));
+        };
+        Ok(Geometry {
+            journal: JournalShape::of(sb),
+            initial_sectors: initial,
+            metadata_run: 1,
+            log2_interleave_sectors: 0,
+            log2_buffer_sectors: log2_buffer,
+            provided_data_sectors: sized.provided_data_sectors,
+            log2_sectors_per_block: sb.log2_sectors_per_block,
+            tag_size: u32::from(sb.tag_size),
+            separate: true,
         })
     }
 
@@ -761,16 +945,32 @@ impl Geometry {
         1 << self.log2_interleave_sectors
     }
 
+    /// Sectors from logical `sector` to the end of its area (with a separate metadata
+    /// device the data is one area: to the end of the device).
+    pub fn area_room(&self, sector: u64) -> u64 {
+        if self.separate {
+            return self.provided_data_sectors.saturating_sub(sector).max(1);
+        }
+        self.interleave_sectors() - self.area_offset(sector).1
+    }
+
     /// The area of a logical sector and the sector's offset in it.
     pub fn area_offset(&self, sector: u64) -> (u64, u64) {
+        if self.separate {
+            return (0, sector);
+        }
         (
             sector >> self.log2_interleave_sectors,
             sector & (self.interleave_sectors() - 1),
         )
     }
 
-    /// The device sector holding logical `sector`'s data (`get_data_sector`).
+    /// The device sector holding logical `sector`'s data (`get_data_sector`; on the data
+    /// device, the same sector, with a separate metadata device).
     pub fn data_sector(&self, sector: u64) -> u64 {
+        if self.separate {
+            return sector;
+        }
         let (area, offset) = self.area_offset(sector);
         (area << self.log2_interleave_sectors)
             + (area + 1) * self.metadata_run
@@ -782,6 +982,10 @@ impl Geometry {
     /// (`get_metadata_sector_and_offset`, with its addressing by tag buffers; the tags of
     /// an area's blocks follow each other).
     pub fn tag_byte(&self, sector: u64) -> u64 {
+        if self.separate {
+            return (self.initial_sectors << 9)
+                + (sector >> self.log2_sectors_per_block) * u64::from(self.tag_size);
+        }
         let (area, offset) = self.area_offset(sector);
         let buffer = ((area << self.log2_interleave_sectors) + area * self.metadata_run)
             >> self.log2_buffer_sectors;
@@ -1092,9 +1296,10 @@ mod tests {
 
 /// A dm-integrity table line (`<start> <length> integrity <device> <offset> <tag_size|->
 /// <mode> <#args> <args>...`), as `dmsetup table` prints it and the kernel's
-/// `dm_integrity_ctr` reads it. Refused with the reason: the inline mode `I`, a separate
-/// `meta_device`, `allow_discards`, `reset_recalculate`, and a line
-/// without `internal_hash` (tags from dm-crypt above: not a standalone device).
+/// `dm_integrity_ctr` reads it. With `meta_device:META` the superblock, journal and tags are
+/// on META (at `offset`) and the data alone on the line's device. Refused with the reason:
+/// the inline mode `I`, `allow_discards`, `reset_recalculate`; a line without
+/// `internal_hash` needs its tag size (tags from dm-crypt above).
 #[derive(Clone, PartialEq, Eq)]
 pub struct IntegrityLine {
     /// Start in the mapped device (512-byte sectors).
@@ -1103,8 +1308,11 @@ pub struct IntegrityLine {
     pub length: u64,
     /// The device.
     pub device: crate::DeviceRef,
-    /// Where the superblock is on the device, in 512-byte sectors.
+    /// Where the superblock is on the device (on the metadata device with `meta_device`), in
+    /// 512-byte sectors.
     pub offset: u64,
+    /// `meta_device:` (a separate metadata device: superblock, journal and tags).
+    pub meta_device: Option<crate::DeviceRef>,
     /// Tag bytes (`-`: the hash's digest size).
     pub tag_size: Option<u32>,
     /// `J`, `D`, `B` or `R`.
@@ -1212,6 +1420,7 @@ impl std::str::FromStr for IntegrityLine {
                 Some(num(5, "tag size")? as u32)
             },
             mode,
+            meta_device: None,
             journal_sectors: None,
             interleave_sectors: None,
             buffer_sectors: None,
@@ -1277,7 +1486,10 @@ impl std::str::FromStr for IntegrityLine {
                 "fix_padding" if v.is_empty() => l.fix_padding = true,
                 "fix_hmac" if v.is_empty() => l.fix_hmac = true,
                 "legacy_recalculate" if v.is_empty() => l.legacy_recalculate = true,
-                "meta_device" | "allow_discards" | "reset_recalculate" => {
+                "meta_device" if !v.is_empty() => {
+                    l.meta_device = Some(crate::DeviceRef::from(v));
+                }
+                "allow_discards" | "reset_recalculate" => {
                     return Err(FormatError::NotSupported(format!(
                         "the integrity target's {k} argument"
                     )))
@@ -1311,8 +1523,12 @@ impl IntegrityLine {
     /// The line as `dmsetup table` prints it (keys shown only with `show_keys`), on
     /// `device` (a lower table's path) instead of its own when given.
     pub fn to_line_on(&self, show_keys: bool, device: Option<&str>) -> String {
-        // The kernel's order (dm_integrity_status): block_size and recalculate first.
+        // The kernel's order (dm_integrity_status): meta_device, block_size and
+        // recalculate first.
         let mut args: Vec<String> = Vec::new();
+        if let Some(m) = &self.meta_device {
+            args.push(format!("meta_device:{m}"));
+        }
         if let Some(b) = self.block_size {
             args.push(format!("block_size:{b}"));
         }
@@ -1408,6 +1624,10 @@ mod line_tests {
             "0 6048 integrity 7:0 0 32 J 9 journal_sectors:88 interleave_sectors:32768 \
              buffer_sectors:128 journal_watermark:50 commit_time:10000 fix_padding fix_hmac \
              internal_hash:hmac(sha256):000102 journal_mac:hmac(sha256):808182",
+            // testdata/integrity/crc32c-4096-datadev-J.table
+            "0 8192 integrity 7:0 0 4 J 9 meta_device:7:1 block_size:4096 journal_sectors:392 \
+             interleave_sectors:1 buffer_sectors:128 journal_watermark:50 commit_time:10000 \
+             fix_hmac internal_hash:crc32c",
         ] {
             let l: IntegrityLine = line.parse().unwrap();
             let printed = l.to_line_on(true, None);
@@ -1427,7 +1647,8 @@ mod line_tests {
         assert!(!l.to_line_on(false, None).contains("0001"));
         for bad in [
             "0 8 integrity d 0 4 I 1 internal_hash:crc32c",
-            "0 8 integrity d 0 4 J 1 meta_device:/dev/x",
+            "0 8 integrity d 0 4 J 1 meta_device:",
+            "0 8 integrity d 0 4 J 1 allow_discards",
             "0 8 integrity d 0 - J 0",
             "0 8 integrity d 0 4 J 2 internal_hash:crc32c",
             "0 8 integrity d 0 4 X 1 internal_hash:crc32c",

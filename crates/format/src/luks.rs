@@ -533,6 +533,7 @@ pub fn integrity_mapping(
         offset: info.data_offset,
         tag_size: Some(tag),
         mode: if journal { 'J' } else { 'D' },
+        meta_device: None,
         journal_sectors: u32::try_from(geo.journal.sectors()).ok(),
         interleave_sectors: Some(1 << sb.log2_interleave_sectors),
         buffer_sectors: Some(1 << geo.log2_buffer_sectors),

@@ -168,7 +168,12 @@ pub enum IntegrityError {
 
 /// A dm-integrity device over a backend. See the [crate docs](crate).
 pub struct IntegrityBackend {
+    /// The device with the superblock, the journal and the tags (and the data, without a
+    /// separate data device).
     inner: Arc<dyn Backend>,
+    /// The device with the data: `inner` itself, or the data device of a separate metadata
+    /// device (`meta_device:`).
+    data: Arc<dyn Backend>,
     info: BackendInfo,
     geo: Geometry,
     mode: Mode,
@@ -314,10 +319,44 @@ impl IntegrityBackend {
         inner: Arc<dyn Backend>,
         opts: Options,
     ) -> Result<IntegrityBackend, IntegrityError> {
+        Self::open_on(inner, None, opts)
+    }
+
+    /// Opens the dm-integrity device whose superblock, journal and tags are on `meta` and
+    /// whose data is on `data` (the table's `meta_device:META` over the data device DATA;
+    /// `integritysetup open META NAME --data-device DATA`). The data device's whole blocks
+    /// are provided: a superblock that says otherwise is brought to that, as the kernel
+    /// does on resume (in bitmap mode the tags of blocks gained are recalculated).
+    ///
+    /// # Errors
+    /// As [`IntegrityBackend::open`]; a superblock of a device without a separate metadata
+    /// device; a metadata device too small for the tags of the data device's blocks.
+    pub fn open_separate(
+        meta: Arc<dyn Backend>,
+        data: Arc<dyn Backend>,
+        opts: Options,
+    ) -> Result<IntegrityBackend, IntegrityError> {
+        Self::open_on(meta, Some(data), opts)
+    }
+
+    fn open_on(
+        inner: Arc<dyn Backend>,
+        data_dev: Option<Arc<dyn Backend>>,
+        opts: Options,
+    ) -> Result<IntegrityBackend, IntegrityError> {
         let dev_bytes = inner.info().size_bytes;
-        let align = u64::from(inner.info().logical_block.max(512));
-        let read_only =
-            opts.read_only || opts.mode == Mode::Recovery || inner.info().caps.read_only;
+        let data = data_dev.clone().unwrap_or_else(|| Arc::clone(&inner));
+        let align = u64::from(
+            inner
+                .info()
+                .logical_block
+                .max(data.info().logical_block)
+                .max(512),
+        );
+        let read_only = opts.read_only
+            || opts.mode == Mode::Recovery
+            || inner.info().caps.read_only
+            || data.info().caps.read_only;
         let mut first = vec![0u8; align.max(512) as usize];
         if dev_bytes < first.len() as u64 {
             return Err(refused(format!(
@@ -387,14 +426,44 @@ impl IntegrityBackend {
             verify_sb_mac(m, &first[..512])?;
         }
         let dev_sectors = dev_bytes / 512;
-        let geo = Geometry::new(&sb, dev_sectors, opts.buffer_sectors)?;
-        let room = max_provided_data_sectors(&sb, dev_sectors);
-        if room < sb.provided_data_sectors {
-            return Err(refused(format!(
-                "the device provides {room} data sectors, the superblock says {}",
-                sb.provided_data_sectors
-            )));
-        }
+        let mut grown_from = None;
+        let old_provided = sb.provided_data_sectors;
+        let geo = match &data_dev {
+            None => {
+                let geo = Geometry::new(&sb, dev_sectors, opts.buffer_sectors)?;
+                let room = max_provided_data_sectors(&sb, dev_sectors);
+                if room < sb.provided_data_sectors {
+                    return Err(refused(format!(
+                        "the device provides {room} data sectors, the superblock says {}",
+                        sb.provided_data_sectors
+                    )));
+                }
+                geo
+            }
+            Some(d) => {
+                let geo = Geometry::new_separate(
+                    &sb,
+                    dev_sectors,
+                    d.info().size_bytes / 512,
+                    opts.buffer_sectors,
+                )?;
+                if geo.provided_data_sectors < sb.provided_data_sectors {
+                    // integritysetup maps the superblock's size, more than the kernel then
+                    // provides: it refuses the table ("Not enough provided sectors").
+                    return Err(refused(format!(
+                        "the data device is too small: it holds {} sectors, the superblock \
+                         says {} (a data device smaller than the one formatted)",
+                        geo.provided_data_sectors, sb.provided_data_sectors
+                    )));
+                }
+                if geo.provided_data_sectors > sb.provided_data_sectors {
+                    grown_from = Some(sb.provided_data_sectors);
+                    sb.provided_data_sectors = geo.provided_data_sectors;
+                }
+                geo
+            }
+        };
+        let resized = geo.provided_data_sectors != old_provided;
         let shape = geo.journal;
         let jcrypt = journal_crypt(&opts, &shape)?;
         let threshold =
@@ -443,6 +512,7 @@ impl IntegrityBackend {
         }
         let dev = IntegrityBackend {
             inner,
+            data,
             info,
             geo,
             mode: opts.mode,
@@ -464,11 +534,17 @@ impl IntegrityBackend {
             }),
             mismatches: AtomicU64::new(0),
         };
-        dev.activate()
+        dev.activate(resized, grown_from)
     }
 
-    /// The kernel's `dm_integrity_resume` for a freshly constructed target.
-    fn activate(mut self) -> Result<IntegrityBackend, IntegrityError> {
+    /// The kernel's `dm_integrity_resume` for a freshly constructed target; `resized` when
+    /// the data device's size is not the superblock's (`grown_from`: the old size, when it
+    /// grew).
+    fn activate(
+        mut self,
+        resized: bool,
+        grown_from: Option<u64>,
+    ) -> Result<IntegrityBackend, IntegrityError> {
         if self.mode == Mode::Recovery {
             self.unchecked_from = 0;
             return Ok(self);
@@ -476,6 +552,17 @@ impl IntegrityBackend {
         let mut unchecked = u64::MAX;
         let mut guard = self.state.write().map_err(|_| refused("poisoned lock"))?;
         let st = &mut *guard;
+        if resized && !self.read_only {
+            // The kernel writes the new size before anything else; in bitmap mode it marks
+            // the blocks gained dirty (their tags are recalculated), in the other modes they
+            // read as mismatches until written.
+            self.write_sb(st)?;
+            if let (Some(old), Mode::Bitmap) = (grown_from, self.mode) {
+                let new = st.sb.provided_data_sectors;
+                self.recalc_range(old, new)?;
+                self.flush_devices()?;
+            }
+        }
         let sb_flags = st.sb.flags;
         if sb_flags.has(Flags::DIRTY_BITMAP) {
             let bitmap = self.read_bitmap(st)?;
@@ -593,7 +680,7 @@ impl IntegrityBackend {
             Mode::Journal => {
                 self.commit(&mut st)?;
                 self.write_back(&mut st)?;
-                self.inner.flush()?;
+                self.flush_devices()?;
                 if st.journal.wrote {
                     let (free, seq, sections) = (
                         st.journal.free_section,
@@ -607,13 +694,13 @@ impl IntegrityBackend {
                 }
             }
             Mode::Bitmap => {
-                self.inner.flush()?;
+                self.flush_devices()?;
                 let sections = st.journal.shape.sections;
                 self.init_journal(&mut st, 0, sections, 0)?;
                 st.sb.flags.0 &= !Flags::DIRTY_BITMAP;
                 self.write_sb(&mut st)?;
             }
-            Mode::Direct | Mode::Recovery => self.inner.flush()?,
+            Mode::Direct | Mode::Recovery => self.flush_devices()?,
         }
         Ok(())
     }
@@ -641,6 +728,15 @@ impl IntegrityBackend {
             Some(salt) => self.hash.digest_into(&[salt, &s, data], out),
             None => self.hash.digest_into(&[&s, data], out),
         }
+    }
+
+    /// Flushes the data device, then the metadata device (one device without a separate
+    /// data device).
+    fn flush_devices(&self) -> Result<(), BackendError> {
+        if !Arc::ptr_eq(&self.inner, &self.data) {
+            self.data.flush()?;
+        }
+        self.inner.flush()
     }
 
     fn spb(&self) -> u64 {
@@ -845,7 +941,7 @@ impl IntegrityBackend {
         if !newest.is_empty() {
             let list: Vec<(u64, u64)> = newest.into_iter().collect();
             self.copy_out(&st.journal, list)?;
-            self.inner.flush()?;
+            self.flush_devices()?;
         }
         match plan.then {
             AfterReplay::Continue { section, seq } => {
@@ -874,7 +970,7 @@ impl IntegrityBackend {
             let (area, _) = self.geo.area_offset(s);
             let contiguous = s == run_next && self.geo.area_offset(run_start).0 == area;
             if !contiguous && !run.is_empty() {
-                self.inner
+                self.data
                     .write_at(&run, self.geo.data_sector(run_start) * 512, false)?;
                 run.clear();
             }
@@ -888,7 +984,7 @@ impl IntegrityBackend {
             run_next = s + self.spb();
         }
         if !run.is_empty() {
-            self.inner
+            self.data
                 .write_at(&run, self.geo.data_sector(run_start) * 512, false)?;
         }
         tags.write_back()
@@ -967,7 +1063,7 @@ impl IntegrityBackend {
                 }
             }
         }
-        let res = self.copy_out(j, list).and_then(|()| self.inner.flush());
+        let res = self.copy_out(j, list).and_then(|()| self.flush_devices());
         if let Err(e) = res {
             st.failed = Some(format!("copying the journal to its places: {e}"));
             return Err(e);
@@ -1061,9 +1157,8 @@ impl IntegrityBackend {
         let mut done = 0usize;
         while done < buf.len() {
             let s = sector + (done / 512) as u64;
-            let (_, off) = self.geo.area_offset(s);
-            let room = ((self.geo.interleave_sectors() - off) * 512) as usize;
-            let n = room.min(buf.len() - done);
+            let room = self.geo.area_room(s).saturating_mul(512);
+            let n = room.min((buf.len() - done) as u64) as usize;
             let part = &buf[done..done + n];
             let mut tags = vec![0u8; n / bb * ts];
             match given {
@@ -1081,7 +1176,7 @@ impl IntegrityBackend {
                     }
                 }
             }
-            self.inner
+            self.data
                 .write_at(part, self.geo.data_sector(s) * 512, false)?;
             let mut cache = TagCache::new(&*self.inner, self.align);
             cache.put(self.geo.tag_byte(s), &tags)?;
@@ -1089,7 +1184,7 @@ impl IntegrityBackend {
             done += n;
         }
         if fua {
-            self.inner.flush()?;
+            self.flush_devices()?;
         }
         Ok(())
     }
@@ -1109,11 +1204,10 @@ impl IntegrityBackend {
         let mut tag = vec![0u8; ts];
         while done < buf.len() {
             let s = sector + (done / 512) as u64;
-            let (_, off) = self.geo.area_offset(s);
-            let room = ((self.geo.interleave_sectors() - off) * 512) as usize;
-            let n = room.min(buf.len() - done);
+            let room = self.geo.area_room(s).saturating_mul(512);
+            let n = room.min((buf.len() - done) as u64) as usize;
             let part = &mut buf[done..done + n];
-            self.inner.read_at(part, self.geo.data_sector(s) * 512)?;
+            self.data.read_at(part, self.geo.data_sector(s) * 512)?;
             if self.external {
                 if let Some(out) = tags_out.as_deref_mut() {
                     let at = done / bb * ts;
@@ -1216,7 +1310,7 @@ impl IntegrityBackend {
                 self.recalc_range(from, (from + region).min(provided))?;
             }
         }
-        self.inner.flush()
+        self.flush_devices()
     }
 
     /// `integrity_recalc`: tags from `from` to the end computed from the data; the
@@ -1224,7 +1318,7 @@ impl IntegrityBackend {
     fn recalculate(&self, st: &mut State, from: u64) -> Result<(), BackendError> {
         let provided = st.sb.provided_data_sectors;
         self.recalc_range(from, provided)?;
-        self.inner.flush()?;
+        self.flush_devices()?;
         st.sb.recalc_sector = provided;
         self.write_sb(st)
     }
@@ -1240,10 +1334,9 @@ impl IntegrityBackend {
         let bb = self.geo.block_bytes() as usize;
         let mut s = from;
         while s < to {
-            let (_, off) = self.geo.area_offset(s);
-            let n = (to - s).min(CHUNK).min(self.geo.interleave_sectors() - off);
+            let n = (to - s).min(CHUNK).min(self.geo.area_room(s));
             let mut data = vec![0u8; (n * 512) as usize];
-            self.inner
+            self.data
                 .read_at(&mut data, self.geo.data_sector(s) * 512)?;
             let mut tags = vec![0u8; data.len() / bb * ts];
             for (k, block) in data.chunks(bb).enumerate() {
@@ -1502,13 +1595,13 @@ impl Backend for IntegrityBackend {
         match self.mode {
             Mode::Journal => {
                 self.commit(&mut st)?;
-                self.inner.flush()
+                self.flush_devices()
             }
             Mode::Bitmap => {
-                self.inner.flush()?;
+                self.flush_devices()?;
                 self.clear_bitmap(&mut st)
             }
-            Mode::Direct | Mode::Recovery => self.inner.flush(),
+            Mode::Direct | Mode::Recovery => self.flush_devices(),
         }
     }
 }
@@ -1537,6 +1630,45 @@ pub fn format(
     let dev_sectors = inner.info().size_bytes / 512;
     let sb = Superblock::new_for_format(params, dev_sectors)?;
     let geo = Geometry::new(&sb, dev_sectors, opts.buffer_sectors)?;
+    format_on(inner, None, sb, geo, opts, wipe)
+}
+
+/// [`format`] with a separate metadata device: the superblock, the journal and the tags on
+/// `meta`, the data (wiped with `wipe`) on `data`, as the kernel formats a table with
+/// `meta_device:` (`integritysetup format META --data-device DATA`): superblock version 2
+/// or more, interleave 0, no metadata padding, the journal as big as asked if it fits
+/// beside the tags.
+///
+/// # Errors
+/// Parameters out of range, a data device smaller than a block, a metadata device too
+/// small for one journal section and the tags, I/O errors.
+pub fn format_separate(
+    meta: Arc<dyn Backend>,
+    data: Arc<dyn Backend>,
+    params: &FormatParams,
+    opts: &Options,
+    wipe: bool,
+) -> Result<Superblock, IntegrityError> {
+    let meta_sectors = meta.info().size_bytes / 512;
+    let data_sectors = data.info().size_bytes / 512;
+    let sb = Superblock::new_for_format_separate(
+        params,
+        meta_sectors,
+        data_sectors,
+        opts.buffer_sectors,
+    )?;
+    let geo = Geometry::new_separate(&sb, meta_sectors, data_sectors, opts.buffer_sectors)?;
+    format_on(meta, Some(data), sb, geo, opts, wipe)
+}
+
+fn format_on(
+    inner: Arc<dyn Backend>,
+    data: Option<Arc<dyn Backend>>,
+    sb: Superblock,
+    geo: Geometry,
+    opts: &Options,
+    wipe: bool,
+) -> Result<Superblock, IntegrityError> {
     // The superblock area zeroed, then the journal: every section empty with sequence 0.
     let zero_sb = vec![0u8; (SB_SECTORS * 512) as usize];
     inner.write_at(&zero_sb, 0, false)?;
@@ -1548,7 +1680,7 @@ pub fn format(
     o.read_only = false;
     // Opening in direct mode with a zeroed journal area would find no commit ids: write the
     // fresh journal first, through a device handle that has the superblock.
-    let dev = IntegrityBackend::open_unreplayed(Arc::clone(&inner), o, sb.clone(), geo)?;
+    let dev = IntegrityBackend::open_unreplayed(Arc::clone(&inner), data, o, sb.clone(), geo)?;
     {
         let mut st = dev.lock_write()?;
         let sections = st.journal.shape.sections;
@@ -1576,6 +1708,7 @@ impl IntegrityBackend {
     /// A handle over a superblock just written, without reading the journal (format).
     fn open_unreplayed(
         inner: Arc<dyn Backend>,
+        data: Option<Arc<dyn Backend>>,
         opts: Options,
         sb: Superblock,
         geo: Geometry,
@@ -1594,8 +1727,15 @@ impl IntegrityBackend {
         let ids = jcrypt.as_ref().map_or(COMMIT_IDS, JournalCrypt::commit_ids);
         let block = geo.block_bytes();
         let log2_blocks_per_bit = sb.log2_blocks_per_bitmap_bit;
+        let data = data.unwrap_or_else(|| Arc::clone(&inner));
         Ok(IntegrityBackend {
-            align: u64::from(inner.info().logical_block.max(512)),
+            align: u64::from(
+                inner
+                    .info()
+                    .logical_block
+                    .max(data.info().logical_block)
+                    .max(512),
+            ),
             info: BackendInfo {
                 size_bytes: sb.provided_data_sectors * 512,
                 logical_block: block as u32,
@@ -1609,6 +1749,7 @@ impl IntegrityBackend {
                 },
             },
             inner,
+            data,
             mode: opts.mode,
             read_only: false,
             salt: sb.flags.has(Flags::FIXED_HMAC).then_some(sb.salt),

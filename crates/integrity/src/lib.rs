@@ -26,6 +26,6 @@ pub mod journal_crypt;
 mod tags;
 
 pub use crypt::AeadVolume;
-pub use device::{format, IntegrityBackend, IntegrityError, Mode, Options};
+pub use device::{format, format_separate, IntegrityBackend, IntegrityError, Mode, Options};
 pub use hash::{Algorithm, Hasher};
 pub use journal_crypt::JournalCrypt;

@@ -5,7 +5,9 @@
 //! kernel reads the expected bytes, and in two tampered copies fails exactly the block
 //! whose data or tag byte was flipped, with EILSEQ. Four have an encrypted journal
 //! (`--journal-crypt` ctr-aes, xts-aes, chacha20, cbc-aes with a journal MAC), three of
-//! them left unflushed: the kernel decrypts and replays what ucrypt encrypted.
+//! them left unflushed: the kernel decrypts and replays what ucrypt encrypted. Four more
+//! have a separate metadata device (`integritysetup open META NAME --data-device DATA`:
+//! direct with a flipped tag, journal, a journal left unflushed, bitmap).
 //!
 //! Skipped with a message when `CI` is unset and the lab cannot start; fails when `CI` is
 //! set.
@@ -20,7 +22,7 @@ use std::path::Path;
 use std::sync::Arc;
 use ucrypt_backend::{Backend, MemoryBackend};
 use ucrypt_format::integrity::FormatParams;
-use ucrypt_integrity::{format, Algorithm, IntegrityBackend, Mode, Options};
+use ucrypt_integrity::{format, format_separate, Algorithm, IntegrityBackend, Mode, Options};
 use zeroize::Zeroizing;
 
 struct Image {
@@ -163,6 +165,78 @@ fn make(img: &Image, dir: &Path) {
     }
 }
 
+/// A pair with a separate metadata device (`format_separate`): IMAGE.img is the metadata
+/// device (1 MiB, 2 MiB with `journal_sectors`), IMAGE.data the 4 MiB data device; with
+/// `tamper`, IMAGE.bad is the metadata device with one tag byte of that block flipped.
+fn make_datadev(img: &Image, dir: &Path) {
+    let (opts, args) = options(img, dir);
+    let meta_bytes = if img.journal_sectors > 0 {
+        2 << 20
+    } else {
+        1 << 20
+    };
+    let meta = Arc::new(MemoryBackend::new(meta_bytes).unwrap());
+    let data = Arc::new(MemoryBackend::new(4 << 20).unwrap());
+    let params = FormatParams {
+        sector_size: img.sector,
+        tag_size: img.alg.digest_size() as u32,
+        journal_sectors: img.journal_sectors,
+        salt: *b"ucrypt-lab-salt!",
+        bitmap_mode: img.mode == Mode::Bitmap,
+        ..FormatParams::default()
+    };
+    format_separate(meta.clone(), data.clone(), &params, &opts, true).unwrap();
+    let open = |o: Options| IntegrityBackend::open_separate(meta.clone(), data.clone(), o);
+    let dev = open(opts.clone()).unwrap();
+    let size = dev.info().size_bytes;
+    write_all(&dev, &pattern(size, false));
+    dev.close().unwrap();
+    drop(dev);
+    let want = pattern(size, img.unflushed);
+    if img.unflushed {
+        let dev = open(opts.clone()).unwrap();
+        for (from, len) in second_ranges(size) {
+            dev.write_at(&want[from as usize..(from + len) as usize], from, false)
+                .unwrap();
+            dev.flush().unwrap();
+        }
+        std::mem::forget(dev); // a crash: the journal is committed, not written back
+        let mut r = opts.clone();
+        r.mode = Mode::Recovery;
+        let raw = read_all(&open(r).unwrap());
+        assert!(
+            raw[4096..8192] == pattern(size, false)[4096..8192],
+            "{}",
+            img.name
+        );
+    }
+    let mut ro = opts.clone();
+    ro.read_only = true;
+    let dev = open(ro).unwrap();
+    assert!(read_all(&dev) == want, "{}: ucrypt reads it back", img.name);
+    let geo = dev.geometry().clone();
+    drop(dev);
+    let meta_img = snapshot(&*meta);
+    std::fs::write(dir.join(format!("{}.img", img.name)), &meta_img).unwrap();
+    std::fs::write(dir.join(format!("{}.data", img.name)), snapshot(&*data)).unwrap();
+    std::fs::write(
+        dir.join(format!("{}.sha256", img.name)),
+        hex(&Sha256::digest(&want)),
+    )
+    .unwrap();
+    std::fs::write(dir.join(format!("{}.args", img.name)), args).unwrap();
+    if let Some((block, _)) = img.tamper {
+        let mut bad = meta_img;
+        bad[geo.tag_byte(block * (geo.block_bytes() / 512)) as usize] ^= 0x04;
+        std::fs::write(dir.join(format!("{}.bad", img.name)), bad).unwrap();
+        std::fs::write(
+            dir.join(format!("{}.badblock", img.name)),
+            format!("{block} {}", geo.block_bytes()),
+        )
+        .unwrap();
+    }
+}
+
 #[test]
 fn the_kernel_reads_what_ucrypt_wrote() {
     let root = ucrypt_testkit::repo_root();
@@ -283,6 +357,50 @@ fn the_kernel_reads_what_ucrypt_wrote() {
     for img in &images {
         make(img, &dir);
     }
+    // A separate metadata device (integritysetup --data-device).
+    let plain = |name, alg, sector, mode| Image {
+        name,
+        alg,
+        sector,
+        interleave: 0,
+        journal_sectors: 0,
+        mode,
+        jmac: false,
+        unflushed: false,
+        tamper: None,
+        jcrypt: None,
+    };
+    let datadev = [
+        Image {
+            tamper: Some((100, true)),
+            ..plain("crc32c-512-datadev-D", Algorithm::Crc32c, 512, Mode::Direct)
+        },
+        plain(
+            "hmac-sha256-4096-datadev-J",
+            Algorithm::HmacSha256,
+            4096,
+            Mode::Journal,
+        ),
+        Image {
+            journal_sectors: 2048,
+            unflushed: true,
+            ..plain(
+                "crc32c-512-datadev-Junflushed",
+                Algorithm::Crc32c,
+                512,
+                Mode::Journal,
+            )
+        },
+        plain(
+            "crc32c-4096-datadev-B",
+            Algorithm::Crc32c,
+            4096,
+            Mode::Bitmap,
+        ),
+    ];
+    for img in &datadev {
+        make_datadev(img, &dir);
+    }
     let Some(out) = ucrypt_testkit::run_in_vm(
         &root.join("tests/lab/integrity.sh"),
         [&dir],
@@ -291,8 +409,8 @@ fn the_kernel_reads_what_ucrypt_wrote() {
         return;
     };
     assert!(
-        out.lines().any(|l| l == "11 passed, 0 failed"),
-        "the lab script did not report its 11 checks"
+        out.lines().any(|l| l == "16 passed, 0 failed"),
+        "the lab script did not report its 16 checks"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

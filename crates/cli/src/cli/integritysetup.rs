@@ -36,8 +36,11 @@ pub(crate) struct Args {
 enum Action {
     /// Print the dm-integrity superblock (integritysetup dump).
     Dump {
-        /// The device or image.
+        /// The device or image (the metadata device of one with a data device).
         device: String,
+        /// Accepted and not needed, as integritysetup does: the superblock is on DEVICE.
+        #[arg(long = "data-device", value_name = "PATH")]
+        data_device: Option<String>,
     },
     /// Format a device for dm-integrity (integritysetup format).
     Format(Box<FormatArgs>),
@@ -55,6 +58,15 @@ enum Action {
     Close {
         /// The instance name.
         name: String,
+        /// Accepted and not needed, as integritysetup does.
+        #[arg(long = "data-device", value_name = "PATH")]
+        data_device: Option<String>,
+        /// Close once the last user is gone (at once if there is none).
+        #[arg(long)]
+        deferred: bool,
+        /// Cancel a pending --deferred close (the device stays open).
+        #[arg(long, conflicts_with = "deferred")]
+        cancel_deferred: bool,
     },
 }
 
@@ -148,8 +160,12 @@ impl ServeArgs {
 /// Arguments of `ucrypt integritysetup open`.
 #[derive(clap::Args)]
 struct OpenArgs {
-    /// The device or image.
+    /// The device or image (with --data-device: the metadata device).
     device: String,
+    /// The data device of a device formatted with one (DEVICE then holds the superblock,
+    /// journal and tags).
+    #[arg(long = "data-device", value_name = "PATH")]
+    data_device: Option<String>,
     /// Instance name: a named instance (`ucrypt status|close NAME`); without it, served
     /// in the foreground.
     name: Option<String>,
@@ -226,8 +242,12 @@ struct OpenArgs {
 /// Arguments of `ucrypt integritysetup format`.
 #[derive(clap::Args)]
 struct FormatArgs {
-    /// The device or image.
+    /// The device or image (with --data-device: the metadata device, which gets the
+    /// superblock, the journal and every tag).
     device: String,
+    /// Put the data alone on this device (a separate metadata device: DEVICE).
+    #[arg(long = "data-device", value_name = "PATH")]
+    data_device: Option<String>,
     /// Internal hash: crc32c (default), crc32, sha1, sha256, sha512, hmac-sha1,
     /// hmac-sha256, hmac-sha512.
     #[arg(long = "integrity", short = 'I', default_value = "crc32c")]
@@ -292,14 +312,29 @@ struct FormatArgs {
 
 pub(crate) fn run(a: Args) -> Result<(), CliError> {
     match a.action {
-        Action::Dump { device } => {
+        Action::Dump { device, .. } => {
             print!("{}", ucrypt::integrity::dump(&device).map_err(lib_error)?);
             Ok(())
         }
         Action::Format(f) => format(*f, a.batch_mode),
         Action::Open(o) => open(*o),
         Action::Status { name } => status(&name),
-        Action::Close { name } => lifecycle::close(CloseArgs::of(name)),
+        Action::Close {
+            name,
+            deferred,
+            cancel_deferred,
+            ..
+        } => {
+            lifecycle::close(CloseArgs::deferred(name.clone(), deferred, cancel_deferred))?;
+            if deferred {
+                // integritysetup's words when the device stays until its last user goes.
+                let p = Paths::of(&name).map_err(instance_error)?;
+                if matches!(runtime::probe(&p), Ok(Probe::Live { .. })) {
+                    println!("Device {name} is still active and scheduled for deferred removal.");
+                }
+            }
+            Ok(())
+        }
     }
 }
 
@@ -356,6 +391,7 @@ fn key_file(path: &Option<String>, size: Option<usize>) -> Option<KeyFile> {
 fn format(a: FormatArgs, batch: bool) -> Result<(), CliError> {
     let req = FormatRequest {
         device: a.device.clone(),
+        data_device: a.data_device.clone(),
         keys: Keys {
             integrity: Some(a.integrity.clone()),
             integrity_key: key_file(&a.integrity_key_file, a.integrity_key_size),
@@ -379,10 +415,15 @@ fn format(a: FormatArgs, batch: bool) -> Result<(), CliError> {
         sectors_per_bit: a.sectors_per_bit,
     };
     let prepared = ucrypt::integrity::prepare_format(&req).map_err(lib_error)?;
-    confirm(
-        batch,
-        &format!("This will overwrite data on {} irrevocably", a.device),
-    )?;
+    let question = match &a.data_device {
+        Some(d) if !a.no_wipe => format!(
+            "This will overwrite data on {} and {d} irrevocably.\nTo preserve data device use \
+             --no-wipe option (and then activate with --integrity-recalculate)",
+            a.device
+        ),
+        _ => format!("This will overwrite data on {} irrevocably", a.device),
+    };
+    confirm(batch, &question)?;
     let done = prepared.run().map_err(lib_error).map_err(|e| CliError {
         code: e.code,
         err: e.err.context(format!("formatting {}", a.device)),
@@ -404,6 +445,7 @@ fn open(a: OpenArgs) -> Result<(), CliError> {
     use std::os::fd::AsRawFd;
     let req = OpenRequest {
         device: a.device.clone(),
+        data_device: a.data_device.clone(),
         keys: Keys {
             integrity: Some(a.integrity.clone()),
             integrity_key: key_file(&a.integrity_key_file, a.integrity_key_size),

@@ -60,6 +60,16 @@ impl CloseArgs {
             cancel_deferred: false,
         }
     }
+
+    /// `close NAME` with `--deferred` or `--cancel-deferred` (`integritysetup close`).
+    pub(crate) fn deferred(name: String, deferred: bool, cancel_deferred: bool) -> CloseArgs {
+        CloseArgs {
+            name,
+            force: false,
+            deferred,
+            cancel_deferred,
+        }
+    }
 }
 
 /// `ucrypt luksSuspend NAME`.

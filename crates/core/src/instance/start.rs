@@ -254,6 +254,10 @@ impl Claimed {
                 desc.sector_size = 512;
                 let p = PathBuf::from(line.device.to_string());
                 devices.push(p.clone());
+                // A separate metadata device is locked like the data device.
+                if let Some(m) = &line.meta_device {
+                    devices.push(PathBuf::from(m.to_string()));
+                }
                 desc.device = p.display().to_string();
                 p
             }
