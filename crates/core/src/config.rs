@@ -134,6 +134,7 @@ pub fn engine_options(table: Option<&TableLine>, perf: &PerfOptions) -> EngineOp
             defaults.auto
         },
         pool: defaults.pool,
+        worker_nice: 0,
     }
 }
 

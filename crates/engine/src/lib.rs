@@ -32,5 +32,5 @@ mod workers;
 pub use error::EngineError;
 pub use options::{AutoPolicy, EngineOptions, Placement, PoolOptions, WriteOrder};
 pub use stats::ClientStats;
-pub use volume::{Volume, VolumeConfig};
+pub use volume::{RecryptOut, RecryptRange, Volume, VolumeConfig};
 pub use workers::Inspect;

@@ -94,6 +94,10 @@ pub struct EngineOptions {
     pub auto: Option<AutoPolicy>,
     /// Write buffers.
     pub pool: PoolOptions,
+    /// How many nice levels the workers run below the thread that starts them (0: the
+    /// same priority). Reencryption's `journal` pass lowers them so its I/O thread, whose
+    /// chain of writes and syncs bounds the pass, gets a CPU as soon as it wakes.
+    pub worker_nice: i32,
 }
 
 impl Default for EngineOptions {
@@ -109,6 +113,7 @@ impl Default for EngineOptions {
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             auto: Some(AutoPolicy::default()),
             pool: PoolOptions::default(),
+            worker_nice: 0,
         }
     }
 }

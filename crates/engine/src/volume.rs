@@ -13,7 +13,7 @@ use crate::request::Completion;
 use crate::split::{split, Partial};
 use crate::stats::{ClientStats, Stats};
 use crate::submit::{Batch, SubmitterThread};
-use crate::workers::{Inspect, Job, JobKind, Workers};
+use crate::workers::{Inspect, Job, JobKind, RecryptIo, Workers};
 use crate::EngineError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -55,6 +55,44 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Where [`Volume::recrypt_range`] leaves the new ciphertext.
+pub enum RecryptOut<'a> {
+    /// In `out` (as long as the range). With `keep` (as long too), the old ciphertext is
+    /// read into `keep` and stays there; without, it is read into `out` and re-encrypted
+    /// in place.
+    Buffer {
+        /// The new ciphertext.
+        out: &'a mut [u8],
+        /// The old ciphertext, if it is to be kept.
+        keep: Option<&'a mut [u8]>,
+    },
+    /// Written back to the backend at this byte offset (the range's first byte), chunk by
+    /// chunk through the volume's buffer pool: nothing of the range is kept.
+    Write(u64),
+}
+
+/// One range for [`Volume::recrypt_range`].
+pub struct RecryptRange<'a> {
+    /// The cipher the plaintext is encrypted with.
+    pub new: &'a (dyn SectorCipher + 'static),
+    /// Position (IV) of the range's first byte, as for this volume's cipher.
+    pub pos: u64,
+    /// Bytes.
+    pub len: usize,
+    /// Backend byte offset of the range's old ciphertext (absolute: reencryption reads
+    /// where no mapping says, a data shift below its destination).
+    pub read_at: u64,
+    /// Where the new ciphertext goes.
+    pub out: RecryptOut<'a>,
+    /// Sees every chunk's old ciphertext first: (its offset in the range, the bytes), on
+    /// the thread that holds the chunk.
+    pub inspect: Option<&'a Inspect<'a>>,
+    /// Whether the calling thread works on chunks too (else it only waits, so that the
+    /// workers' lower priority applies to all of the crypto, see
+    /// [`EngineOptions::worker_nice`]).
+    pub help: bool,
 }
 
 /// The decrypted view of a backend; itself a [`Backend`].
@@ -172,6 +210,7 @@ impl Volume {
                 Arc::clone(&cipher),
                 Arc::clone(&backend),
                 submitter.as_ref().map(|s| Arc::clone(&s.shared)),
+                opts.worker_nice,
             )
         });
         let lends_reads = backend.read_with(0, 0, &mut |_| {}).is_some();
@@ -401,6 +440,140 @@ impl Volume {
             workers.help_until(&completion)?;
         }
         Ok(())
+    }
+
+    /// Reencryption's data pass over one range: every `split_bytes` chunk is read from
+    /// the backend, shown to the hook, decrypted with this volume's cipher, encrypted with
+    /// `new` and kept or written back, all while it is in one core's cache, on the worker
+    /// pool (with this thread helping if asked; inline without workers). Chunks are handed
+    /// out one at a time, so a worker the scheduler holds back does not hold back the
+    /// others. The writes of [`RecryptOut::Write`] are not flushed: reencryption orders
+    /// them against its own metadata.
+    ///
+    /// # Errors
+    /// [`BackendError::Misaligned`] if `pos` or `len` are not whole sectors, or a buffer's
+    /// length is not `len`; the first read or write error (the chunks not started then do
+    /// nothing); a crypto worker's panic.
+    pub fn recrypt_range(&self, r: RecryptRange<'_>) -> Result<(), BackendError> {
+        // The position only numbers IVs (reencryption's sides may start at any 512-byte
+        // IV sector); chunks must hold whole sectors of both sides.
+        let ss = self
+            .sector_bytes
+            .max(u64::from(r.new.sector_size().bytes()));
+        if r.len as u64 % ss != 0 {
+            return Err(BackendError::Misaligned {
+                what: "length",
+                value: r.len as u64,
+                align: ss,
+            });
+        }
+        let (out, keep, write_at) = match r.out {
+            RecryptOut::Buffer { out, keep } => {
+                let n = keep.as_ref().map_or(r.len, |k| k.len());
+                if out.len() != r.len || n != r.len {
+                    return Err(BackendError::Misaligned {
+                        what: "buffer length",
+                        value: out.len().max(n) as u64,
+                        align: r.len as u64,
+                    });
+                }
+                (
+                    out.as_mut_ptr(),
+                    keep.map_or(std::ptr::null_mut(), |k| k.as_mut_ptr()),
+                    None,
+                )
+            }
+            RecryptOut::Write(at) => (std::ptr::null_mut(), std::ptr::null_mut(), Some(at)),
+        };
+        let inspect = r.inspect.map(|f| {
+            // SAFETY: a lifetime cast only: every chunk holding this pointer is counted
+            // done before this function returns (the hand-off guard and the wait below).
+            unsafe { std::mem::transmute::<*const Inspect<'_>, *const Inspect<'static>>(f) }
+        });
+        let new = {
+            let p: *const (dyn SectorCipher + '_) = r.new;
+            // SAFETY: as above.
+            unsafe {
+                std::mem::transmute::<
+                    *const (dyn SectorCipher + '_),
+                    *const (dyn SectorCipher + 'static),
+                >(p)
+            }
+        };
+        let with = RecryptIo {
+            new,
+            inspect,
+            read_at: r.read_at,
+            keep,
+            write_at,
+            pool: &self.pool,
+            failed: std::sync::atomic::AtomicBool::new(false),
+        };
+        let chunk = self.opts.split_bytes;
+        if write_at.is_some() && self.pool.buffer_bytes() < chunk {
+            return Err(BackendError::Other(format!(
+                "BUG: pool buffers of {} bytes for chunks of {chunk}",
+                self.pool.buffer_bytes()
+            )));
+        }
+        let n = r.len.div_ceil(chunk);
+        let job = |i: usize| {
+            let off = i * chunk;
+            let len = chunk.min(r.len - off);
+            Job {
+                kind: JobKind::RecryptIo {
+                    completion: std::ptr::null(),
+                    with: &with,
+                    off,
+                },
+                first: Sector512::from_bytes_floor(r.pos + off as u64),
+                // SAFETY (of the add): `off` lies inside the range `out` holds.
+                ptr: if out.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    out.wrapping_add(off)
+                },
+                len,
+            }
+        };
+        let Some(workers) = &self.workers else {
+            for i in 0..n {
+                let j = job(i);
+                // SAFETY: everything `j` points at is this frame's or the caller's.
+                unsafe {
+                    crate::workers::recrypt_io(
+                        &*self.backend,
+                        &*self.cipher,
+                        &with,
+                        j.first,
+                        j.ptr,
+                        j.len,
+                        i * chunk,
+                    )?;
+                }
+            }
+            return Ok(());
+        };
+        let completion = Completion::new(n);
+        let mut hand_off = HandOff::new(&completion, n);
+        let jobs: Vec<Job> = (0..n)
+            .map(|i| {
+                let mut j = job(i);
+                if let JobKind::RecryptIo { completion: c, .. } = &mut j.kind {
+                    *c = &completion;
+                }
+                j
+            })
+            .collect();
+        if r.help {
+            workers.submit_waking(&jobs, workers.len());
+            hand_off.sent(n);
+            workers.help_until(&completion)
+        } else {
+            workers.submit(&jobs);
+            hand_off.sent(n);
+            completion.wait(false)
+        }
     }
 
     fn read_sectors(&self, buf: &mut [u8], pos: u64, place: Placement) -> Result<(), BackendError> {

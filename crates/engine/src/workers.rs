@@ -53,6 +53,14 @@ pub(crate) enum JobKind {
         completion: *const Completion,
         with: *const Recrypt,
     },
+    /// Read the old ciphertext of the bytes `off` into the range, show them to the hook,
+    /// re-encrypt them and keep them in the chunk or write them back, count it done
+    /// ([`crate::Volume::recrypt_range`]).
+    RecryptIo {
+        completion: *const Completion,
+        with: *const RecryptIo,
+        off: usize,
+    },
 }
 
 /// The hook of [`crate::Volume::recrypt_in_place`]: (offset of a chunk in the buffer, the
@@ -68,6 +76,91 @@ pub(crate) struct Recrypt {
     pub inspect: Option<*const Inspect<'static>>,
     /// The buffer's first byte, to tell the hook where a chunk lies.
     pub start: *const u8,
+}
+
+/// What a [`JobKind::RecryptIo`] chunk needs; lives on the issuer's stack until its
+/// completion is counted (module docs).
+pub(crate) struct RecryptIo {
+    /// The cipher the plaintext is encrypted with.
+    pub new: *const (dyn SectorCipher + 'static),
+    /// Sees each chunk's old bytes first: (offset of the chunk in the range, bytes).
+    pub inspect: Option<*const Inspect<'static>>,
+    /// Backend offset of the range's old ciphertext.
+    pub read_at: u64,
+    /// Where the old ciphertext is kept (the journal), chunk by chunk at the chunk's
+    /// offset; null: read into the chunk itself.
+    pub keep: *mut u8,
+    /// Backend offset the new ciphertext is written to; `None`: kept in the chunk.
+    pub write_at: Option<u64>,
+    /// Buffers for chunks written back (they have no memory of the issuer's).
+    pub pool: *const crate::pool::BufferPool,
+    /// Set by the first chunk that fails: the others do nothing more.
+    pub failed: AtomicBool,
+}
+
+/// Runs one [`JobKind::RecryptIo`] chunk (on a worker or the issuer).
+///
+/// # Safety
+/// `ptr`/`len` and `with`'s pointers as the module docs say: alive and untouched by others
+/// until the chunk is counted done.
+pub(crate) unsafe fn recrypt_io(
+    backend: &dyn Backend,
+    cipher: &dyn SectorCipher,
+    with: &RecryptIo,
+    first: Sector512,
+    ptr: *mut u8,
+    len: usize,
+    off: usize,
+) -> Result<(), BackendError> {
+    if with.failed.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let from = with.read_at + off as u64;
+    // SAFETY: the caller's contract.
+    let new = unsafe { &*with.new };
+    let show = |old: &[u8]| {
+        if let Some(f) = with.inspect {
+            // SAFETY: the caller's contract: the hook outlives the chunk.
+            unsafe { (*f)(off, old) };
+        }
+    };
+    let r = match with.write_at {
+        None => {
+            // SAFETY: the caller's contract.
+            let out = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+            if with.keep.is_null() {
+                backend.read_at(out, from).map(|()| {
+                    show(out);
+                    cipher.decrypt(first, out);
+                    new.encrypt(first, out);
+                })
+            } else {
+                // SAFETY: the caller's contract: `keep` is as long as the range.
+                let keep = unsafe { std::slice::from_raw_parts_mut(with.keep.add(off), len) };
+                backend.read_at(keep, from).map(|()| {
+                    show(keep);
+                    cipher.decrypt_from(first, keep, out);
+                    new.encrypt(first, out);
+                })
+            }
+        }
+        Some(to) => {
+            // SAFETY: the caller's contract: the pool outlives the chunk.
+            let pool = unsafe { &*with.pool };
+            pool.get(len).and_then(|mut buf| {
+                let buf = &mut buf[..];
+                backend.read_at(buf, from)?;
+                show(buf);
+                cipher.decrypt(first, buf);
+                new.encrypt(first, buf);
+                backend.write_at(buf, to + off as u64, false)
+            })
+        }
+    };
+    if r.is_err() {
+        with.failed.store(true, Ordering::Relaxed);
+    }
+    r
 }
 
 /// One chunk of crypto.
@@ -139,6 +232,17 @@ fn current_cpu() -> usize {
     usize::try_from(cpu).unwrap_or(0)
 }
 
+/// Raises the calling thread's nice value by `by` (Linux's nice value is per thread;
+/// raising it needs no privilege). Failure leaves the priority as it was.
+fn lower_priority(by: i32) {
+    // SAFETY: getpriority and setpriority have no memory effects; on Linux PRIO_PROCESS
+    // with id 0 is the calling thread only.
+    unsafe {
+        let base = libc::getpriority(libc::PRIO_PROCESS, 0);
+        libc::setpriority(libc::PRIO_PROCESS, 0, base + by);
+    }
+}
+
 fn pin_to_cpu(cpu: usize) {
     // SAFETY: the cpu_set_t is zero-initialised then filled by the libc macros; the call
     // affects only the calling thread (pid 0). Failure (restricted cpuset) is harmless.
@@ -156,6 +260,7 @@ impl Workers {
         cipher: Arc<dyn SectorCipher>,
         backend: Arc<dyn Backend>,
         submitter: Option<Arc<Submitter>>,
+        nice: i32,
     ) -> Self {
         let n = n.max(1);
         let queues = (0..if same_cpu { n } else { 1 })
@@ -189,6 +294,9 @@ impl Workers {
                     .name(format!("ucrypt-crypt{i}"))
                     .spawn(move || {
                         started.wait();
+                        if nice != 0 {
+                            lower_priority(nice);
+                        }
                         // Only same_cpu_crypt workers are bound to a CPU (dm-crypt's bound
                         // per-CPU workqueue); the shared pool floats like the unbound
                         // workqueue, so the scheduler can put a woken worker on the CPU the
@@ -327,6 +435,34 @@ fn worker_loop(s: &Shared, queue: usize) {
 }
 
 fn run_job(s: &Shared, job: Job) {
+    // Before `data` below: a chunk written back has no memory of the issuer's (null).
+    if let JobKind::RecryptIo {
+        completion,
+        with,
+        off,
+    } = job.kind
+    {
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: the issuer keeps `with` and the chunk alive until the completion
+            // below is counted (module docs).
+            unsafe {
+                recrypt_io(
+                    &*s.backend,
+                    &*s.cipher,
+                    &*with,
+                    job.first,
+                    job.ptr,
+                    job.len,
+                    off,
+                )
+            }
+        }))
+        .unwrap_or_else(|_| Err(BackendError::Other("BUG: crypto worker panicked".into())));
+        // SAFETY: the completion lives until its count reaches zero (module docs).
+        let completion = unsafe { &*completion };
+        completion.done(r);
+        return;
+    }
     // SAFETY: see the module docs: the submitter of the job keeps this memory alive and
     // untouched until the job's completion is counted, which happens below.
     let data = unsafe { std::slice::from_raw_parts_mut(job.ptr, job.len) };
@@ -385,7 +521,8 @@ fn run_job(s: &Shared, job: Job) {
     match job.kind {
         JobKind::Decrypt { completion }
         | JobKind::ReadDecrypt { completion, .. }
-        | JobKind::Recrypt { completion, .. } => {
+        | JobKind::Recrypt { completion, .. }
+        | JobKind::RecryptIo { completion, .. } => {
             // SAFETY: the completion lives until its count reaches zero (module docs).
             let completion = unsafe { &*completion };
             completion.done(crypto);

@@ -332,3 +332,129 @@ fn recrypt_in_place_gives_the_new_ciphers_bytes_and_shows_the_old_ones() {
         assert!(v.recrypt_in_place(&*new, 512, &mut again, None).is_err());
     }
 }
+
+/// `recrypt_range` (reencryption's data pass) in every configuration, with workers at a
+/// lower priority and without, the calling thread helping and not: the old ciphertext read
+/// from the backend ends as the new cipher's ciphertext, in the buffer (old ciphertext
+/// kept or not) or written back to the backend at another offset; the hook sees every old
+/// byte once; a length of partial sectors is refused.
+#[test]
+fn recrypt_range_reads_re_encrypts_and_keeps_or_writes_back() {
+    use std::sync::Mutex;
+    use ucrypt_engine::{RecryptOut, RecryptRange};
+    let old = cipher("aes-xts-plain64", 512);
+    let new = cipher("aes-cbc-essiv:sha256", 4096);
+    let len = (1usize << 20) + 8192;
+    let plain: Vec<u8> = (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+        .collect();
+    let pos = 3 << 20;
+    let (read_at, write_at) = (65536u64, 2 << 20);
+    let mut old_ct = plain.clone();
+    old.encrypt(Sector512::from_bytes_floor(pos), &mut old_ct);
+    let mut expected = plain.clone();
+    new.encrypt(Sector512::from_bytes_floor(pos), &mut expected);
+    let mut variants = configs();
+    let mut low = variants[0].1;
+    low.worker_nice = 1;
+    low.auto = None;
+    variants.push(("lower priority", low));
+    for (name, opts) in variants {
+        for help in [true, false] {
+            let mem = memory(4 << 20);
+            mem.write_at(&old_ct, read_at, false).unwrap();
+            let v = volume(Arc::clone(&mem), Arc::clone(&old), 0, opts);
+            let seen = Mutex::new(vec![0u8; len]);
+            let hook = |at: usize, b: &[u8]| {
+                let mut s = seen.lock().unwrap();
+                assert!(
+                    s[at..at + b.len()].iter().all(|&x| x == 0),
+                    "{name}: seen twice"
+                );
+                s[at..at + b.len()].copy_from_slice(b);
+            };
+            let mut out = vec![0u8; len];
+            let mut keep = vec![0u8; len];
+            v.recrypt_range(RecryptRange {
+                inspect: Some(&hook),
+                ..ranged(
+                    &*new,
+                    pos,
+                    read_at,
+                    help,
+                    RecryptOut::Buffer {
+                        out: &mut out,
+                        keep: Some(&mut keep),
+                    },
+                )
+            })
+            .unwrap();
+            assert!(out == expected, "{name}: not the new cipher's bytes");
+            assert!(keep == old_ct, "{name}: the old ciphertext not kept");
+            assert!(
+                *seen.lock().unwrap() == old_ct,
+                "{name}: the hook missed old bytes"
+            );
+            let mut out = vec![0u8; len];
+            v.recrypt_range(ranged(
+                &*new,
+                pos,
+                read_at,
+                help,
+                RecryptOut::Buffer {
+                    out: &mut out,
+                    keep: None,
+                },
+            ))
+            .unwrap();
+            assert!(out == expected, "{name}: in place");
+            v.recrypt_range(ranged(
+                &*new,
+                pos,
+                read_at,
+                help,
+                RecryptOut::Write(write_at),
+            ))
+            .unwrap();
+            let mut back = vec![0u8; len];
+            mem.read_at(&mut back, write_at).unwrap();
+            assert!(back == expected, "{name}: written back");
+            let mut short = vec![0u8; 512];
+            assert!(v
+                .recrypt_range(ranged(
+                    &*new,
+                    pos,
+                    read_at,
+                    help,
+                    RecryptOut::Buffer {
+                        out: &mut short,
+                        keep: None,
+                    }
+                ))
+                .is_err());
+        }
+    }
+}
+
+/// A [`ucrypt_engine::RecryptRange`] over all of `out`'s bytes, without a hook.
+fn ranged<'a>(
+    new: &'a (dyn ucrypt_crypto::SectorCipher + 'static),
+    pos: u64,
+    read_at: u64,
+    help: bool,
+    out: ucrypt_engine::RecryptOut<'a>,
+) -> ucrypt_engine::RecryptRange<'a> {
+    let len = match &out {
+        ucrypt_engine::RecryptOut::Buffer { out, .. } => out.len(),
+        ucrypt_engine::RecryptOut::Write(_) => (1 << 20) + 8192,
+    };
+    ucrypt_engine::RecryptRange {
+        new,
+        pos,
+        len,
+        read_at,
+        out,
+        inspect: None,
+        help,
+    }
+}

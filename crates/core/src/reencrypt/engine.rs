@@ -7,8 +7,11 @@
 //!  run:    format::luks2::reencrypt (state, segment layouts, digest check)
 //!          + format::luks2::disk (both header copies, cryptsetup's write order)
 //!          per hotzone: read old ciphertext ─► resilience data into the reencrypt
-//!          keyslot area + header "hot" ─► decrypt old key, encrypt new key (all cores)
+//!          keyslot area + header "hot" ─► decrypt old key, encrypt new key
 //!          ─► write, fdatasync ─► header "post"
+//!  data:   through backend::Backend (a FileBackend; O_DIRECT for hotzone writes), the
+//!          crypto by engine::Volume::recrypt_range on the engine's workers, chunk by
+//!          chunk (read, decrypt, encrypt, [write] while in one core's cache)
 //!  finish: old keyslots wiped and destroyed, then the reencrypt keyslot, backup segments,
 //!          requirement and unused digests, as cryptsetup leaves the header
 //! ```
@@ -18,10 +21,17 @@
 
 use crate::error::{anyhow, bail, Context, Result};
 use std::fs::File;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
-use ucrypt_crypto::{CipherSpec, Sector512, SectorCipher, SectorParams, SectorSize, VolumeKey};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use ucrypt_backend::{
+    AlignedBuf, Backend, BackendError, BackendInfo, Caps, FileBackend, FileOptions, IoKind,
+    Support, WriteOp,
+};
+use ucrypt_crypto::{CipherSpec, SectorCipher, SectorParams, SectorSize, VolumeKey};
+use ucrypt_engine::{
+    EngineOptions, Inspect, PoolOptions, RecryptOut, RecryptRange, Volume, VolumeConfig, WriteOrder,
+};
 use ucrypt_format::kdf::Hash;
 use ucrypt_format::luks2::disk::{Header, Io};
 use ucrypt_format::luks2::json::Json;
@@ -66,22 +76,105 @@ pub type ProgressFn<'a> = dyn FnMut(u64, u64) + 'a;
 
 /// An open reencryption: the device, its header, the state and both keys.
 pub struct Run {
-    /// The header's device (with an attached header, the data's as well).
-    file: Box<dyn Io>,
-    /// The data device when the header is detached (`--header`).
-    data: Option<(Box<dyn Io>, String)>,
+    /// The header's device: the header, the keyslots and the reencrypt keyslot's area.
+    file: Arc<dyn Io>,
     device: String,
+    /// The data area's device (the header's unless detached) and its name: every read and
+    /// write of the data goes through it.
+    dev: Arc<dyn Backend>,
+    dname: String,
+    /// Whether the header is detached (`--header`).
+    detached: bool,
     header: Header,
     state: Reencrypt,
     device_size: u64,
-    old: Box<dyn SectorCipher>,
-    new: Box<dyn SectorCipher>,
+    old: Arc<dyn SectorCipher>,
+    new: Arc<dyn SectorCipher>,
     /// Both volume keys, for [`Run::side_lines`] (online reencryption serves both sides).
     keys: (VolumeKey, VolumeKey),
     /// The data device opened with `O_DIRECT`, for the resilient passes' hotzone writes
     /// (see [`write_direct`]); `None` where it cannot be opened so (tmpfs) or the I/O is a
     /// caller's model ([`Run::open_with`]).
-    direct: Option<File>,
+    direct: Option<FileBackend>,
+    /// The engine over `dev` with the old side's cipher: the crypto of the data pass, on
+    /// its workers (started by the first data pass or recovery).
+    engine: Option<Volume>,
+}
+
+/// A caller's [`Io`] (a test's model of a volatile write cache) as the data device's
+/// [`Backend`].
+struct IoBackend {
+    io: Arc<dyn Io>,
+    path: PathBuf,
+    info: BackendInfo,
+}
+
+impl IoBackend {
+    fn new(io: Arc<dyn Io>, path: &Path) -> Result<IoBackend> {
+        use std::io::{Seek, SeekFrom};
+        let size_bytes = File::open(path)
+            .and_then(|mut f| f.seek(SeekFrom::End(0)))
+            .with_context(|| format!("reading the size of {}", path.display()))?;
+        Ok(IoBackend {
+            io,
+            path: path.to_path_buf(),
+            info: BackendInfo {
+                size_bytes,
+                logical_block: 512,
+                physical_block: 512,
+                optimal_block: 512,
+                caps: Caps {
+                    flush: Support::Native,
+                    discard: Support::None,
+                    write_zeroes: Support::None,
+                    read_only: false,
+                },
+            },
+        })
+    }
+}
+
+impl Backend for IoBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn submit(&self, io: ucrypt_backend::Io<'_>) -> std::result::Result<(), BackendError> {
+        let (offset, fua) = (io.offset, io.fua);
+        let err = |op, source| BackendError::Io {
+            op,
+            offset,
+            path: self.path.clone(),
+            source,
+        };
+        match io.kind {
+            IoKind::Read(buf) => self.io.read_at(buf, offset).map_err(|e| err("read", e)),
+            IoKind::Write(buf) => self.io.write_at(buf, offset).map_err(|e| err("write", e)),
+            IoKind::WriteOwned(buf) => self.io.write_at(buf, offset).map_err(|e| err("write", e)),
+            other => Err(BackendError::Unsupported(other.name())),
+        }?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> std::result::Result<(), BackendError> {
+        self.io.sync().map_err(|source| BackendError::Io {
+            op: "flush",
+            offset: 0,
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+/// A backend error with its cause (the OS error), for messages.
+fn berr(e: &BackendError) -> String {
+    match std::error::Error::source(e) {
+        Some(s) => format!("{e}: {s}"),
+        None => e.to_string(),
+    }
 }
 
 /// Keeps a served volume's client I/O off each hotzone while the data pass rewrites it
@@ -159,7 +252,7 @@ fn key_of(
     .with_context(|| format!("unlocking the {which} volume key (digest {digest})"))
 }
 
-fn cipher(side: &reencrypt::Side, key: &VolumeKey) -> Result<Box<dyn SectorCipher>> {
+fn cipher(side: &reencrypt::Side, key: &VolumeKey) -> Result<Arc<dyn SectorCipher>> {
     let spec: CipherSpec = side
         .encryption
         .parse()
@@ -168,14 +261,14 @@ fn cipher(side: &reencrypt::Side, key: &VolumeKey) -> Result<Box<dyn SectorCiphe
     // a digest and a volume key in its keyslot; the cipher takes none, as dm-crypt's.
     let empty = VolumeKey::empty();
     let null = side.encryption.split('-').next() == Some("cipher_null");
-    Ok(spec.build(
+    Ok(Arc::from(spec.build(
         if null { &empty } else { key },
         SectorParams {
             sector_size: SectorSize::new(side.sector_size)?,
             iv_offset: 0,
             iv_large_sectors: false,
         },
-    )?)
+    )?))
 }
 
 /// The IV sector of the data area's first byte: the encrypted side's (the new one unless
@@ -188,15 +281,15 @@ fn iv_base(st: &Reencrypt) -> u64 {
     }
 }
 
-/// Both ciphers and the IV of the data area's first sector.
-#[derive(Clone, Copy)]
-struct Cipher<'a> {
-    old: &'a dyn SectorCipher,
-    new: &'a dyn SectorCipher,
-    iv_base: u64,
+/// The engine's position (bytes, for the IV) of data-area byte `at`.
+fn iv_pos(iv_base: u64, at: u64) -> Result<u64> {
+    iv_base
+        .checked_mul(512)
+        .and_then(|b| b.checked_add(at))
+        .ok_or_else(|| anyhow!("IV sector {iv_base} is out of range"))
 }
 
-/// One hotzone of a resilient pass on its way from the workers to the I/O thread and back
+/// One hotzone of a resilient pass on its way from the engine to the I/O thread and back
 /// (the buffers are reused): old ciphertext, new ciphertext, checksums.
 #[derive(Default)]
 struct Hotzone {
@@ -205,169 +298,84 @@ struct Hotzone {
     // Old and new ciphertext only (plaintext lives in `out` for the moment between a
     // piece's decryption and encryption), so not zeroized: wiping two hotzones of bytes
     // cost as much as a cipher pass.
-    src: Vec<u8>,
-    out: Vec<u8>,
+    src: Option<AlignedBuf>,
+    out: Option<AlignedBuf>,
     sums: Vec<u8>,
 }
 
-/// Makes `buf` at least `n` bytes long. A new buffer is the allocator's zeroed memory
-/// (fresh pages, faulted in by the threads that first write them, in parallel) rather than
-/// zeros this thread writes: filling two 64 MiB buffers cost about 0.2 s before the first
-/// read (page faults in this VM run at about 0.5 GB/s).
-fn room(buf: &mut Vec<u8>, n: usize) {
-    if buf.len() < n {
-        *buf = vec![0u8; n];
+/// The first `n` bytes of `buf`, which is made at least that long. A new buffer is the
+/// allocator's zeroed memory (fresh pages, faulted in by the threads that first write
+/// them, in parallel) rather than zeros this thread writes: filling two 64 MiB buffers
+/// cost about 0.2 s before the first read (page faults in this VM run at about 0.5 GB/s).
+/// Aligned as `align` (the `O_DIRECT` device's logical block) so that its writes need no
+/// bounce buffer.
+fn room(buf: &mut Option<AlignedBuf>, n: usize, align: usize) -> Result<&mut [u8]> {
+    if buf.as_ref().is_none_or(|b| b.len() < n) {
+        *buf = None;
+        *buf = Some(AlignedBuf::zeroed(n, align).map_err(|e| anyhow!("{e}"))?);
+    }
+    match buf {
+        Some(b) => Ok(&mut b[..n]),
+        None => bail!("BUG: no hotzone buffer"),
     }
 }
 
-/// Alignment of the hotzone buffers' windows: what `O_DIRECT` asks of a buffer's address
-/// (the logical block size; 4096 covers every device).
-const DIRECT_ALIGN: usize = 4096;
-
-/// The `n`-byte window of `buf` that starts at a [`DIRECT_ALIGN`]-aligned address, growing
-/// `buf` (as [`room`]) when it is too short.
-fn window(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
-    room(buf, n + DIRECT_ALIGN);
-    let off = (DIRECT_ALIGN - buf.as_ptr() as usize % DIRECT_ALIGN) % DIRECT_ALIGN;
-    &mut buf[off..off + n]
-}
-
-/// The window [`window`] gave out, to read.
-fn window_of(buf: &[u8], n: usize) -> &[u8] {
-    let off = (DIRECT_ALIGN - buf.as_ptr() as usize % DIRECT_ALIGN) % DIRECT_ALIGN;
-    &buf[off..off + n]
-}
-
-/// The data device opened for `O_DIRECT` writes, if it can be.
-fn open_direct(path: &Path) -> Option<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .ok()
-}
-
 /// Writes a whole hotzone (or the journal) at `at`: through `direct` (`O_DIRECT`) when
-/// there is one, else through `io`. A hotzone is written once, in full, and synced at
+/// there is one, else through `dev`. A hotzone is written once, in full, and synced at
 /// once: through the page cache that is a copy into it and then the writeback of every
 /// page by the sync, about a fifth of a checksum pass's CPU in the kernel
 /// (`copy_folio_from_iter_atomic`, ext4's writeback) taken from the threads that
 /// re-encrypt the next hotzone. `O_DIRECT` hands the buffer to the device instead; the
-/// sync that follows (on `io`, the same inode) still flushes the device's cache, so the
+/// sync that follows (on `dev`, the same inode) still flushes the device's cache, so the
 /// order on disk is the same. The kernel invalidates the page cache over the range, so
 /// buffered readers (the next open, an instance's clients, held off the hotzone
-/// meanwhile) see the new bytes. A device that refuses the alignment (`EINVAL`) is
-/// written through `io` instead: the same bytes.
+/// meanwhile) see the new bytes. A device that refuses the alignment is written through
+/// `dev` instead: the same bytes.
 ///
-/// The buffer goes out as [`WRITE_PIECE`]-byte writes, [`WRITES_IN_FLIGHT`] at a time (one
-/// thread each), which kept this VM's virtio disk busier than one hotzone-sized write
-/// (`fio`, 512 MiB, `O_DIRECT`, fsync every 64 MiB, load 7: 1.7-1.8 GB/s as 64 MiB writes,
-/// 2.0-2.3 GB/s as 4 MiB writes 4 deep). All of them complete before this returns, so the
-/// sync after it covers the whole buffer as before. With `split` false the buffer goes
-/// out as one write: the data shift's pass (not measured here) keeps one write per
-/// hotzone, which its interoperability tests count on (they kill the run at the n-th
-/// `pwrite64` to stop it at a given step).
+/// With `split` the buffer goes out as [`WRITE_PIECE`]-byte writes submitted together
+/// (the backend's batch, io_uring), which kept this VM's virtio disk busier than one
+/// hotzone-sized write (`fio`, 512 MiB, `O_DIRECT`, fsync every 64 MiB, load 7: 1.7-1.8
+/// GB/s as 64 MiB writes, 2.0-2.3 GB/s as 4 MiB writes 4 deep). All of them complete
+/// before this returns, so the sync after it covers the whole buffer. With `split` false
+/// the buffer goes out as one write: the data shift's pass keeps one write per hotzone,
+/// which its interoperability tests count on (they kill the run at the n-th `pwrite64`
+/// to stop it at a given step).
 fn write_direct(
-    direct: Option<&File>,
-    io: &dyn Io,
+    direct: Option<&FileBackend>,
+    dev: &dyn Backend,
     buf: &[u8],
     at: u64,
     split: bool,
-) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    if let Some(f) = direct {
-        let pieces = if split {
-            buf.len().div_ceil(WRITE_PIECE)
+) -> std::result::Result<(), BackendError> {
+    if let Some(d) = direct {
+        let r = if split && buf.len() > WRITE_PIECE {
+            let ops: Vec<WriteOp<'_>> = buf
+                .chunks(WRITE_PIECE)
+                .enumerate()
+                .map(|(i, piece)| WriteOp {
+                    offset: at + (i * WRITE_PIECE) as u64,
+                    buf: piece,
+                    fua: false,
+                })
+                .collect();
+            d.submit_writes(&ops)
         } else {
-            1
-        };
-        let r = if pieces <= 1 {
-            f.write_all_at(buf, at)
-        } else {
-            let next = AtomicU64::new(0);
-            let failed = AtomicBool::new(false);
-            let work = || -> std::io::Result<()> {
-                loop {
-                    let off = next.fetch_add(WRITE_PIECE as u64, Ordering::Relaxed) as usize;
-                    if off >= buf.len() || failed.load(Ordering::Relaxed) {
-                        return Ok(());
-                    }
-                    let piece = &buf[off..buf.len().min(off + WRITE_PIECE)];
-                    if let Err(e) = f.write_all_at(piece, at + off as u64) {
-                        failed.store(true, Ordering::Relaxed);
-                        return Err(e);
-                    }
-                }
-            };
-            on_threads(WRITES_IN_FLIGHT.min(pieces), &work)
+            d.write_at(buf, at, false)
         };
         match r {
-            // Refused alignment: the same bytes through `io` (a piece that was written
+            // Refused alignment: the same bytes through `dev` (a piece that was written
             // already is written again, with the same bytes).
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(BackendError::Misaligned { .. } | BackendError::OutOfRange { .. }) => {}
+            Err(BackendError::Io { ref source, .. })
+                if source.raw_os_error() == Some(libc::EINVAL) => {}
             r => return r,
         }
     }
-    io.write_at(buf, at)
+    dev.write_at(buf, at, false)
 }
 
-/// Bytes of one `O_DIRECT` write of [`write_direct`] (a multiple of [`DIRECT_ALIGN`]).
+/// Bytes of one `O_DIRECT` write of [`write_direct`].
 const WRITE_PIECE: usize = 4 << 20;
-
-/// How many [`WRITE_PIECE`] writes [`write_direct`] keeps in flight.
-const WRITES_IN_FLIGHT: usize = 4;
-
-/// Runs `work` on `threads` threads (this one among them) and returns the first error.
-fn on_threads(
-    threads: usize,
-    work: &(dyn Fn() -> std::io::Result<()> + Sync),
-) -> std::io::Result<()> {
-    std::thread::scope(|s| {
-        let others: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
-        let mine = work();
-        others.into_iter().fold(mine, |first, h| {
-            let r = h
-                .join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("a re-encryption thread panicked")));
-            first.and(r)
-        })
-    })
-}
-
-/// As [`on_threads`], all on new threads that run `nice_up` nice levels below the calling
-/// thread (Linux's nice value is per thread; raising it needs no privilege).
-fn on_lower_threads(
-    threads: usize,
-    nice_up: i32,
-    work: &(dyn Fn() -> std::io::Result<()> + Sync),
-) -> std::io::Result<()> {
-    if nice_up == 0 {
-        return on_threads(threads, work);
-    }
-    // SAFETY: getpriority has no memory effects.
-    let base = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-    let lowered = move || {
-        // SAFETY: as above; on Linux PRIO_PROCESS with id 0 is the calling thread only.
-        unsafe {
-            libc::setpriority(libc::PRIO_PROCESS, 0, base + nice_up);
-        }
-        work()
-    };
-    std::thread::scope(|s| {
-        let all: Vec<_> = (0..threads).map(|_| s.spawn(lowered)).collect();
-        let mut first = Ok(());
-        for h in all {
-            let r = h
-                .join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("a re-encryption thread panicked")));
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
-    })
-}
 
 /// How many nice levels the `journal` pass's re-encrypting threads run below its I/O
 /// thread ([`transform`]). Each step of the I/O thread's chain (write, sync, header copy,
@@ -381,9 +389,10 @@ fn on_lower_threads(
 /// a lower priority would give to other processes.
 const WORKER_NICE: i32 = 2;
 
-/// Bytes one thread reads, converts and (for [`rekey_in_place`]) writes at a time: small
-/// enough to stay in the core's cache from the read to the write (one pass each over a
-/// whole 32 MiB slice ran at half the speed), large enough to keep the system calls few.
+/// Bytes one thread reads, converts and (resilience `none`) writes at a time (the
+/// engine's chunk): small enough to stay in the core's cache from the read to the write
+/// (one pass each over a whole 32 MiB slice ran at half the speed), large enough to keep
+/// the system calls few.
 const PIECE: usize = 256 << 10;
 
 /// The number of threads the data pass uses: one per CPU.
@@ -391,133 +400,28 @@ fn workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Re-encrypts data-area bytes `[at, at + len)` in place on the device (data area at device
-/// offset `base`), streaming: every thread takes the next piece, reads it, decrypts it with
-/// the old key, encrypts it with the new and writes it back while it is in the core's
-/// cache, the shape of `ucrypt write` (no hotzone-sized buffer, no separate writer).
-/// Pieces are handed out one at a time, so a thread the scheduler holds back (the machine
-/// is shared) does not hold the others back. For resilience `none` only: a piece is
-/// overwritten with nothing kept to recover it.
-///
-/// # Errors
-/// The first read or write error; the other threads stop at their next piece.
-fn rekey_in_place(
-    c: Cipher<'_>,
-    io: &dyn Io,
-    base: u64,
-    at: u64,
-    len: u64,
-    align: usize,
-    threads: usize,
-) -> std::io::Result<()> {
-    let piece = PIECE.div_ceil(align) * align;
-    let next = AtomicU64::new(0);
-    let failed = AtomicBool::new(false);
-    let work = || -> std::io::Result<()> {
-        // Holds plaintext between the decryption and the encryption of a piece.
-        let mut buf = Zeroizing::new(vec![0u8; piece]);
-        loop {
-            let off = next.fetch_add(piece as u64, Ordering::Relaxed);
-            if off >= len || failed.load(Ordering::Relaxed) {
-                return Ok(());
-            }
-            let b = &mut buf[..(len - off).min(piece as u64) as usize];
-            let pos = at + off;
-            let r = io.read_at(b, base + pos).and_then(|()| {
-                let first = Sector512(c.iv_base + pos / 512);
-                c.old.decrypt(first, b);
-                c.new.encrypt(first, b);
-                io.write_at(b, base + pos)
-            });
-            if r.is_err() {
-                failed.store(true, Ordering::Relaxed);
-                return r;
-            }
-        }
-    };
-    on_threads(threads, &work)
+/// The data device as a [`FileBackend`] (buffered, `pread`/`pwrite`: the data pass reads
+/// each byte once, so a memory mapping would only add page faults).
+fn file_backend(path: &Path) -> Result<Arc<dyn Backend>> {
+    let mut b = FileBackend::open(path, FileOptions::default())
+        .map_err(|e| anyhow!("opening {}: {}", path.display(), berr(&e)))?;
+    b.use_mmap(false);
+    Ok(Arc::new(b))
 }
 
-/// Reads the old ciphertext of data-area bytes from `at` (device offset `from.1`) and
-/// re-encrypts it into `out` on `threads` threads, piece by piece (each piece read, summed,
-/// decrypted and encrypted while it is in the core's cache; pieces handed out one at a
-/// time). With `src` (the journal) the old ciphertext is kept there and decrypted from it
-/// into `out`; without (checksums need only its digests, a data shift leaves the old data
-/// where it is) it is read into `out` and re-encrypted in place: one hotzone-sized buffer less to fault in and to stream through
-/// memory. With `sums`, also the digest of every `bs`-byte block of the old ciphertext
-/// (the checksum resilience data), in the same pass. With `nice_up` above 0 the threads
-/// run that many nice levels below the caller (see [`WORKER_NICE`]).
-///
-/// # Errors
-/// The first read error.
-#[allow(clippy::too_many_arguments)]
-fn transform(
-    c: Cipher<'_>,
-    from: (&dyn Io, u64),
-    at: u64,
-    src: Option<&mut [u8]>,
-    out: &mut [u8],
-    sums: Option<(Hash, usize, &mut [u8])>,
-    align: usize,
-    threads: usize,
-    nice_up: i32,
-) -> std::io::Result<()> {
-    let unit = sums.as_ref().map_or(align, |(_, bs, _)| align.max(*bs));
-    let piece = PIECE.div_ceil(unit) * unit;
-    let (io, base) = from;
-    let (hash, bs, sums) = match sums {
-        Some((h, bs, s)) => (Some(h), bs, Some(s)),
-        None => (None, 1, None),
-    };
-    let hl = hash.map_or(0, |h| h.size());
-    type Sums<'s> = Box<dyn Iterator<Item = Option<&'s mut [u8]>> + Send + 's>;
-    let sums: Sums<'_> = match sums {
-        Some(s) => Box::new(s.chunks_mut(piece / bs * hl).map(Some)),
-        None => Box::new(std::iter::repeat_with(|| None)),
-    };
-    type Src<'s> = Box<dyn Iterator<Item = Option<&'s mut [u8]>> + Send + 's>;
-    let src: Src<'_> = match src {
-        Some(s) => Box::new(s.chunks_mut(piece).map(Some)),
-        None => Box::new(std::iter::repeat_with(|| None)),
-    };
-    let jobs = Mutex::new(src.zip(out.chunks_mut(piece)).zip(sums).enumerate());
-    let failed = AtomicBool::new(false);
-    let work = || -> std::io::Result<()> {
-        loop {
-            let job = jobs.lock().unwrap_or_else(PoisonError::into_inner).next();
-            let Some((j, ((mut src, out), sums))) = job else {
-                return Ok(());
-            };
-            if failed.load(Ordering::Relaxed) {
-                return Ok(());
-            }
-            let pos = (j * piece) as u64;
-            let first = Sector512(c.iv_base + (at + pos) / 512);
-            let read = match &mut src {
-                Some(src) => io.read_at(src, base + pos),
-                None => io.read_at(out, base + pos),
-            };
-            if let Err(e) = read {
-                failed.store(true, Ordering::Relaxed);
-                return Err(e);
-            }
-            if let (Some(h), Some(sums)) = (hash, sums) {
-                let old: &[u8] = match &src {
-                    Some(src) => src,
-                    None => out,
-                };
-                for (block, sum) in old.chunks(bs).zip(sums.chunks_mut(hl)) {
-                    sum.copy_from_slice(&h.digest(&[block]));
-                }
-            }
-            match src {
-                Some(src) => c.old.decrypt_from(first, src, out),
-                None => c.old.decrypt(first, out),
-            }
-            c.new.encrypt(first, out);
-        }
-    };
-    on_lower_threads(threads, nice_up, &work)
+/// The data device opened with `O_DIRECT` (writes batched through io_uring where the
+/// kernel has it), if it can be.
+fn open_direct(path: &Path) -> Option<FileBackend> {
+    let mut b = FileBackend::open(
+        path,
+        FileOptions {
+            read_only: false,
+            direct: true,
+        },
+    )
+    .ok()?;
+    b.use_io_uring(true);
+    Some(b)
 }
 
 impl Run {
@@ -529,7 +433,8 @@ impl Run {
     /// --reduce-device-size`'s, cryptsetup < 2.4's metadata), a passphrase that opens
     /// neither key, a digest that does not match.
     pub fn open(path: &Path, passphrase: &[u8]) -> Result<Run> {
-        let mut run = Self::open_parts(Box::new(open_rw(path)?), path, None, passphrase)?;
+        let dev = file_backend(path)?;
+        let mut run = Self::open_parts(Arc::new(open_rw(path)?), path, dev, None, passphrase)?;
         run.direct = open_direct(path);
         Ok(run)
     }
@@ -540,11 +445,12 @@ impl Run {
     /// # Errors
     /// As [`Run::open`].
     pub fn open_detached(header: &Path, data: &Path, passphrase: &[u8]) -> Result<Run> {
-        let io = Box::new(open_rw(data)?);
+        let dev = file_backend(data)?;
         let mut run = Self::open_parts(
-            Box::new(open_rw(header)?),
+            Arc::new(open_rw(header)?),
             header,
-            Some((io, data)),
+            dev,
+            Some(data),
             passphrase,
         )?;
         run.direct = open_direct(data);
@@ -558,7 +464,9 @@ impl Run {
     /// # Errors
     /// As [`Run::open`].
     pub fn open_with(io: Box<dyn Io>, path: &Path, passphrase: &[u8]) -> Result<Run> {
-        Self::open_parts(io, path, None, passphrase)
+        let io: Arc<dyn Io> = Arc::from(io);
+        let dev = Arc::new(IoBackend::new(Arc::clone(&io), path)?);
+        Self::open_parts(io, path, dev, None, passphrase)
     }
 
     /// As [`Run::open_detached`], with the header's and the data device's I/O through
@@ -573,13 +481,17 @@ impl Run {
         data: &Path,
         passphrase: &[u8],
     ) -> Result<Run> {
-        Self::open_parts(header_io, header, Some((data_io, data)), passphrase)
+        let dev = Arc::new(IoBackend::new(Arc::from(data_io), data)?);
+        Self::open_parts(Arc::from(header_io), header, dev, Some(data), passphrase)
     }
 
+    /// `io`: the header's device, `path` its name; `dev`: the data area's device, `data`
+    /// its name when it is not the header's.
     fn open_parts(
-        io: Box<dyn Io>,
+        io: Arc<dyn Io>,
         path: &Path,
-        data: Option<(Box<dyn Io>, &Path)>,
+        dev: Arc<dyn Backend>,
+        data: Option<&Path>,
         passphrase: &[u8],
     ) -> Result<Run> {
         let device = path.display().to_string();
@@ -592,11 +504,12 @@ impl Run {
         }
         // The size needs the data offset: read the state with a provisional size first.
         let probe = Reencrypt::load(&header.json, u64::MAX).map_err(fe)?;
-        let device_size = match &data {
-            Some((_, d)) => data_size(d, &d.display().to_string(), &probe)?,
+        let device_size = match data {
+            Some(d) => data_size(d, &d.display().to_string(), &probe)?,
             None => data_size(path, &device, &probe)?,
         };
-        let data = data.map(|(io, d)| (io, d.display().to_string()));
+        let dname = data.map_or_else(|| device.clone(), |d| d.display().to_string());
+        let detached = data.is_some();
         let state = Reencrypt::load(&header.json, device_size).map_err(fe)?;
         if let Some((shift, s)) = state.decrypt_shifted() {
             // The data area is the device less the shift, the moved segment its start.
@@ -636,8 +549,10 @@ impl Run {
             Err(_) if state.progress == (Progress::Clean { done: device_size }) => {
                 return Ok(Run {
                     file: io,
-                    data,
                     device,
+                    dev,
+                    dname,
+                    detached,
                     header,
                     old: cipher(&state.new, &new_key)?,
                     state,
@@ -645,6 +560,7 @@ impl Run {
                     new,
                     keys: (VolumeKey::new(new_key.as_bytes().to_vec()), new_key),
                     direct: None,
+                    engine: None,
                 })
             }
             Err(e) => return Err(e),
@@ -655,8 +571,10 @@ impl Run {
         let old = cipher(&state.old, &old_key)?;
         Ok(Run {
             file: io,
-            data,
             device,
+            dev,
+            dname,
+            detached,
             header,
             state,
             device_size,
@@ -664,6 +582,7 @@ impl Run {
             new,
             keys: (old_key, new_key),
             direct: None,
+            engine: None,
         })
     }
 
@@ -749,52 +668,96 @@ impl Run {
             .with_context(|| format!("writing {} bytes at {at} of {}", buf.len(), self.device))
     }
 
-    /// The data area's device and its name.
-    fn data_io(&self) -> (&dyn Io, &str) {
-        match &self.data {
-            Some((io, name)) => (io.as_ref(), name),
-            None => (self.file.as_ref(), &self.device),
-        }
-    }
-
     fn data_read(&self, buf: &mut [u8], at: u64) -> Result<()> {
-        let (io, name) = self.data_io();
-        io.read_at(buf, at)
-            .with_context(|| format!("reading {} bytes at {at} of {name}", buf.len()))
+        self.dev.read_at(buf, at).map_err(|e| {
+            anyhow!(
+                "reading {} bytes at {at} of {}: {}",
+                buf.len(),
+                self.dname,
+                berr(&e)
+            )
+        })
     }
 
     fn data_write(&self, buf: &[u8], at: u64) -> Result<()> {
-        let (io, name) = self.data_io();
-        io.write_at(buf, at)
-            .with_context(|| format!("writing {} bytes at {at} of {name}", buf.len()))
+        self.dev.write_at(buf, at, false).map_err(|e| {
+            anyhow!(
+                "writing {} bytes at {at} of {}: {}",
+                buf.len(),
+                self.dname,
+                berr(&e)
+            )
+        })
     }
 
     fn data_sync(&self) -> Result<()> {
-        let (io, name) = self.data_io();
-        io.sync().with_context(|| format!("syncing {name}"))
+        self.dev
+            .flush()
+            .map_err(|e| anyhow!("syncing {}: {}", self.dname, berr(&e)))
     }
 
-    /// The IV sector of data-area byte `at`.
-    fn iv(&self, at: u64) -> Sector512 {
-        Sector512(iv_base(&self.state) + at / 512)
-    }
-
-    /// Decrypts with the old key and encrypts with the new, in place, on every core.
-    fn rekey(&self, buf: &mut [u8], at: u64) {
+    /// Starts the engine (once): one volume over the data device with the old side's
+    /// cipher, whose workers do the data pass's chunks. Resilience `none` and `checksum`:
+    /// one worker per CPU but one, this thread working too; `journal`: one per CPU, at a
+    /// lower priority than the I/O thread ([`WORKER_NICE`]), this thread only waiting.
+    fn start_engine(&mut self) -> Result<()> {
+        if self.engine.is_some() {
+            return Ok(());
+        }
+        let cpus = workers();
+        let journal = self.state.resilience == Resilience::Journal;
+        let sum_block = match &self.state.resilience {
+            Resilience::Checksum { sector_size, .. } => *sector_size as usize,
+            _ => 1,
+        };
         let align = self.state.old.sector_size.max(self.state.new.sector_size) as usize;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let per = buf.len().div_ceil(threads).div_ceil(align).max(1) * align;
-        std::thread::scope(|s| {
-            for (i, chunk) in buf.chunks_mut(per).enumerate() {
-                let pos = at + (i * per) as u64;
-                let first = self.iv(pos);
-                let (old, new) = (&self.old, &self.new);
-                s.spawn(move || {
-                    old.decrypt(first, chunk);
-                    new.encrypt(first, chunk);
-                });
-            }
-        });
+        let unit = align.max(sum_block);
+        let piece = PIECE.div_ceil(unit) * unit;
+        let threads = if journal { cpus } else { cpus - 1 };
+        let opts = EngineOptions {
+            // No workers at all (one CPU, this thread working): everything inline.
+            no_read_workqueue: threads == 0,
+            no_write_workqueue: threads == 0,
+            same_cpu_crypt: false,
+            submit_from_crypt_cpus: true,
+            write_order: WriteOrder::Issue,
+            split_bytes: piece,
+            workers: threads.max(1),
+            auto: None,
+            pool: PoolOptions {
+                // Resilience `none` writes each chunk back from a pool buffer: one per
+                // thread at work.
+                buffers: if self.state.resilience == Resilience::None {
+                    cpus
+                } else {
+                    1
+                },
+                buffer_bytes: piece,
+                per_request_alloc: false,
+            },
+            worker_nice: if journal { WORKER_NICE } else { 0 },
+        };
+        let ss = u64::from(self.old.sector_size().bytes());
+        let cfg = VolumeConfig {
+            data_offset_bytes: 0,
+            length_bytes: self.dev.info().size_bytes / ss * ss,
+            read_only: false,
+            allow_discards: false,
+        };
+        let v = Volume::with_options(Arc::clone(&self.old), Arc::clone(&self.dev), cfg, opts)
+            .map_err(|e| anyhow!("starting the engine on {}: {e}", self.dname))?;
+        self.engine = Some(v);
+        Ok(())
+    }
+
+    /// Decrypts with the old key and encrypts with the new, in place, on the engine.
+    fn rekey(&self, buf: &mut [u8], at: u64) -> Result<()> {
+        let Some(engine) = &self.engine else {
+            bail!("BUG: the engine is not started");
+        };
+        engine
+            .recrypt_in_place(&*self.new, iv_pos(iv_base(&self.state), at)?, buf, None)
+            .map_err(|e| anyhow!("re-encrypting {} bytes at {at}: {}", buf.len(), berr(&e)))
     }
 
     /// `--device-size`: the run covers only `limit` bytes of the data area (the first, or
@@ -844,6 +807,7 @@ impl Run {
     pub fn recover_crash(&mut self) -> Result<bool> {
         match self.state.progress {
             Progress::Crashed { offset, length } => {
+                self.start_engine()?;
                 self.recover(offset, length)?;
                 Ok(true)
             }
@@ -875,7 +839,7 @@ impl Run {
                     if h.digest(&[block])[..] == sums[s * h.size()..(s + 1) * h.size()] {
                         // Still the old ciphertext.
                         let pos = offset + (s * bs) as u64;
-                        self.rekey(block, pos);
+                        self.rekey(block, pos)?;
                         self.data_write(block, data_at + (s * bs) as u64)?;
                     }
                 }
@@ -885,14 +849,14 @@ impl Run {
                     bail!("hotzone of {length} bytes is larger than the {area_size}-byte journal");
                 }
                 self.pread(&mut buf, area_at)?;
-                self.rekey(&mut buf, offset);
+                self.rekey(&mut buf, offset)?;
                 self.data_write(&buf, data_at)?;
             }
             Resilience::Datashift { .. } => {
                 // The hotzone's old data is intact (the new lies a shift above it, or the
                 // last hotzone's below the moved copy): do it again.
                 self.data_read(&mut buf, self.state.old_offset(offset))?;
-                self.rekey(&mut buf, offset);
+                self.rekey(&mut buf, offset)?;
                 self.data_write(&buf, data_at)?;
             }
             Resilience::None => bail!(
@@ -944,6 +908,14 @@ impl Run {
         progress: &mut ProgressFn<'_>,
         gate: Option<&dyn Gate>,
     ) -> Result<Outcome> {
+        // Only a run that has nothing left but the clean-up needs no engine.
+        if self.state.progress
+            != (Progress::Clean {
+                done: self.device_size,
+            })
+        {
+            self.start_engine()?;
+        }
         if let Progress::Crashed { offset, length } = self.state.progress {
             self.recover(offset, length)?;
         }
@@ -972,9 +944,10 @@ impl Run {
     }
 
     /// The data pass with resilience `none`: hotzone by hotzone (the unit of progress and
-    /// of stopping), each re-encrypted in place by [`rekey_in_place`]; the header is
-    /// written once, at the end or when stopped (as cryptsetup does). Returns how far it
-    /// got.
+    /// of stopping), each re-encrypted in place by the engine, chunk by chunk (read,
+    /// decrypted, encrypted and written back while in one core's cache, no hotzone-sized
+    /// buffer); the header is written once, at the end or when stopped (as cryptsetup
+    /// does). Returns how far it got.
     fn pass_none(
         &mut self,
         start: u64,
@@ -984,28 +957,26 @@ impl Run {
         gate: Option<&dyn Gate>,
     ) -> Result<u64> {
         let size = self.device_size;
-        let threads = workers();
         let Run {
             file,
-            data,
             device,
+            dev,
+            dname,
             header,
             state,
-            old,
             new,
+            engine,
             ..
         } = self;
-        let align = state.old.sector_size.max(state.new.sector_size) as usize;
-        let c = Cipher {
-            old: old.as_ref(),
-            new: new.as_ref(),
-            iv_base: iv_base(state),
-        };
-        let (io, name): (&dyn Io, &str) = match &*data {
-            Some((d, n)) => (&**d, n.as_str()),
-            None => (file.as_ref(), device.as_str()),
-        };
+        let engine = engine
+            .as_ref()
+            .ok_or_else(|| anyhow!("BUG: the engine is not started"));
+        let iv0 = iv_base(state);
         let base = state.new.offset;
+        let sync = || {
+            dev.flush()
+                .map_err(|e| anyhow!("syncing {dname}: {}", berr(&e)))
+        };
         let mut done = start;
         let mut recorded = start;
         while done < size
@@ -1016,13 +987,29 @@ impl Run {
             if let Some(g) = gate {
                 g.hold(at, len);
             }
-            rekey_in_place(c, io, base, at, len, align, threads).map_err(|e| {
-                anyhow!("re-encrypting {len} bytes at {} on {name}: {e}", base + at)
-            })?;
+            engine
+                .as_ref()
+                .map_err(|e| anyhow!("{e}"))?
+                .recrypt_range(RecryptRange {
+                    new: &**new,
+                    pos: iv_pos(iv0, at)?,
+                    len: usize::try_from(len)?,
+                    read_at: base + at,
+                    out: RecryptOut::Write(base + at),
+                    inspect: None,
+                    help: true,
+                })
+                .map_err(|e| {
+                    anyhow!(
+                        "re-encrypting {len} bytes at {} on {dname}: {}",
+                        base + at,
+                        berr(&e)
+                    )
+                })?;
             done += len;
             if let Some(g) = gate {
                 // Served: the boundary moves only once the header says so.
-                io.sync().map_err(|e| anyhow!("syncing {name}: {e}"))?;
+                sync()?;
                 state.set_done(&mut header.json, done, size);
                 header.write(file.as_ref(), device).map_err(fe)?;
                 recorded = done;
@@ -1031,7 +1018,7 @@ impl Run {
             progress(done, size);
         }
         if done > recorded {
-            io.sync().map_err(|e| anyhow!("syncing {name}: {e}"))?;
+            sync()?;
             state.set_done(&mut header.json, done, size);
             header.write(file.as_ref(), device).map_err(fe)?;
         }
@@ -1050,7 +1037,6 @@ impl Run {
         gate: Option<&dyn Gate>,
     ) -> Result<u64> {
         let size = self.device_size;
-        let threads = workers();
         let sums_of = match &self.state.resilience {
             Resilience::Checksum { hash, sector_size } => {
                 Some((Hash::from_name(hash).map_err(fe)?, *sector_size as usize))
@@ -1059,29 +1045,32 @@ impl Run {
         };
         let Run {
             file,
-            data,
             device,
+            dev,
+            dname,
+            detached,
             header,
             state,
-            old,
             new,
             direct,
+            engine,
             ..
         } = self;
+        let engine = engine
+            .as_ref()
+            .ok_or_else(|| anyhow!("BUG: the engine is not started"));
+        let chunk = engine.as_ref().map_or(PIECE, |e| e.options().split_bytes);
         let io: &dyn Io = file.as_ref();
         let device = device.as_str();
         let direct = direct.as_ref();
+        let detached = *detached;
         // The journal goes through `O_DIRECT` too when it is on the data device.
-        let jdirect = direct.filter(|_| data.is_none());
-        // The data area's device: the header's unless detached.
-        let detached = data.is_some();
-        let (dio, dname): (&dyn Io, &str) = match &*data {
-            Some((d, name)) => (&**d, name.as_str()),
-            None => (io, device),
-        };
-        let (old, new) = (old.as_ref(), new.as_ref());
-        let align = state.old.sector_size.max(state.new.sector_size) as usize;
-        let iv_base = iv_base(state);
+        let jdirect = direct.filter(|_| !detached);
+        let (dev, dname): (&dyn Backend, &str) = (dev.as_ref(), dname.as_str());
+        let new: &(dyn SectorCipher + 'static) = &**new;
+        // Hotzone buffers aligned for the `O_DIRECT` device (no bounce buffer).
+        let buf_align = direct.map_or(8, |d| d.info().logical_block as usize);
+        let iv0 = iv_base(state);
         let st: &Reencrypt = state;
         let shifted = matches!(st.resilience, Resilience::Datashift { .. });
         let journal = st.resilience == Resilience::Journal;
@@ -1091,8 +1080,13 @@ impl Run {
         let done = std::thread::scope(|scope| -> Result<u64> {
             // The I/O thread: per hotzone, cryptsetup's on-disk sequence, strictly in order.
             let writer = scope.spawn(move || -> Result<()> {
+                let dsync = || {
+                    dev.flush()
+                        .map_err(|e| anyhow!("syncing {dname}: {}", berr(&e)))
+                };
                 for z in from_main {
                     let n = z.len as usize;
+                    let out = z.out.as_ref().map_or(&[][..], |b| &b[..n]);
                     // The commit point: resilience data, synced, then the "hot" header.
                     // A data shift has none: the old data stays where it was.
                     if !shifted && detached && gate.is_some() {
@@ -1102,14 +1096,22 @@ impl Run {
                         // those writes included: durable first, or a power cut keeps sums
                         // of data the disk lost, and recovery takes the stale old
                         // ciphertext for new and decrypts it with the new key.
-                        dio.sync().map_err(|e| anyhow!("syncing {dname}: {e}"))?;
+                        dsync()?;
                     }
                     if !shifted {
                         match sums_of {
                             Some(_) => io.write_at(&z.sums, st.area.0),
-                            None => {
-                                write_direct(jdirect, io, window_of(&z.src, n), st.area.0, true)
+                            None if detached => {
+                                io.write_at(z.src.as_ref().map_or(&[][..], |b| &b[..n]), st.area.0)
                             }
+                            None => write_direct(
+                                jdirect,
+                                dev,
+                                z.src.as_ref().map_or(&[][..], |b| &b[..n]),
+                                st.area.0,
+                                true,
+                            )
+                            .map_err(|e| std::io::Error::other(berr(&e))),
                         }
                         .map_err(|e| io_err("writing the resilience data", e))?;
                         // Durable before the header names the hotzone: cryptsetup relies
@@ -1120,9 +1122,10 @@ impl Run {
                     st.set_hot(&mut header.json, z.at, z.len, size);
                     header.write(io, device).map_err(fe)?;
                     let data_at = st.new.offset + z.at;
-                    write_direct(direct, dio, window_of(&z.out, n), data_at, !shifted)
-                        .map_err(|e| anyhow!("writing {n} bytes at {data_at} on {dname}: {e}"))?;
-                    dio.sync().map_err(|e| anyhow!("syncing {dname}: {e}"))?;
+                    write_direct(direct, dev, out, data_at, !shifted).map_err(|e| {
+                        anyhow!("writing {n} bytes at {data_at} on {dname}: {}", berr(&e))
+                    })?;
+                    dsync()?;
                     st.set_done(&mut header.json, st.done_after(z.at, z.len, size), size);
                     header.write(io, device).map_err(fe)?;
                     if let Some(g) = gate {
@@ -1134,7 +1137,7 @@ impl Run {
                 }
                 Ok(())
             });
-            // This thread and the workers: read and re-encrypt the next hotzone while the
+            // This thread and the engine: read and re-encrypt the next hotzone while the
             // I/O thread writes the previous one; at most two hotzones' buffers exist.
             let mut free: Vec<Hotzone> = Vec::new();
             let mut made = 0;
@@ -1177,30 +1180,57 @@ impl Run {
                 let n = usize::try_from(len)?;
                 z.at = at;
                 z.len = len;
-                // Only the journal keeps the old ciphertext (it is the resilience data).
-                let src = journal.then(|| window(&mut z.src, n));
-                let out = window(&mut z.out, n);
                 if let Some((h, bs)) = &sums_of {
                     z.sums.resize(n / bs * h.size(), 0);
                 }
+                let Hotzone { src, out, sums, .. } = &mut z;
+                // Only the journal keeps the old ciphertext (it is the resilience data).
+                let keep = if journal {
+                    Some(room(src, n, buf_align)?)
+                } else {
+                    None
+                };
+                let out = room(out, n, buf_align)?;
+                // The checksums of each chunk's old ciphertext, computed by the thread
+                // that holds the chunk.
+                let slots: Vec<Mutex<&mut [u8]>> = match &sums_of {
+                    Some((h, bs)) => sums
+                        .chunks_mut(chunk / bs * h.size())
+                        .map(Mutex::new)
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let sum = |off: usize, old: &[u8]| {
+                    if let (Some((h, bs)), Some(slot)) = (&sums_of, slots.get(off / chunk)) {
+                        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+                        for (block, s) in old.chunks(*bs).zip(slot.chunks_mut(h.size())) {
+                            s.copy_from_slice(&h.digest(&[block]));
+                        }
+                    }
+                };
+                let hook: &Inspect<'_> = &sum;
                 // The old data: where the new goes, or with a data shift a shift below it
                 // (the moved copy for the last hotzone).
                 let data_at = st.old_offset(at);
                 if let Some(g) = gate {
                     g.hold(at, len);
                 }
-                transform(
-                    Cipher { old, new, iv_base },
-                    (dio, data_at),
-                    at,
-                    src,
-                    out,
-                    sums_of.as_ref().map(|(h, bs)| (*h, *bs, &mut z.sums[..])),
-                    align,
-                    threads,
-                    if journal { WORKER_NICE } else { 0 },
-                )
-                .map_err(|e| anyhow!("reading {n} bytes at {data_at} on {dname}: {e}"))?;
+                engine
+                    .as_ref()
+                    .map_err(|e| anyhow!("{e}"))?
+                    .recrypt_range(RecryptRange {
+                        new,
+                        pos: iv_pos(iv0, at)?,
+                        len: n,
+                        read_at: data_at,
+                        out: RecryptOut::Buffer { out, keep },
+                        inspect: sums_of.is_some().then_some(hook),
+                        help: !journal,
+                    })
+                    .map_err(|e| {
+                        anyhow!("reading {n} bytes at {data_at} on {dname}: {}", berr(&e))
+                    })?;
+                drop(slots);
                 if to_io.send(z).is_err() {
                     break;
                 }
@@ -1265,7 +1295,7 @@ impl Run {
             .with_context(|| format!("syncing {}", self.device))?;
         self.state.set_hot(&mut self.header.json, at, len, size);
         self.write_header()?;
-        self.rekey(&mut buf, at);
+        self.rekey(&mut buf, at)?;
         self.data_write(&buf, self.state.new.offset + at)?;
         self.data_sync()?;
         let done = self.state.done_after(at, len, size);
