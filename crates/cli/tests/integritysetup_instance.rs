@@ -19,6 +19,14 @@ fn data() -> Option<PathBuf> {
         .then_some(d)
 }
 
+/// A scratch directory and, inside it, the runtime directory the test's instances live in.
+fn scratch() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    (tmp, run)
+}
+
 fn unxz(src: &Path, dst: &Path) {
     let out = Command::new("xz").arg("-dc").arg(src).output().unwrap();
     assert!(out.status.success());
@@ -93,9 +101,7 @@ const HMAC: &str = "hmac-sha256-4096-J";
 #[test]
 fn a_named_instance_serves_reports_and_closes() {
     let Some(dir) = data() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let run = tmp.path().join("run");
-    std::fs::create_dir(&run).unwrap();
+    let (tmp, run) = scratch();
     let img = tmp.path().join("k.img");
     unxz(&dir.join(format!("{HMAC}.img.xz")), &img);
     let key = dir.join("key32.bin");
@@ -221,9 +227,7 @@ fn a_named_instance_serves_reports_and_closes() {
 #[test]
 fn status_of_each_mode_and_refusals() {
     let Some(dir) = data() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let run = tmp.path().join("run");
-    std::fs::create_dir(&run).unwrap();
+    let (tmp, run) = scratch();
     let d = tmp.path().join("d.img");
     unxz(&dir.join("crc32c-512-D.img.xz"), &d);
     let b = tmp.path().join("b.img");
@@ -282,9 +286,7 @@ fn status_of_each_mode_and_refusals() {
 #[test]
 fn open_run_serves_for_the_command() {
     let Some(dir) = data() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let run = tmp.path().join("run");
-    std::fs::create_dir(&run).unwrap();
+    let (tmp, run) = scratch();
     let img = tmp.path().join("c.img");
     unxz(&dir.join("crc32c-512-J.img.xz"), &img);
     let size = std::fs::read_to_string(dir.join("crc32c-512-J.size")).unwrap();
@@ -311,9 +313,7 @@ fn open_run_serves_for_the_command() {
 #[test]
 fn status_prints_what_integritysetup_printed() {
     let Some(dir) = data() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let run = tmp.path().join("run");
-    std::fs::create_dir(&run).unwrap();
+    let (tmp, run) = scratch();
     let key = tmp.path().join("key");
     std::fs::write(&key, [b'A'; 32]).unwrap();
     let jkey = tmp.path().join("jkey");
@@ -405,9 +405,7 @@ fn status_prints_what_integritysetup_printed() {
 #[test]
 fn data_device_format_open_status_and_refusals() {
     let Some(dir) = data() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let run = tmp.path().join("run");
-    std::fs::create_dir(&run).unwrap();
+    let (tmp, run) = scratch();
     let sized = |name: &str, bytes: u64| -> PathBuf {
         let p = tmp.path().join(name);
         std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
@@ -549,9 +547,7 @@ fn data_device_format_open_status_and_refusals() {
 #[test]
 fn close_deferred_and_cancel_deferred() {
     let Some(dir) = data() else { return };
-    let tmp = tempfile::tempdir().unwrap();
-    let run = tmp.path().join("run");
-    std::fs::create_dir(&run).unwrap();
+    let (tmp, run) = scratch();
     let img = tmp.path().join("c.img");
     unxz(&dir.join("crc32c-512-J.img.xz"), &img);
     let _vol = open(&run, "dvol", &img, &[]);
