@@ -434,6 +434,16 @@ impl CipherSpec {
             }
             _ => {}
         }
+        if self.mode == ChainMode::Xts && cipher == "aes" && self.iv == Some(IvMode::Plain64) {
+            // AES-128/192 always, AES-256 on small sectors (LUKS1's 512 bytes): see
+            // `vaes_xts::AES256_MAX_UNIT_BYTES` for the measurement.
+            if let Some(xts) = VaesXts::for_plain64_units(subkey, ss.len()) {
+                return Ok(Box::new(VaesXtsPlain64Lane {
+                    xts,
+                    sector_bytes: ss.len(),
+                }));
+            }
+        }
         if self.mode == ChainMode::Xts
             && cipher == "aes"
             && subkey.len() == 64
@@ -441,14 +451,6 @@ impl CipherSpec {
         {
             if let Some(xts) = AwsXts::new(subkey) {
                 return Ok(Box::new(AwsXtsPlain64Lane {
-                    xts,
-                    sector_bytes: ss.len(),
-                }));
-            }
-        }
-        if self.mode == ChainMode::Xts && cipher == "aes" && self.iv == Some(IvMode::Plain64) {
-            if let Some(xts) = VaesXts::new(subkey) {
-                return Ok(Box::new(VaesXtsPlain64Lane {
                     xts,
                     sector_bytes: ss.len(),
                 }));

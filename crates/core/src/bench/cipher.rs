@@ -608,7 +608,7 @@ pub fn crypto_paths() -> String {
             "SSE2"
         };
         format!(
-            "{}, {} (AES-XTS-128/192), Serpent bit-sliced over {wide}, Twofish {}, Adiantum NH over {}",
+            "{}, {} (AES-XTS-128/192; AES-256 on sectors up to 1 KiB), Serpent bit-sliced over {wide}, Twofish {}, Adiantum NH over {}",
             f("AES-NI", std::arch::is_x86_feature_detected!("aes")),
             f("VAES+VPCLMULQDQ", vaes),
             ucrypt_crypto::twofish_code_path(),

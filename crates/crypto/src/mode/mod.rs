@@ -12,7 +12,7 @@
 //! | `cts` (only `capi:cts(cbc(X))`) | [`cts`] | block size |
 //! | `xctr` | [`ctr`] ([`ctr::Xctr`]) | 16 |
 //! | `chacha20` (only `capi:chacha20`, a stream cipher) | [`chacha`] | 16 |
-//! | `xts` | [`xts`] (any 16-byte cipher), [`aws_xts`] (AES-256-XTS via AWS-LC), [`vaes_xts`] (AES-128/192-XTS with VAES) | 16 |
+//! | `xts` | [`xts`] (any 16-byte cipher), [`aws_xts`] (AES-256-XTS via AWS-LC), [`vaes_xts`] (AES-128/192-XTS with VAES, and AES-256-XTS plain64 on sectors up to 1 KiB) | 16 |
 //! | `lrw` | [`lrw`] | 16 (big-endian block index) |
 //! | `adiantum` | [`adiantum`] | 32 |
 //! | `hctr2` | [`hctr2`] | 32 (the tweak) |
