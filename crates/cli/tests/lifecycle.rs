@@ -1018,6 +1018,128 @@ fn a_real_block_device_is_held_with_o_excl_and_refused_when_the_kernel_holds_it(
     wait_gone(&rt, "b");
 }
 
+/// The `O_DIRECT` flag of each descriptor process `pid` holds on `path`.
+fn direct_flags(pid: i32, path: &str) -> Vec<bool> {
+    let mut flags = Vec::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        if std::fs::read_link(fd.path()).is_ok_and(|l| l == Path::new(path)) {
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .unwrap();
+            let octal = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .unwrap()
+                .trim();
+            flags.push(i32::from_str_radix(octal, 8).unwrap() & libc::O_DIRECT != 0);
+        }
+    }
+    flags
+}
+
+#[test]
+fn a_block_device_is_served_without_the_page_cache_unless_asked() {
+    if !require("cryptsetup") || !require("losetup") || !require("nbdcopy") || !require("qemu-img")
+    {
+        return;
+    }
+    if !common::require_that(
+        Path::new("/dev/loop-control").exists(),
+        "no loop devices here (/dev/loop-control is missing)",
+    ) {
+        return;
+    }
+    let rt = Runtime::new();
+    let (img, pass) = luks_image(&rt, "img", 20, "luks1", 512);
+    let pass = pass.to_str().unwrap();
+    let lo = Loop(sh_ok(&format!("losetup -f --show {}", img.display())));
+    let dev = lo.0.as_str();
+    assert_eq!(sh_ok(&format!("blockdev --getss {dev}")), "512");
+    let data: Vec<u8> = (0..3u32 << 20).map(|i| (i * 31 + i / 4093) as u8).collect();
+    let src = rt.path("src");
+    std::fs::write(&src, &data).unwrap();
+
+    // Default: the device is read and written with O_DIRECT (as dm-crypt, no page cache).
+    rt.ok(
+        &["open", dev, "d", "--device", "none", "--key-file", pass],
+        b"",
+    );
+    let flags = direct_flags(rt.pid("d"), dev);
+    assert!(
+        flags.contains(&true),
+        "no O_DIRECT descriptor on {dev}: {flags:?}"
+    );
+    let uri = rt.status("d")["uri"].as_str().unwrap().to_string();
+    sh_ok(&format!("nbdcopy {} '{uri}'", src.display()));
+    let back = rt.path("back");
+    sh_ok(&format!("nbdcopy '{uri}' {}", back.display()));
+    assert!(
+        std::fs::read(&back).unwrap()[..data.len()] == data[..],
+        "read back other data"
+    );
+    rt.ok(&["close", "d"], b"");
+    wait_gone(&rt, "d");
+    // QEMU's own LUKS driver reads the image under the loop device: the writes reached it.
+    let raw = rt.path("plain.raw");
+    sh_ok(&format!(
+        "qemu-img convert --object secret,id=s0,file={pass} --image-opts \
+         driver=luks,key-secret=s0,file.filename={} -O raw {}",
+        img.display(),
+        raw.display()
+    ));
+    assert!(
+        std::fs::read(&raw).unwrap()[..data.len()] == data[..],
+        "qemu read other data"
+    );
+
+    // --buffered keeps the page cache; a regular file keeps it by default.
+    rt.ok(
+        &[
+            "open",
+            dev,
+            "b",
+            "--device",
+            "none",
+            "--key-file",
+            pass,
+            "--buffered",
+        ],
+        b"",
+    );
+    let flags = direct_flags(rt.pid("b"), dev);
+    assert!(!flags.is_empty() && !flags.contains(&true), "{flags:?}");
+    rt.ok(&["close", "b"], b"");
+    wait_gone(&rt, "b");
+    drop(lo);
+    rt.ok(
+        &[
+            "open",
+            img.to_str().unwrap(),
+            "f",
+            "--device",
+            "none",
+            "--key-file",
+            pass,
+        ],
+        b"",
+    );
+    let flags = direct_flags(rt.pid("f"), img.to_str().unwrap());
+    assert!(!flags.is_empty() && !flags.contains(&true), "{flags:?}");
+    // The two settings together are refused.
+    let both = rt.uc(
+        &["open", img.to_str().unwrap(), "x", "--direct", "--buffered"],
+        b"",
+    );
+    assert_code(&both, 1, "cannot be used with");
+    rt.ok(&["close", "f"], b"");
+    wait_gone(&rt, "f");
+}
+
 #[test]
 fn cryptsetups_per_type_open_commands_open_by_name() {
     if !require("cryptsetup") {

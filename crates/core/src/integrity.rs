@@ -224,9 +224,15 @@ fn keyed(k: &Keys) -> Result<Keyed> {
     Ok(Keyed { opts, jcrypt })
 }
 
+/// Format, dump and the metadata checks before `open` are one-off passes over a few
+/// sectors: they keep the page cache (the served device follows `ucrypt open`'s setting).
 fn open_dev(device: &str, read_only: bool) -> Result<Arc<dyn Backend>> {
-    crate::open::open_device(&Device::parse(device), read_only, false)
-        .map_err(|e| e.with_kind(ErrorKind::Device))
+    crate::open::open_device(
+        &Device::parse(device),
+        read_only,
+        crate::open::Cache::Buffered,
+    )
+    .map_err(|e| e.with_kind(ErrorKind::Device))
 }
 
 /// `--data-device`, unless it names the device itself (integritysetup then formats and

@@ -96,7 +96,7 @@ impl Devices {
         if let Some(b) = self.0.get(&key) {
             return Ok(b.clone());
         }
-        let b = open_device(device, opts.read_only, opts.direct)?;
+        let b = open_device(device, opts.read_only, opts.cache)?;
         self.0.insert(key, b.clone());
         Ok(b)
     }

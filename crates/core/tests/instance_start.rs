@@ -142,7 +142,7 @@ fn an_instance_is_claimed_locked_described_served_and_released() {
     let server = std::thread::spawn(move || {
         let serving = Serving {
             read_only: false,
-            direct: false,
+            cache: ucrypt::open::Cache::Auto,
             allow_large_sectors: false,
             perf: PerfOptions::default(),
             max_connections: 2,

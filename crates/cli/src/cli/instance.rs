@@ -75,7 +75,7 @@ pub(crate) fn run(a: Args, name: String) -> Result<(), CliError> {
     };
     let serving = Serving {
         read_only: a.read_only,
-        direct: a.direct,
+        cache: a.cache.cache(),
         allow_large_sectors: a.large_sectors,
         perf: a.perf.options(),
         max_connections: a.max_connections,

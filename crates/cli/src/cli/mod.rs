@@ -572,6 +572,31 @@ fn bounded<const LO: usize, const HI: usize>(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Whether the device's page cache sits under the volume. Default: block devices with
+/// 512-byte logical blocks bypass it (O_DIRECT, as dm-crypt has no page cache under it),
+/// files and other block devices keep it.
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub(crate) struct CacheArgs {
+    /// Bypass the page cache on the device (O_DIRECT), regular files included. Default:
+    /// only block devices with 512-byte logical blocks bypass it.
+    #[arg(long, conflicts_with = "buffered")]
+    direct: bool,
+    /// Read and write the device through the page cache, block devices included.
+    #[arg(long)]
+    buffered: bool,
+}
+
+impl CacheArgs {
+    /// The library's setting for these flags.
+    pub(crate) fn cache(self) -> ucrypt::open::Cache {
+        match (self.direct, self.buffered) {
+            (true, _) => ucrypt::open::Cache::Direct,
+            (false, true) => ucrypt::open::Cache::Buffered,
+            (false, false) => ucrypt::open::Cache::Auto,
+        }
+    }
+}
+
 /// Engine flags: cryptsetup's `--perf-*` (dm-crypt's names) and ucrypt's own.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub(crate) struct PerfArgs {

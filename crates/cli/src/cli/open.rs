@@ -165,9 +165,8 @@ pub(crate) struct Args {
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
     #[arg(help_heading = "Device options", long)]
     pub(super) large_sectors: bool,
-    /// Bypass the page cache on the device (O_DIRECT).
-    #[arg(help_heading = "Device options", long)]
-    pub(super) direct: bool,
+    #[command(flatten, next_help_heading = "Device options")]
+    pub(super) cache: super::CacheArgs,
     #[command(flatten, next_help_heading = "Engine options")]
     pub(super) perf: PerfArgs,
     /// TLS: off (default), on (offered), require (plaintext clients refused).
@@ -246,7 +245,7 @@ pub(super) fn exposure(a: &Args) -> Exposure {
 pub(super) fn open_options(a: &Args) -> ucrypt::OpenOptions {
     ucrypt::OpenOptions {
         read_only: a.read_only,
-        direct: a.direct,
+        cache: a.cache.cache(),
         allow_large_sectors: a.large_sectors,
         perf: a.perf.options(),
     }

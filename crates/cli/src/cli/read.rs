@@ -24,9 +24,8 @@ pub(crate) struct Args {
     /// Accept sector sizes above 4096 (the kernel cannot open such a volume).
     #[arg(long)]
     large_sectors: bool,
-    /// Bypass the page cache on the device (O_DIRECT).
-    #[arg(long)]
-    direct: bool,
+    #[command(flatten)]
+    cache: super::CacheArgs,
     #[command(flatten)]
     perf: super::PerfArgs,
 }
@@ -62,7 +61,7 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         &a.table,
         ucrypt::OpenOptions {
             read_only: true,
-            direct: a.direct,
+            cache: a.cache.cache(),
             allow_large_sectors: a.large_sectors,
             perf: a.perf.options(),
         },

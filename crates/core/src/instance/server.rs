@@ -90,7 +90,7 @@ pub fn build(input: Input, opts: OpenOptions) -> Result<Built> {
                     "--raw exports a device; this table sits on another table".into(),
                 ));
             };
-            let volume = crate::open::open_device(device, opts.read_only, opts.direct)?;
+            let volume = crate::open::open_device(device, opts.read_only, opts.cache)?;
             Built {
                 volume,
                 description: format!("ucrypt raw export of {}", table.device),

@@ -103,8 +103,8 @@ pub struct Locked {
 pub struct Serving {
     /// Open the device read-only and export it so.
     pub read_only: bool,
-    /// Bypass the page cache on the device.
-    pub direct: bool,
+    /// Whether the device's page cache sits under the volume.
+    pub cache: crate::open::Cache,
     /// Accept sector sizes above 4096.
     pub allow_large_sectors: bool,
     /// The engine settings asked for (the front end's defaults fill the rest).
@@ -397,7 +397,7 @@ impl Locked {
         let kind = self.claimed.kind;
         let opts = OpenOptions {
             read_only: serving.read_only,
-            direct: serving.direct,
+            cache: serving.cache,
             allow_large_sectors: serving.allow_large_sectors,
             perf: frontend::perf_defaults(kind, serving.perf),
         };

@@ -89,7 +89,7 @@ pub fn open_source(source: Source, opts: OpenOptions, prompt: &mut dyn Prompt) -
                 ));
             };
             let volume =
-                open_device(device, opts.read_only, opts.direct).map_err(kind_by(open_kind))?;
+                open_device(device, opts.read_only, opts.cache).map_err(kind_by(open_kind))?;
             Ok(Opened::Volume {
                 volume,
                 description: format!("ucrypt raw export of {}", table.device),
