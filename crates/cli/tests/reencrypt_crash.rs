@@ -902,8 +902,12 @@ fn kill_9_of_an_online_reencryption_with_concurrent_writes_loses_nothing() {
             let img = fx.formatted("online.img");
             let name = "crash";
             let uri = serve(&run, &img, &fx.key, name);
-            let dev = ucrypt::open::open_device(&ucrypt::open::Device::parse(&uri), false, false)
-                .unwrap();
+            let dev = ucrypt::open::open_device(
+                &ucrypt::open::Device::parse(&uri),
+                false,
+                ucrypt::open::Cache::Auto,
+            )
+            .unwrap();
             dev.write_at(&fx.plain, 0, false).unwrap();
             // What each block must hold: the last acknowledged write, or (a write was in
             // flight at the kill) that one.
@@ -994,9 +998,12 @@ fn kill_9_of_an_online_reencryption_with_concurrent_writes_loses_nothing() {
             }
             let check = |what: &str| {
                 let uri = serve(&run, &img, &fx.key, name);
-                let dev =
-                    ucrypt::open::open_device(&ucrypt::open::Device::parse(&uri), true, false)
-                        .unwrap();
+                let dev = ucrypt::open::open_device(
+                    &ucrypt::open::Device::parse(&uri),
+                    true,
+                    ucrypt::open::Cache::Auto,
+                )
+                .unwrap();
                 let mut all = vec![0u8; DATA];
                 dev.read_at(&mut all, 0).unwrap();
                 drop(dev);
@@ -1045,7 +1052,7 @@ fn kill_9_of_an_online_reencryption_with_concurrent_writes_loses_nothing() {
             let dev = ucrypt::open::open_device(
                 &ucrypt::open::Device::parse(&uri_now.unwrap_or(uri)),
                 true,
-                false,
+                ucrypt::open::Cache::Auto,
             )
             .unwrap();
             let mut all = vec![0u8; DATA];

@@ -26,8 +26,12 @@ fn a_staged_header_reaches_the_server_only_when_written_back() {
     let dir = tempfile::tempdir().unwrap();
     let img = crate::common::luks_image(dir.path(), true, 16 << 20, &[b"pw"]);
     let before = std::fs::read(&img).unwrap();
-    let export =
-        ucrypt::open::open_device(&Device::parse(img.to_str().unwrap()), false, false).unwrap();
+    let export = ucrypt::open::open_device(
+        &Device::parse(img.to_str().unwrap()),
+        false,
+        ucrypt::open::Cache::Auto,
+    )
+    .unwrap();
     let listener = Listener::bind_unix(dir.path().join("nbd.sock")).unwrap();
     let uri = listener.uri();
     let shutdown = Shutdown::default();
