@@ -3,16 +3,22 @@
 //! the device.
 //!
 //! Locking: one `RwLock` over the state. Reads share it (they only look at the journal's
-//! newest entries); writes, flushes and the journal's commit and write-back take it alone,
-//! so that a reader never sees a block's new data with its old tag (the kernel's range
-//! locks give it the same).
+//! newest entries); writes, flushes and the journal's commit take it alone, so that a
+//! reader never sees a block's new data with its old tag (the kernel's range locks give it
+//! the same). The journal's write-back (copying committed sections to their places) runs
+//! one at a time under its own mutex (`writeback`, always taken before the state lock)
+//! and holds the state lock only to pick the blocks, to copy them out of the journal
+//! (shared) and to free the sections afterwards (alone): while it writes, readers still
+//! find those blocks in the journal (their entries stay the newest until the sections are
+//! freed) and writers fill the free entries, as the kernel's writer thread overlaps new
+//! writes.
 
 use crate::hash::{Algorithm, Hasher};
 use crate::journal_crypt::JournalCrypt;
 use crate::tags::{read_unaligned, TagCache};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
 use ucrypt_backend::{
     check_range, emulate, Backend, BackendError, BackendInfo, Caps, Io, IoKind, Support,
 };
@@ -191,8 +197,33 @@ pub struct IntegrityBackend {
     /// Tags beyond this sector are not checked (recalculating, read-only).
     unchecked_from: u64,
     state: RwLock<State>,
+    /// Held by the one journal write-back under way (see the module docs); taken before
+    /// the state lock, never while holding it.
+    writeback: Mutex<()>,
     mismatches: AtomicU64,
 }
+
+/// Committed journal sections being copied to their places (the kernel's
+/// `integrity_writer`): sections `[start, start + n)` (wrapping), and the entries to copy.
+struct WriteBack {
+    start: u32,
+    n: u32,
+    /// `(logical sector, entry)` of each block whose newest entry is in these sections,
+    /// sorted by sector.
+    list: Vec<(u64, u64)>,
+}
+
+/// A run of blocks copied out of the journal: contiguous on the data device, their tags
+/// contiguous in one tag area.
+struct Run {
+    sector: u64,
+    data: Vec<u8>,
+    tags: Vec<u8>,
+}
+
+/// Blocks copied out of the journal per hold of the state lock during a write-back (the
+/// copy's memory, and how long writers wait for it).
+const WRITE_BACK_CHUNK_BYTES: usize = 4 << 20;
 
 impl std::fmt::Debug for IntegrityBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -271,6 +302,19 @@ impl Journal {
             o[..504].copy_from_slice(&self.buf[at..at + 504]);
             let lb = 8 + 8 * s as usize;
             o[504..].copy_from_slice(&entry[lb..lb + 8]);
+        }
+    }
+
+    /// [`Journal::block_into`], appended to `out`.
+    fn block_extend(&self, global: u64, out: &mut Vec<u8>) {
+        let (i, n) = self.split(global);
+        let base = i as usize * self.section_bytes();
+        let entry = self.entry(global);
+        for s in 0..self.shape.sectors_per_block {
+            let at = base + self.shape.data_sector(n, s) as usize * 512;
+            out.extend_from_slice(&self.buf[at..at + 504]);
+            let lb = 8 + 8 * s as usize;
+            out.extend_from_slice(&entry[lb..lb + 8]);
         }
     }
 
@@ -532,6 +576,7 @@ impl IntegrityBackend {
                 closed: false,
                 failed: None,
             }),
+            writeback: Mutex::new(()),
             mismatches: AtomicU64::new(0),
         };
         dev.activate(resized, grown_from)
@@ -665,6 +710,10 @@ impl IntegrityBackend {
     /// # Errors
     /// I/O errors.
     pub fn close(&self) -> Result<(), BackendError> {
+        let _writeback = self
+            .writeback
+            .lock()
+            .map_err(|_| BackendError::Other("dm-integrity write-back lock poisoned".into()))?;
         let mut st = self
             .state
             .write()
@@ -959,33 +1008,45 @@ impl IntegrityBackend {
     /// Copies journal entries `(sector, entry)` to their places: data in runs, tags staged.
     fn copy_out(&self, j: &Journal, mut list: Vec<(u64, u64)>) -> Result<(), BackendError> {
         list.sort_unstable();
-        let bb = self.geo.block_bytes() as usize;
+        self.write_runs(self.gather(j, &list))
+    }
+
+    /// The blocks of `list` (sorted by sector) copied out of the journal, in runs that are
+    /// contiguous on the data device.
+    fn gather(&self, j: &Journal, list: &[(u64, u64)]) -> Vec<Run> {
         let ts = self.geo.tag_size as usize;
         let toff = j.shape.tag_offset();
-        let mut tags = TagCache::new(&*self.inner, self.align);
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_start = 0u64;
+        let mut runs: Vec<Run> = Vec::new();
         let mut run_next = u64::MAX;
-        for (s, g) in list {
-            let (area, _) = self.geo.area_offset(s);
-            let contiguous = s == run_next && self.geo.area_offset(run_start).0 == area;
-            if !contiguous && !run.is_empty() {
-                self.data
-                    .write_at(&run, self.geo.data_sector(run_start) * 512, false)?;
-                run.clear();
+        for &(s, g) in list {
+            let contiguous = s == run_next
+                && runs
+                    .last()
+                    .is_some_and(|r| self.geo.area_offset(r.sector).0 == self.geo.area_offset(s).0);
+            if !contiguous {
+                runs.push(Run {
+                    sector: s,
+                    data: Vec::new(),
+                    tags: Vec::new(),
+                });
             }
-            if run.is_empty() {
-                run_start = s;
+            if let Some(r) = runs.last_mut() {
+                j.block_extend(g, &mut r.data);
+                r.tags.extend_from_slice(&j.entry(g)[toff..toff + ts]);
             }
-            let at = run.len();
-            run.resize(at + bb, 0);
-            j.block_into(g, &mut run[at..]);
-            tags.put(self.geo.tag_byte(s), &j.entry(g)[toff..toff + ts])?;
             run_next = s + self.spb();
         }
-        if !run.is_empty() {
+        runs
+    }
+
+    /// Writes runs gathered from the journal to their places: the data, then the tags
+    /// (each run's tags in one piece; only tag units partly covered are read first).
+    fn write_runs(&self, runs: Vec<Run>) -> Result<(), BackendError> {
+        let mut tags = TagCache::new(&*self.inner, self.align);
+        for r in &runs {
             self.data
-                .write_at(&run, self.geo.data_sector(run_start) * 512, false)?;
+                .write_at(&r.data, self.geo.data_sector(r.sector) * 512, false)?;
+            tags.put(self.geo.tag_byte(r.sector), &r.tags)?;
         }
         tags.write_back()
     }
@@ -1040,13 +1101,13 @@ impl IntegrityBackend {
         Ok(())
     }
 
-    /// `integrity_writer`: copies the committed sections' newest entries to their places,
-    /// flushes, and frees the sections.
-    fn write_back(&self, st: &mut State) -> Result<(), BackendError> {
-        let j = &mut st.journal;
+    /// The committed sections and their blocks whose newest entry is there (older entries
+    /// of a block are superseded by a later one, copied later); `None` without committed
+    /// sections.
+    fn write_back_plan(&self, j: &Journal) -> Option<WriteBack> {
         let (start, n) = (j.committed_section, j.n_committed);
         if n == 0 {
-            return Ok(());
+            return None;
         }
         let sections = j.shape.sections;
         let se = u64::from(j.shape.section_entries);
@@ -1058,47 +1119,116 @@ impl IntegrityBackend {
                 if let EntryState::Sector(s) = entry_state(j.entry(g)) {
                     if j.newest.get(&s) == Some(&g) {
                         list.push((s, g));
-                        j.newest.remove(&s);
                     }
                 }
             }
         }
-        let res = self.copy_out(j, list).and_then(|()| self.flush_devices());
-        if let Err(e) = res {
-            st.failed = Some(format!("copying the journal to its places: {e}"));
-            return Err(e);
+        list.sort_unstable();
+        Some(WriteBack { start, n, list })
+    }
+
+    /// Once a write-back's blocks are in their places and flushed: the blocks whose newest
+    /// entry is still the one copied are read from their places again, and the sections
+    /// are free.
+    fn finish_write_back(&self, j: &mut Journal, wb: &WriteBack) {
+        debug_assert_eq!(j.committed_section, wb.start);
+        for (s, g) in &wb.list {
+            if j.newest.get(s) == Some(g) {
+                j.newest.remove(s);
+            }
         }
-        let j = &mut st.journal;
-        for k in 0..n {
-            let i = (start + k) % sections;
+        let sections = j.shape.sections;
+        let se = u64::from(j.shape.section_entries);
+        for k in 0..wb.n {
+            let i = (wb.start + k) % sections;
             for e in 0..se {
                 set_entry_unused(j.entry_mut(u64::from(i) * se + e));
             }
         }
-        j.committed_section = (start + n) % sections;
-        j.n_committed = 0;
-        j.free_entries += u64::from(n) * se;
+        j.committed_section = (wb.start + wb.n) % sections;
+        j.n_committed -= wb.n;
+        j.free_entries += u64::from(wb.n) * se;
+    }
+
+    /// `integrity_writer` with the state lock held throughout (close): copies the
+    /// committed sections' newest entries to their places, flushes, and frees the sections.
+    fn write_back(&self, st: &mut State) -> Result<(), BackendError> {
+        let Some(wb) = self.write_back_plan(&st.journal) else {
+            return Ok(());
+        };
+        let res = self
+            .write_runs(self.gather(&st.journal, &wb.list))
+            .and_then(|()| self.flush_devices());
+        if let Err(e) = res {
+            st.failed = Some(format!("copying the journal to its places: {e}"));
+            return Err(e);
+        }
+        self.finish_write_back(&mut st.journal, &wb);
         Ok(())
     }
 
-    /// Journal mode: the blocks of `buf` (at logical `sector`) into journal entries.
-    fn write_journal(
-        &self,
-        st: &mut State,
-        buf: &[u8],
-        given: Option<&[u8]>,
-        sector: u64,
-        fua: bool,
-    ) -> Result<(), BackendError> {
+    /// Journal mode, once the journal is at its watermark (or full): commits it and copies
+    /// the committed sections to their places, the copy without the state lock (see the
+    /// module docs). Nothing to do if another write-back freed the journal meanwhile. With
+    /// `wait` false (the journal has free entries), a write-back already under way is
+    /// left to do the work, as the kernel queues its one writer: the caller's write is in
+    /// the journal and needs nothing more.
+    fn relieve(&self, wait: bool) -> Result<(), BackendError> {
+        let poisoned = || BackendError::Other("dm-integrity write-back lock poisoned".into());
+        let _writeback = if wait {
+            self.writeback.lock().map_err(|_| poisoned())?
+        } else {
+            match self.writeback.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
+                Err(std::sync::TryLockError::Poisoned(_)) => return Err(poisoned()),
+            }
+        };
+        let wb = {
+            let mut st = self.lock_write()?;
+            if st.journal.free_entries > st.journal.threshold {
+                return Ok(());
+            }
+            self.commit(&mut st)?;
+            match self.write_back_plan(&st.journal) {
+                Some(wb) => wb,
+                None => return Ok(()),
+            }
+        };
+        // The sections stay committed (not free) until `finish_write_back`: no writer
+        // touches their bytes, so what is copied out under the shared lock is what was
+        // committed, and readers keep finding the blocks there.
+        let bb = self.geo.block_bytes() as usize;
+        let per_chunk = (WRITE_BACK_CHUNK_BYTES / bb).max(1);
+        let mut res = Ok(());
+        for chunk in wb.list.chunks(per_chunk) {
+            let runs = {
+                let st = self.state.read().map_err(|_| poisoned())?;
+                self.gather(&st.journal, chunk)
+            };
+            res = self.write_runs(runs);
+            if res.is_err() {
+                break;
+            }
+        }
+        let res = res.and_then(|()| self.flush_devices());
+        let mut st = self.state.write().map_err(|_| poisoned())?;
+        if let Err(e) = res {
+            st.failed = Some(format!("copying the journal to its places: {e}"));
+            return Err(e);
+        }
+        self.finish_write_back(&mut st.journal, &wb);
+        Ok(())
+    }
+
+    /// Journal mode: the blocks of `buf` (at logical `sector`) into free journal entries
+    /// (the caller sees that there are enough).
+    fn write_journal(&self, st: &mut State, buf: &[u8], given: &[u8], sector: u64) {
         let bb = self.geo.block_bytes() as usize;
         let ts = self.geo.tag_size as usize;
         let spb = self.spb();
-        let mut tag = vec![0u8; ts];
+        debug_assert!((buf.len() / bb) as u64 <= st.journal.free_entries);
         for (k, block) in buf.chunks(bb).enumerate() {
-            if st.journal.free_entries == 0 {
-                self.commit(st)?;
-                self.write_back(st)?;
-            }
             let s = sector + k as u64 * spb;
             let j = &mut st.journal;
             let se = u64::from(j.shape.section_entries);
@@ -1106,20 +1236,14 @@ impl IntegrityBackend {
             let (i, n) = j.split(g);
             let base = i as usize * j.section_bytes();
             let toff = j.shape.tag_offset();
-            match given {
-                Some(t) => tag.copy_from_slice(&t[k * ts..(k + 1) * ts]),
-                None => self.tag(s, block, &mut tag),
-            }
-            for x in 0..j.shape.sectors_per_block {
-                let at = base + j.shape.data_sector(n, x) as usize * 512;
-                let src = &block[x as usize * 512..(x as usize + 1) * 512];
-                j.buf[at..at + 512].copy_from_slice(src);
-            }
+            // The block's sectors are contiguous in the section (`data_sector`).
+            let at = base + j.shape.data_sector(n, 0) as usize * 512;
+            j.buf[at..at + bb].copy_from_slice(block);
             let entry = j.entry_mut(g);
             for x in 0..(bb / 512) {
                 entry[8 + 8 * x..16 + 8 * x].copy_from_slice(&block[x * 512 + 504..x * 512 + 512]);
             }
-            entry[toff..toff + ts].copy_from_slice(&tag);
+            entry[toff..toff + ts].copy_from_slice(&given[k * ts..(k + 1) * ts]);
             entry[..8].copy_from_slice(&s.to_le_bytes());
             j.newest.insert(s, g);
             j.free_entries -= 1;
@@ -1130,14 +1254,6 @@ impl IntegrityBackend {
                 j.n_uncommitted += 1;
             }
         }
-        if fua {
-            self.commit(st)?;
-        }
-        if st.journal.free_entries <= st.journal.threshold {
-            self.commit(st)?;
-            self.write_back(st)?;
-        }
-        Ok(())
     }
 
     /// Direct and bitmap modes: data and tags of `buf` (at logical `sector`) in place.
@@ -1558,12 +1674,67 @@ impl IntegrityBackend {
         if buf.is_empty() {
             return Ok(());
         }
-        let mut st = self.lock_write()?;
         let sector = offset / 512;
         match self.mode {
-            Mode::Journal => self.write_journal(&mut st, buf, tags, sector, fua),
-            Mode::Direct | Mode::Bitmap => self.write_direct(&mut st, buf, tags, sector, fua),
+            Mode::Journal => self.write_journaled(buf, tags, sector, fua),
+            Mode::Direct | Mode::Bitmap => {
+                let mut st = self.lock_write()?;
+                self.write_direct(&mut st, buf, tags, sector, fua)
+            }
             Mode::Recovery => Err(BackendError::ReadOnly),
+        }
+    }
+
+    /// Journal mode: as many blocks as there are free entries into the journal under the
+    /// state lock, the journal committed and written back (without the lock, see
+    /// [`IntegrityBackend::relieve`]) when full, the rest after that; with `fua` the
+    /// journal is committed once the last block is in; at the watermark it is written back.
+    fn write_journaled(
+        &self,
+        buf: &[u8],
+        tags: Option<&[u8]>,
+        sector: u64,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        let bb = self.geo.block_bytes() as usize;
+        let ts = self.geo.tag_size as usize;
+        let blocks = buf.len() / bb;
+        // The internal hash's tags, computed before the lock is taken.
+        let own;
+        let tags = match tags {
+            Some(t) => t,
+            None => {
+                let mut t = vec![0u8; blocks * ts];
+                for (k, block) in buf.chunks(bb).enumerate() {
+                    let s = sector + k as u64 * self.spb();
+                    self.tag(s, block, &mut t[k * ts..(k + 1) * ts]);
+                }
+                own = t;
+                &own[..]
+            }
+        };
+        let mut done = 0usize;
+        loop {
+            let mut st = self.lock_write()?;
+            let n =
+                (blocks - done).min(usize::try_from(st.journal.free_entries).unwrap_or(usize::MAX));
+            let part_tags = &tags[done * ts..(done + n) * ts];
+            let at = sector + done as u64 * self.spb();
+            self.write_journal(&mut st, &buf[done * bb..(done + n) * bb], part_tags, at);
+            done += n;
+            let last = done == blocks;
+            if last && fua {
+                self.commit(&mut st)?;
+            }
+            let watermark = st.journal.free_entries <= st.journal.threshold;
+            let full = st.journal.free_entries == 0 && !last;
+            drop(st);
+            if watermark {
+                self.relieve(full)?;
+            }
+            if last {
+                return Ok(());
+            }
         }
     }
 }
@@ -1782,6 +1953,7 @@ impl IntegrityBackend {
                 failed: None,
             }),
             geo,
+            writeback: Mutex::new(()),
             mismatches: AtomicU64::new(0),
         })
     }

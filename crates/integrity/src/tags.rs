@@ -21,7 +21,8 @@ impl<'a> TagCache<'a> {
         }
     }
 
-    /// Stages `bytes` at device byte `at`.
+    /// Stages `bytes` at device byte `at`. A unit not staged yet is read first unless
+    /// `bytes` covers all of it.
     pub(crate) fn put(&mut self, at: u64, bytes: &[u8]) -> Result<(), BackendError> {
         let mut done = 0usize;
         while done < bytes.len() {
@@ -33,7 +34,9 @@ impl<'a> TagCache<'a> {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
                     let mut b = vec![0u8; self.align as usize];
-                    self.inner.read_at(&mut b, unit)?;
+                    if n < self.align as usize {
+                        self.inner.read_at(&mut b, unit)?;
+                    }
                     e.insert(b)
                 }
             };
