@@ -416,3 +416,59 @@ fn journal_crypt_is_served_and_unknown_ciphers_are_refused() {
         }
     }
 }
+
+/// `integritysetup open`'s serving options and `ucrypt open`'s after `--` are one set of
+/// options: one given on both sides, `--socket` with `--listen`, and `--socket-group`
+/// without `--socket` are refused with exit code 1 before anything is served; a
+/// `--socket-group` after `--` belongs to integritysetup's `--socket`.
+#[test]
+fn open_options_before_and_after_the_separator_are_one_set() {
+    let Some(dir) = data() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("k.img");
+    unxz(&dir.join("crc32c-4096-J.img.xz"), &img);
+    let img = img.to_str().unwrap();
+    let a = tmp.path().join("a").display().to_string();
+    let b = tmp.path().join("b").display().to_string();
+    for (args, want) in [
+        (
+            vec!["--socket", &a, "--", "--socket", &b],
+            "'--socket' cannot be used multiple times",
+        ),
+        (
+            vec!["--run", "true", "--", "--run", "true"],
+            "'--run' cannot be used multiple times",
+        ),
+        (
+            vec!["--socket", &a, "--", "--listen", "127.0.0.1:0"],
+            "cannot be used with",
+        ),
+        (vec!["--", "--socket-group", "0"], "--socket <PATH>"),
+    ] {
+        let out = ucrypt(&[&["integritysetup", "open", img][..], &args].concat());
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            !Path::new(&a).exists() && !Path::new(&b).exists(),
+            "{args:?} served"
+        );
+    }
+    // Accepted together (the group: the caller's own): --run's command sees the socket
+    // integritysetup named.
+    let gid = std::os::unix::fs::MetadataExt::gid(&std::fs::metadata(tmp.path()).unwrap());
+    let out = ucrypt(&[
+        "integritysetup",
+        "open",
+        img,
+        "--socket",
+        &a,
+        "--run",
+        "test -S \"$unixsocket\" && echo \"$unixsocket\"",
+        "--",
+        "--socket-group",
+        &gid.to_string(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), a);
+}

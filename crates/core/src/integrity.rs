@@ -6,7 +6,7 @@
 //! ```text
 //!  FormatRequest ─► prepare_format (checks, keys, device) ─► PreparedFormat::run ─► Formatted
 //!  OpenRequest   ─► open_table_line (superblock + options) ─► "0 N integrity DEV 0 T J ..."
-//!                   (opened by crate::mapping like any table)
+//!                   open_table: the same line as a Mapping, opened like any table
 //!  dump(device)  ─► the superblock as integritysetup dump prints it
 //! ```
 //!
@@ -14,6 +14,7 @@
 //! [`ErrorKind::Invalid`] for options and superblocks (integritysetup's exit codes 4 and 1).
 
 use crate::error::{Context, Error, ErrorKind, Result};
+use crate::format::Mapping;
 use crate::open::Device;
 use std::io::Read;
 use std::sync::Arc;
@@ -495,6 +496,17 @@ pub fn open_table_line(req: &OpenRequest) -> Result<Zeroizing<String>> {
     Ok(line)
 }
 
+/// [`open_table_line`] as the volume model: what `integritysetup open` hands to
+/// [`crate::open::open_source`] or [`crate::instance::start`] (the keys stay in memory,
+/// never on a command line or in a file).
+///
+/// # Errors
+/// As [`open_table_line`].
+pub fn open_table(req: &OpenRequest) -> Result<Mapping> {
+    let line = open_table_line(req)?;
+    Mapping::parse(&line).context("parsing the table")
+}
+
 /// What `integritysetup status` shows of an active standalone dm-integrity device, taken
 /// when it is opened (from the table line and the superblock), as the kernel's table
 /// status reports it to libcryptsetup.
@@ -841,12 +853,17 @@ mod tests {
         .unwrap();
         assert_eq!(done.wiped_bytes, None);
         assert_eq!(done.superblock.tag_size, 4);
-        let line = open_table_line(&OpenRequest {
+        let req = OpenRequest {
             device: img.display().to_string(),
             keys,
             ..OpenRequest::default()
-        })
-        .unwrap();
+        };
+        let line = open_table_line(&req).unwrap();
+        // The mapping `integritysetup open` serves is that line, keys included.
+        assert_eq!(
+            open_table(&req).unwrap().to_lines(true),
+            vec![line.trim_end().to_string()]
+        );
         let want = format!("journal_crypt:ctr(aes):{}", "40".repeat(32));
         assert!(line.contains(&want), "{}", line.as_str());
         assert!(line.starts_with(&format!(

@@ -23,7 +23,7 @@ use super::CliError;
 use ucrypt::instance::start::{Persist, Serving, Start, What};
 
 /// `ucrypt open ... NAME` without `--run`.
-pub(crate) fn run(a: Args, name: String) -> Result<(), CliError> {
+pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
     if a.notify {
         super::secret::set_ask_password(true);
     }
@@ -39,13 +39,13 @@ pub(crate) fn run(a: Args, name: String) -> Result<(), CliError> {
         .claim(&mut Terminal::new(&a.header.tcrypt.progress))
         .map_err(lib_error)?;
     // The table input is read once: it may be standard input.
-    let what = match &a.header.device {
+    let what = match a.header.device.clone() {
         None => What::Table {
-            mapping: open::table_arg(&a).mapping()?,
+            mapping: open::table(&mut a)?,
             raw: a.raw,
         },
         Some(device) => What::Header {
-            device: device.clone(),
+            device,
             header: a.header.header.clone(),
         },
     };

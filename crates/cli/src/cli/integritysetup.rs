@@ -4,17 +4,19 @@
 //!
 //! The arguments, the confirmation and the printing; what the actions decide (option
 //! checks, key files, the superblock, the table line, what `status` shows) is the
-//! library's [`ucrypt::integrity`]. `open DEV NAME` runs `ucrypt open` on the table line
-//! the library builds (through a pipe, so no key is on a command line), with the serving
-//! options given: a named instance started by the library's
+//! library's [`ucrypt::integrity`]. `open DEV NAME` serves the table the library builds
+//! ([`ucrypt::integrity::open_table`], so no key is on a command line) as `ucrypt open`
+//! serves a table, with the serving options given: a named instance started by the library's
 //! [`ucrypt::instance::start`] like every other, so `status NAME` and `close NAME` (here
 //! or `ucrypt status|close NAME`) work on it.
 
 use super::exit::{instance_error, lib_error, Printed};
 use super::lifecycle::{self, CloseArgs};
+use super::open;
 use super::secret::confirm;
 use super::{CliError, WithCode, EXIT_DEVICE, EXIT_PARAMS};
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
+use clap::parser::ValueSource;
 use std::path::PathBuf;
 use std::time::Duration;
 use ucrypt::instance::control::{Reply, Request};
@@ -70,8 +72,8 @@ enum Action {
     },
 }
 
-/// `ucrypt open`'s serving options that `integritysetup open` passes on to it (checked
-/// there).
+/// `ucrypt open`'s serving options that `integritysetup open` takes itself (the rest come
+/// after `--`).
 #[derive(clap::Args)]
 struct ServeArgs {
     /// The front end of NAME: ublk, nbd, fuse, vhost-user, vduse, none or auto (as
@@ -109,8 +111,8 @@ struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     vhost_socket: Option<PathBuf>,
     /// Queues of the device (ublk, vhost-user, vduse).
-    #[arg(long, value_name = "N")]
-    queues: Option<String>,
+    #[arg(long, value_name = "N", value_parser = super::bounded::<1, 64>)]
+    queues: Option<usize>,
     /// Share the image with other --shared mappings.
     #[arg(long)]
     shared: bool,
@@ -123,37 +125,63 @@ struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// The options as `ucrypt open` takes them.
-    fn argv(&self) -> Vec<String> {
-        let mut v: Vec<String> = Vec::new();
-        let mut opt = |flag: &str, value: Option<String>| {
-            if let Some(value) = value {
-                v.push(format!("--{flag}"));
-                v.push(value);
-            }
-        };
-        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
-        opt("device", self.frontend.map(|c| c.as_str().to_string()));
-        opt("run", self.run.clone());
-        opt("socket", path(&self.socket));
-        opt("listen", self.listen.clone());
-        opt("pid-file", path(&self.pid_file));
-        opt("fuse", path(&self.fuse));
-        opt("vhost-socket", path(&self.vhost_socket));
-        opt("queues", self.queues.clone());
-        for (on, flag) in [
-            (self.foreground, "--foreground"),
-            (self.notify, "--notify"),
-            (self.allow_cleartext_tcp, "--allow-cleartext-tcp"),
-            (self.shared, "--shared"),
-            (self.direct, "--direct"),
-            (self.recover, "--recover"),
-        ] {
-            if on {
-                v.push(flag.into());
-            }
+    /// Sets these options in `a`, `ucrypt open`'s arguments parsed from what followed `--`
+    /// (`given`): an option given both ways, or two that exclude each other, is refused as
+    /// `ucrypt open` refuses it.
+    fn apply(self, a: &mut open::Args, given: &clap::ArgMatches) -> Result<(), CliError> {
+        let mine = [
+            ("frontend", "device", self.frontend.is_some()),
+            ("run", "run", self.run.is_some()),
+            ("foreground", "foreground", self.foreground),
+            ("notify", "notify", self.notify),
+            ("socket", "socket", self.socket.is_some()),
+            ("listen", "listen", self.listen.is_some()),
+            (
+                "allow_cleartext_tcp",
+                "allow-cleartext-tcp",
+                self.allow_cleartext_tcp,
+            ),
+            ("pid_file", "pid-file", self.pid_file.is_some()),
+            ("fuse", "fuse", self.fuse.is_some()),
+            ("vhost_socket", "vhost-socket", self.vhost_socket.is_some()),
+            ("queues", "queues", self.queues.is_some()),
+            ("shared", "shared", self.shared),
+            ("direct", "direct", self.direct),
+            ("recover", "recover", self.recover),
+        ];
+        let typed = |id: &str| given.value_source(id) == Some(ValueSource::CommandLine);
+        if let Some((_, flag, _)) = mine.iter().find(|(id, _, on)| *on && typed(id)) {
+            return Err(anyhow!("the argument '--{flag}' cannot be used multiple times").into());
         }
-        v
+        if let Some(f) = self.frontend {
+            a.frontend = f;
+        }
+        a.run = self.run.or(a.run.take());
+        a.foreground |= self.foreground;
+        a.notify |= self.notify;
+        a.socket = self.socket.or(a.socket.take());
+        a.listen = self.listen.or(a.listen.take());
+        a.allow_cleartext_tcp |= self.allow_cleartext_tcp;
+        a.pid_file = self.pid_file.or(a.pid_file.take());
+        a.fuse = self.fuse.or(a.fuse.take());
+        a.vhost_socket = self.vhost_socket.or(a.vhost_socket.take());
+        a.queues = self.queues.or(a.queues);
+        a.shared |= self.shared;
+        a.direct |= self.direct;
+        a.recover |= self.recover;
+        if a.socket.is_some() && a.listen.is_some() {
+            return Err(anyhow!(
+                "the argument '--socket <PATH>' cannot be used with '--listen <ADDR:PORT>'"
+            )
+            .into());
+        }
+        if a.socket_group.is_some() && a.socket.is_none() {
+            return Err(anyhow!(
+                "the following required arguments were not provided: --socket <PATH>"
+            )
+            .into());
+        }
+        Ok(())
     }
 }
 
@@ -438,11 +466,10 @@ fn format(a: FormatArgs, batch: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `integritysetup open`: the library's table line, handed to `ucrypt open` through a pipe
-/// (the keys never on a command line or on disk).
+/// `integritysetup open`: the library's table, served as `ucrypt open` serves a table
+/// (the keys never on a command line or on disk), with the serving options given here and
+/// `ucrypt open`'s others from after `--`.
 fn open(a: OpenArgs) -> Result<(), CliError> {
-    use std::io::Write;
-    use std::os::fd::AsRawFd;
     let req = OpenRequest {
         device: a.device.clone(),
         data_device: a.data_device.clone(),
@@ -469,27 +496,19 @@ fn open(a: OpenArgs) -> Result<(), CliError> {
         sectors_per_bit: a.sectors_per_bit,
         bitmap_flush_time: a.bitmap_flush_time,
     };
-    let line = ucrypt::integrity::open_table_line(&req).map_err(lib_error)?;
-    let (reader, mut writer) = std::io::pipe().context("creating a pipe")?;
-    writer
-        .write_all(line.as_bytes())
-        .context("writing the table to the pipe")?;
-    drop(writer);
-    let mut argv: Vec<String> = vec![
-        "ucrypt".into(),
-        "open".into(),
-        "--table-file".into(),
-        format!("/dev/fd/{}", reader.as_raw_fd()),
-    ];
-    if a.read_only {
-        argv.push("--read-only".into());
+    let table = ucrypt::integrity::open_table(&req).map_err(lib_error)?;
+    // What follows `--` is `ucrypt open`'s to parse, with every option of its own.
+    let mut cmd = super::open_definition();
+    let given = cmd
+        .try_get_matches_from_mut(std::iter::once("open".to_string()).chain(a.open_args))
+        .map_err(|e| anyhow!("{e}"))?;
+    let mut args = <open::Args as clap::FromArgMatches>::from_arg_matches(&given)
+        .map_err(|e| anyhow!("{}", e.format(&mut cmd)))?;
+    args.read_only |= a.read_only;
+    a.serve.apply(&mut args, &given)?;
+    args.built_table = Some(table);
+    if let Some(n) = a.name {
+        args.header.name = Some(n);
     }
-    argv.extend(a.serve.argv());
-    argv.extend(a.open_args.iter().cloned());
-    // NAME last: `ucrypt open --table-file F NAME` takes the one positional as the name.
-    if let Some(n) = &a.name {
-        argv.push("--".into());
-        argv.push(n.clone());
-    }
-    super::run_open_args(argv, reader)
+    super::open_command(args)
 }

@@ -425,6 +425,24 @@ fn help_line(name: &str, width: usize, about: &str) -> String {
     out
 }
 
+/// `ucrypt open`'s definition, built (with the global options), for options another
+/// command passes on to it (`integritysetup open ... -- OPTIONS`). There `--socket` may be
+/// the other command's own, so `--socket-group`'s need of it is checked after the merge.
+pub(crate) fn open_definition() -> clap::Command {
+    use clap::CommandFactory;
+    // Changed before the build: a built command keeps its index of option names, which
+    // `mut_arg` afterwards would leave pointing at the wrong options.
+    let mut cmd = Cli::command().mut_subcommand("open", |o| {
+        o.mut_arg("socket_group", |g| {
+            g.requires(clap::builder::Resettable::Reset)
+        })
+    });
+    cmd.build();
+    cmd.find_subcommand("open")
+        .expect("BUG: ucrypt has an open command")
+        .clone()
+}
+
 /// Parses `args` with [`cli_command`]'s definition.
 fn parse_cli(args: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
     use clap::FromArgMatches;
@@ -652,16 +670,17 @@ impl PerfArgs {
 }
 
 /// `ucrypt open`: a named instance, or an export in the foreground.
-fn open_command(mut a: open::Args) -> Result<(), CliError> {
+pub(crate) fn open_command(mut a: open::Args) -> Result<(), CliError> {
     match open::instance_name(&mut a)? {
         Some(name) => instance::run(a, name),
         None => open::run(a),
     }
 }
 
-/// Runs `ucrypt open` with `argv` (from `ucrypt`), as a command that builds a table for
-/// it does (`integritysetup open`); `keep` (the pipe the table is read from) lives until
-/// `open` returns.
+/// Runs `ucrypt open` with `argv` (from `ucrypt`): `crypttab open --notify`, whose
+/// library-built command line (`ucrypt::crypttab::Entry::open_command`) is also what its
+/// `--dry-run` prints and what it runs as a child for each entry otherwise; `keep` (the
+/// pipe the key is read from) lives until `open` returns.
 pub(crate) fn run_open_args<K>(argv: Vec<String>, keep: K) -> Result<(), CliError> {
     let cli = parse_cli(argv.into_iter().map(Into::into).collect())
         .map_err(|e| anyhow::anyhow!("{e}"))?;

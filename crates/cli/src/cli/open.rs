@@ -129,7 +129,7 @@ pub(crate) struct Args {
         value_name = "GROUP",
         requires = "socket"
     )]
-    socket_group: Option<String>,
+    pub(super) socket_group: Option<String>,
     /// Run CMD (via sh -c) once serving, with $uri, $nbd, $unixsocket/$port set; stop when
     /// it exits and return its status.
     #[arg(help_heading = "Serving options", long, value_name = "CMD")]
@@ -190,6 +190,10 @@ pub(crate) struct Args {
     /// Print per-connection errors on stderr.
     #[arg(help_heading = "Serving options", long, short)]
     pub(super) verbose: bool,
+    /// A table another command built (`integritysetup open`), served as --table's would
+    /// be.
+    #[arg(skip)]
+    pub(super) built_table: Option<ucrypt::format::Mapping>,
 }
 
 /// A `--device KIND` parser: clap refuses a name not in `names` (listing them), the
@@ -251,12 +255,17 @@ pub(super) fn open_options(a: &Args) -> ucrypt::OpenOptions {
     }
 }
 
-/// The table input of `a` (`--table`/`--table-file`).
-pub(super) fn table_arg(a: &Args) -> TableArg {
+/// The table of `a`: the one a command built, or the table input (`--table`/
+/// `--table-file`, read once: it may be standard input).
+pub(super) fn table(a: &mut Args) -> Result<ucrypt::format::Mapping, CliError> {
+    if let Some(m) = a.built_table.take() {
+        return Ok(m);
+    }
     TableArg {
         table: a.table.clone(),
         table_file: a.table_file.clone(),
     }
+    .mapping()
 }
 
 /// Checks the positional arguments and returns the instance name when `a` opens a named
@@ -265,7 +274,7 @@ pub(super) fn table_arg(a: &Args) -> TableArg {
 /// export.
 pub(crate) fn instance_name(a: &mut Args) -> Result<Option<String>, CliError> {
     // `open --table LINE NAME`: the one positional is the name, not a device.
-    let has_table = a.table.is_some() || a.table_file.is_some();
+    let has_table = a.table.is_some() || a.table_file.is_some() || a.built_table.is_some();
     if has_table && a.header.device.is_some() {
         if a.header.name.is_some() || a.header.kind.is_some() || a.header.header.is_some() {
             return Err(anyhow::anyhow!(
@@ -293,7 +302,7 @@ pub(crate) fn instance_name(a: &mut Args) -> Result<Option<String>, CliError> {
 
 /// `ucrypt open` without an instance name (after [`instance_name`]): serves in the
 /// foreground until SIGTERM/SIGINT or `--run`'s command ends.
-pub(crate) fn run(a: Args) -> Result<(), CliError> {
+pub(crate) fn run(mut a: Args) -> Result<(), CliError> {
     if a.notify {
         super::secret::set_ask_password(true);
     }
@@ -311,9 +320,9 @@ pub(crate) fn run(a: Args) -> Result<(), CliError> {
         // recovered.
         Source::Header(Box::new(a.header.request(false)?))
     } else if a.raw {
-        Source::Raw(table_arg(&a).mapping()?)
+        Source::Raw(table(&mut a)?)
     } else {
-        Source::Table(table_arg(&a).mapping()?)
+        Source::Table(table(&mut a)?)
     };
     let opened = ucrypt::open::open_source(source, open_options(&a), &mut prompt);
     let (export, description) = match opened.map_err(lib_error)? {
