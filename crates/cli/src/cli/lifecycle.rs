@@ -575,11 +575,6 @@ fn call_with_key(
 
 pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
     let (p, _) = live(&a.name)?;
-    // A wrong passphrase typed at a terminal is asked for again, --tries times in all (the
-    // instance stays suspended meanwhile); key files, pipes and table lines once.
-    let typed = a.secret.table.is_none()
-        && a.secret.table_file.is_none()
-        && a.secret.key.key_file.is_none();
     if let Some(spec) = &a.link_vk_to_keyring {
         super::unlock_opts::check_link_spec(spec)?;
     }
@@ -591,17 +586,24 @@ pub(crate) fn resume(a: ResumeArgs) -> Result<(), CliError> {
     }
     // The library's retry policy; the command's own error (a message the instance already
     // printed, a context chain) is kept as it is, the library sees only its kind.
+    let table_given = a.secret.table.is_some() || a.secret.table_file.is_some();
     let mut failed = None;
-    let tried = ucrypt::unlock::with_retries(&mut Terminal::default(), a.tries, typed, |_| {
-        read_secret(&p, &a.secret)
-            .and_then(|secret| call(&p, &request, Some(&secret), Duration::from_secs(600)))
-            .map(|_| ())
-            .map_err(|e| {
-                let kind = ucrypt::ErrorKind::from_exit_code(e.code());
-                failed = Some(e);
-                ucrypt::Error::Invalid(String::new()).with_kind(kind)
-            })
-    });
+    let tried = rekey::resume_with_retries(
+        &mut Terminal::default(),
+        a.tries,
+        table_given,
+        &a.secret.key.inputs(),
+        |_| {
+            read_secret(&p, &a.secret)
+                .and_then(|secret| call(&p, &request, Some(&secret), Duration::from_secs(600)))
+                .map(|_| ())
+                .map_err(|e| {
+                    let kind = ucrypt::ErrorKind::from_exit_code(e.code());
+                    failed = Some(e);
+                    ucrypt::Error::Invalid(String::new()).with_kind(kind)
+                })
+        },
+    );
     match (tried, failed) {
         (Ok(()), _) => Ok(()),
         (Err(_), Some(e)) => Err(e),

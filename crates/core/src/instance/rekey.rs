@@ -2,11 +2,12 @@
 //! for it again: an instance opened from a header takes a volume key from one of its
 //! LUKS2 tokens, else its passphrase; one opened from a table line takes that line again.
 //! [`secret`] and [`token_key`] decide from the instance's [`Description`] which the caller
-//! must give, and refuse the other with the reason.
+//! must give, and refuse the other with the reason; [`resume_with_retries`] decides whether
+//! a wrong passphrase is asked for again.
 
 use super::runtime::Description;
 use crate::luks::VolumeKey;
-use crate::prompt::Prompt;
+use crate::prompt::{with_retries, Prompt};
 use crate::unlock::{KeyFile, Tokens};
 use crate::{Error, Result, VolumeType};
 use std::path::PathBuf;
@@ -102,6 +103,24 @@ pub fn token_key(
     crate::unlock::token::volume_key(&device, header.as_deref(), kind, &tokens, prompt)
 }
 
+/// `luksResume`'s retry policy for the secret `attempt` reads and sends: a passphrase
+/// someone types (no table line given, no key file) is asked for again after a wrong one,
+/// `tries` times in all, while the instance stays suspended; a key file, a pipe or a table
+/// line is tried once ([`with_retries`]).
+///
+/// # Errors
+/// The last attempt's error.
+pub fn resume_with_retries<T>(
+    prompt: &mut dyn Prompt,
+    tries: u32,
+    table_given: bool,
+    key_file: &KeyFile,
+    attempt: impl FnMut(&mut dyn Prompt) -> Result<T>,
+) -> Result<T> {
+    let typed = !table_given && key_file.path.is_none();
+    with_retries(prompt, tries, typed, attempt)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,5 +195,40 @@ mod tests {
         };
         let (_, _, kind) = token_source(&d, "v", false, false).unwrap().unwrap();
         assert_eq!(kind, VolumeType::Plain);
+    }
+
+    /// A terminal: someone types, every passphrase is wrong.
+    struct Typing;
+
+    impl Prompt for Typing {
+        fn passphrase(&mut self, _prompt: &str) -> Result<crate::secret::Secret> {
+            Err(Error::Invalid("unused".into()))
+        }
+
+        fn interactive(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn only_a_typed_passphrase_is_asked_for_again_on_resume() {
+        let key_file = |p: Option<&str>| KeyFile {
+            path: p.map(PathBuf::from),
+            ..KeyFile::default()
+        };
+        for (table, file, want) in [
+            (false, None, 3),
+            (true, None, 1),
+            (false, Some("/k"), 1),
+            (false, Some("-"), 1),
+        ] {
+            let mut n = 0;
+            let r = resume_with_retries(&mut Typing, 3, table, &key_file(file), |_| {
+                n += 1;
+                Err::<(), _>(Error::Invalid("wrong".into()).with_kind(crate::ErrorKind::Permission))
+            });
+            assert!(r.is_err());
+            assert_eq!(n, want, "table {table}, key file {file:?}");
+        }
     }
 }
