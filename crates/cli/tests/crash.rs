@@ -203,6 +203,19 @@ struct Model {
 }
 
 impl Model {
+    /// A model of the volume `prefill` wrote (`baseline`), no round yet.
+    fn new(baseline: Vec<u64>) -> Model {
+        Model {
+            baseline,
+            round: Vec::new(),
+            flush_starts: Vec::new(),
+            acked: 0,
+            durable: 0,
+            sectors_checked: 0,
+            unacked_landed: 0,
+        }
+    }
+
     fn durable(&self, w: &WriteRec) -> bool {
         match w.acked {
             Some(a) => w.fua || self.flush_starts.iter().any(|&f| f > a),
@@ -369,6 +382,53 @@ fn report(what: &str, rounds: u64, ops: u64, m: &Model, seed: u64) {
     );
 }
 
+/// What every crash test keeps across its rounds (a round: load until a random number of
+/// operations completed, crash, recover, read back, verify): the model, the next write id
+/// and the operations run.
+struct Rounds {
+    model: Model,
+    next_id: Arc<AtomicU64>,
+    rounds: u64,
+    ops: u64,
+}
+
+impl Rounds {
+    /// Rounds starting from the volume `prefill` wrote (`baseline`).
+    fn new(baseline: Vec<u64>) -> Rounds {
+        Rounds {
+            model: Model::new(baseline),
+            next_id: Arc::new(AtomicU64::new(1 + SECTORS)),
+            rounds: 0,
+            ops: 0,
+        }
+    }
+
+    /// The load of one round through `addr`, `crash` called once 20..320 operations have
+    /// completed; returns the crash time.
+    fn load(&mut self, addr: &Address, rng: &mut Rng, crash: impl FnOnce()) -> u64 {
+        let kill_after = 20 + rng.below(300);
+        let (logs, crash_t) = load_round(addr, rng, &self.next_id, kill_after, crash);
+        self.ops += absorb(&mut self.model, logs);
+        self.rounds += 1;
+        crash_t
+    }
+
+    /// Verifies the volume read back after the crash at `crash_t`; a failure names the
+    /// round as `what` says.
+    fn verify(&mut self, image: &[u8], crash_t: u64, what: impl std::fmt::Display) {
+        if let Err(e) = self.model.verify(image, crash_t) {
+            panic!("{what}:\n{e}");
+        }
+    }
+
+    /// The report line, and the check that the rounds proved something: durable writes
+    /// were verified present and every sector of every round was checked.
+    fn finish(&self, what: &str, seed: u64) {
+        report(what, self.rounds, self.ops, &self.model, seed);
+        assert!(self.model.durable > 0 && self.model.sectors_checked == self.rounds * SECTORS);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // SIGKILL of the real server process.
 
@@ -427,41 +487,25 @@ fn sigkill_rounds_lose_no_acknowledged_write() {
     let img = common::image(tmp.path(), "disk.img", SECTORS * SECTOR);
     let (_, table) = common::nbd::xts_table(tmp.path(), &img, SECTOR as u32, &[]);
     let mut server = start(&table, tmp.path().join("s0.sock"), VARIANTS[0]);
-    let next_id = Arc::new(AtomicU64::new(1 + SECTORS));
-    let mut model = Model {
-        baseline: prefill(&server.addr),
-        round: Vec::new(),
-        flush_starts: Vec::new(),
-        acked: 0,
-        durable: 0,
-        sectors_checked: 0,
-        unacked_landed: 0,
-    };
-    let n = rounds(80);
-    let mut ops = 0;
-    for round in 0..n {
-        let kill_after = 20 + rng.below(300);
+    let mut rounds = Rounds::new(prefill(&server.addr));
+    for round in 0..self::rounds(80) {
         let child = &mut server.child;
-        let (logs, crash_t) = load_round(&server.addr, &mut rng, &next_id, kill_after, || {
+        let crash_t = rounds.load(&server.addr, &mut rng, || {
             child.kill().unwrap(); // SIGKILL
             child.wait().unwrap();
         });
-        ops += absorb(&mut model, logs);
         let variant = VARIANTS[(round as usize + 1) % VARIANTS.len()];
         server = start(
             &table,
             tmp.path().join(format!("s{}.sock", round + 1)),
             variant,
         );
-        let image = read_all(&server.addr);
-        if let Err(e) = model.verify(&image, crash_t) {
-            panic!("round {round} (seed {seed}, restarted with {variant:?}):\n{e}");
-        }
+        let what = format!("round {round} (seed {seed}, restarted with {variant:?})");
+        rounds.verify(&read_all(&server.addr), crash_t, what);
     }
     server.child.kill().unwrap();
     server.child.wait().unwrap();
-    report("sigkill", n, ops, &model, seed);
-    assert!(model.durable > 0 && model.sectors_checked == n * SECTORS);
+    rounds.finish("sigkill", seed);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -732,23 +776,11 @@ fn power_cut_loses_only_unflushed_writes() {
     // Round 0 prefills through a plain memory backend, so the first cache starts durable.
     let mem = Arc::new(MemoryBackend::new(SECTORS * SECTOR).unwrap());
     let srv = InProc::start(mem.clone(), variants[0], tmp.path().join("p.sock"));
-    let baseline = prefill(&srv.addr);
+    let mut rounds = Rounds::new(prefill(&srv.addr));
     srv.stop();
     let mut image = vec![0u8; (SECTORS * SECTOR) as usize];
     mem.read_at(&mut image, 0).unwrap();
-    let next_id = Arc::new(AtomicU64::new(1 + SECTORS));
-    let mut model = Model {
-        baseline,
-        round: Vec::new(),
-        flush_starts: Vec::new(),
-        acked: 0,
-        durable: 0,
-        sectors_checked: 0,
-        unacked_landed: 0,
-    };
-    let n = rounds(150);
-    let mut ops = 0;
-    for round in 0..n {
+    for round in 0..self::rounds(150) {
         let opts = variants[round as usize % variants.len()];
         let disk = Arc::new(Cache::new(image));
         let srv = InProc::start(
@@ -756,14 +788,12 @@ fn power_cut_loses_only_unflushed_writes() {
             opts,
             tmp.path().join(format!("c{round}.sock")),
         );
-        let kill_after = 20 + rng.below(300);
         let mut cut_rng = Rng::new(rng.next_u64() | 1);
         let mut after = Vec::new();
-        let (logs, crash_t) = load_round(&srv.addr, &mut rng, &next_id, kill_after, || {
+        let crash_t = rounds.load(&srv.addr, &mut rng, || {
             after = disk.cut(&mut cut_rng);
         });
         srv.stop();
-        ops += absorb(&mut model, logs);
         image = after;
         // Verify through a fresh engine + server over what survived.
         let survived = Arc::new(MemoryBackend::new(SECTORS * SECTOR).unwrap());
@@ -775,12 +805,10 @@ fn power_cut_loses_only_unflushed_writes() {
         );
         let plain = read_all(&check.addr);
         check.stop();
-        if let Err(e) = model.verify(&plain, crash_t) {
-            panic!("round {round} (seed {seed}, engine {opts:?}):\n{e}");
-        }
+        let what = format!("round {round} (seed {seed}, engine {opts:?})");
+        rounds.verify(&plain, crash_t, what);
     }
-    report("power-cut", n, ops, &model, seed);
-    assert!(model.durable > 0 && model.sectors_checked == n * SECTORS);
+    rounds.finish("power-cut", seed);
 }
 
 /// The checker itself catches lost data: a disk that drops every cached write at the cut
@@ -835,15 +863,7 @@ fn the_checker_catches_a_disk_that_ignores_flush() {
     let lost = st.durable.clone();
     drop(st);
     srv.stop();
-    let mut model = Model {
-        baseline,
-        round: Vec::new(),
-        flush_starts: Vec::new(),
-        acked: 0,
-        durable: 0,
-        sectors_checked: 0,
-        unacked_landed: 0,
-    };
+    let mut model = Model::new(baseline);
     absorb(&mut model, logs);
     let mem = Arc::new(MemoryBackend::new(SECTORS * SECTOR).unwrap());
     mem.write_at(&lost, 0, false).unwrap();
@@ -925,24 +945,8 @@ fn aead_volume(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
         .unwrap();
     let pass = dir.join("pass");
     std::fs::write(&pass, b"crash-rounds").unwrap();
-    let mut a = vec![
-        "luksFormat",
-        "-q",
-        "--type",
-        "luks2",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--luks2-metadata-size",
-        "16k",
-        "--luks2-keyslots-size",
-        "512k",
-        "--key-file",
-        pass.to_str().unwrap(),
-    ];
-    a.extend_from_slice(args);
-    a.push(img.to_str().unwrap());
+    let opts = [&common::SMALL_LUKS2[..], args].concat();
+    let a = common::luks2_format_args(pass.to_str().unwrap(), &opts, img.to_str().unwrap());
     common::ok(common::ucrypt(&a, b""));
     let tables = common::ok(common::ucrypt(
         &[
@@ -966,30 +970,18 @@ fn aead_sigkill_rounds_lose_no_flushed_write_and_leave_no_tag_mismatch() {
     let seed = seed();
     let mut rng = Rng::new(seed);
     let tmp = tempfile::tempdir().unwrap();
-    let per = rounds(60) / AEAD_FORMATS.len() as u64;
+    let per = self::rounds(60) / AEAD_FORMATS.len() as u64;
     for (name, args) in AEAD_FORMATS {
         let table = aead_volume(tmp.path(), name, args);
         let mut server = start(&table, tmp.path().join(format!("{name}-0.sock")), &[]);
-        let next_id = Arc::new(AtomicU64::new(1 + SECTORS));
-        let mut model = Model {
-            baseline: prefill(&server.addr),
-            round: Vec::new(),
-            flush_starts: Vec::new(),
-            acked: 0,
-            durable: 0,
-            sectors_checked: 0,
-            unacked_landed: 0,
-        };
-        let mut ops = 0;
+        let mut rounds = Rounds::new(prefill(&server.addr));
         let mut blocks_read = 0;
         for round in 0..per {
-            let kill_after = 20 + rng.below(300);
             let child = &mut server.child;
-            let (logs, crash_t) = load_round(&server.addr, &mut rng, &next_id, kill_after, || {
+            let crash_t = rounds.load(&server.addr, &mut rng, || {
                 child.kill().unwrap(); // SIGKILL
                 child.wait().unwrap();
             });
-            ops += absorb(&mut model, logs);
             server = start(
                 &table,
                 tmp.path().join(format!("{name}-{}.sock", round + 1)),
@@ -1006,15 +998,16 @@ fn aead_sigkill_rounds_lose_no_flushed_write_and_leave_no_tag_mismatch() {
                 "{name} round {round} (seed {seed}): blocks failing authentication after the \
                  kill, at byte offsets {failed:?}"
             );
-            if let Err(e) = model.verify(&image, crash_t) {
-                panic!("{name} round {round} (seed {seed}):\n{e}");
-            }
+            rounds.verify(
+                &image,
+                crash_t,
+                format!("{name} round {round} (seed {seed})"),
+            );
         }
         server.child.kill().unwrap();
         server.child.wait().unwrap();
-        report(&format!("aead sigkill {name}"), per, ops, &model, seed);
+        rounds.finish(&format!("aead sigkill {name}"), seed);
         eprintln!("aead sigkill {name}: {blocks_read} blocks read back, 0 tag mismatches");
-        assert!(model.durable > 0 && model.sectors_checked == per * SECTORS);
     }
 }
 
@@ -1057,7 +1050,7 @@ fn aead_power_cut_loses_only_unflushed_writes_and_leaves_no_tag_mismatch() {
     let seed = seed();
     let mut rng = Rng::new(seed);
     let tmp = tempfile::tempdir().unwrap();
-    let per = rounds(100) / AEAD_STACKS.len() as u64;
+    let per = self::rounds(100) / AEAD_STACKS.len() as u64;
     for (k, &(spec, _, tag, journal)) in AEAD_STACKS.iter().enumerate() {
         // Formatted without a wipe: the prefill writes every sector of the 2 MiB mapped.
         let mem = Arc::new(MemoryBackend::new(4 << 20).unwrap());
@@ -1076,21 +1069,10 @@ fn aead_power_cut_loses_only_unflushed_writes_and_leaves_no_tag_mismatch() {
         )
         .unwrap();
         let srv = InProc::serve(aead_stack(mem.clone(), k), tmp.path().join("p.sock"));
-        let baseline = prefill(&srv.addr);
+        let mut rounds = Rounds::new(prefill(&srv.addr));
         srv.stop();
         let mut image = vec![0u8; 4 << 20];
         mem.read_at(&mut image, 0).unwrap();
-        let next_id = Arc::new(AtomicU64::new(1 + SECTORS));
-        let mut model = Model {
-            baseline,
-            round: Vec::new(),
-            flush_starts: Vec::new(),
-            acked: 0,
-            durable: 0,
-            sectors_checked: 0,
-            unacked_landed: 0,
-        };
-        let mut ops = 0;
         for round in 0..per {
             // 512-byte atomic units: a cut may keep any subset of the sectors of a journal
             // section, a tag buffer or a data block written since the last flush.
@@ -1099,14 +1081,12 @@ fn aead_power_cut_loses_only_unflushed_writes_and_leaves_no_tag_mismatch() {
                 aead_stack(disk.clone(), k),
                 tmp.path().join(format!("a{k}-{round}.sock")),
             );
-            let kill_after = 20 + rng.below(300);
             let mut cut_rng = Rng::new(rng.next_u64() | 1);
             let mut after = Vec::new();
-            let (logs, crash_t) = load_round(&srv.addr, &mut rng, &next_id, kill_after, || {
+            let crash_t = rounds.load(&srv.addr, &mut rng, || {
                 after = disk.cut(&mut cut_rng);
             });
             srv.stop();
-            ops += absorb(&mut model, logs);
             image = after;
             // What survived, opened afresh on a copy (the journal replayed), read sector by sector.
             let survived = Arc::new(MemoryBackend::new(4 << 20).unwrap());
@@ -1124,13 +1104,14 @@ fn aead_power_cut_loses_only_unflushed_writes_and_leaves_no_tag_mismatch() {
                 "{spec} round {round} (seed {seed}): sectors failing authentication after the \
                  cut: {failed:?}"
             );
-            if let Err(e) = model.verify(&plain, crash_t) {
-                panic!("{spec} round {round} (seed {seed}):\n{e}");
-            }
+            rounds.verify(
+                &plain,
+                crash_t,
+                format!("{spec} round {round} (seed {seed})"),
+            );
             // The next round starts from the image as the cut left it: its open replays
             // the journal onto a disk that may lose power again before a flush.
         }
-        report(&format!("aead power-cut {spec}"), per, ops, &model, seed);
-        assert!(model.durable > 0 && model.sectors_checked == per * SECTORS);
+        rounds.finish(&format!("aead power-cut {spec}"), seed);
     }
 }

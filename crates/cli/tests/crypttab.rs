@@ -40,19 +40,11 @@ impl Runtime {
             .unwrap();
         let key = self.path(&format!("{name}.pass"));
         std::fs::write(&key, pass).unwrap();
-        self.ok(&[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks2",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
+        self.ok(&common::luks2_format_args(
             key.to_str().unwrap(),
+            &[],
             img.to_str().unwrap(),
-        ]);
+        ));
         img
     }
     fn fuse_file(&self, name: &str) -> PathBuf {

@@ -251,28 +251,13 @@ fn ucrypt_format(d: &Path, img: &Path, mib: u64, args: &[&str], extra: &[&str]) 
     let vk = img.with_extension("vk.bin");
     std::fs::write(&vk, (64u8..192).collect::<Vec<u8>>()).unwrap();
     let pass = d.join("pass.txt");
-    let mut a = vec![
-        "luksFormat",
-        "-q",
-        "--type",
-        "luks2",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--luks2-metadata-size",
-        "16k",
-        "--luks2-keyslots-size",
-        "512k",
-        "--key-file",
+    let vk_arg = ["--volume-key-file", vk.to_str().unwrap()];
+    let opts = [&common::SMALL_LUKS2[..], &vk_arg, args, extra].concat();
+    uc(&common::luks2_format_args(
         pass.to_str().unwrap(),
-        "--volume-key-file",
-        vk.to_str().unwrap(),
-    ];
-    a.extend_from_slice(args);
-    a.extend_from_slice(extra);
-    a.push(img.to_str().unwrap());
-    uc(&a)
+        &opts,
+        img.to_str().unwrap(),
+    ))
 }
 
 /// cryptsetup's luksDump with what differs per format (UUID, salts, digests) blanked.

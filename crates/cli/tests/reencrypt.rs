@@ -16,7 +16,7 @@ mod common;
 
 use common::cmd::{ok, run};
 
-use common::{require, Rng};
+use common::{luks2_format_args, require, Rng};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use ucrypt_testkit::luks2_json as json;
@@ -67,19 +67,7 @@ impl Fixture {
             .unwrap();
         ok(
             "cryptsetup",
-            &[
-                "luksFormat",
-                "-q",
-                "--type",
-                "luks2",
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-                "--key-file",
-                Self::s(&self.key),
-                Self::s(&img),
-            ],
+            &luks2_format_args(Self::s(&self.key), &[], Self::s(&img)),
         );
         self.write_plain(&img);
         let mut args = vec![
@@ -697,24 +685,7 @@ fn detached(f: &Fixture, tag: &str, resilience: &str) -> (PathBuf, PathBuf) {
         .set_len(DATA as u64)
         .unwrap();
     let (h, d, k) = (Fixture::s(&hdr), Fixture::s(&data), Fixture::s(&f.key));
-    ok(
-        "cryptsetup",
-        &[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks2",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            k,
-            "--header",
-            h,
-            d,
-        ],
-    );
+    ok("cryptsetup", &luks2_format_args(k, &["--header", h], d));
     let table = ok(
         ucrypt_bin(),
         &[

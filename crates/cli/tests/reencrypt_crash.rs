@@ -97,25 +97,15 @@ impl Fx {
             .unwrap()
             .set_len(DATA_OFFSET + DATA as u64)
             .unwrap();
+        let areas = [
+            "--luks2-metadata-size",
+            "16k",
+            "--luks2-keyslots-size",
+            "2m",
+        ];
         ok(
             "cryptsetup",
-            &[
-                "luksFormat",
-                "-q",
-                "--type",
-                "luks2",
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-                "--luks2-metadata-size",
-                "16k",
-                "--luks2-keyslots-size",
-                "2m",
-                "--key-file",
-                s(&self.key),
-                s(&img),
-            ],
+            &common::luks2_format_args(s(&self.key), &areas, s(&img)),
         );
         img
     }

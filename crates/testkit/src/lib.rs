@@ -13,7 +13,9 @@
 //!   repository's harness `tests/lab/run.sh` (Debian's 6.12 kernel), for what needs kernel
 //!   drivers (ublk, kernel NBD, dm-crypt, dm-integrity); [`assert_lab_passed`] reads its
 //!   verdict.
-//! * **One reader of a LUKS2 header's JSON area** ([`luks2_json`]), as the file holds it.
+//! * **One reader of a LUKS2 header's JSON area** ([`luks2_json`]), as the file holds it,
+//!   and one way to make a LUKS2 test volume ([`luks2_format_args`], [`CHEAP_PBKDF`],
+//!   [`SMALL_LUKS2`]) with cryptsetup or ucrypt.
 //!
 //! Standard library only, so that every crate (even `ucrypt-crypto`, at the bottom of the
 //! layering) can use it without pulling anything in.
@@ -190,6 +192,31 @@ pub fn image_with(dir: &Path, name: &str, content: &[u8]) -> PathBuf {
     std::fs::write(&p, content)
         .unwrap_or_else(|e| panic!("writing the image {}: {e}", p.display()));
     p
+}
+
+/// The cheapest PBKDF both cryptsetup and ucrypt take (PBKDF2, 1000 iterations):
+/// keyslots made in a moment, for tests about anything but the key derivation.
+pub const CHEAP_PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+/// The smallest LUKS2 metadata and keyslots areas (16 KiB of JSON, 512 KiB of keyslots),
+/// for a header on a small image.
+pub const SMALL_LUKS2: [&str; 4] = [
+    "--luks2-metadata-size",
+    "16k",
+    "--luks2-keyslots-size",
+    "512k",
+];
+
+/// `luksFormat -q --type luks2` with [`CHEAP_PBKDF`] and the passphrase in `key_file`,
+/// then `extra` and `image`: the arguments cryptsetup and ucrypt both take to make a LUKS2
+/// test volume in a moment (the program is the caller's).
+pub fn luks2_format_args<'a>(key_file: &'a str, extra: &[&'a str], image: &'a str) -> Vec<&'a str> {
+    let mut a = vec!["luksFormat", "-q", "--type", "luks2"];
+    a.extend(CHEAP_PBKDF);
+    a.extend(["--key-file", key_file]);
+    a.extend(extra);
+    a.push(image);
+    a
 }
 
 /// The repository's root directory.

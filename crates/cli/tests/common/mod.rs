@@ -13,11 +13,10 @@ use std::process::{Command, Output};
 pub use ucrypt_crypto::testing::golden_dir;
 /// The workspace's one skip rule, RNG and image helpers (`ucrypt-testkit`).
 #[allow(unused_imports)] // not every test binary uses each
-pub use ucrypt_testkit::{ci, image, image_with, random_bytes, require, require_that, Rng};
-
-/// The cheapest PBKDF both tools take (PBKDF2, 1000 iterations): keyslots made in a
-/// moment, for tests about anything but the key derivation.
-pub const CHEAP_PBKDF: [&str; 4] = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+pub use ucrypt_testkit::{
+    ci, image, image_with, luks2_format_args, random_bytes, require, require_that, Rng,
+    CHEAP_PBKDF, SMALL_LUKS2,
+};
 
 /// `cryptsetup luksFormat -q --type KIND` of `img` with [`CHEAP_PBKDF`], the passphrase
 /// in `key_file`; asserts success.
