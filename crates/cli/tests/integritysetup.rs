@@ -418,8 +418,8 @@ fn journal_crypt_is_served_and_unknown_ciphers_are_refused() {
 }
 
 /// `integritysetup open`'s serving options and `ucrypt open`'s after `--` are one set of
-/// options: one given on both sides, `--socket` with `--listen`, and `--socket-group`
-/// without `--socket` are refused with exit code 1 before anything is served; a
+/// options: one given on both sides, `--socket` with `--listen`, `--direct` with
+/// `--buffered`, and `--socket-group` without `--socket` are refused with exit code 1 before anything is served; a
 /// `--socket-group` after `--` belongs to integritysetup's `--socket`.
 #[test]
 fn open_options_before_and_after_the_separator_are_one_set() {
@@ -444,6 +444,7 @@ fn open_options_before_and_after_the_separator_are_one_set() {
             "cannot be used with",
         ),
         (vec!["--", "--socket-group", "0"], "--socket <PATH>"),
+        (vec!["--direct", "--", "--buffered"], "cannot be used with"),
     ] {
         let out = ucrypt(&[&["integritysetup", "open", img][..], &args].concat());
         assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");

@@ -167,13 +167,16 @@ impl ServeArgs {
         a.vhost_socket = self.vhost_socket.or(a.vhost_socket.take());
         a.queues = self.queues.or(a.queues);
         a.shared |= self.shared;
-        a.direct |= self.direct;
+        a.cache.direct |= self.direct;
         a.recover |= self.recover;
         if a.socket.is_some() && a.listen.is_some() {
             return Err(anyhow!(
                 "the argument '--socket <PATH>' cannot be used with '--listen <ADDR:PORT>'"
             )
             .into());
+        }
+        if a.cache.direct && a.cache.buffered {
+            return Err(anyhow!("the argument '--direct' cannot be used with '--buffered'").into());
         }
         if a.socket_group.is_some() && a.socket.is_none() {
             return Err(anyhow!(

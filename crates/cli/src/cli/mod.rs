@@ -598,10 +598,10 @@ pub(crate) struct CacheArgs {
     /// Bypass the page cache on the device (O_DIRECT), regular files included. Default:
     /// only block devices with 512-byte logical blocks bypass it.
     #[arg(long, conflicts_with = "buffered")]
-    direct: bool,
+    pub(crate) direct: bool,
     /// Read and write the device through the page cache, block devices included.
     #[arg(long)]
-    buffered: bool,
+    pub(crate) buffered: bool,
 }
 
 impl CacheArgs {
