@@ -195,6 +195,15 @@ impl<T> LockedBox<T> {
         }
     }
 
+    /// Places `blank` (a value holding no secret) on the heap, locks it, then lets `fill`
+    /// write the secret in place: a secret built on the stack and moved here would leave
+    /// its bytes in the stack frames it passed through, which nothing zeroes. `None` (the
+    /// value dropped, so zeroized if it zeroizes itself) when `fill` says it failed.
+    pub fn filled(blank: T, fill: impl FnOnce(&mut T) -> bool) -> Option<Self> {
+        let mut b = Self::new(blank);
+        fill(&mut **b.inner).then_some(b)
+    }
+
     /// Whether the value's pages are locked in RAM.
     pub fn is_locked(&self) -> bool {
         self.locked

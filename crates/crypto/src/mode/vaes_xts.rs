@@ -1,6 +1,8 @@
 //! AES-XTS for 128- and 192-bit AES keys with VAES + VPCLMULQDQ (AVX-512), 32 blocks in
-//! flight; and for 256-bit keys on sectors of at most 1 KiB ([`AES256_MAX_UNIT_BYTES`]),
-//! where AWS-LC's one call per sector costs more than its faster long runs save.
+//! flight. 256-bit keys on sectors of at most 1 KiB ([`AES256_MAX_UNIT_BYTES`]) would run
+//! 1.39x AWS-LC's rate here, but are not routed here (`spec.rs`): the round keys broadcast
+//! into stack frames outlive a suspended or closed key, and an AES-256 key half is its own
+//! first two round keys. [`wipe`] clears the frame's copy; spills elsewhere remain.
 //!
 //! Why this file exists: AWS-LC's AVX-512 XTS code (what [`super::aws_xts`] calls) is
 //! written for AES-256 only (14 rounds hard-coded, `EVP_aes_256_xts` is its only XTS
@@ -73,9 +75,14 @@ pub fn available() -> bool {
     }
 }
 
-/// AWS-LC's key schedule for one half of the XTS key.
-fn schedule(key: &[u8], decrypt: bool) -> Option<RoundKeys> {
-    let bits = u32::try_from(key.len() * 8).ok()?;
+/// AWS-LC's key schedule for one half of the XTS key, written into `out` in place (the
+/// caller's locked heap memory: a schedule returned by value would leave the AES key's
+/// bytes, which are its first round keys, in stack frames nothing zeroes). False if
+/// AWS-LC refuses the key.
+fn schedule_into(key: &[u8], decrypt: bool, out: &mut RoundKeys) -> bool {
+    let Ok(bits) = u32::try_from(key.len() * 8) else {
+        return false;
+    };
     // SAFETY: AES_KEY is plain data (u32 array + count); all-zero is a valid value.
     let mut ks: ffi::AES_KEY = unsafe { std::mem::zeroed() };
     // SAFETY: `key` holds bits/8 readable bytes; `ks` is a valid, writable AES_KEY.
@@ -86,7 +93,6 @@ fn schedule(key: &[u8], decrypt: bool) -> Option<RoundKeys> {
             ffi::AES_set_encrypt_key(key.as_ptr(), bits, &mut ks)
         }
     };
-    let mut out = RoundKeys([[0; 16]; 15]);
     if rc == 0 {
         for (i, word) in ks.rd_key.iter().enumerate() {
             // The AES-NI schedule is stored as bytes; rd_key is only its container.
@@ -94,7 +100,7 @@ fn schedule(key: &[u8], decrypt: bool) -> Option<RoundKeys> {
         }
     }
     ks.rd_key.zeroize();
-    (rc == 0).then_some(out)
+    rc == 0
 }
 
 /// Largest data unit (sector) for which AES-256-XTS runs here rather than on AWS-LC.
@@ -140,14 +146,18 @@ impl VaesXts {
             return None;
         }
         let (k1, k2) = key.split_at(key.len() / 2);
-        Some(VaesXts {
-            keys: crate::secret::LockedBox::new(Schedules {
-                enc: schedule(k1, false)?,
-                dec: schedule(k1, true)?,
-                tweak: schedule(k2, false)?,
-            }),
-            rounds,
-        })
+        let blank = || RoundKeys([[0; 16]; 15]);
+        let blank = Schedules {
+            enc: blank(),
+            dec: blank(),
+            tweak: blank(),
+        };
+        let keys = crate::secret::LockedBox::filled(blank, |s| {
+            schedule_into(k1, false, &mut s.enc)
+                && schedule_into(k1, true, &mut s.dec)
+                && schedule_into(k2, false, &mut s.tweak)
+        })?;
+        Some(VaesXts { keys, rounds })
     }
 
     /// Encrypts one data unit in place; `iv` is the 16-byte tweak input.
@@ -339,9 +349,10 @@ unsafe fn xts<const R: usize, const DEC: bool>(
         t = _mm_aesenc_si128(t, load(row));
     }
     t = _mm_aesenclast_si128(t, load(&tk[R]));
-    let rk = broadcast_keys::<R>(if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 });
+    let mut rk = broadcast_keys::<R>(if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 });
     // SAFETY: the caller's contract.
     unsafe { unit::<R, DEC>(&rk, t, src, dst, len) };
+    wipe(&mut rk);
 }
 
 /// Consecutive data units of `unit_len` bytes each (`len` in all, a multiple of it), unit
@@ -363,8 +374,8 @@ unsafe fn xts_plain64<const R: usize, const DEC: bool>(
     len: usize,
     unit_len: usize,
 ) {
-    let tk = broadcast_keys::<R>(&k.keys.tweak.0);
-    let rk = broadcast_keys::<R>(if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 });
+    let mut tk = broadcast_keys::<R>(&k.keys.tweak.0);
+    let mut rk = broadcast_keys::<R>(if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 });
     let mut n = first;
     let mut off = 0;
     while off < len {
@@ -396,6 +407,24 @@ unsafe fn xts_plain64<const R: usize, const DEC: bool>(
         }
         n = n.wrapping_add(step.wrapping_mul(4));
     }
+    wipe(&mut tk);
+    wipe(&mut rk);
+}
+
+/// Zeroes broadcast round keys once a run is done. `unit` takes them by reference, so they
+/// sit in this stack frame, where nothing else overwrites them soon. Not enough on its own:
+/// after `luksSuspend` of an AES-256 volume on this code, lifecycle's suspend test still
+/// found the key half (a round key pair) in four thread stacks, copies made by spills and
+/// by `broadcast_keys`' own frame. Costs two 960-byte stores per call, not per data unit.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn wipe(keys: &mut [__m512i; 15]) {
+    // SAFETY: __m512i is plain data (any bytes are a valid value, zero included); the
+    // slice covers exactly the array, borrowed mutably for its lifetime.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut(keys.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(keys))
+    };
+    bytes.zeroize();
 }
 
 /// A 16-byte row as a register (unaligned load).
