@@ -435,11 +435,9 @@ impl CipherSpec {
             _ => {}
         }
         if self.mode == ChainMode::Xts && cipher == "aes" && self.iv == Some(IvMode::Plain64) {
-            // AES-128/192 only. AES-256 on small sectors would be 1.39x faster here
-            // (`vaes_xts::AES256_MAX_UNIT_BYTES`), but the round keys this code broadcasts
-            // into stack frames outlive the key: after `luksSuspend` the key half was still
-            // in the server's memory (lifecycle's suspend test), where AWS-LC's leaves none.
-            if let Some(xts) = VaesXts::new(subkey) {
+            // AES-128/192 always, AES-256 on small sectors (LUKS1's 512 bytes): see
+            // `vaes_xts::AES256_MAX_UNIT_BYTES` for the measurement.
+            if let Some(xts) = VaesXts::for_plain64_units(subkey, ss.len()) {
                 return Ok(Box::new(VaesXtsPlain64Lane {
                     xts,
                     sector_bytes: ss.len(),

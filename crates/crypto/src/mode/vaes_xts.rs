@@ -1,8 +1,10 @@
 //! AES-XTS for 128- and 192-bit AES keys with VAES + VPCLMULQDQ (AVX-512), 32 blocks in
-//! flight. 256-bit keys on sectors of at most 1 KiB ([`AES256_MAX_UNIT_BYTES`]) would run
-//! 1.39x AWS-LC's rate here, but are not routed here (`spec.rs`): the round keys broadcast
-//! into stack frames outlive a suspended or closed key, and an AES-256 key half is its own
-//! first two round keys. [`wipe`] clears the frame's copy; spills elsewhere remain.
+//! flight; and for 256-bit keys on sectors of at most 1 KiB ([`AES256_MAX_UNIT_BYTES`]),
+//! where AWS-LC's one call per sector costs more than its faster long runs save.
+//!
+//! Key material: the round keys (an AES key's first round keys are the key itself) live
+//! only in the key's locked heap memory, zeroed on drop, both as rows and broadcast to
+//! 512-bit registers; the kernels read them from there and build no copy on the stack.
 //!
 //! Why this file exists: AWS-LC's AVX-512 XTS code (what [`super::aws_xts`] calls) is
 //! written for AES-256 only (14 rounds hard-coded, `EVP_aes_256_xts` is its only XTS
@@ -42,6 +44,22 @@ impl Drop for RoundKeys {
     }
 }
 
+/// Round keys broadcast to the four 128-bit lanes of a 512-bit register, as the kernels use
+/// them. Kept beside the schedules in locked memory and read from there by reference: built
+/// per call on the stack (as before), a copy of every round key, and so of an AES-256 key
+/// half, stayed in each crypto thread's stack after the key was dropped (found by
+/// lifecycle's suspend test).
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(64))]
+struct Broadcast([__m512i; 15]);
+
+#[cfg(target_arch = "x86_64")]
+impl Drop for Broadcast {
+    fn drop(&mut self) {
+        wipe(&mut self.0);
+    }
+}
+
 /// The three key schedules of one XTS key.
 struct Schedules {
     /// Data key, encryption schedule.
@@ -50,6 +68,9 @@ struct Schedules {
     dec: RoundKeys,
     /// Tweak key, encryption schedule.
     tweak: RoundKeys,
+    /// `enc`, `dec` and `tweak` broadcast.
+    #[cfg(target_arch = "x86_64")]
+    wide: [Broadcast; 3],
 }
 
 /// AES-XTS with VAES; see the module documentation.
@@ -147,15 +168,26 @@ impl VaesXts {
         }
         let (k1, k2) = key.split_at(key.len() / 2);
         let blank = || RoundKeys([[0; 16]; 15]);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: all-zero bytes are a valid __m512i.
+        let wide = || Broadcast(unsafe { std::mem::zeroed() });
         let blank = Schedules {
             enc: blank(),
             dec: blank(),
             tweak: blank(),
+            #[cfg(target_arch = "x86_64")]
+            wide: [wide(), wide(), wide()],
         };
         let keys = crate::secret::LockedBox::filled(blank, |s| {
-            schedule_into(k1, false, &mut s.enc)
+            let ok = schedule_into(k1, false, &mut s.enc)
                 && schedule_into(k1, true, &mut s.dec)
-                && schedule_into(k2, false, &mut s.tweak)
+                && schedule_into(k2, false, &mut s.tweak);
+            #[cfg(target_arch = "x86_64")]
+            for (w, rows) in s.wide.iter_mut().zip([&s.enc, &s.dec, &s.tweak]) {
+                // SAFETY: `available()` said the CPU has AVX-512F.
+                unsafe { broadcast_into(&rows.0, &mut w.0) };
+            }
+            ok
         })?;
         Some(VaesXts { keys, rounds })
     }
@@ -349,10 +381,9 @@ unsafe fn xts<const R: usize, const DEC: bool>(
         t = _mm_aesenc_si128(t, load(row));
     }
     t = _mm_aesenclast_si128(t, load(&tk[R]));
-    let mut rk = broadcast_keys::<R>(if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 });
+    let rk = &k.keys.wide[usize::from(DEC)].0;
     // SAFETY: the caller's contract.
-    unsafe { unit::<R, DEC>(&rk, t, src, dst, len) };
-    wipe(&mut rk);
+    unsafe { unit::<R, DEC>(rk, t, src, dst, len) };
 }
 
 /// Consecutive data units of `unit_len` bytes each (`len` in all, a multiple of it), unit
@@ -374,8 +405,8 @@ unsafe fn xts_plain64<const R: usize, const DEC: bool>(
     len: usize,
     unit_len: usize,
 ) {
-    let mut tk = broadcast_keys::<R>(&k.keys.tweak.0);
-    let mut rk = broadcast_keys::<R>(if DEC { &k.keys.dec.0 } else { &k.keys.enc.0 });
+    let tk = &k.keys.wide[2].0;
+    let rk = &k.keys.wide[usize::from(DEC)].0;
     let mut n = first;
     let mut off = 0;
     while off < len {
@@ -402,20 +433,14 @@ unsafe fn xts_plain64<const R: usize, const DEC: bool>(
             // Lane j's two quadwords moved to the bottom.
             let t = _mm512_castsi512_si128(_mm512_maskz_compress_epi64(0b11 << (2 * j), t4));
             // SAFETY: off + unit_len <= len (unit_len divides len); the caller's contract.
-            unsafe { unit::<R, DEC>(&rk, t, src.add(off), dst.add(off), unit_len) };
+            unsafe { unit::<R, DEC>(rk, t, src.add(off), dst.add(off), unit_len) };
             off += unit_len;
         }
         n = n.wrapping_add(step.wrapping_mul(4));
     }
-    wipe(&mut tk);
-    wipe(&mut rk);
 }
 
-/// Zeroes broadcast round keys once a run is done. `unit` takes them by reference, so they
-/// sit in this stack frame, where nothing else overwrites them soon. Not enough on its own:
-/// after `luksSuspend` of an AES-256 volume on this code, lifecycle's suspend test still
-/// found the key half (a round key pair) in four thread stacks, copies made by spills and
-/// by `broadcast_keys`' own frame. Costs two 960-byte stores per call, not per data unit.
+/// Zeroes broadcast round keys (volatile writes: not elided before the memory is freed).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn wipe(keys: &mut [__m512i; 15]) {
@@ -435,16 +460,17 @@ fn load(row: &[u8; 16]) -> __m128i {
     unsafe { _mm_loadu_si128(row.as_ptr().cast()) }
 }
 
-/// Rounds 0..=R of a schedule, each broadcast to the four lanes of a register.
+/// Every round key of a schedule, broadcast to the four lanes of a register, written to
+/// `out` (the locked heap) without an array on the stack.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[inline]
-fn broadcast_keys<const R: usize>(sched: &[[u8; 16]; 15]) -> [__m512i; 15] {
-    let mut rk = [_mm512_setzero_si512(); 15];
-    for (r, row) in rk.iter_mut().zip(sched.iter()).take(R + 1) {
+unsafe fn broadcast_into(sched: &[[u8; 16]; 15], out: &mut [__m512i; 15]) {
+    for (r, row) in out.iter_mut().zip(sched.iter()) {
         *r = _mm512_broadcast_i32x4(load(row));
     }
-    rk
 }
 
 /// One data unit whose first tweak `t` (E_K2(iv)) is known.
