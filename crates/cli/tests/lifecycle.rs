@@ -687,22 +687,27 @@ fn volume_key(img: &str, pass: &str) -> Vec<u8> {
 
 /// AES-128-XTS (a 256-bit volume key) runs on ucrypt's own VAES code where the CPU has it:
 /// its round keys, the first of which is each 16-byte key half, must leave the server's
-/// memory with the key too, stack copies included.
+/// memory with the key, stack copies included. (aes-cbc-essiv:sha256 passes this scan in
+/// a release build since `CipherSpec::build` burns its stack, but not in this test build,
+/// whose unoptimised generic CBC path spills round keys in every I/O thread's stack: not
+/// asserted here, see RELIABILITY.md.)
 #[test]
 fn suspend_wipes_an_aes128_xts_key_from_every_thread() {
     if !require("cryptsetup") || !require("nbdcopy") {
         return;
     }
     let rt = Runtime::new();
-    let img = rt.path("img128");
+    let pass = rt.path("pass");
+    std::fs::write(&pass, "pw").unwrap();
+    let pass = pass.to_str().unwrap();
+    let img = rt.path("img");
     std::fs::File::create(&img)
         .unwrap()
         .set_len(32 << 20)
         .unwrap();
-    let pass = rt.path("pass");
-    std::fs::write(&pass, "pw").unwrap();
-    let (img, pass) = (img.to_str().unwrap(), pass.to_str().unwrap());
-    let args = ucrypt_testkit::luks2_format_args(pass, &["--key-size", "256"], img);
+    let img = img.to_str().unwrap();
+    let extra = ["--cipher", "aes-xts-plain64", "--key-size", "256"];
+    let args = ucrypt_testkit::luks2_format_args(pass, &extra, img);
     sh_ok(&format!("cryptsetup {}", args.join(" ")));
     let uri = rt.ok(
         &["open", img, "k", "--device", "none", "--key-file", pass],

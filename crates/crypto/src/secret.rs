@@ -176,6 +176,23 @@ impl std::fmt::Debug for SecretBytes {
     }
 }
 
+/// Bytes of the calling thread's stack [`burn_stack`] overwrites below its caller's frame.
+const BURN_STACK_BYTES: usize = 64 * 1024;
+
+/// Overwrites the stack below the caller's frame with zeroes, as libgcrypt's
+/// `_gcry_burn_stack` does after keying: the frames of functions that built a key schedule
+/// (a cipher constructed on the stack and moved to the heap, a hash of the key) keep their
+/// bytes until something else reuses that stack, which on a thread that only keys a volume
+/// may be never. Call it right after such a function returns, from a frame that holds no
+/// key itself.
+#[inline(never)]
+pub fn burn_stack() {
+    let mut buf = [0u8; BURN_STACK_BYTES];
+    // Volatile writes: kept although `buf` is dead afterwards.
+    zeroize::Zeroize::zeroize(&mut buf[..]);
+    std::hint::black_box(&buf);
+}
+
 /// A heap value locked in RAM for its lifetime (a cipher's key schedule): locked after it
 /// is placed on the heap, dropped (the value zeroizes itself if it is `ZeroizeOnDrop`)
 /// before its pages are unlocked.

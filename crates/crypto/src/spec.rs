@@ -340,6 +340,22 @@ impl CipherSpec {
         key: &VolumeKey,
         params: SectorParams,
     ) -> Result<Box<dyn SectorCipher>, CryptoError> {
+        let built = self.build_keyed(key, params);
+        // Key schedules built on the stack and moved into locked memory, and ESSIV's hash
+        // of the key, leave copies in the frames below this one (found after luksSuspend
+        // for aes-cbc-essiv:sha256 by lifecycle's key-scan test).
+        crate::secret::burn_stack();
+        built
+    }
+
+    /// [`CipherSpec::build`] without the stack burn; never inlined, so its frame is below
+    /// the caller's and inside what the burn overwrites.
+    #[inline(never)]
+    fn build_keyed(
+        &self,
+        key: &VolumeKey,
+        params: SectorParams,
+    ) -> Result<Box<dyn SectorCipher>, CryptoError> {
         let ss = params.sector_size;
         let unit = ss.sectors512();
         if params.iv_offset % unit != 0 {
