@@ -1008,6 +1008,24 @@ fn hold_exclusively(dev: &str) -> std::process::Child {
     child
 }
 
+/// A 20 MiB LUKS image of type `luks` (512-byte sectors) made by cryptsetup, attached to a
+/// loop device; `None` (the test skips, by the workspace's rule) without cryptsetup,
+/// losetup or loop devices.
+fn loop_image(rt: &Runtime, luks: &str) -> Option<(PathBuf, PathBuf, Loop)> {
+    if !require("cryptsetup") || !require("losetup") {
+        return None;
+    }
+    if !common::require_that(
+        Path::new("/dev/loop-control").exists(),
+        "no loop devices here (/dev/loop-control is missing)",
+    ) {
+        return None;
+    }
+    let (img, pass) = luks_image(rt, "img", 20, luks, 512);
+    let lo = Loop(sh_ok(&format!("losetup -f --show {}", img.display())));
+    Some((img, pass, lo))
+}
+
 /// Whether an `O_EXCL` open of `dev` by another process is refused with EBUSY.
 fn excl_refused(dev: &str) -> bool {
     let out = sh(&format!(
@@ -1022,19 +1040,14 @@ fn excl_refused(dev: &str) -> bool {
 
 #[test]
 fn a_real_block_device_is_held_with_o_excl_and_refused_when_the_kernel_holds_it() {
-    if !require("cryptsetup") || !require("losetup") || !require("python3") {
-        return;
-    }
-    if !common::require_that(
-        Path::new("/dev/loop-control").exists(),
-        "no loop devices here (/dev/loop-control is missing)",
-    ) {
+    if !require("python3") {
         return;
     }
     let rt = Runtime::new();
-    let (img, pass) = luks_image(&rt, "img", 20, "luks2", 512);
+    let Some((_img, pass, lo)) = loop_image(&rt, "luks2") else {
+        return;
+    };
     let pass = pass.to_str().unwrap();
-    let lo = Loop(sh_ok(&format!("losetup -f --show {}", img.display())));
     let dev = lo.0.as_str();
     assert!(!excl_refused(dev), "{dev} is busy before the test");
 
@@ -1101,20 +1114,14 @@ fn direct_flags(pid: i32, path: &str) -> Vec<bool> {
 
 #[test]
 fn a_block_device_is_served_without_the_page_cache_unless_asked() {
-    if !require("cryptsetup") || !require("losetup") || !require("nbdcopy") || !require("qemu-img")
-    {
-        return;
-    }
-    if !common::require_that(
-        Path::new("/dev/loop-control").exists(),
-        "no loop devices here (/dev/loop-control is missing)",
-    ) {
+    if !require("nbdcopy") || !require("qemu-img") {
         return;
     }
     let rt = Runtime::new();
-    let (img, pass) = luks_image(&rt, "img", 20, "luks1", 512);
+    let Some((img, pass, lo)) = loop_image(&rt, "luks1") else {
+        return;
+    };
     let pass = pass.to_str().unwrap();
-    let lo = Loop(sh_ok(&format!("losetup -f --show {}", img.display())));
     let dev = lo.0.as_str();
     assert_eq!(sh_ok(&format!("blockdev --getss {dev}")), "512");
     let data: Vec<u8> = (0..3u32 << 20).map(|i| (i * 31 + i / 4093) as u8).collect();
