@@ -600,6 +600,39 @@ mod tests {
             .collect()
     }
 
+    /// `x`'s multi-unit entry points against `reference` encrypting one unit at a time with
+    /// plain64 IVs: runs of 1..=9 units of `unit` bytes from each `(first, step)`, encrypted
+    /// in place, decrypted out of place and in place.
+    fn check_runs(
+        x: &VaesXts,
+        unit: usize,
+        runs: &[(u64, u64)],
+        what: &str,
+        reference: impl Fn(&[u8; 16], &mut [u8]),
+    ) {
+        for count in 1..=9 {
+            for &(first, step) in runs {
+                let plain = pattern(unit * count, count as u8);
+                let mut want = plain.clone();
+                for (i, u) in want.chunks_exact_mut(unit).enumerate() {
+                    let mut iv = [0u8; 16];
+                    let n = first.wrapping_add(step.wrapping_mul(i as u64));
+                    iv[..8].copy_from_slice(&n.to_le_bytes());
+                    reference(&iv, u);
+                }
+                let mut got = plain.clone();
+                x.plain64_units(first, step, &mut got, unit, false);
+                let what = format!("{what} unit {unit} count {count} first {first}");
+                assert!(got == want, "encrypt: {what}");
+                let mut back = vec![0u8; got.len()];
+                x.plain64_units_decrypt_to(first, step, &got, &mut back, unit);
+                assert!(back == plain, "decrypt_to: {what}");
+                x.plain64_units(first, step, &mut got, unit, true);
+                assert!(got == plain, "decrypt: {what}");
+            }
+        }
+    }
+
     /// The multi-unit entry point (four tweaks per register) equals one unit at a time with
     /// plain64 IVs: every count of units around the groups of four, both unit sizes, IV
     /// steps 1 and 8, a sector number wrapping past 2^64, in place and out of place.
@@ -612,27 +645,9 @@ mod tests {
         for key_len in [32usize, 48, 64] {
             let x = VaesXts::with_any_aes_key(&pattern(key_len, 9)).unwrap();
             for unit in [512usize, 4096] {
-                for count in 1..=9 {
-                    for (first, step) in [(0u64, 1u64), (77, 8), (u64::MAX - 2, 1)] {
-                        let plain = pattern(unit * count, count as u8);
-                        let mut want = plain.clone();
-                        for (i, u) in want.chunks_exact_mut(unit).enumerate() {
-                            let mut iv = [0u8; 16];
-                            let n = first.wrapping_add(step.wrapping_mul(i as u64));
-                            iv[..8].copy_from_slice(&n.to_le_bytes());
-                            x.encrypt_unit(&iv, u);
-                        }
-                        let mut got = plain.clone();
-                        x.plain64_units(first, step, &mut got, unit, false);
-                        let what = format!("key {key_len} unit {unit} count {count} first {first}");
-                        assert!(got == want, "encrypt: {what}");
-                        let mut back = vec![0u8; got.len()];
-                        x.plain64_units_decrypt_to(first, step, &got, &mut back, unit);
-                        assert!(back == plain, "decrypt_to: {what}");
-                        x.plain64_units(first, step, &mut got, unit, true);
-                        assert!(got == plain, "decrypt: {what}");
-                    }
-                }
+                let runs = [(0u64, 1u64), (77, 8), (u64::MAX - 2, 1)];
+                let what = format!("key {key_len}");
+                check_runs(&x, unit, &runs, &what, |iv, u| x.encrypt_unit(iv, u));
             }
         }
     }
@@ -728,27 +743,8 @@ mod tests {
         let aws = super::super::aws_xts::AwsXts::new(&key).unwrap();
         for unit in [512usize, 1024] {
             let x = VaesXts::for_plain64_units(&key, unit).expect("AES-256 on small sectors");
-            for count in 1..=9 {
-                for (first, step) in [(0u64, 1u64), (1 << 33, 2), (u64::MAX - 2, 1)] {
-                    let plain = pattern(unit * count, count as u8);
-                    let mut want = plain.clone();
-                    for (i, u) in want.chunks_exact_mut(unit).enumerate() {
-                        let mut iv = [0u8; 16];
-                        let n = first.wrapping_add(step.wrapping_mul(i as u64));
-                        iv[..8].copy_from_slice(&n.to_le_bytes());
-                        aws.encrypt(&iv, u);
-                    }
-                    let mut got = plain.clone();
-                    x.plain64_units(first, step, &mut got, unit, false);
-                    let what = format!("unit {unit} count {count} first {first}");
-                    assert!(got == want, "encrypt: {what}");
-                    let mut back = vec![0u8; got.len()];
-                    x.plain64_units_decrypt_to(first, step, &got, &mut back, unit);
-                    assert!(back == plain, "decrypt_to: {what}");
-                    x.plain64_units(first, step, &mut got, unit, true);
-                    assert!(got == plain, "decrypt: {what}");
-                }
-            }
+            let runs = [(0u64, 1u64), (1 << 33, 2), (u64::MAX - 2, 1)];
+            check_runs(&x, unit, &runs, "AES-256", |iv, u| aws.encrypt(iv, u));
         }
     }
 }
