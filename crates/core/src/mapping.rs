@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use ucrypt_backend::{Backend, LinearBackend, ZeroBackend};
 use ucrypt_format::{DeviceRef, Mapping, Target, ValidateOptions};
-use ucrypt_integrity::{AeadVolume, IntegrityBackend};
+use ucrypt_integrity::{AeadVolume, IntegrityBackend, Spread};
 
 /// Opens every table of `mapping`, lower tables first, and returns the served one. A
 /// one-line table gives its volume directly (exactly as [`crate::open::open_parsed`]).
@@ -206,7 +206,31 @@ fn open_aead(
     if opts.read_only && !dev.info().caps.read_only {
         bail!("a read-only crypt target over a read-write dm-integrity device");
     }
-    Ok(Arc::new(AeadVolume::new(cipher, dev, line.length)?))
+    let spread = aead_spread(&line, &opts.perf);
+    Ok(Arc::new(
+        AeadVolume::new(cipher, dev, line.length)?.with_spread(spread),
+    ))
+}
+
+/// Where an authenticated crypt target runs a large request's AEAD work: as a plain crypt
+/// target of the same table flags and `--perf-*` options would place its crypto
+/// ([`crate::config::engine_options`]): `no_read_workqueue`/`no_write_workqueue` keep reads
+/// or writes on the receiving thread, `same_cpu_crypt` keeps all of it there (dm-crypt's
+/// bound per-CPU workqueue), `--workers` and `--split-bytes` set the threads and pieces.
+fn aead_spread(line: &ucrypt_format::TableLine, perf: &crate::config::PerfOptions) -> Spread {
+    let e = crate::config::engine_options(Some(line), perf);
+    let d = Spread::default();
+    Spread {
+        threads: if e.same_cpu_crypt {
+            1
+        } else {
+            e.workers.max(1)
+        },
+        min_bytes: e.auto.map_or(d.min_bytes, |a| a.split_min_bytes),
+        piece_bytes: e.split_bytes,
+        inline_reads: e.no_read_workqueue,
+        inline_writes: e.no_write_workqueue,
+    }
 }
 
 /// A standalone dm-integrity target ([`ucrypt_integrity::IntegrityBackend`]) on `dev`, as
@@ -479,5 +503,39 @@ mod tests {
         let mut plain = vec![0u8; 14 * 512];
         whole.read_at(&mut plain, 2 * 512).unwrap();
         assert_eq!(plain, data[..14 * 512]);
+    }
+
+    /// An authenticated target's large requests are placed as a plain one's: spread over
+    /// the workers by default, inline where the table's (or the command line's) flags say.
+    #[test]
+    fn aead_spread_follows_the_table_flags() {
+        let line = |opt: &str| -> ucrypt_format::TableLine {
+            let n = if opt.is_empty() { 1 } else { 2 };
+            format!(
+                "0 8 crypt capi:authenc(hmac(sha256),xts(aes))-plain64 {K}{K}{K} 0 \
+                 /dev/mapper/x_dif 0 {n} integrity:32:aead{opt}"
+            )
+            .parse()
+            .unwrap()
+        };
+        let perf = crate::config::PerfOptions::default();
+        let d = aead_spread(&line(""), &perf);
+        assert!(!d.inline_reads && !d.inline_writes);
+        assert_eq!(d.threads, Spread::default().threads);
+        assert_eq!((d.min_bytes, d.piece_bytes), (256 << 10, 128 << 10));
+        let r = aead_spread(&line(" no_read_workqueue"), &perf);
+        assert!(r.inline_reads && !r.inline_writes);
+        let w = aead_spread(&line(" no_write_workqueue"), &perf);
+        assert!(!w.inline_reads && w.inline_writes);
+        assert_eq!(aead_spread(&line(" same_cpu_crypt"), &perf).threads, 1);
+        let cli = crate::config::PerfOptions {
+            no_read_workqueue: true,
+            workers: Some(3),
+            split_bytes: Some(64 << 10),
+            ..perf
+        };
+        let c = aead_spread(&line(""), &cli);
+        assert!(c.inline_reads && !c.inline_writes);
+        assert_eq!((c.threads, c.piece_bytes), (3, 64 << 10));
     }
 }

@@ -11,12 +11,114 @@
 //!                  read: data + tags, check, decrypt     J/D: data and tags together
 //!                  write: encrypt, tags, write both
 //! ```
+//!
+//! A large request's AEAD work is spread over threads ([`Spread`]), as the plain volume
+//! (`ucrypt_engine::Volume`) spreads a large request's crypto over its workers and the
+//! kernel's dm-crypt over its kcryptd workers: the data and tags are still read, and
+//! written, in one call to the device below (the journal keeps a request's sectors
+//! together as before); only the sealing and the checking are shared out, so the bytes
+//! on disk do not depend on it.
 
+use crate::spread::Helpers;
 use crate::IntegrityBackend;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use ucrypt_backend::{check_range, emulate, Backend, BackendError, BackendInfo, Io, IoKind};
 use ucrypt_crypto::aead::AeadCipher;
+
+/// Where a large request's AEAD work runs: the plain volume's automatic placement
+/// (`ucrypt_engine::Volume::placement`) with its table flags. A request of at least
+/// `min_bytes` is cut into pieces of `piece_bytes` that the receiving thread and up to
+/// `threads - 1` helpers seal or check, while fewer such requests are in flight than
+/// `threads` (otherwise the other CPUs are busy with those and the receiving thread is as
+/// good a CPU as any); smaller requests, and reads or writes the flags keep inline, run
+/// on the receiving thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spread {
+    /// Threads a large request is shared among, the receiving one included (1: never).
+    pub threads: usize,
+    /// Requests this large (bytes, whole sectors) or larger are spread.
+    pub min_bytes: usize,
+    /// Bytes per piece (rounded down to whole sectors, at least one).
+    pub piece_bytes: usize,
+    /// Reads checked and decrypted in the receiving thread (dm-crypt `no_read_workqueue`).
+    pub inline_reads: bool,
+    /// Writes encrypted in the receiving thread (dm-crypt `no_write_workqueue`).
+    pub inline_writes: bool,
+}
+
+impl Default for Spread {
+    /// The plain volume's defaults: one thread per CPU, requests of 256 KiB and more, in
+    /// pieces of 128 KiB (`ucrypt_engine::EngineOptions::default`).
+    fn default() -> Self {
+        Spread {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            min_bytes: 256 * 1024,
+            piece_bytes: 128 * 1024,
+            inline_reads: false,
+            inline_writes: false,
+        }
+    }
+}
+
+impl Spread {
+    /// Every request on the thread that receives it.
+    pub fn inline() -> Self {
+        Spread {
+            threads: 1,
+            inline_reads: true,
+            inline_writes: true,
+            ..Spread::default()
+        }
+    }
+}
+
+/// Threads a request's reading (checking, decrypting) and writing (encrypting) run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Threads {
+    read: usize,
+    write: usize,
+}
+
+/// Counts a large request in flight while it runs ([`AeadVolume::threads_for`]).
+struct Large<'a>(&'a AtomicUsize);
+
+impl Drop for Large<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs `work` on every piece, on up to `threads` threads: this one and `threads - 1` of
+/// `helpers` ([`crate::spread`]), each taking the next piece in order until none is left.
+/// Returns the error of the lowest piece that failed (so the answer does not depend on
+/// which thread got there first: it is the one a single thread going through the pieces in
+/// order gives).
+fn spread<P: Send, E: Send>(
+    helpers: &Helpers,
+    threads: usize,
+    pieces: Vec<P>,
+    work: impl Fn(P) -> Result<(), E> + Sync,
+) -> Result<(), E> {
+    let more = threads.min(pieces.len()).saturating_sub(1);
+    let queue = Mutex::new(pieces.into_iter().enumerate());
+    let failed: Mutex<Option<(usize, E)>> = Mutex::new(None);
+    let run = || loop {
+        let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+        let Some((i, piece)) = next else { break };
+        if let Err(e) = work(piece) {
+            let mut f = failed.lock().unwrap_or_else(PoisonError::into_inner);
+            if f.as_ref().is_none_or(|(j, _)| i < *j) {
+                *f = Some((i, e));
+            }
+        }
+    };
+    helpers.run(more, &run);
+    match failed.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
 
 /// An authenticated crypt target over a dm-integrity device. See the [module docs](self).
 pub struct AeadVolume {
@@ -30,6 +132,14 @@ pub struct AeadVolume {
     /// shared, so none lands between a partial write's read and its write (which would
     /// write back the sector as it was and lose that write half-way).
     order: RwLock<()>,
+    /// Where large requests' AEAD work runs.
+    spread: Spread,
+    /// Requests of at least `spread.min_bytes` in flight.
+    large: AtomicUsize,
+    /// Reads and writes spread over threads since open.
+    spread_count: AtomicU64,
+    /// `spread.threads - 1` helper threads, started by the first request spread.
+    helpers: OnceLock<Helpers>,
 }
 
 impl std::fmt::Debug for AeadVolume {
@@ -92,7 +202,64 @@ impl AeadVolume {
             info,
             failures: AtomicU64::new(0),
             order: RwLock::new(()),
+            spread: Spread::default(),
+            large: AtomicUsize::new(0),
+            spread_count: AtomicU64::new(0),
+            helpers: OnceLock::new(),
         })
+    }
+
+    /// This volume with large requests' AEAD work placed as `spread` says (the default:
+    /// [`Spread::default`]).
+    #[must_use]
+    pub fn with_spread(mut self, spread: Spread) -> AeadVolume {
+        self.spread = spread;
+        self
+    }
+
+    /// Reads and writes whose AEAD work was spread over threads since open (a
+    /// partial-sector write's read and its write count apart).
+    pub fn spread_requests(&self) -> u64 {
+        self.spread_count.load(Ordering::Relaxed)
+    }
+
+    /// How many threads the reading and the writing of a request of `len` bytes (whole
+    /// sectors) are shared among, and, for a large one, its place among the large
+    /// requests in flight (held until it ends). The one place that decides.
+    fn threads_for(&self, len: usize) -> (Threads, Option<Large<'_>>) {
+        let s = &self.spread;
+        let inline = Threads { read: 1, write: 1 };
+        if (s.inline_reads && s.inline_writes)
+            || s.threads < 2
+            || len < s.min_bytes
+            || len <= self.piece_bytes()
+        {
+            return (inline, None);
+        }
+        let n = self.large.fetch_add(1, Ordering::Relaxed) + 1;
+        let guard = Large(&self.large);
+        if n >= s.threads {
+            return (inline, Some(guard));
+        }
+        // The CPUs the other large requests in flight do not already hold.
+        let t = s.threads - (n - 1);
+        let pick = |keep_inline: bool| if keep_inline { 1 } else { t };
+        let threads = Threads {
+            read: pick(s.inline_reads),
+            write: pick(s.inline_writes),
+        };
+        (threads, Some(guard))
+    }
+
+    fn helpers(&self) -> &Helpers {
+        self.helpers
+            .get_or_init(|| Helpers::start(self.spread.threads.saturating_sub(1)))
+    }
+
+    /// Bytes per piece of a spread request: whole sectors, at least one.
+    fn piece_bytes(&self) -> usize {
+        let ss = self.ss() as usize;
+        (self.spread.piece_bytes / ss).max(1) * ss
     }
 
     /// Sectors that failed authentication since open.
@@ -109,12 +276,36 @@ impl AeadVolume {
         u64::from(self.cipher.sector_size().bytes())
     }
 
-    /// Whole sectors at `offset` (aligned).
-    fn read_sectors(&self, buf: &mut [u8], offset: u64) -> Result<(), BackendError> {
+    /// Whole sectors at `offset` (aligned), checked and decrypted on `threads` threads.
+    /// A request that fails fails at its first sector whose tag does not match, counted
+    /// once, however it was spread (as the kernel's `crypt_convert` stops at the first).
+    fn read_sectors(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        threads: usize,
+    ) -> Result<(), BackendError> {
         let n = buf.len() / self.ss() as usize;
-        let mut tags = vec![0u8; n * self.cipher.tag_size()];
+        let ts = self.cipher.tag_size();
+        let mut tags = vec![0u8; n * ts];
         self.dev.read_tagged(buf, &mut tags, offset)?;
-        self.cipher.decrypt(offset / 512, buf, &tags).map_err(|e| {
+        let r = if threads > 1 {
+            self.spread_count.fetch_add(1, Ordering::Relaxed);
+            let piece = self.piece_bytes();
+            let per = piece / self.ss() as usize * ts;
+            let pieces: Vec<_> = buf
+                .chunks_mut(piece)
+                .zip(tags.chunks(per))
+                .enumerate()
+                .collect();
+            spread(self.helpers(), threads, pieces, |(i, (data, tags))| {
+                let first = (offset + (i * piece) as u64) / 512;
+                self.cipher.decrypt(first, data, tags)
+            })
+        } else {
+            self.cipher.decrypt(offset / 512, buf, &tags)
+        };
+        r.map_err(|e| {
             self.failures.fetch_add(1, Ordering::Relaxed);
             BackendError::Integrity {
                 offset: e.sector * 512,
@@ -126,21 +317,43 @@ impl AeadVolume {
     /// Whole sectors at `offset` (aligned); `buf` is encrypted in place. Holds the write
     /// order shared ([`AeadVolume::order`]).
     fn write_whole(&self, buf: &mut [u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+        let (threads, _large) = self.threads_for(buf.len());
         let _shared = self
             .order
             .read()
             .map_err(|_| BackendError::Other("write order lock poisoned".into()))?;
-        self.write_sectors(buf, offset, fua)
+        self.write_sectors(buf, offset, fua, threads.write)
     }
 
-    /// Whole sectors at `offset` (aligned); `buf` is encrypted in place. The caller holds
-    /// the write order.
-    fn write_sectors(&self, buf: &mut [u8], offset: u64, fua: bool) -> Result<(), BackendError> {
+    /// Whole sectors at `offset` (aligned); `buf` is encrypted in place on `threads`
+    /// threads, then written with its tags in one call. The caller holds the write order.
+    fn write_sectors(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        fua: bool,
+        threads: usize,
+    ) -> Result<(), BackendError> {
         let n = buf.len() / self.ss() as usize;
-        let mut tags = vec![0u8; n * self.cipher.tag_size()];
-        self.cipher
-            .encrypt(offset / 512, buf, &mut tags)
-            .map_err(|e| BackendError::Other(e.to_string()))?;
+        let ts = self.cipher.tag_size();
+        let mut tags = vec![0u8; n * ts];
+        let r = if threads > 1 {
+            self.spread_count.fetch_add(1, Ordering::Relaxed);
+            let piece = self.piece_bytes();
+            let per = piece / self.ss() as usize * ts;
+            let pieces: Vec<_> = buf
+                .chunks_mut(piece)
+                .zip(tags.chunks_mut(per))
+                .enumerate()
+                .collect();
+            spread(self.helpers(), threads, pieces, |(i, (data, tags))| {
+                let first = (offset + (i * piece) as u64) / 512;
+                self.cipher.encrypt(first, data, tags)
+            })
+        } else {
+            self.cipher.encrypt(offset / 512, buf, &mut tags)
+        };
+        r.map_err(|e| BackendError::Other(e.to_string()))?;
         self.dev.write_tagged(buf, &tags, offset, fua)
     }
 
@@ -149,11 +362,12 @@ impl AeadVolume {
         let ss = self.ss();
         let start = offset - offset % ss;
         let end = (offset + buf.len() as u64).div_ceil(ss) * ss;
+        let (threads, _large) = self.threads_for((end - start) as usize);
         if start == offset && end == offset + buf.len() as u64 {
-            return self.read_sectors(buf, offset);
+            return self.read_sectors(buf, offset, threads.read);
         }
         let mut whole = vec![0u8; (end - start) as usize];
-        self.read_sectors(&mut whole, start)?;
+        self.read_sectors(&mut whole, start, threads.read)?;
         let from = (offset - start) as usize;
         buf.copy_from_slice(&whole[from..from + buf.len()]);
         Ok(())
@@ -175,15 +389,16 @@ impl AeadVolume {
             return self.write_whole(&mut own, offset, fua);
         }
         // A partial sector: the whole sector read (and authenticated), changed, rewritten.
+        let (threads, _large) = self.threads_for((end - start) as usize);
         let _exclusive = self
             .order
             .write()
             .map_err(|_| BackendError::Other("write order lock poisoned".into()))?;
         let mut whole = vec![0u8; (end - start) as usize];
-        self.read_sectors(&mut whole, start)?;
+        self.read_sectors(&mut whole, start, threads.read)?;
         let from = (offset - start) as usize;
         whole[from..from + buf.len()].copy_from_slice(buf);
-        self.write_sectors(&mut whole, start, fua)
+        self.write_sectors(&mut whole, start, fua, threads.write)
     }
 }
 

@@ -23,9 +23,10 @@ mod crypt;
 mod device;
 pub mod hash;
 pub mod journal_crypt;
+mod spread;
 mod tags;
 
-pub use crypt::AeadVolume;
+pub use crypt::{AeadVolume, Spread};
 pub use device::{format, format_separate, IntegrityBackend, IntegrityError, Mode, Options};
 pub use hash::{Algorithm, Hasher};
 pub use journal_crypt::JournalCrypt;
