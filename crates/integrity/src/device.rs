@@ -3,24 +3,40 @@
 //! the device.
 //!
 //! Locking: one `RwLock` over the state. Reads share it (they only look at the journal's
-//! newest entries); writes, flushes and the journal's commit take it alone, so that a
-//! reader never sees a block's new data with its old tag (the kernel's range locks give it
-//! the same). The journal's write-back (copying committed sections to their places) runs
-//! one at a time under its own mutex (`writeback`, always taken before the state lock)
-//! and holds the state lock only to pick the blocks, to copy them out of the journal
-//! (shared) and to free the sections afterwards (alone): while it writes, readers still
-//! find those blocks in the journal (their entries stay the newest until the sections are
-//! freed) and writers fill the free entries, as the kernel's writer thread overlaps new
-//! writes.
+//! newest entries); writes (into the journal, or in modes D and B to their places) and
+//! flushes take it alone, so that a reader never sees a block's new data with its old tag
+//! (the kernel's range locks give it the same). Two mutexes order the journal's slow
+//! steps, each taken before the state lock and never while holding it:
+//!
+//! - `commit_lock`, held by the one commit under way (`integrity_commit`): it stamps the
+//!   uncommitted sections with their commit ids and MACs them under the state lock, then
+//!   writes them (FUA) *without* it, then marks them committed under it again. Meanwhile
+//!   readers read (blocks in those sections included: nothing in them changes) and
+//!   writers fill the free entries after them, which a later commit covers. A flush or
+//!   FUA write commits through the same mutex, so it returns only once a commit that
+//!   holds its blocks (the one under way, or its own after it) is on the device.
+//! - `writeback`, held by the one write-back under way (`integrity_writer`: committed
+//!   sections copied to their places): it commits, picks the blocks under the state lock,
+//!   copies them out of the journal under it shared, writes and flushes them without it,
+//!   and frees the sections under it again. Readers still find those blocks in the journal
+//!   (their entries stay the newest until the sections are freed).
+//!
+//! A writer whose entries reach the watermark starts the write-back on a thread of its
+//! own and returns (the kernel's commit and writer workqueues), so that neither the
+//! journal write nor the copy-out is in any writer's path; only a writer that finds the
+//! journal full waits for it. Closing takes `writeback`, then `commit_lock`, then the
+//! state lock, and holds all three.
 
 use crate::hash::{Algorithm, Hasher};
 use crate::journal_crypt::JournalCrypt;
 use crate::tags::{read_unaligned, TagCache};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockWriteGuard, Weak};
+use std::thread::JoinHandle;
 use ucrypt_backend::{
-    check_range, emulate, Backend, BackendError, BackendInfo, Caps, Io, IoKind, Support,
+    check_range, emulate, AlignedBuf, Backend, BackendError, BackendInfo, Caps, Io, IoKind,
+    Support, WriteOp,
 };
 use ucrypt_format::integrity::{
     commit_id_in, entry_state, log2_blocks_per_bitmap_bit, max_provided_data_sectors,
@@ -172,8 +188,14 @@ pub enum IntegrityError {
     Refused(String),
 }
 
-/// A dm-integrity device over a backend. See the [crate docs](crate).
+/// A dm-integrity device over a backend. See the [crate docs](crate) and the [module
+/// docs](self) on locking.
 pub struct IntegrityBackend {
+    core: Arc<Core>,
+}
+
+/// The device itself, shared with its background write-back ([`Core::kick`]).
+struct Core {
     /// The device with the superblock, the journal and the tags (and the data, without a
     /// separate data device).
     inner: Arc<dyn Backend>,
@@ -198,8 +220,16 @@ pub struct IntegrityBackend {
     unchecked_from: u64,
     state: RwLock<State>,
     /// Held by the one journal write-back under way (see the module docs); taken before
-    /// the state lock, never while holding it.
+    /// the commit mutex and the state lock, never while holding them.
     writeback: Mutex<()>,
+    /// Held by the one journal commit under way, from stamping its sections to marking
+    /// them committed; taken before the state lock, never while holding it.
+    commit_lock: Mutex<()>,
+    /// The background write-back's thread and what it is asked ([`Core::kick`]).
+    writer: Mutex<Writer>,
+    writer_cv: Condvar,
+    /// This device, for the background write-back's thread (set once it is in its `Arc`).
+    me: Weak<Core>,
     mismatches: AtomicU64,
 }
 
@@ -213,11 +243,19 @@ struct WriteBack {
     list: Vec<(u64, u64)>,
 }
 
-/// A run of blocks copied out of the journal: contiguous on the data device, their tags
-/// contiguous in one tag area.
+/// Blocks copied out of the journal, in runs contiguous on the data device (their tags
+/// contiguous in one tag area), all in one buffer aligned for `O_DIRECT` so that their
+/// writes go to the device as one batch.
+struct Gathered {
+    data: AlignedBuf,
+    runs: Vec<Run>,
+}
+
+/// A run of [`Gathered`]: `len` bytes at `at` in its buffer, for logical `sector`.
 struct Run {
     sector: u64,
-    data: Vec<u8>,
+    at: usize,
+    len: usize,
     tags: Vec<u8>,
 }
 
@@ -227,11 +265,23 @@ const WRITE_BACK_CHUNK_BYTES: usize = 4 << 20;
 
 impl std::fmt::Debug for IntegrityBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.core;
         f.debug_struct("IntegrityBackend")
-            .field("mode", &self.mode)
-            .field("geo", &self.geo)
+            .field("mode", &c.mode)
+            .field("geo", &c.geo)
             .finish_non_exhaustive()
     }
+}
+
+/// The background write-back thread (the kernel's commit and writer workqueues): started
+/// by the first write to reach the journal's watermark, stopped when the device is dropped.
+#[derive(Default)]
+struct Writer {
+    thread: Option<JoinHandle<()>>,
+    /// A write-back is asked for (a writer reached the watermark since the thread last
+    /// started one).
+    pending: bool,
+    stop: bool,
 }
 
 struct State {
@@ -250,12 +300,18 @@ struct State {
 /// free entries stand, and the newest entry of each block.
 struct Journal {
     shape: JournalShape,
-    buf: Vec<u8>,
+    /// Each section's bytes. A section being written by a commit is shared with that
+    /// write (see [`Core::commit`]); no one changes a section between its commit and its
+    /// write-back, so the others are never shared when they are changed.
+    secs: Vec<Arc<Vec<u8>>>,
     commit_seq: u8,
     /// The commit ids (the kernel's, or encrypted by a stream `journal_crypt`).
     ids: CommitIds,
     committed_section: u32,
     n_committed: u32,
+    /// Sections closed and stamped whose journal write is under way (after the committed
+    /// ones, before `uncommitted_section`).
+    n_committing: u32,
     uncommitted_section: u32,
     n_uncommitted: u32,
     free_section: u32,
@@ -272,17 +328,35 @@ impl Journal {
         self.shape.section_sectors as usize * 512
     }
 
+    /// Fresh sections of `shape`, zeroed.
+    fn zeroed_sections(shape: &JournalShape) -> Vec<Arc<Vec<u8>>> {
+        let bytes = shape.section_sectors as usize * 512;
+        (0..shape.sections)
+            .map(|_| Arc::new(vec![0u8; bytes]))
+            .collect()
+    }
+
+    fn section(&self, i: u32) -> &[u8] {
+        &self.secs[i as usize]
+    }
+
+    /// Section `i` to change (a copy of it if a commit's write still holds it, which no
+    /// caller does: see `secs`).
+    fn section_mut(&mut self, i: u32) -> &mut [u8] {
+        Arc::make_mut(&mut self.secs[i as usize]).as_mut_slice()
+    }
+
     fn entry(&self, global: u64) -> &[u8] {
         let (i, n) = self.split(global);
-        let at = i as usize * self.section_bytes() + self.shape.entry_offset(n);
-        &self.buf[at..at + self.shape.entry_size as usize]
+        let at = self.shape.entry_offset(n);
+        &self.section(i)[at..at + self.shape.entry_size as usize]
     }
 
     fn entry_mut(&mut self, global: u64) -> &mut [u8] {
         let (i, n) = self.split(global);
-        let at = i as usize * self.section_bytes() + self.shape.entry_offset(n);
+        let at = self.shape.entry_offset(n);
         let len = self.shape.entry_size as usize;
-        &mut self.buf[at..at + len]
+        &mut self.section_mut(i)[at..at + len]
     }
 
     fn split(&self, global: u64) -> (u32, u32) {
@@ -294,27 +368,14 @@ impl Journal {
     /// journal sector gives to its commit id, put back from the entry).
     fn block_into(&self, global: u64, out: &mut [u8]) {
         let (i, n) = self.split(global);
-        let base = i as usize * self.section_bytes();
+        let sec = self.section(i);
         let entry = self.entry(global);
         for s in 0..self.shape.sectors_per_block {
-            let at = base + self.shape.data_sector(n, s) as usize * 512;
+            let at = self.shape.data_sector(n, s) as usize * 512;
             let o = &mut out[s as usize * 512..(s as usize + 1) * 512];
-            o[..504].copy_from_slice(&self.buf[at..at + 504]);
+            o[..504].copy_from_slice(&sec[at..at + 504]);
             let lb = 8 + 8 * s as usize;
             o[504..].copy_from_slice(&entry[lb..lb + 8]);
-        }
-    }
-
-    /// [`Journal::block_into`], appended to `out`.
-    fn block_extend(&self, global: u64, out: &mut Vec<u8>) {
-        let (i, n) = self.split(global);
-        let base = i as usize * self.section_bytes();
-        let entry = self.entry(global);
-        for s in 0..self.shape.sectors_per_block {
-            let at = base + self.shape.data_sector(n, s) as usize * 512;
-            out.extend_from_slice(&self.buf[at..at + 504]);
-            let lb = 8 + 8 * s as usize;
-            out.extend_from_slice(&entry[lb..lb + 8]);
         }
     }
 
@@ -332,6 +393,7 @@ impl Journal {
         self.commit_seq = seq;
         self.committed_section = section;
         self.n_committed = 0;
+        self.n_committing = 0;
         self.uncommitted_section = section;
         self.n_uncommitted = 0;
         self.free_section = section;
@@ -349,45 +411,12 @@ fn failed_err(msg: &str) -> BackendError {
     BackendError::Other(format!("the dm-integrity device has failed: {msg}"))
 }
 
-impl IntegrityBackend {
-    /// Opens the dm-integrity device on `inner` (its superblock at byte 0), as the kernel
-    /// activates the table `integrity DEV 0 TAG_SIZE MODE ... internal_hash:...`: checks
-    /// the superblock against the options, replays a journal left behind, recalculates
-    /// tags the superblock or a dirty bitmap marks.
-    ///
-    /// # Errors
-    /// A superblock the kernel would refuse, options that do not match it, I/O errors, a
-    /// journal the kernel would fail the device for (torn commit ids, a journal MAC or a
-    /// replayed tag that does not match).
-    pub fn open(
-        inner: Arc<dyn Backend>,
-        opts: Options,
-    ) -> Result<IntegrityBackend, IntegrityError> {
-        Self::open_on(inner, None, opts)
-    }
-
-    /// Opens the dm-integrity device whose superblock, journal and tags are on `meta` and
-    /// whose data is on `data` (the table's `meta_device:META` over the data device DATA;
-    /// `integritysetup open META NAME --data-device DATA`). The data device's whole blocks
-    /// are provided: a superblock that says otherwise is brought to that, as the kernel
-    /// does on resume (in bitmap mode the tags of blocks gained are recalculated).
-    ///
-    /// # Errors
-    /// As [`IntegrityBackend::open`]; a superblock of a device without a separate metadata
-    /// device; a metadata device too small for the tags of the data device's blocks.
-    pub fn open_separate(
-        meta: Arc<dyn Backend>,
-        data: Arc<dyn Backend>,
-        opts: Options,
-    ) -> Result<IntegrityBackend, IntegrityError> {
-        Self::open_on(meta, Some(data), opts)
-    }
-
+impl Core {
     fn open_on(
         inner: Arc<dyn Backend>,
         data_dev: Option<Arc<dyn Backend>>,
         opts: Options,
-    ) -> Result<IntegrityBackend, IntegrityError> {
+    ) -> Result<Core, IntegrityError> {
         let dev_bytes = inner.info().size_bytes;
         let data = data_dev.clone().unwrap_or_else(|| Arc::clone(&inner));
         let align = u64::from(
@@ -514,11 +543,12 @@ impl IntegrityBackend {
             (shape.entries * u64::from(100 - opts.journal_watermark.min(100)) + 50) / 100;
         let journal = Journal {
             shape,
-            buf: vec![0u8; shape.sectors() as usize * 512],
+            secs: Journal::zeroed_sections(&shape),
             commit_seq: 0,
             ids: jcrypt.as_ref().map_or(COMMIT_IDS, JournalCrypt::commit_ids),
             committed_section: 0,
             n_committed: 0,
+            n_committing: 0,
             uncommitted_section: 0,
             n_uncommitted: 0,
             free_section: 0,
@@ -554,7 +584,7 @@ impl IntegrityBackend {
                  rule; legacy_recalculate overrides it)",
             ));
         }
-        let dev = IntegrityBackend {
+        let dev = Core {
             inner,
             data,
             info,
@@ -577,6 +607,10 @@ impl IntegrityBackend {
                 failed: None,
             }),
             writeback: Mutex::new(()),
+            commit_lock: Mutex::new(()),
+            writer: Mutex::new(Writer::default()),
+            writer_cv: Condvar::new(),
+            me: Weak::new(),
             mismatches: AtomicU64::new(0),
         };
         dev.activate(resized, grown_from)
@@ -585,11 +619,7 @@ impl IntegrityBackend {
     /// The kernel's `dm_integrity_resume` for a freshly constructed target; `resized` when
     /// the data device's size is not the superblock's (`grown_from`: the old size, when it
     /// grew).
-    fn activate(
-        mut self,
-        resized: bool,
-        grown_from: Option<u64>,
-    ) -> Result<IntegrityBackend, IntegrityError> {
+    fn activate(mut self, resized: bool, grown_from: Option<u64>) -> Result<Core, IntegrityError> {
         if self.mode == Mode::Recovery {
             self.unchecked_from = 0;
             return Ok(self);
@@ -688,19 +718,9 @@ impl IntegrityBackend {
             .unwrap_or_else(|p| p.into_inner().sb.clone())
     }
 
-    /// The geometry.
-    pub fn geometry(&self) -> &Geometry {
-        &self.geo
-    }
-
     /// Blocks whose tag did not match since open (the kernel's status counter).
     pub fn mismatches(&self) -> u64 {
         self.mismatches.load(Ordering::Relaxed)
-    }
-
-    /// The mode.
-    pub fn mode(&self) -> Mode {
-        self.mode
     }
 
     /// Leaves the device as the kernel's suspend does: the journal committed, copied to
@@ -714,6 +734,10 @@ impl IntegrityBackend {
             .writeback
             .lock()
             .map_err(|_| BackendError::Other("dm-integrity write-back lock poisoned".into()))?;
+        let _commit = self
+            .commit_lock
+            .lock()
+            .map_err(|_| BackendError::Other("dm-integrity commit lock poisoned".into()))?;
         let mut st = self
             .state
             .write()
@@ -727,7 +751,7 @@ impl IntegrityBackend {
         }
         match self.mode {
             Mode::Journal => {
-                self.commit(&mut st)?;
+                self.commit_locked(&mut st)?;
                 self.write_back(&mut st)?;
                 self.flush_devices()?;
                 if st.journal.wrote {
@@ -830,11 +854,11 @@ impl IntegrityBackend {
             return;
         }
         let mac = self.section_mac(j, i);
-        let base = i as usize * j.section_bytes();
+        let sec = j.section_mut(i);
         for s in 0..JOURNAL_BLOCK_SECTORS as usize {
-            let at = base + s * 512 + 496;
+            let at = s * 512 + 496;
             let m = JOURNAL_MAC_PER_SECTOR as usize;
-            j.buf[at..at + m].copy_from_slice(&mac[s * m..(s + 1) * m]);
+            sec[at..at + m].copy_from_slice(&mac[s * m..(s + 1) * m]);
         }
     }
 
@@ -843,11 +867,11 @@ impl IntegrityBackend {
             return Ok(());
         }
         let mac = self.section_mac(j, i);
-        let base = i as usize * j.section_bytes();
+        let sec = j.section(i);
         for s in 0..JOURNAL_BLOCK_SECTORS as usize {
-            let at = base + s * 512 + 496;
+            let at = s * 512 + 496;
             let m = JOURNAL_MAC_PER_SECTOR as usize;
-            if j.buf[at..at + m] != mac[s * m..(s + 1) * m] {
+            if sec[at..at + m] != mac[s * m..(s + 1) * m] {
                 return Err(refused(format!(
                     "journal section {i}: its MAC does not match (the kernel fails the device)"
                 )));
@@ -859,27 +883,43 @@ impl IntegrityBackend {
     /// Writes sections `[start, start + n)` (wrapping) of the in-memory journal, FUA.
     fn write_sections(&self, j: &Journal, start: u32, n: u32) -> Result<(), BackendError> {
         let sections = j.shape.sections;
-        let sb = j.section_bytes();
-        let mut done = 0;
-        while done < n {
-            let first = (start + done) % sections;
-            let run = (n - done).min(sections - first);
-            let from = first as usize * sb;
-            let bytes = &j.buf[from..from + run as usize * sb];
-            match &self.jcrypt {
-                None => self
-                    .inner
-                    .write_at(bytes, self.geo.journal_byte(first, 0), true)?,
-                Some(c) => {
+        let list: Vec<(u32, Arc<Vec<u8>>)> = (0..n)
+            .map(|k| {
+                let i = (start + k) % sections;
+                (i, Arc::clone(&j.secs[i as usize]))
+            })
+            .collect();
+        self.write_section_list(&list)
+    }
+
+    /// Writes each `(section number, its bytes)` in its place, together (one batch;
+    /// encrypted first with `journal_crypt`), durable when it returns: one section FUA,
+    /// several written then flushed once. The order among them does not matter: each
+    /// sector's commit id tells a replay which ones arrived.
+    fn write_section_list(&self, list: &[(u32, Arc<Vec<u8>>)]) -> Result<(), BackendError> {
+        let crypted: Vec<Zeroizing<Vec<u8>>> = match &self.jcrypt {
+            None => Vec::new(),
+            Some(c) => list
+                .iter()
+                .map(|(i, bytes)| {
                     let mut io = Zeroizing::new(bytes.to_vec());
-                    for (k, section) in io.chunks_exact_mut(sb).enumerate() {
-                        c.encrypt_section(first + k as u32, section);
-                    }
-                    self.inner
-                        .write_at(&io, self.geo.journal_byte(first, 0), true)?;
-                }
-            }
-            done += run;
+                    c.encrypt_section(*i, &mut io);
+                    io
+                })
+                .collect(),
+        };
+        let ops: Vec<WriteOp<'_>> = list
+            .iter()
+            .enumerate()
+            .map(|(k, (i, bytes))| WriteOp {
+                offset: self.geo.journal_byte(*i, 0),
+                buf: crypted.get(k).map_or(&bytes[..], |c| &c[..]),
+                fua: list.len() == 1,
+            })
+            .collect();
+        self.inner.submit_writes(&ops)?;
+        if list.len() > 1 {
+            self.inner.flush()?;
         }
         Ok(())
     }
@@ -897,19 +937,18 @@ impl IntegrityBackend {
         }
         let j = &mut st.journal;
         let sections = j.shape.sections;
-        let sb = j.section_bytes();
+        let (ids, shape) = (j.ids, j.shape);
         for k in 0..n {
             let i = (start + k) % sections;
-            let base = i as usize * sb;
-            for s in 0..j.shape.section_sectors {
-                let at = base + s as usize * 512;
-                j.buf[at..at + 504].fill(0);
-                j.buf[at + 504..at + 512]
-                    .copy_from_slice(&commit_id_in(&j.ids, i, s, seq).to_le_bytes());
+            let sec = j.section_mut(i);
+            for s in 0..shape.section_sectors {
+                let at = s as usize * 512;
+                sec[at..at + 504].fill(0);
+                sec[at + 504..at + 512]
+                    .copy_from_slice(&commit_id_in(&ids, i, s, seq).to_le_bytes());
             }
-            for e in 0..j.shape.section_entries {
-                let at = base + j.shape.entry_offset(e);
-                set_entry_unused(&mut j.buf[at..]);
+            for e in 0..shape.section_entries {
+                set_entry_unused(&mut sec[shape.entry_offset(e)..]);
             }
         }
         let j = &mut st.journal;
@@ -923,23 +962,25 @@ impl IntegrityBackend {
     /// holds to its places (or, read-only, serves it from memory), and continues or clears
     /// the journal.
     fn replay(&self, st: &mut State) -> Result<(), IntegrityError> {
-        let len = st.journal.buf.len();
-        let mut buf = std::mem::take(&mut st.journal.buf);
-        self.inner
-            .read_at(&mut buf[..len], self.geo.journal_byte(0, 0))?;
+        let sb = st.journal.section_bytes();
+        let mut buf = vec![0u8; st.journal.secs.len() * sb];
+        self.inner.read_at(&mut buf, self.geo.journal_byte(0, 0))?;
         if let Some(c) = &self.jcrypt {
-            let sb = st.journal.section_bytes();
             for (i, section) in buf.chunks_exact_mut(sb).enumerate() {
                 c.decrypt_section(i as u32, section);
             }
         }
-        st.journal.buf = buf;
         let plan = ReplayPlan::decide_with(
             &st.journal.shape,
-            &st.journal.buf,
+            &buf,
             self.mode == Mode::Journal,
             &st.journal.ids,
         )?;
+        st.journal.secs = buf
+            .chunks_exact(sb)
+            .map(|section| Arc::new(section.to_vec()))
+            .collect();
+        drop(buf);
         let se = u64::from(st.journal.shape.section_entries);
         let sections = st.journal.shape.sections;
         let mut newest: HashMap<u64, u64> = HashMap::new();
@@ -1008,17 +1049,20 @@ impl IntegrityBackend {
     /// Copies journal entries `(sector, entry)` to their places: data in runs, tags staged.
     fn copy_out(&self, j: &Journal, mut list: Vec<(u64, u64)>) -> Result<(), BackendError> {
         list.sort_unstable();
-        self.write_runs(self.gather(j, &list))
+        self.write_runs(self.gather(j, &list)?)
     }
 
     /// The blocks of `list` (sorted by sector) copied out of the journal, in runs that are
     /// contiguous on the data device.
-    fn gather(&self, j: &Journal, list: &[(u64, u64)]) -> Vec<Run> {
+    fn gather(&self, j: &Journal, list: &[(u64, u64)]) -> Result<Gathered, BackendError> {
         let ts = self.geo.tag_size as usize;
+        let bb = self.geo.block_bytes() as usize;
         let toff = j.shape.tag_offset();
+        let align = (bb as u64).max(self.align) as usize;
+        let mut data = AlignedBuf::zeroed(list.len() * bb, align)?;
         let mut runs: Vec<Run> = Vec::new();
         let mut run_next = u64::MAX;
-        for &(s, g) in list {
+        for (k, &(s, g)) in list.iter().enumerate() {
             let contiguous = s == run_next
                 && runs
                     .last()
@@ -1026,38 +1070,48 @@ impl IntegrityBackend {
             if !contiguous {
                 runs.push(Run {
                     sector: s,
-                    data: Vec::new(),
+                    at: k * bb,
+                    len: 0,
                     tags: Vec::new(),
                 });
             }
+            j.block_into(g, &mut data[k * bb..(k + 1) * bb]);
             if let Some(r) = runs.last_mut() {
-                j.block_extend(g, &mut r.data);
+                r.len += bb;
                 r.tags.extend_from_slice(&j.entry(g)[toff..toff + ts]);
             }
             run_next = s + self.spb();
         }
-        runs
+        Ok(Gathered { data, runs })
     }
 
-    /// Writes runs gathered from the journal to their places: the data, then the tags
-    /// (each run's tags in one piece; only tag units partly covered are read first).
-    fn write_runs(&self, runs: Vec<Run>) -> Result<(), BackendError> {
+    /// Writes runs gathered from the journal to their places: the data (one batch), then
+    /// the tags (each run's tags in one piece; only tag units partly covered are read
+    /// first).
+    fn write_runs(&self, g: Gathered) -> Result<(), BackendError> {
         let mut tags = TagCache::new(&*self.inner, self.align);
-        for r in &runs {
-            self.data
-                .write_at(&r.data, self.geo.data_sector(r.sector) * 512, false)?;
+        for r in &g.runs {
             tags.put(self.geo.tag_byte(r.sector), &r.tags)?;
         }
+        let ops: Vec<WriteOp<'_>> = g
+            .runs
+            .iter()
+            .map(|r| WriteOp {
+                offset: self.geo.data_sector(r.sector) * 512,
+                buf: &g.data[r.at..r.at + r.len],
+                fua: false,
+            })
+            .collect();
+        self.data.submit_writes(&ops)?;
         tags.write_back()
     }
 
-    /// `integrity_commit`: pads the open section, stamps the uncommitted sections with the
-    /// commit ids of the current sequence (the next one past the journal's end), MACs them
-    /// and writes them FUA.
-    fn commit(&self, st: &mut State) -> Result<(), BackendError> {
-        if self.mode != Mode::Journal {
-            return Ok(());
-        }
+    /// `integrity_commit`, first half (state lock held): pads the open section, stamps
+    /// the uncommitted sections with the commit ids of the current sequence (the next one
+    /// past the journal's end) and MACs them; they become the committing ones. Returns
+    /// them with their bytes (shared, not copied), `None` if there were none.
+    #[allow(clippy::type_complexity)]
+    fn stamp(&self, st: &mut State) -> Option<Vec<(u32, Arc<Vec<u8>>)>> {
         let j = &mut st.journal;
         let sections = j.shape.sections;
         if j.free_entry != 0 {
@@ -1068,17 +1122,17 @@ impl IntegrityBackend {
         }
         let (start, n) = (j.uncommitted_section, j.n_uncommitted);
         if n == 0 {
-            return Ok(());
+            return None;
         }
         j.wrote = true;
-        let sb = j.section_bytes();
+        let (ids, section_sectors) = (j.ids, j.shape.section_sectors);
         let mut i = start;
         for _ in 0..n {
-            let base = i as usize * sb;
-            for s in 0..j.shape.section_sectors {
-                let at = base + s as usize * 512 + 504;
-                j.buf[at..at + 8]
-                    .copy_from_slice(&commit_id_in(&j.ids, i, s, j.commit_seq).to_le_bytes());
+            let seq = j.commit_seq;
+            let sec = j.section_mut(i);
+            for s in 0..section_sectors {
+                let at = s as usize * 512 + 504;
+                sec[at..at + 8].copy_from_slice(&commit_id_in(&ids, i, s, seq).to_le_bytes());
             }
             i += 1;
             if i >= sections {
@@ -1089,16 +1143,74 @@ impl IntegrityBackend {
         for k in 0..n {
             self.set_section_mac(j, (start + k) % sections);
         }
-        let res = self.write_sections(j, start, n);
+        j.uncommitted_section = (start + n) % sections;
+        j.n_uncommitted = 0;
+        j.n_committing = n;
+        Some(
+            (0..n)
+                .map(|k| {
+                    let i = (start + k) % sections;
+                    (i, Arc::clone(&j.secs[i as usize]))
+                })
+                .collect(),
+        )
+    }
+
+    /// `integrity_commit`, second half: once the stamped sections are on the device, they
+    /// are committed (the write-back may copy them); on a failed write the device fails.
+    fn committed(&self, st: &mut State, res: Result<(), BackendError>) -> Result<(), BackendError> {
         if let Err(e) = res {
             st.failed = Some(format!("writing the journal: {e}"));
             return Err(e);
         }
         let j = &mut st.journal;
-        j.uncommitted_section = (start + n) % sections;
-        j.n_uncommitted = 0;
-        j.n_committed += n;
+        j.n_committed += j.n_committing;
+        j.n_committing = 0;
         Ok(())
+    }
+
+    /// `integrity_commit` with the state lock (and the commit mutex) held throughout
+    /// (close).
+    fn commit_locked(&self, st: &mut State) -> Result<(), BackendError> {
+        if self.mode != Mode::Journal {
+            return Ok(());
+        }
+        let Some(list) = self.stamp(st) else {
+            return Ok(());
+        };
+        let res = self.write_section_list(&list);
+        drop(list);
+        self.committed(st, res)
+    }
+
+    /// `integrity_commit`: every block in the journal so far on the device when it
+    /// returns. One commit at a time (`commit_lock`); the state lock is held only to stamp
+    /// the sections and to mark them committed, not while they are written: readers and
+    /// writers go on meanwhile (writers into the sections after them, which a later commit
+    /// covers). A caller that finds another commit under way waits for it, then commits
+    /// what is left (its own blocks are in one or the other).
+    fn commit(&self) -> Result<(), BackendError> {
+        if self.mode != Mode::Journal {
+            return Ok(());
+        }
+        let _commit = self
+            .commit_lock
+            .lock()
+            .map_err(|_| BackendError::Other("dm-integrity commit lock poisoned".into()))?;
+        let list = {
+            let mut st = self.lock_write()?;
+            match self.stamp(&mut st) {
+                Some(list) => list,
+                None => return Ok(()),
+            }
+        };
+        let res = self.write_section_list(&list);
+        drop(list);
+        let mut st = self
+            .state
+            .write()
+            .map_err(|_| BackendError::Other("dm-integrity state lock poisoned".into()))?;
+        self.committed(&mut st, res)
     }
 
     /// The committed sections and their blocks whose newest entry is there (older entries
@@ -1157,7 +1269,8 @@ impl IntegrityBackend {
             return Ok(());
         };
         let res = self
-            .write_runs(self.gather(&st.journal, &wb.list))
+            .gather(&st.journal, &wb.list)
+            .and_then(|g| self.write_runs(g))
             .and_then(|()| self.flush_devices());
         if let Err(e) = res {
             st.failed = Some(format!("copying the journal to its places: {e}"));
@@ -1184,12 +1297,15 @@ impl IntegrityBackend {
                 Err(std::sync::TryLockError::Poisoned(_)) => return Err(poisoned()),
             }
         };
-        let wb = {
-            let mut st = self.lock_write()?;
+        {
+            let st = self.lock_write()?;
             if st.journal.free_entries > st.journal.threshold {
                 return Ok(());
             }
-            self.commit(&mut st)?;
+        }
+        self.commit()?;
+        let wb = {
+            let st = self.lock_write()?;
             match self.write_back_plan(&st.journal) {
                 Some(wb) => wb,
                 None => return Ok(()),
@@ -1202,11 +1318,11 @@ impl IntegrityBackend {
         let per_chunk = (WRITE_BACK_CHUNK_BYTES / bb).max(1);
         let mut res = Ok(());
         for chunk in wb.list.chunks(per_chunk) {
-            let runs = {
+            let gathered = {
                 let st = self.state.read().map_err(|_| poisoned())?;
                 self.gather(&st.journal, chunk)
             };
-            res = self.write_runs(runs);
+            res = gathered.and_then(|g| self.write_runs(g));
             if res.is_err() {
                 break;
             }
@@ -1219,6 +1335,79 @@ impl IntegrityBackend {
         }
         self.finish_write_back(&mut st.journal, &wb);
         Ok(())
+    }
+
+    /// Journal mode, at the watermark: [`Core::relieve`] in the background, on the
+    /// device's writer thread (the kernel's commit and writer workqueues), so that the
+    /// writer that reached the watermark returns at once. As `queue_work`: asking while a
+    /// write-back is already asked for adds nothing; asking while one runs has the thread
+    /// look again once it is done. Inline when no thread can be started or the device is
+    /// not in its `Arc` (format).
+    fn kick(&self) -> Result<(), BackendError> {
+        let Ok(mut w) = self.writer.lock() else {
+            return self.relieve(false);
+        };
+        if w.pending || w.stop {
+            return Ok(());
+        }
+        if w.thread.is_none() {
+            let Some(me) = self.me.upgrade() else {
+                drop(w);
+                return self.relieve(false);
+            };
+            let spawned = std::thread::Builder::new()
+                .name("integrity-writer".into())
+                .spawn(move || me.writer_thread());
+            match spawned {
+                Ok(t) => w.thread = Some(t),
+                Err(_) => {
+                    drop(w);
+                    return self.relieve(false);
+                }
+            }
+        }
+        w.pending = true;
+        drop(w);
+        self.writer_cv.notify_one();
+        Ok(())
+    }
+
+    /// The writer thread: a write-back each time one is asked for, until stopped. An I/O
+    /// error fails the device (`failed`), which the next request reports.
+    fn writer_thread(&self) {
+        loop {
+            {
+                let Ok(mut w) = self.writer.lock() else {
+                    return;
+                };
+                while !w.pending && !w.stop {
+                    w = match self.writer_cv.wait(w) {
+                        Ok(w) => w,
+                        Err(_) => return,
+                    };
+                }
+                if w.stop {
+                    return;
+                }
+                w.pending = false;
+            }
+            let _ = self.relieve(true);
+        }
+    }
+
+    /// Stops the writer thread (after the write-back under way) and waits for it.
+    fn stop_writer(&self) {
+        let thread = match self.writer.lock() {
+            Ok(mut w) => {
+                w.stop = true;
+                w.thread.take()
+            }
+            Err(_) => None,
+        };
+        self.writer_cv.notify_all();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 
     /// Journal mode: the blocks of `buf` (at logical `sector`) into free journal entries
@@ -1234,11 +1423,10 @@ impl IntegrityBackend {
             let se = u64::from(j.shape.section_entries);
             let g = u64::from(j.free_section) * se + u64::from(j.free_entry);
             let (i, n) = j.split(g);
-            let base = i as usize * j.section_bytes();
             let toff = j.shape.tag_offset();
             // The block's sectors are contiguous in the section (`data_sector`).
-            let at = base + j.shape.data_sector(n, 0) as usize * 512;
-            j.buf[at..at + bb].copy_from_slice(block);
+            let at = j.shape.data_sector(n, 0) as usize * 512;
+            j.section_mut(i)[at..at + bb].copy_from_slice(block);
             let entry = j.entry_mut(g);
             for x in 0..(bb / 512) {
                 entry[8 + 8 * x..16 + 8 * x].copy_from_slice(&block[x * 512 + 504..x * 512 + 512]);
@@ -1538,7 +1726,7 @@ fn verify_sb_mac(m: &Hasher, sector: &[u8]) -> Result<(), IntegrityError> {
     Ok(())
 }
 
-impl IntegrityBackend {
+impl Core {
     /// External tags: reads `buf` at byte `offset` and the blocks' stored tags into `tags`
     /// (`tag_size` bytes per block), as the kernel hands dm-crypt a bio's integrity
     /// payload. Nothing is checked here.
@@ -1571,11 +1759,6 @@ impl IntegrityBackend {
     ) -> Result<(), BackendError> {
         self.check_tags(buf.len(), tags.len())?;
         self.write_inner(buf, Some(tags), offset, fua)
-    }
-
-    /// Whether the tags are the layer above's (no `internal_hash`).
-    pub fn external_tags(&self) -> bool {
-        self.external
     }
 
     fn check_tags(&self, len: usize, tags: usize) -> Result<(), BackendError> {
@@ -1686,9 +1869,10 @@ impl IntegrityBackend {
     }
 
     /// Journal mode: as many blocks as there are free entries into the journal under the
-    /// state lock, the journal committed and written back (without the lock, see
-    /// [`IntegrityBackend::relieve`]) when full, the rest after that; with `fua` the
-    /// journal is committed once the last block is in; at the watermark it is written back.
+    /// state lock, the journal committed and written back ([`Core::relieve`], this thread
+    /// waiting) when full, the rest after that; with `fua` the journal is committed once
+    /// the last block is in ([`Core::commit`]); at the watermark the writer thread is
+    /// asked to write it back ([`Core::kick`]) and the write returns.
     fn write_journaled(
         &self,
         buf: &[u8],
@@ -1723,14 +1907,16 @@ impl IntegrityBackend {
             self.write_journal(&mut st, &buf[done * bb..(done + n) * bb], part_tags, at);
             done += n;
             let last = done == blocks;
-            if last && fua {
-                self.commit(&mut st)?;
-            }
             let watermark = st.journal.free_entries <= st.journal.threshold;
             let full = st.journal.free_entries == 0 && !last;
             drop(st);
-            if watermark {
-                self.relieve(full)?;
+            if last && fua {
+                self.commit()?;
+            }
+            if full {
+                self.relieve(true)?;
+            } else if watermark {
+                self.kick()?;
             }
             if last {
                 return Ok(());
@@ -1739,7 +1925,137 @@ impl IntegrityBackend {
     }
 }
 
+impl IntegrityBackend {
+    /// Opens the dm-integrity device on `inner` (its superblock at byte 0), as the kernel
+    /// activates the table `integrity DEV 0 TAG_SIZE MODE ... internal_hash:...`: checks
+    /// the superblock against the options, replays a journal left behind, recalculates
+    /// tags the superblock or a dirty bitmap marks.
+    ///
+    /// # Errors
+    /// A superblock the kernel would refuse, options that do not match it, I/O errors, a
+    /// journal the kernel would fail the device for (torn commit ids, a journal MAC or a
+    /// replayed tag that does not match).
+    pub fn open(
+        inner: Arc<dyn Backend>,
+        opts: Options,
+    ) -> Result<IntegrityBackend, IntegrityError> {
+        Core::open_on(inner, None, opts).map(IntegrityBackend::wrap)
+    }
+
+    /// Opens the dm-integrity device whose superblock, journal and tags are on `meta` and
+    /// whose data is on `data` (the table's `meta_device:META` over the data device DATA;
+    /// `integritysetup open META NAME --data-device DATA`). The data device's whole blocks
+    /// are provided: a superblock that says otherwise is brought to that, as the kernel
+    /// does on resume (in bitmap mode the tags of blocks gained are recalculated).
+    ///
+    /// # Errors
+    /// As [`IntegrityBackend::open`]; a superblock of a device without a separate metadata
+    /// device; a metadata device too small for the tags of the data device's blocks.
+    pub fn open_separate(
+        meta: Arc<dyn Backend>,
+        data: Arc<dyn Backend>,
+        opts: Options,
+    ) -> Result<IntegrityBackend, IntegrityError> {
+        Core::open_on(meta, Some(data), opts).map(IntegrityBackend::wrap)
+    }
+
+    fn wrap(core: Core) -> IntegrityBackend {
+        IntegrityBackend {
+            core: Arc::new_cyclic(move |me| {
+                let mut core = core;
+                core.me = Weak::clone(me);
+                core
+            }),
+        }
+    }
+
+    /// The superblock as it stands.
+    pub fn superblock(&self) -> Superblock {
+        self.core.superblock()
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.core.geo
+    }
+
+    /// Blocks whose tag did not match since open (the kernel's status counter).
+    pub fn mismatches(&self) -> u64 {
+        self.core.mismatches()
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.core.mode
+    }
+
+    /// Leaves the device as the kernel's suspend does: the journal committed, copied to
+    /// its places and reset (mode J); the bitmap cleared and the journal area reset (B);
+    /// everything flushed. Later requests fail.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn close(&self) -> Result<(), BackendError> {
+        self.core.close()
+    }
+
+    /// External tags: reads `buf` at byte `offset` and the blocks' stored tags into `tags`
+    /// (`tag_size` bytes per block), as the kernel hands dm-crypt a bio's integrity
+    /// payload. Nothing is checked here.
+    ///
+    /// # Errors
+    /// I/O errors, a request not in whole blocks, `tags` of the wrong length, a device
+    /// with an internal hash.
+    pub fn read_tagged(
+        &self,
+        buf: &mut [u8],
+        tags: &mut [u8],
+        offset: u64,
+    ) -> Result<(), BackendError> {
+        self.core.read_tagged(buf, tags, offset)
+    }
+
+    /// External tags: writes `buf` at byte `offset` with the blocks' tags from `tags`,
+    /// together (through the journal in mode J, so that a crash leaves either both or
+    /// neither).
+    ///
+    /// # Errors
+    /// As [`IntegrityBackend::read_tagged`], and read-only devices.
+    pub fn write_tagged(
+        &self,
+        buf: &[u8],
+        tags: &[u8],
+        offset: u64,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        self.core.write_tagged(buf, tags, offset, fua)
+    }
+
+    /// Whether the tags are the layer above's (no `internal_hash`).
+    pub fn external_tags(&self) -> bool {
+        self.core.external
+    }
+}
+
 impl Backend for IntegrityBackend {
+    fn info(&self) -> &BackendInfo {
+        &self.core.info
+    }
+
+    fn submit(&self, io: Io<'_>) -> Result<(), BackendError> {
+        self.core.submit(io)
+    }
+
+    fn integrity_failures(&self) -> Option<u64> {
+        self.core.integrity_failures()
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.core.flush()
+    }
+}
+
+impl Backend for Core {
     fn info(&self) -> &BackendInfo {
         &self.info
     }
@@ -1762,17 +2078,17 @@ impl Backend for IntegrityBackend {
         if self.read_only {
             return Ok(());
         }
+        if self.mode == Mode::Journal {
+            self.commit()?;
+            return self.flush_devices();
+        }
         let mut st = self.lock_write()?;
         match self.mode {
-            Mode::Journal => {
-                self.commit(&mut st)?;
-                self.flush_devices()
-            }
             Mode::Bitmap => {
                 self.flush_devices()?;
                 self.clear_bitmap(&mut st)
             }
-            Mode::Direct | Mode::Recovery => self.flush_devices(),
+            Mode::Journal | Mode::Direct | Mode::Recovery => self.flush_devices(),
         }
     }
 }
@@ -1781,7 +2097,8 @@ impl Drop for IntegrityBackend {
     fn drop(&mut self) {
         // A clean drop leaves the device as a clean close would; a crash leaves the
         // journal, which the next open replays.
-        let _ = self.close();
+        self.core.stop_writer();
+        let _ = self.core.close();
     }
 }
 
@@ -1851,7 +2168,7 @@ fn format_on(
     o.read_only = false;
     // Opening in direct mode with a zeroed journal area would find no commit ids: write the
     // fresh journal first, through a device handle that has the superblock.
-    let dev = IntegrityBackend::open_unreplayed(Arc::clone(&inner), data, o, sb.clone(), geo)?;
+    let dev = Core::open_unreplayed(Arc::clone(&inner), data, o, sb.clone(), geo)?;
     {
         let mut st = dev.lock_write()?;
         let sections = st.journal.shape.sections;
@@ -1875,7 +2192,7 @@ fn format_on(
     Ok(dev.superblock())
 }
 
-impl IntegrityBackend {
+impl Core {
     /// A handle over a superblock just written, without reading the journal (format).
     fn open_unreplayed(
         inner: Arc<dyn Backend>,
@@ -1883,7 +2200,7 @@ impl IntegrityBackend {
         opts: Options,
         sb: Superblock,
         geo: Geometry,
-    ) -> Result<IntegrityBackend, IntegrityError> {
+    ) -> Result<Core, IntegrityError> {
         let hash = Hasher::new(opts.hash, opts.hash_key.as_ref().map(|k| k.as_slice()))
             .map_err(|e| refused(format!("internal hash: {e}")))?;
         let jmac = match &opts.journal_mac {
@@ -1899,7 +2216,7 @@ impl IntegrityBackend {
         let block = geo.block_bytes();
         let log2_blocks_per_bit = sb.log2_blocks_per_bitmap_bit;
         let data = data.unwrap_or_else(|| Arc::clone(&inner));
-        Ok(IntegrityBackend {
+        Ok(Core {
             align: u64::from(
                 inner
                     .info()
@@ -1932,11 +2249,12 @@ impl IntegrityBackend {
             state: RwLock::new(State {
                 journal: Journal {
                     shape,
-                    buf: vec![0u8; shape.sectors() as usize * 512],
+                    secs: Journal::zeroed_sections(&shape),
                     commit_seq: 0,
                     ids,
                     committed_section: 0,
                     n_committed: 0,
+                    n_committing: 0,
                     uncommitted_section: 0,
                     n_uncommitted: 0,
                     free_section: 0,
@@ -1954,6 +2272,10 @@ impl IntegrityBackend {
             }),
             geo,
             writeback: Mutex::new(()),
+            commit_lock: Mutex::new(()),
+            writer: Mutex::new(Writer::default()),
+            writer_cv: Condvar::new(),
+            me: Weak::new(),
             mismatches: AtomicU64::new(0),
         })
     }

@@ -3,7 +3,7 @@
 //! blocks. Writes are staged per aligned unit and written back together.
 
 use std::collections::BTreeMap;
-use ucrypt_backend::{Backend, BackendError};
+use ucrypt_backend::{AlignedBuf, Backend, BackendError, WriteOp};
 
 /// Dirty aligned units of the tag areas, written back by [`TagCache::write_back`].
 pub(crate) struct TagCache<'a> {
@@ -46,24 +46,36 @@ impl<'a> TagCache<'a> {
         Ok(())
     }
 
-    /// Writes the staged units, adjacent ones together.
+    /// Writes the staged units, adjacent ones together, all in one batch (one buffer
+    /// aligned for `O_DIRECT`).
     pub(crate) fn write_back(self) -> Result<(), BackendError> {
-        let mut run_start = 0u64;
-        let mut run: Vec<u8> = Vec::new();
-        for (unit, bytes) in self.units {
-            if !run.is_empty() && run_start + run.len() as u64 != unit {
-                self.inner.write_at(&run, run_start, false)?;
-                run.clear();
+        if self.units.len() <= 1 {
+            // One unit (a write in mode D or B): written as it is, nothing to batch.
+            for (unit, bytes) in &self.units {
+                self.inner.write_at(bytes, *unit, false)?;
             }
-            if run.is_empty() {
-                run_start = unit;
+            return Ok(());
+        }
+        let a = self.align as usize;
+        let mut buf = AlignedBuf::zeroed(self.units.len() * a, a)?;
+        // (device offset, start in `buf`, length) of each run of adjacent units.
+        let mut spans: Vec<(u64, usize, usize)> = Vec::new();
+        for (k, (unit, bytes)) in self.units.iter().enumerate() {
+            buf[k * a..(k + 1) * a].copy_from_slice(bytes);
+            match spans.last_mut() {
+                Some(s) if s.0 + s.2 as u64 == *unit => s.2 += a,
+                _ => spans.push((*unit, k * a, a)),
             }
-            run.extend_from_slice(&bytes);
         }
-        if !run.is_empty() {
-            self.inner.write_at(&run, run_start, false)?;
-        }
-        Ok(())
+        let ops: Vec<WriteOp<'_>> = spans
+            .iter()
+            .map(|&(offset, from, len)| WriteOp {
+                offset,
+                buf: &buf[from..from + len],
+                fua: false,
+            })
+            .collect();
+        self.inner.submit_writes(&ops)
     }
 }
 

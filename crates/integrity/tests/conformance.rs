@@ -210,3 +210,175 @@ fn write_backs_overlapping_writers_and_readers_keep_every_block_newest() {
     check(&again);
     assert_eq!(again.mismatches(), 0);
 }
+
+/// A memory backend whose writes into the journal area wait while the gate is shut, and
+/// which can be copied as it stands (what a crash at that moment leaves).
+struct Gate {
+    mem: MemoryBackend,
+    journal: std::sync::Mutex<std::ops::Range<u64>>,
+    /// (shut, journal writes waiting)
+    state: std::sync::Mutex<(bool, u32)>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn new(bytes: u64) -> Gate {
+        Gate {
+            mem: MemoryBackend::new(bytes).unwrap(),
+            journal: std::sync::Mutex::new(0..0),
+            state: std::sync::Mutex::new((false, 0)),
+            cv: std::sync::Condvar::new(),
+        }
+    }
+
+    fn set_shut(&self, shut: bool) {
+        self.state.lock().unwrap().0 = shut;
+        self.cv.notify_all();
+    }
+
+    /// Whether a journal write came to the shut gate within `secs`.
+    fn wait_held(&self, secs: u64) -> bool {
+        let g = self.state.lock().unwrap();
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, std::time::Duration::from_secs(secs), |g| g.1 == 0)
+            .unwrap();
+        g.1 > 0
+    }
+
+    /// The device as it stands, as a new memory backend.
+    fn snapshot(&self) -> Arc<dyn Backend> {
+        let size = self.mem.info().size_bytes;
+        let mut all = vec![0u8; size as usize];
+        self.mem.read_at(&mut all, 0).unwrap();
+        let copy = MemoryBackend::new(size).unwrap();
+        copy.write_at(&all, 0, false).unwrap();
+        Arc::new(copy)
+    }
+}
+
+impl Backend for Gate {
+    fn info(&self) -> &ucrypt_backend::BackendInfo {
+        self.mem.info()
+    }
+
+    fn submit(&self, io: ucrypt_backend::Io<'_>) -> Result<(), ucrypt_backend::BackendError> {
+        let write = matches!(
+            io.kind,
+            ucrypt_backend::IoKind::Write(_) | ucrypt_backend::IoKind::WriteOwned(_)
+        );
+        if write && self.journal.lock().unwrap().contains(&io.offset) {
+            let mut g = self.state.lock().unwrap();
+            g.1 += 1;
+            self.cv.notify_all();
+            while g.0 {
+                g = self.cv.wait(g).unwrap();
+            }
+            g.1 -= 1;
+        }
+        self.mem.submit(io)
+    }
+
+    fn flush(&self) -> Result<(), ucrypt_backend::BackendError> {
+        self.mem.flush()
+    }
+}
+
+/// Blocks `0..4` at `v`, blocks `10..14` at `w`, read from a device opened (journal
+/// replayed) on `inner`, without a tag mismatch.
+fn expect_versions(inner: Arc<dyn Backend>, o: &Options, v: u64, w: u64) {
+    let dev = IntegrityBackend::open(inner, o.clone()).unwrap();
+    let mut b = vec![0u8; 4096];
+    for (blocks, want) in [(0..4u64, v), (10..14u64, w)] {
+        for blk in blocks {
+            dev.read_at(&mut b, blk * 4096).unwrap();
+            assert_eq!(version_of(blk, &b), want, "block {blk}");
+        }
+    }
+    assert_eq!(dev.mismatches(), 0);
+}
+
+/// The journal's commit writes its sections without the state lock: while that write is
+/// held in the backend, readers (of the blocks being committed too) and writers go on; the
+/// flush that started the commit returns only once the write is done, and a second flush
+/// (its blocks written meanwhile) only after it, with a commit of its own. A crash while
+/// the commit is held leaves what the flush before it made durable; a crash after both
+/// flushes, everything they covered.
+#[test]
+fn a_commit_holds_no_reader_or_writer_and_a_flush_waits_for_its_commit() {
+    let gate = Arc::new(Gate::new(8 << 20));
+    let inner: Arc<dyn Backend> = Arc::clone(&gate) as Arc<dyn Backend>;
+    let mut o = Options::new(Algorithm::Crc32c);
+    o.mode = Mode::Journal;
+    let params = FormatParams {
+        sector_size: 4096,
+        tag_size: 4,
+        // Sections to spare: the three commits below never reach the watermark.
+        journal_sectors: 8192,
+        ..FormatParams::default()
+    };
+    format(Arc::clone(&inner), &params, &o, true).unwrap();
+    let dev = IntegrityBackend::open(Arc::clone(&inner), o.clone()).unwrap();
+    let geo = dev.geometry();
+    let start = geo.journal_byte(0, 0);
+    *gate.journal.lock().unwrap() = start..start + geo.journal.sectors() * 512;
+    let write = |blocks: std::ops::Range<u64>, v: u64| {
+        for blk in blocks {
+            dev.write_at(&versioned(blk, v), blk * 4096, false).unwrap();
+        }
+    };
+    write(0..4, 1);
+    dev.flush().unwrap();
+    write(0..4, 2);
+    gate.set_shut(true);
+    let (flushed1, flush1_rx) = std::sync::mpsc::channel();
+    let (flushed2, flush2_rx) = std::sync::mpsc::channel();
+    let (went_on, went_on_rx) = std::sync::mpsc::channel();
+    let crash_during = std::thread::scope(|s| {
+        s.spawn(|| {
+            dev.flush().unwrap();
+            flushed1.send(()).unwrap();
+        });
+        let held = gate.wait_held(10);
+        let crash = gate.snapshot();
+        s.spawn(|| {
+            let mut b = vec![0u8; 4096];
+            for blk in 0..4u64 {
+                dev.read_at(&mut b, blk * 4096).unwrap();
+                assert_eq!(version_of(blk, &b), 2, "block {blk}");
+            }
+            write(10..14, 3);
+            went_on.send(()).unwrap();
+        });
+        let on = went_on_rx.recv_timeout(std::time::Duration::from_secs(10));
+        let flush1_early = flush1_rx.try_recv().is_ok();
+        s.spawn(|| {
+            dev.flush().unwrap();
+            flushed2.send(()).unwrap();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let flush2_early = flush2_rx.try_recv().is_ok();
+        gate.set_shut(false);
+        assert!(held, "the flush wrote no journal");
+        assert!(
+            on.is_ok(),
+            "a reader or writer waited for the journal write"
+        );
+        assert!(
+            !flush1_early,
+            "a flush returned before its commit was written"
+        );
+        assert!(
+            !flush2_early,
+            "a flush returned before the commit under way was written"
+        );
+        let t = std::time::Duration::from_secs(10);
+        flush1_rx.recv_timeout(t).unwrap();
+        flush2_rx.recv_timeout(t).unwrap();
+        crash
+    });
+    let crash_after = gate.snapshot();
+    expect_versions(crash_during, &o, 1, 0);
+    expect_versions(crash_after, &o, 2, 3);
+    assert_eq!(dev.mismatches(), 0);
+}
