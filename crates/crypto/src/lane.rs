@@ -239,6 +239,9 @@ impl SectorCipher for Identity {
     fn sector_size(&self) -> SectorSize {
         self.0
     }
+    fn is_identity(&self) -> bool {
+        true
+    }
     fn encrypt(&self, first: Sector512, data: &mut [u8]) {
         debug_assert!(data.len() % self.0.len() == 0 && first.0 % self.0.sectors512() == 0);
     }

@@ -124,6 +124,14 @@ pub trait SectorCipher: Send + Sync {
     /// As [`SectorCipher::encrypt`].
     fn decrypt(&self, first: Sector512, data: &mut [u8]);
 
+    /// Whether encryption and decryption leave the data as it is (`cipher_null-ecb`): there
+    /// is no crypto work to spread, so the engine's automatic placement runs such a
+    /// volume's requests on the thread that took them instead of splitting them across
+    /// crypt workers.
+    fn is_identity(&self) -> bool {
+        false
+    }
+
     /// Decrypts ciphertext `src` into `dst` (same length), leaving `src` untouched; same
     /// contract as [`SectorCipher::decrypt`]. Lets a reader decrypt straight out of a
     /// memory-mapped file: one pass over the data instead of a copy and a pass. The

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! attach ublk|nbd TABLE_FILE [--name NAME] [--workers N] [--recover DEV_ID|auto] [--no-recovery]
+//!                            [--unpin-queues]
 //!                            [--queues N] [--depth N] [--conns N] [--direct] [--ready FILE]
 //! ```
 //!
@@ -10,7 +11,8 @@
 //! what `ucrypt luksOpen --print-table` prints). Its performance flags (`no_read_workqueue`,
 //! `no_write_workqueue`, `same_cpu_crypt`, `submit_from_crypt_cpus`) place the crypto as
 //! `ucrypt open` places it (any of them replaces the automatic placement); `--direct` opens
-//! the device with O_DIRECT. The node (`/dev/ublkbN`, `/dev/nbdN`) is
+//! the device with O_DIRECT; `--unpin-queues` lets ublk's queue threads run on any CPU
+//! (`UblkOptions::pin_queues` off). The node (`/dev/ublkbN`, `/dev/nbdN`) is
 //! printed on stdout once it serves, and written to `--ready FILE` (atomically). SIGTERM
 //! or SIGINT detach (flush, remove the node) and exit; SIGKILL leaves a ublk device
 //! waiting for `--recover N`.
@@ -111,6 +113,7 @@ fn run() -> Result<(), String> {
             let uopts = ucrypt_device::ublk::UblkOptions {
                 workers: num("--workers", 0)?,
                 user_recovery: !args.iter().any(|a| a == "--no-recovery"),
+                pin_queues: !args.iter().any(|a| a == "--unpin-queues"),
             };
             let a = match arg_value(&args, "--recover") {
                 Some(id) => {

@@ -121,6 +121,9 @@ pub struct Volume {
     atomic: bool,
     /// Whether the backend takes asynchronous requests ([`ucrypt_backend::Hints::async_submit`]).
     async_lower: bool,
+    /// The cipher leaves data as it is ([`SectorCipher::is_identity`]): the automatic
+    /// placement runs every request inline.
+    identity: bool,
 }
 
 impl Volume {
@@ -215,6 +218,7 @@ impl Volume {
         });
         let lends_reads = backend.read_with(0, 0, &mut |_| {}).is_some();
         Ok(Volume {
+            identity: cipher.is_identity(),
             cipher,
             cfg,
             opts,
@@ -275,6 +279,13 @@ impl Volume {
             return Placement::Inline;
         };
         if let Some(auto) = self.opts.auto {
+            // cipher_null: no crypto to spread; a split would only add wake-ups (and, for a
+            // write, a copy into pool buffers). BENCHMARKING.md, kernel lab 2026-12-03. An
+            // explicit placement (the kernel's workqueues) is still honoured: the
+            // `cloudflare` experiment measures exactly that hand-off.
+            if self.identity {
+                return Placement::Inline;
+            }
             // Split across workers only when it adds CPUs: a large request and fewer
             // requests in flight than workers; otherwise the receiving thread is as good a
             // CPU as any and handing off only adds latency (seed 000).
@@ -1280,10 +1291,19 @@ mod tests {
     use ucrypt_crypto::{CipherSpec, SectorParams, VolumeKey};
 
     fn null_volume(opts: EngineOptions) -> Volume {
-        let cipher = "capi:ecb(cipher_null)"
+        spec_volume("capi:ecb(cipher_null)", &[], opts)
+    }
+
+    /// A volume whose cipher has work to place (the placement tests' subject).
+    fn aes_volume(opts: EngineOptions) -> Volume {
+        spec_volume("aes-xts-plain64", &[7u8; 64], opts)
+    }
+
+    fn spec_volume(spec: &str, key: &[u8], opts: EngineOptions) -> Volume {
+        let cipher = spec
             .parse::<CipherSpec>()
             .unwrap()
-            .build(&VolumeKey::new(Vec::new()), SectorParams::default())
+            .build(&VolumeKey::new(key.to_vec()), SectorParams::default())
             .unwrap();
         let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new(8 << 20).unwrap());
         let cfg = VolumeConfig {
@@ -1296,7 +1316,7 @@ mod tests {
     }
 
     fn auto_volume(workers: usize) -> Volume {
-        null_volume(EngineOptions {
+        aes_volume(EngineOptions {
             workers,
             ..EngineOptions::default()
         })
@@ -1334,9 +1354,58 @@ mod tests {
         );
         // The kernel-default placements count every request (their waiters' spinning
         // depends on it).
-        let k = null_volume(EngineOptions::kernel_default());
+        let k = aes_volume(EngineOptions::kernel_default());
         let (g, depth) = k.enter(4096);
         assert!(g.is_some());
         assert_eq!(depth, 1);
+    }
+
+    /// cipher_null has no crypto to spread: the automatic placement (which splits a large
+    /// request of a real cipher) runs every request inline, the kernel's placement chosen
+    /// explicitly still hands requests to the workers, and the data goes through unchanged
+    /// either way.
+    #[test]
+    fn identity_cipher_is_never_split_by_the_automatic_placement() {
+        let auto = EngineOptions {
+            workers: 2,
+            ..EngineOptions::default()
+        };
+        let kernel = EngineOptions {
+            workers: 2,
+            ..EngineOptions::kernel_default()
+        };
+        assert_eq!(
+            aes_volume(auto).placement(true, 1 << 20, 1),
+            Placement::Split
+        );
+        let v = null_volume(auto);
+        for (write, len) in [
+            (false, 1 << 20),
+            (true, 1 << 20),
+            (false, 4096),
+            (true, 4096),
+        ] {
+            assert_eq!(
+                v.placement(write, len, 1),
+                Placement::Inline,
+                "{write} {len}"
+            );
+        }
+        assert_eq!(
+            null_volume(kernel).placement(true, 1 << 20, 1),
+            Placement::Workers
+        );
+        for opts in [auto, kernel] {
+            let v = null_volume(opts);
+            let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+            let mut owned = data.clone();
+            v.submit(Io::write_owned(&mut owned, 1 << 20)).unwrap();
+            let mut back = vec![0u8; 1 << 20];
+            v.submit(Io::read(&mut back, 1 << 20)).unwrap();
+            assert!(back == data, "cipher_null is the identity");
+            let mut raw = vec![0u8; 1 << 20];
+            v.backend().read_at(&mut raw, 1 << 20).unwrap();
+            assert!(raw == data, "the device holds the plaintext");
+        }
     }
 }

@@ -35,6 +35,13 @@
 //! so a queue keeps up to its depth of requests in the backend at once (the way the NBD
 //! server's per-connection workers do), which helps when one submitter drives one queue.
 //!
+//! Each queue's thread runs on the CPUs blk-mq maps to that queue (libublk's placement),
+//! unless [`UblkOptions::pin_queues`] is off: then on any CPU the process may. Pinned, a
+//! single submitter (one `fio` job, one filesystem's writeback) and the thread serving it
+//! take turns on one CPU; unpinned, the scheduler may run them side by side, at the price
+//! of a cross-CPU wake-up per request. Neither won in every cell of the kernel lab
+//! (BENCHMARKING.md, "Block devices in the kernel lab", 2026-12-03), so the default stays.
+//!
 //! ## User recovery
 //! Devices are created with `UBLK_F_USER_RECOVERY | UBLK_F_USER_RECOVERY_REISSUE`. When the
 //! server dies (even by `kill -9`), the driver quiesces the device instead of removing it:
@@ -94,6 +101,10 @@ pub struct UblkOptions {
     /// Create the device with user recovery: a dead server leaves the device quiesced for
     /// [`recover`] instead of removing it.
     pub user_recovery: bool,
+    /// Keep each queue thread on its queue's CPUs (libublk's placement; the default).
+    /// Off: the queue threads may run on any CPU this process may (see "Where the backend
+    /// runs" in the module documentation).
+    pub pin_queues: bool,
 }
 
 impl Default for UblkOptions {
@@ -101,6 +112,7 @@ impl Default for UblkOptions {
         UblkOptions {
             workers: 0,
             user_recovery: true,
+            pin_queues: true,
         }
     }
 }
@@ -216,10 +228,16 @@ fn start(
     let shared = Arc::new(Shared {
         export: Arc::clone(&export),
         pool: pool.as_ref().map(Pool::sender),
+        tids: Mutex::new(Vec::new()),
     });
     let params = device_params(&*export, opts);
     let logical_shift = params.basic.logical_bs_shift;
     let name = opts.name.clone();
+    let unpin_to = if uopts.pin_queues {
+        None
+    } else {
+        queue::allowed_cpus()
+    };
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let server = {
         let ctrl = Arc::clone(&ctrl);
@@ -238,10 +256,18 @@ fn start(
                     Ok(())
                 };
                 let q_shared = Arc::clone(&shared);
+                let ready_shared = Arc::clone(&shared);
                 let result = ctrl.run_target(
                     tgt_init,
                     move |qid, dev: &UblkDev| queue_main(qid, dev, &q_shared),
                     move |_ctrl: &UblkCtrl| {
+                        if let Some(cpus) = &unpin_to {
+                            let tids = ready_shared
+                                .tids
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            queue::unpin_threads(&tids, cpus);
+                        }
                         let _ = ready_tx.send(Ok(()));
                     },
                 );

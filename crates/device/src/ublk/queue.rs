@@ -65,6 +65,35 @@ pub(super) fn device_params(export: &dyn Backend, opts: &AttachOptions) -> sys::
 pub(super) struct Shared {
     pub(super) export: Export,
     pub(super) pool: Option<mpsc::Sender<Job>>,
+    /// The queue threads' ids (for [`unpin_threads`]).
+    pub(super) tids: Mutex<Vec<libc::pid_t>>,
+}
+
+/// The CPUs the calling thread may run on (`None` if the kernel does not say).
+pub(super) fn allowed_cpus() -> Option<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is plain data (all zeroes is the empty set); sched_getaffinity
+    // writes at most `size_of::<cpu_set_t>()` bytes into it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+            .then_some(set)
+    }
+}
+
+/// Lets threads `tids` run on any CPU of `cpus`. For the queue threads, once the device is
+/// live, undoing libublk's pinning of each queue thread to its queue's CPUs (see
+/// [`UblkOptions::pin_queues`]): libublk pins each thread before `START_DEV` returns, and
+/// every queue thread lives until the device stops (`START_DEV` needs all of them), so
+/// no id here can belong to another thread yet.
+pub(super) fn unpin_threads(tids: &[libc::pid_t], cpus: &libc::cpu_set_t) {
+    for &tid in tids {
+        // SAFETY: `cpus` is a live, initialised cpu_set_t of the size passed; the call
+        // only reads it. A failure (ESRCH, EINVAL for a set without any CPU of ours)
+        // leaves the thread as it was.
+        unsafe {
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), cpus);
+        }
+    }
 }
 
 /// One tag's buffers: the request data and the eventfd the workers complete it through.
@@ -194,6 +223,13 @@ impl Pool {
 /// One queue's thread: an async task per tag on a local executor, driven by the queue's
 /// io_uring (libublk's pattern, see its `examples/loop.rs`).
 pub(super) fn queue_main(qid: u16, dev: &UblkDev, shared: &Arc<Shared>) {
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    shared
+        .tids
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(tid);
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => Rc::new(q),
         Err(e) => {

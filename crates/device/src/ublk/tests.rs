@@ -219,3 +219,62 @@ fn write_zeroes_without_backend_support_writes_zeroes() {
         "zero-filled writes (backend::emulate), FUA as one flush after them"
     );
 }
+
+fn cpu_count(s: &libc::cpu_set_t) -> i32 {
+    // SAFETY: CPU_COUNT only reads the live set it is given.
+    unsafe { libc::CPU_COUNT(s) }
+}
+
+fn cpu_isset(c: usize, s: &libc::cpu_set_t) -> bool {
+    // SAFETY: CPU_ISSET only reads the live set it is given (c < CPU_SETSIZE is checked
+    // by the macro).
+    unsafe { libc::CPU_ISSET(c, s) }
+}
+
+/// Pins the calling thread to `cpu`; returns sched_setaffinity's result.
+fn pin_self_to(cpu: usize) -> i32 {
+    // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET writes into that live set;
+    // sched_setaffinity of the calling thread (0) reads a set of the size passed.
+    unsafe {
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one)
+    }
+}
+
+/// A thread pinned to one CPU (as libublk pins each queue thread) may run on every CPU
+/// the process may after `unpin_threads` (what `start` does once the device is live,
+/// unless `pin_queues`).
+#[test]
+fn unpinned_threads_may_run_on_every_allowed_cpu() {
+    let allowed = super::queue::allowed_cpus().expect("sched_getaffinity");
+    let first = (0..libc::CPU_SETSIZE as usize)
+        .find(|&c| cpu_isset(c, &allowed))
+        .expect("some CPU is allowed");
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let pinned = pin_self_to(first);
+        let mine = super::queue::allowed_cpus().expect("sched_getaffinity");
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        tid_tx.send((tid, pinned, cpu_count(&mine))).expect("send");
+        go_rx.recv().expect("go");
+        super::queue::allowed_cpus().expect("sched_getaffinity")
+    });
+    let (tid, pinned, pinned_count) = tid_rx.recv().expect("tid");
+    assert_eq!(pinned, 0, "pinning the thread to CPU {first}");
+    assert_eq!(pinned_count, 1, "the thread was pinned to one CPU");
+    super::queue::unpin_threads(&[tid], &allowed);
+    go_tx.send(()).expect("go");
+    let after = t.join().expect("thread");
+    assert_eq!(
+        cpu_count(&after),
+        cpu_count(&allowed),
+        "the thread's CPUs after unpinning"
+    );
+    assert!(
+        (0..libc::CPU_SETSIZE as usize).all(|c| cpu_isset(c, &after) == cpu_isset(c, &allowed)),
+        "the thread may run on exactly the process's CPUs"
+    );
+}
