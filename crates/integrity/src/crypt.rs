@@ -276,6 +276,34 @@ impl AeadVolume {
         u64::from(self.cipher.sector_size().bytes())
     }
 
+    /// Runs `work(first 512-byte sector, data, its tags)` over `buf`: whole on this thread,
+    /// or in pieces of [`AeadVolume::piece_bytes`] on `threads` threads, `split` cutting
+    /// `tags` to match (the error of the first failing piece wins, as one thread's would).
+    fn by_pieces<T: Send, E: Send>(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        threads: usize,
+        tags: T,
+        split: impl FnOnce(T, usize) -> Vec<T>,
+        work: impl Fn(u64, &mut [u8], T) -> Result<(), E> + Sync,
+    ) -> Result<(), E> {
+        if threads <= 1 {
+            return work(offset / 512, buf, tags);
+        }
+        self.spread_count.fetch_add(1, Ordering::Relaxed);
+        let piece = self.piece_bytes();
+        let per = piece / self.ss() as usize * self.cipher.tag_size();
+        let pieces: Vec<_> = buf
+            .chunks_mut(piece)
+            .zip(split(tags, per))
+            .enumerate()
+            .collect();
+        spread(self.helpers(), threads, pieces, |(i, (data, tags))| {
+            work((offset + (i * piece) as u64) / 512, data, tags)
+        })
+    }
+
     /// Whole sectors at `offset` (aligned), checked and decrypted on `threads` threads.
     /// A request that fails fails at its first sector whose tag does not match, counted
     /// once, however it was spread (as the kernel's `crypt_convert` stops at the first).
@@ -289,22 +317,14 @@ impl AeadVolume {
         let ts = self.cipher.tag_size();
         let mut tags = vec![0u8; n * ts];
         self.dev.read_tagged(buf, &mut tags, offset)?;
-        let r = if threads > 1 {
-            self.spread_count.fetch_add(1, Ordering::Relaxed);
-            let piece = self.piece_bytes();
-            let per = piece / self.ss() as usize * ts;
-            let pieces: Vec<_> = buf
-                .chunks_mut(piece)
-                .zip(tags.chunks(per))
-                .enumerate()
-                .collect();
-            spread(self.helpers(), threads, pieces, |(i, (data, tags))| {
-                let first = (offset + (i * piece) as u64) / 512;
-                self.cipher.decrypt(first, data, tags)
-            })
-        } else {
-            self.cipher.decrypt(offset / 512, buf, &tags)
-        };
+        let r = self.by_pieces(
+            buf,
+            offset,
+            threads,
+            &tags[..],
+            |t, per| t.chunks(per).collect(),
+            |first, data, tags| self.cipher.decrypt(first, data, tags),
+        );
         r.map_err(|e| {
             self.failures.fetch_add(1, Ordering::Relaxed);
             BackendError::Integrity {
@@ -337,22 +357,14 @@ impl AeadVolume {
         let n = buf.len() / self.ss() as usize;
         let ts = self.cipher.tag_size();
         let mut tags = vec![0u8; n * ts];
-        let r = if threads > 1 {
-            self.spread_count.fetch_add(1, Ordering::Relaxed);
-            let piece = self.piece_bytes();
-            let per = piece / self.ss() as usize * ts;
-            let pieces: Vec<_> = buf
-                .chunks_mut(piece)
-                .zip(tags.chunks_mut(per))
-                .enumerate()
-                .collect();
-            spread(self.helpers(), threads, pieces, |(i, (data, tags))| {
-                let first = (offset + (i * piece) as u64) / 512;
-                self.cipher.encrypt(first, data, tags)
-            })
-        } else {
-            self.cipher.encrypt(offset / 512, buf, &mut tags)
-        };
+        let r = self.by_pieces(
+            buf,
+            offset,
+            threads,
+            &mut tags[..],
+            |t, per| t.chunks_mut(per).collect(),
+            |first, data, tags| self.cipher.encrypt(first, data, tags),
+        );
         r.map_err(|e| BackendError::Other(e.to_string()))?;
         self.dev.write_tagged(buf, &tags, offset, fua)
     }
