@@ -16,10 +16,13 @@
 //!   FUA write commits through the same mutex, so it returns only once a commit that
 //!   holds its blocks (the one under way, or its own after it) is on the device.
 //! - `writeback`, held by the one write-back under way (`integrity_writer`: committed
-//!   sections copied to their places): it commits, picks the blocks under the state lock,
-//!   copies them out of the journal under it shared, writes and flushes them without it,
-//!   and frees the sections under it again. Readers still find those blocks in the journal
-//!   (their entries stay the newest until the sections are freed).
+//!   sections copied to their places): it commits, picks the blocks under the state lock
+//!   and makes them whole in their sections (each sector's last 8 bytes back from its
+//!   entry), writes them straight from the sections and flushes without it, and frees the
+//!   sections under it again. Readers still find those blocks in the journal (their
+//!   entries stay the newest until the sections are freed). The sections are page-aligned,
+//!   so neither a commit's writes nor a write-back's are copied on their way to an
+//!   `O_DIRECT` device.
 //!
 //! A writer whose entries reach the watermark starts the write-back on a thread of its
 //! own and returns (the kernel's commit and writer workqueues), so that neither the
@@ -243,25 +246,60 @@ struct WriteBack {
     list: Vec<(u64, u64)>,
 }
 
-/// Blocks copied out of the journal, in runs contiguous on the data device (their tags
-/// contiguous in one tag area), all in one buffer aligned for `O_DIRECT` so that their
-/// writes go to the device as one batch.
-struct Gathered {
-    data: AlignedBuf,
-    runs: Vec<Run>,
-}
-
-/// A run of [`Gathered`]: `len` bytes at `at` in its buffer, for logical `sector`.
+/// Journal blocks to copy to their places, in runs contiguous on the data device (their
+/// tags contiguous in one tag area) and in one journal section: each run is written
+/// straight from the section's memory, as the kernel's `do_journal_write` does (the
+/// sections are page-aligned for `O_DIRECT`; see [`Section`]), no copy in between.
 struct Run {
     sector: u64,
+    /// The section holding the run (shared: the write-back writes it without the state
+    /// lock; nothing changes a committed section until its write-back has finished).
+    sec: Arc<Section>,
+    /// The run's bytes in `sec`.
     at: usize,
     len: usize,
     tags: Vec<u8>,
 }
 
-/// Blocks copied out of the journal per hold of the state lock during a write-back (the
-/// copy's memory, and how long writers wait for it).
-const WRITE_BACK_CHUNK_BYTES: usize = 4 << 20;
+/// Where journal sections start in memory: a page, so that a commit's writes of them and a
+/// write-back's writes from them go to an `O_DIRECT` device as they are (a misaligned
+/// buffer is copied through a bounce buffer first).
+const SECTION_ALIGN: usize = 4096;
+
+/// One journal section's bytes, page-aligned ([`SECTION_ALIGN`]).
+struct Section(AlignedBuf);
+
+impl Section {
+    fn zeroed(len: usize) -> Section {
+        Section(
+            AlignedBuf::zeroed(len, SECTION_ALIGN)
+                .expect("a page-aligned buffer of a journal section's size"),
+        )
+    }
+}
+
+/// A copy, made only if a section were changed while a commit's write still held it, which
+/// no caller does (see `Journal::secs`).
+impl Clone for Section {
+    fn clone(&self) -> Section {
+        let mut s = Section::zeroed(self.0.len());
+        s.0.copy_from_slice(&self.0);
+        s
+    }
+}
+
+impl std::ops::Deref for Section {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Section {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
 
 impl std::fmt::Debug for IntegrityBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -303,7 +341,7 @@ struct Journal {
     /// Each section's bytes. A section being written by a commit is shared with that
     /// write (see [`Core::commit`]); no one changes a section between its commit and its
     /// write-back, so the others are never shared when they are changed.
-    secs: Vec<Arc<Vec<u8>>>,
+    secs: Vec<Arc<Section>>,
     commit_seq: u8,
     /// The commit ids (the kernel's, or encrypted by a stream `journal_crypt`).
     ids: CommitIds,
@@ -329,10 +367,10 @@ impl Journal {
     }
 
     /// Fresh sections of `shape`, zeroed.
-    fn zeroed_sections(shape: &JournalShape) -> Vec<Arc<Vec<u8>>> {
+    fn zeroed_sections(shape: &JournalShape) -> Vec<Arc<Section>> {
         let bytes = shape.section_sectors as usize * 512;
         (0..shape.sections)
-            .map(|_| Arc::new(vec![0u8; bytes]))
+            .map(|_| Arc::new(Section::zeroed(bytes)))
             .collect()
     }
 
@@ -343,7 +381,7 @@ impl Journal {
     /// Section `i` to change (a copy of it if a commit's write still holds it, which no
     /// caller does: see `secs`).
     fn section_mut(&mut self, i: u32) -> &mut [u8] {
-        Arc::make_mut(&mut self.secs[i as usize]).as_mut_slice()
+        &mut Arc::make_mut(&mut self.secs[i as usize])[..]
     }
 
     fn entry(&self, global: u64) -> &[u8] {
@@ -376,6 +414,21 @@ impl Journal {
             o[..504].copy_from_slice(&sec[at..at + 504]);
             let lb = 8 + 8 * s as usize;
             o[504..].copy_from_slice(&entry[lb..lb + 8]);
+        }
+    }
+
+    /// `restore_last_bytes`: entry `global`'s block made whole in its section again (each
+    /// sector's last 8 bytes, lent to its commit id, copied back from the entry), so that
+    /// the block can be written from there.
+    fn restore_last_bytes(&mut self, global: u64) {
+        let (i, n) = self.split(global);
+        let entry = self.shape.entry_offset(n);
+        let data = self.shape.data_sector(n, 0) as usize * 512;
+        let spb = self.shape.sectors_per_block as usize;
+        let sec = self.section_mut(i);
+        for s in 0..spb {
+            let from = entry + 8 + 8 * s;
+            sec.copy_within(from..from + 8, data + s * 512 + 504);
         }
     }
 
@@ -883,7 +936,7 @@ impl Core {
     /// Writes sections `[start, start + n)` (wrapping) of the in-memory journal, FUA.
     fn write_sections(&self, j: &Journal, start: u32, n: u32) -> Result<(), BackendError> {
         let sections = j.shape.sections;
-        let list: Vec<(u32, Arc<Vec<u8>>)> = (0..n)
+        let list: Vec<(u32, Arc<Section>)> = (0..n)
             .map(|k| {
                 let i = (start + k) % sections;
                 (i, Arc::clone(&j.secs[i as usize]))
@@ -896,7 +949,7 @@ impl Core {
     /// encrypted first with `journal_crypt`), durable when it returns: one section FUA,
     /// several written then flushed once. The order among them does not matter: each
     /// sector's commit id tells a replay which ones arrived.
-    fn write_section_list(&self, list: &[(u32, Arc<Vec<u8>>)]) -> Result<(), BackendError> {
+    fn write_section_list(&self, list: &[(u32, Arc<Section>)]) -> Result<(), BackendError> {
         let crypted: Vec<Zeroizing<Vec<u8>>> = match &self.jcrypt {
             None => Vec::new(),
             Some(c) => list
@@ -978,7 +1031,11 @@ impl Core {
         )?;
         st.journal.secs = buf
             .chunks_exact(sb)
-            .map(|section| Arc::new(section.to_vec()))
+            .map(|bytes| {
+                let mut section = Section::zeroed(sb);
+                section.copy_from_slice(bytes);
+                Arc::new(section)
+            })
             .collect();
         drop(buf);
         let se = u64::from(st.journal.shape.section_entries);
@@ -1030,7 +1087,7 @@ impl Core {
         }
         if !newest.is_empty() {
             let list: Vec<(u64, u64)> = newest.into_iter().collect();
-            self.copy_out(&st.journal, list)?;
+            self.copy_out(&mut st.journal, list)?;
             self.flush_devices()?;
         }
         match plan.then {
@@ -1047,58 +1104,68 @@ impl Core {
     }
 
     /// Copies journal entries `(sector, entry)` to their places: data in runs, tags staged.
-    fn copy_out(&self, j: &Journal, mut list: Vec<(u64, u64)>) -> Result<(), BackendError> {
+    fn copy_out(&self, j: &mut Journal, mut list: Vec<(u64, u64)>) -> Result<(), BackendError> {
         list.sort_unstable();
-        self.write_runs(self.gather(j, &list)?)
+        let runs = self.runs(j, &list);
+        self.write_runs(runs)
     }
 
-    /// The blocks of `list` (sorted by sector) copied out of the journal, in runs that are
-    /// contiguous on the data device.
-    fn gather(&self, j: &Journal, list: &[(u64, u64)]) -> Result<Gathered, BackendError> {
+    /// The blocks of `list` (sorted by sector) made ready to be written from the journal:
+    /// first each block's sectors get back, in the section, the last 8 bytes their journal
+    /// sectors lent to commit ids (the kernel's `restore_last_bytes`; the entries keep them
+    /// too, so readers copying blocks out meanwhile see the same bytes), then blocks next to
+    /// each other both on the data device (one area) and in one section form a run.
+    fn runs(&self, j: &mut Journal, list: &[(u64, u64)]) -> Vec<Run> {
+        // Two passes: a section is changed (restored) before any run shares it, so
+        // `section_mut` never has to copy one.
+        for &(_, g) in list {
+            j.restore_last_bytes(g);
+        }
         let ts = self.geo.tag_size as usize;
         let bb = self.geo.block_bytes() as usize;
         let toff = j.shape.tag_offset();
-        let align = (bb as u64).max(self.align) as usize;
-        let mut data = AlignedBuf::zeroed(list.len() * bb, align)?;
+        let spb = self.spb();
         let mut runs: Vec<Run> = Vec::new();
-        let mut run_next = u64::MAX;
-        for (k, &(s, g)) in list.iter().enumerate() {
-            let contiguous = s == run_next
-                && runs
-                    .last()
-                    .is_some_and(|r| self.geo.area_offset(r.sector).0 == self.geo.area_offset(s).0);
+        let mut prev: Option<(u64, u64)> = None;
+        for &(s, g) in list {
+            let (i, n) = j.split(g);
+            let contiguous = prev.is_some_and(|(ps, pg)| {
+                s == ps + spb
+                    && g == pg + 1
+                    && j.split(pg).0 == i
+                    && self.geo.area_offset(ps).0 == self.geo.area_offset(s).0
+            });
             if !contiguous {
                 runs.push(Run {
                     sector: s,
-                    at: k * bb,
+                    sec: Arc::clone(&j.secs[i as usize]),
+                    at: j.shape.data_sector(n, 0) as usize * 512,
                     len: 0,
                     tags: Vec::new(),
                 });
             }
-            j.block_into(g, &mut data[k * bb..(k + 1) * bb]);
             if let Some(r) = runs.last_mut() {
                 r.len += bb;
                 r.tags.extend_from_slice(&j.entry(g)[toff..toff + ts]);
             }
-            run_next = s + self.spb();
+            prev = Some((s, g));
         }
-        Ok(Gathered { data, runs })
+        runs
     }
 
-    /// Writes runs gathered from the journal to their places: the data (one batch), then
-    /// the tags (each run's tags in one piece; only tag units partly covered are read
-    /// first).
-    fn write_runs(&self, g: Gathered) -> Result<(), BackendError> {
+    /// Writes runs of journal blocks to their places: the data (one batch, straight from
+    /// the journal's sections), then the tags (each run's tags in one piece; only tag units
+    /// partly covered are read first).
+    fn write_runs(&self, runs: Vec<Run>) -> Result<(), BackendError> {
         let mut tags = TagCache::new(&*self.inner, self.align);
-        for r in &g.runs {
+        for r in &runs {
             tags.put(self.geo.tag_byte(r.sector), &r.tags)?;
         }
-        let ops: Vec<WriteOp<'_>> = g
-            .runs
+        let ops: Vec<WriteOp<'_>> = runs
             .iter()
             .map(|r| WriteOp {
                 offset: self.geo.data_sector(r.sector) * 512,
-                buf: &g.data[r.at..r.at + r.len],
+                buf: &r.sec[r.at..r.at + r.len],
                 fua: false,
             })
             .collect();
@@ -1111,7 +1178,7 @@ impl Core {
     /// past the journal's end) and MACs them; they become the committing ones. Returns
     /// them with their bytes (shared, not copied), `None` if there were none.
     #[allow(clippy::type_complexity)]
-    fn stamp(&self, st: &mut State) -> Option<Vec<(u32, Arc<Vec<u8>>)>> {
+    fn stamp(&self, st: &mut State) -> Option<Vec<(u32, Arc<Section>)>> {
         let j = &mut st.journal;
         let sections = j.shape.sections;
         if j.free_entry != 0 {
@@ -1268,10 +1335,8 @@ impl Core {
         let Some(wb) = self.write_back_plan(&st.journal) else {
             return Ok(());
         };
-        let res = self
-            .gather(&st.journal, &wb.list)
-            .and_then(|g| self.write_runs(g))
-            .and_then(|()| self.flush_devices());
+        let runs = self.runs(&mut st.journal, &wb.list);
+        let res = self.write_runs(runs).and_then(|()| self.flush_devices());
         if let Err(e) = res {
             st.failed = Some(format!("copying the journal to its places: {e}"));
             return Err(e);
@@ -1304,29 +1369,20 @@ impl Core {
             }
         }
         self.commit()?;
-        let wb = {
-            let st = self.lock_write()?;
+        // The sections stay committed (not free) until `finish_write_back`: no writer
+        // touches their bytes, so what is written from them without the lock is what was
+        // committed, and readers keep finding the blocks there.
+        let (wb, runs) = {
+            let mut st = self.lock_write()?;
             match self.write_back_plan(&st.journal) {
-                Some(wb) => wb,
+                Some(wb) => {
+                    let runs = self.runs(&mut st.journal, &wb.list);
+                    (wb, runs)
+                }
                 None => return Ok(()),
             }
         };
-        // The sections stay committed (not free) until `finish_write_back`: no writer
-        // touches their bytes, so what is copied out under the shared lock is what was
-        // committed, and readers keep finding the blocks there.
-        let bb = self.geo.block_bytes() as usize;
-        let per_chunk = (WRITE_BACK_CHUNK_BYTES / bb).max(1);
-        let mut res = Ok(());
-        for chunk in wb.list.chunks(per_chunk) {
-            let gathered = {
-                let st = self.state.read().map_err(|_| poisoned())?;
-                self.gather(&st.journal, chunk)
-            };
-            res = gathered.and_then(|g| self.write_runs(g));
-            if res.is_err() {
-                break;
-            }
-        }
+        let res = self.write_runs(runs);
         let res = res.and_then(|()| self.flush_devices());
         let mut st = self.state.write().map_err(|_| poisoned())?;
         if let Err(e) = res {
