@@ -632,32 +632,23 @@ fn a_dead_servers_directory_is_recognised_and_cleaned() {
     wait_gone(&rt, "dead");
 }
 
-/// Whether `needle` occurs in the readable memory of process `pid`.
+/// Whether `needle` occurs in the readable memory of process `pid` (its anonymous
+/// mappings: file mappings, the binary, libraries, the image, hold no key).
 fn memory_contains(pid: i32, needle: &[u8]) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
-        let path = f.nth(3).unwrap_or("");
-        if !perms.starts_with('r') || path.starts_with('/') || path == "[vvar]" {
-            continue; // file mappings (the binary, libraries, the image) hold no key
-        }
-        let (a, b) = range.split_once('-').unwrap();
-        let (a, b) = (
-            u64::from_str_radix(a, 16).unwrap(),
-            u64::from_str_radix(b, 16).unwrap(),
-        );
-        let mut buf = vec![0u8; (b - a) as usize];
-        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
-            continue;
-        }
-        if buf.windows(needle.len()).any(|w| w == needle) {
-            return true;
-        }
-    }
-    false
+    !memory_holders(pid, &[needle.to_vec()])[0].is_empty()
+}
+
+/// A new empty `mib` MiB image `img` and a passphrase file `pass` ("pw") in `rt`'s
+/// directory: their paths.
+fn image_and_pass(rt: &Runtime, mib: u64) -> (String, String) {
+    let pass = rt.path("pass");
+    std::fs::write(&pass, "pw").unwrap();
+    let img = rt.path("img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    (img.display().to_string(), pass.display().to_string())
 }
 
 /// The volume key of a LUKS image, as cryptsetup dumps it.
@@ -697,15 +688,8 @@ fn suspend_wipes_an_aes128_xts_key_from_every_thread() {
         return;
     }
     let rt = Runtime::new();
-    let pass = rt.path("pass");
-    std::fs::write(&pass, "pw").unwrap();
-    let pass = pass.to_str().unwrap();
-    let img = rt.path("img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(32 << 20)
-        .unwrap();
-    let img = img.to_str().unwrap();
+    let (img, pass) = image_and_pass(&rt, 32);
+    let (img, pass) = (img.as_str(), pass.as_str());
     let extra = ["--cipher", "aes-xts-plain64", "--key-size", "256"];
     let args = ucrypt_testkit::luks2_format_args(pass, &extra, img);
     sh_ok(&format!("cryptsetup {}", args.join(" ")));
@@ -735,6 +719,196 @@ fn suspend_wipes_an_aes128_xts_key_from_every_thread() {
     );
     rt.ok(&["close", "k", "--force"], b"");
     wait_gone(&rt, "k");
+}
+
+/// Where each of `needles` lies in the anonymous mappings of process `pid`: per needle, a label for every mapping holding it, `stack of
+/// thread TID (NAME)` for a live thread's stack (found from the stack pointer in
+/// /proc/PID/task/TID/syscall), otherwise the mapping's name or its range and size (a glibc
+/// stack cache entry of an exited thread is an unnamed mapping of its stack's size). Labels
+/// only: never the bytes, which are key material.
+fn memory_holders(pid: i32, needles: &[Vec<u8>]) -> Vec<Vec<String>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut stacks = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let t = t.unwrap().path();
+        let name = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        let sys = std::fs::read_to_string(t.join("syscall")).unwrap_or_default();
+        let f: Vec<&str> = sys.split_whitespace().collect();
+        // "NR a1 .. a6 SP PC" for a thread blocked in a system call.
+        if f.len() == 9 {
+            if let Ok(sp) = u64::from_str_radix(f[7].trim_start_matches("0x"), 16) {
+                let tid = t.file_name().unwrap().to_string_lossy().into_owned();
+                stacks.push((sp, format!("stack of thread {tid} ({})", name.trim())));
+            }
+        }
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut found = vec![Vec::new(); needles.len()];
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (range, perms) = (f.next().unwrap(), f.next().unwrap());
+        let path = f.nth(3).unwrap_or("");
+        if !perms.starts_with('r') || path.starts_with('/') || path == "[vvar]" {
+            continue; // file mappings (the binary, libraries, the image) hold no key
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (b - a) as usize];
+        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        let label = stacks
+            .iter()
+            .find(|(sp, _)| (a..b).contains(sp))
+            .map(|(_, l)| l.clone())
+            .unwrap_or_else(|| match path {
+                "" => format!("anonymous {range} ({} KiB)", (b - a) >> 10),
+                p => p.to_string(),
+            });
+        for (n, out) in needles.iter().zip(&mut found) {
+            let hits = buf.windows(n.len()).filter(|w| w == n).count();
+            if hits > 0 {
+                out.push(format!("{label} x{hits}"));
+            }
+        }
+    }
+    found
+}
+
+/// The threads of process `pid` named `ucrypt-aead*` (the AEAD helpers of
+/// `ucrypt_integrity`'s spread).
+fn aead_helpers(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm)
+                .unwrap_or_default()
+                .starts_with("ucrypt-aead")
+        })
+        .count()
+}
+
+/// Authenticated volumes (LUKS2 `--integrity`, dm-crypt's AEAD modes over dm-integrity,
+/// served by `AeadVolume`) lose their key at `luksSuspend` as plain ones do: AES-256-XTS +
+/// HMAC-SHA256, AES-256-GCM and ChaCha20-Poly1305, each written and read through NBD in
+/// 4 KiB requests (on the receiving thread) and 1 MiB ones (spread over the AEAD helper
+/// threads, checked to have started). Before the suspend every 16-byte piece of the
+/// cipher's key is found in the server (and HMAC's inner and outer states, which stand for
+/// its key: the raw HMAC key is not kept), so the scan can see them; after it, no piece of
+/// the volume key and neither HMAC state, the helpers gone. A failure names the mappings
+/// holding each piece, never the bytes.
+#[test]
+fn suspend_wipes_the_keys_of_authenticated_volumes_from_every_thread() {
+    if !require("nbdcopy") || !require("cryptsetup") {
+        return;
+    }
+    let mut leftovers = Vec::new();
+    for (what, cipher, integrity, mac_len) in [
+        ("hmac-sha256", "aes-xts-plain64", "hmac-sha256", 32),
+        ("aes-gcm", "aes-gcm-random", "aead", 0),
+        ("chacha20", "chacha20-random", "poly1305", 0),
+    ] {
+        let rt = Runtime::new();
+        let (img, pass) = image_and_pass(&rt, 24);
+        let (img, pass) = (img.as_str(), pass.as_str());
+        let key_size = if mac_len > 0 { "512" } else { "256" };
+        let extra = [
+            &common::SMALL_LUKS2[..],
+            &[
+                "--cipher",
+                cipher,
+                "--key-size",
+                key_size,
+                "--integrity",
+                integrity,
+                "--sector-size",
+                "4096",
+            ],
+        ]
+        .concat();
+        rt.ok(&ucrypt_testkit::luks2_format_args(pass, &extra, img), b"");
+        let uri = rt.ok(
+            &["open", img, "a", "--device", "none", "--key-file", pass],
+            b"",
+        );
+        let pid = rt.pid("a");
+        let size = rt.status("a")["size_sectors"].as_u64().unwrap() * 512;
+        let data = rt.path("data");
+        std::fs::write(&data, common::nbd::random_bytes(size as usize)).unwrap();
+        let back = rt.path("back");
+        let (data_s, back_s) = (data.display().to_string(), back.display().to_string());
+        // One request at a time: a large one is spread only while fewer are in flight
+        // than there are threads.
+        let one = "--connections=1 --requests=1";
+        for (from, to) in [(&data_s, &uri), (&uri, &back_s)] {
+            for rs in [4096, 1 << 20] {
+                sh_ok(&format!(
+                    "nbdcopy {one} --request-size={rs} '{from}' '{to}'"
+                ));
+            }
+        }
+        assert!(
+            std::fs::read(&back).unwrap() == std::fs::read(&data).unwrap(),
+            "{what}: read back differs"
+        );
+        assert!(aead_helpers(pid) > 0, "{what}: no request was spread");
+        let key = volume_key(img, pass);
+        let cipher_len = key.len() - mac_len;
+        // (what, bytes, whether the server must hold it while serving): every piece of the
+        // cipher's key (AES round keys start with the key; AWS-LC's ChaCha20 context holds
+        // it); the raw HMAC key is not kept, its inner and outer states are.
+        let mut needles: Vec<(String, Vec<u8>, bool)> = key
+            .chunks(16)
+            .enumerate()
+            .map(|(i, p)| {
+                let at = i * 16;
+                (
+                    format!("volume key bytes {at}.."),
+                    p.to_vec(),
+                    at < cipher_len,
+                )
+            })
+            .collect();
+        if mac_len > 0 {
+            assert_eq!(key.len(), 96, "{what}: AES-256-XTS key and HMAC-SHA256 key");
+            let states = ucrypt_crypto::testing::hmac_sha256_states(&key[cipher_len..]);
+            for (name, state) in ["inner", "outer"].iter().zip(states) {
+                needles.push((format!("HMAC {name} state"), state[..16].to_vec(), true));
+            }
+        }
+        let bytes: Vec<Vec<u8>> = needles.iter().map(|n| n.1.clone()).collect();
+        let before = memory_holders(pid, &bytes);
+        for ((name, _, held), at) in needles.iter().zip(&before) {
+            assert!(
+                !held || !at.is_empty(),
+                "{what}: {name} not found before the suspend: the scan would prove nothing"
+            );
+        }
+        rt.ok(&["luksSuspend", "a"], b"");
+        assert_eq!(rt.status("a")["suspended"], true);
+        let after = memory_holders(pid, &bytes);
+        let left: Vec<String> = needles
+            .iter()
+            .zip(&after)
+            .filter(|(_, at)| !at.is_empty())
+            .map(|((name, _, _), at)| format!("{name} in {}", at.join(", ")))
+            .collect();
+        if !left.is_empty() {
+            leftovers.push(format!("{what}: {left:#?}"));
+        }
+        assert_eq!(aead_helpers(pid), 0, "{what}: AEAD helpers still running");
+        rt.ok(&["close", "a", "--force"], b"");
+        wait_gone(&rt, "a");
+    }
+    assert!(
+        leftovers.is_empty(),
+        "after luksSuspend, key material still in memory: {leftovers:#?}"
+    );
 }
 
 #[test]

@@ -156,3 +156,30 @@ fn first_diff(a: &[u8], b: &[u8]) -> String {
         None => format!("in length ({} vs {})", a.len(), b.len()),
     }
 }
+
+/// HMAC-SHA256's inner and outer states for `key` (at most 64 bytes): SHA-256's eight
+/// words after the block `key ^ 0x36..` and after `key ^ 0x5c..`, native-endian as an
+/// implementation holds them. They stand for the key (an HMAC keeps them, not the key),
+/// so a scan for key material in memory looks for them too.
+///
+/// # Panics
+/// If `key` is longer than a SHA-256 block.
+pub fn hmac_sha256_states(key: &[u8]) -> [[u8; 32]; 2] {
+    assert!(key.len() <= 64, "an HMAC-SHA256 key of at most 64 bytes");
+    [0x36u8, 0x5c].map(|pad| {
+        let mut block = [pad; 64];
+        for (b, k) in block.iter_mut().zip(key) {
+            *b ^= k;
+        }
+        let mut state: [u32; 8] = [
+            0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+            0x5be0cd19,
+        ];
+        sha2::block_api::compress256(&mut state, &[block]);
+        let mut out = [0u8; 32];
+        for (o, w) in out.chunks_exact_mut(4).zip(state) {
+            o.copy_from_slice(&w.to_ne_bytes());
+        }
+        out
+    })
+}

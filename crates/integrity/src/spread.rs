@@ -189,6 +189,11 @@ fn helper(q: &Queue) {
                     break e;
                 }
                 if q.stop.load(Ordering::Acquire) {
+                    drop(entries);
+                    // The thread's stack goes to glibc's cache of stacks, contents kept:
+                    // nothing of the pieces it sealed or checked may stay there (the
+                    // cipher burns after each use too; this covers every other frame).
+                    ucrypt_crypto::secret::burn_stack();
                     return;
                 }
                 entries = q
