@@ -10,12 +10,13 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 use ucrypt_backend::{Backend, BackendError, BackendInfo, Io, IoKind, MemoryBackend};
 use ucrypt_crypto::{CipherSpec, SectorParams, SectorSize, VolumeKey};
-use ucrypt_format::integrity::{FormatParams, SALT_SIZE};
-use ucrypt_integrity::{AeadVolume, IntegrityBackend, Mode, Options};
+use ucrypt_integrity::{AeadVolume, Mode};
 
 /// A memory device whose reads and writes take a while.
 struct Slow {
@@ -44,20 +45,7 @@ fn volume(spec: &str, tag: u32, key_len: usize, mode: Mode) -> AeadVolume {
     let dev: Arc<dyn Backend> = Arc::new(Slow {
         inner: MemoryBackend::new(8 << 20).unwrap(),
     });
-    let params = FormatParams {
-        sector_size: SS as u32,
-        tag_size: tag,
-        journal_mac: false,
-        keyed_or_hashed: false,
-        fix_hmac: false,
-        salt: [0; SALT_SIZE],
-        ..FormatParams::default()
-    };
-    let mut o = Options::external(tag);
-    o.block_size = Some(SS as u32);
-    ucrypt_integrity::format(Arc::clone(&dev), &params, &o, false).unwrap();
-    o.mode = mode;
-    let dev = Arc::new(IntegrityBackend::open(dev, o).unwrap());
+    let dev = common::external_tag_device(dev, tag, SS as u32, mode);
     let key = VolumeKey::new((0..key_len as u8).collect());
     let sp = SectorParams {
         sector_size: SectorSize::new(SS as u32).unwrap(),

@@ -5,11 +5,12 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::Arc;
 use ucrypt_backend::{Backend, BackendError, MemoryBackend};
 use ucrypt_crypto::{CipherSpec, SectorParams, SectorSize, VolumeKey};
-use ucrypt_format::integrity::{FormatParams, SALT_SIZE};
-use ucrypt_integrity::{AeadVolume, IntegrityBackend, Mode, Options, Spread};
+use ucrypt_integrity::{AeadVolume, IntegrityBackend, Mode, Spread};
 
 const SS: usize = 4096;
 const MIB: usize = 1 << 20;
@@ -31,20 +32,7 @@ fn split() -> Spread {
 /// A formatted dm-integrity device with external tags (8 MiB of memory, 4096-byte blocks).
 fn device((_, tag, _): (&str, u32, usize), mode: Mode) -> Arc<IntegrityBackend> {
     let mem: Arc<dyn Backend> = Arc::new(MemoryBackend::new(8 << 20).unwrap());
-    let params = FormatParams {
-        sector_size: SS as u32,
-        tag_size: tag,
-        journal_mac: false,
-        keyed_or_hashed: false,
-        fix_hmac: false,
-        salt: [0; SALT_SIZE],
-        ..FormatParams::default()
-    };
-    let mut o = Options::external(tag);
-    o.block_size = Some(SS as u32);
-    ucrypt_integrity::format(Arc::clone(&mem), &params, &o, false).unwrap();
-    o.mode = mode;
-    Arc::new(IntegrityBackend::open(mem, o).unwrap())
+    common::external_tag_device(mem, tag, SS as u32, mode)
 }
 
 /// The crypt target on `dev`, its AEAD work placed as `spread` says.

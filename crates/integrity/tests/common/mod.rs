@@ -1,4 +1,5 @@
-//! What the integrity test suites share: the kernel images' directory, make.sh's pattern.
+//! What the integrity test suites share: the kernel images' directory, make.sh's pattern,
+//! the external-tag device an `integrity:N:aead` crypt target sits on.
 
 #![allow(clippy::unwrap_used, dead_code)]
 
@@ -6,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use ucrypt_backend::{Backend, MemoryBackend};
+use ucrypt_format::integrity::{FormatParams, SALT_SIZE};
+use ucrypt_integrity::{IntegrityBackend, Mode, Options};
 
 /// testdata/integrity, when it and `xz` are there (the testkit's skip rule otherwise).
 pub fn dir() -> Option<PathBuf> {
@@ -76,4 +79,29 @@ pub fn write_all(dev: &dyn Backend, data: &[u8]) {
 /// Lower-case hex.
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `dev` formatted as the dm-integrity device below an `integrity:N:aead` crypt target
+/// (external `tag`-byte tags, `block`-byte blocks, no hash or journal MAC, a zero salt, not
+/// wiped: a sector reads only once written), then opened in `mode`.
+pub fn external_tag_device(
+    dev: Arc<dyn Backend>,
+    tag: u32,
+    block: u32,
+    mode: Mode,
+) -> Arc<IntegrityBackend> {
+    let params = FormatParams {
+        sector_size: block,
+        tag_size: tag,
+        journal_mac: false,
+        keyed_or_hashed: false,
+        fix_hmac: false,
+        salt: [0; SALT_SIZE],
+        ..FormatParams::default()
+    };
+    let mut o = Options::external(tag);
+    o.block_size = Some(block);
+    ucrypt_integrity::format(Arc::clone(&dev), &params, &o, false).unwrap();
+    o.mode = mode;
+    Arc::new(IntegrityBackend::open(dev, o).unwrap())
 }
