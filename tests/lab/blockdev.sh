@@ -141,6 +141,11 @@ frontend_round() {
 # dead-connection timeout (30 s).
 recovery_round() {
   local front=$1 R="recovery ($1)"
+  if [ "$ATTACH" != cli ] && [ "$front" != ublk ]; then
+    # The attach example has no NBD_CMD_RECONFIGURE hand-over; `ucrypt open` (cli) does.
+    echo "# $R: skipped with the attach example (kernel NBD reconnection is tested in cli mode)"
+    return
+  fi
   start "$front" --name "rec$front" || { bad "$R: device appears"; return; }
   local N ID
   N=$(basename "$DEV"); ID=${N#ublkb}
@@ -171,8 +176,11 @@ recovery_round() {
     check "$R: --recover of a name without a waiting device is refused" \
       sh -c "! '$UCRYPT' open '$IMG' other --device $front --recover -d '$W/pass' >/dev/null 2>&1"
   fi
-  # Without --device: the kind the dead instance used is found by its name.
-  start auto --name "rec$front" --recover auto || { bad "$R: reattach (found by name)"; return; }
+  # cli: without --device, the kind the dead instance used is found by its name; the
+  # attach example takes the front end and finds the waiting ublk device by its name.
+  local again=auto
+  [ "$ATTACH" = cli ] || again=$front
+  start "$again" --name "rec$front" --recover auto || { bad "$R: reattach (found by name)"; return; }
   check "$R: same node after --recover" test "$DEV" = "/dev/$N"
   check "$R: the writer finishes" wait "$WRITER"
   local n=0 wrong=0
