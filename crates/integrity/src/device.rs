@@ -2,11 +2,33 @@
 //! reads that check tags, writes in modes J, D and B, close as the kernel's suspend leaves
 //! the device.
 //!
-//! Locking: one `RwLock` over the state. Reads share it (they only look at the journal's
-//! newest entries); writes (into the journal, or in modes D and B to their places) and
-//! flushes take it alone, so that a reader never sees a block's new data with its old tag
-//! (the kernel's range locks give it the same). Two mutexes order the journal's slow
-//! steps, each taken before the state lock and never while holding it:
+//! Locking: one `RwLock` over the state. Reads share it; mode J's writes (into the
+//! journal) and flushes take it alone, so that a reader never sees a block's new data with
+//! its old tag. In modes D and B a write, like a read, holds it shared for its whole
+//! duration, and the blocks themselves are kept apart by range locks, as the kernel's
+//! `add_new_range`/`wait_and_add_new_range` keep them:
+//!
+//! - `ranges`, over logical sectors: a D/B write locks its request's sectors alone, a D/B
+//!   read shares them, so a request waits only for overlapping ones (first come, first
+//!   served among those) and a reader never sees a block's new data with its old tag or the
+//!   reverse, nor half a block. Requests to other blocks go on in parallel, the data and
+//!   tag I/O of each included.
+//! - `tag_units`, over the byte offsets of the aligned tag units (`TagCache`'s) on the
+//!   metadata device: tags of neighbouring blocks share units, so a write locks the units it
+//!   reads, changes and writes back, alone, for that read-modify-write only (the kernel's
+//!   per-buffer lock of dm-bufio). Tag units rather than a logical range widened to every
+//!   block sharing them: the units follow from device offsets alone, whatever the layout
+//!   (areas, tag buffers, a separate metadata device), and neighbours wait for each other's
+//!   tag update, not for each other's data. Taken after `ranges`, never the reverse.
+//! - `bitmap` (mode B), a mutex held while a write marks its regions dirty and the changed
+//!   bitmap is written (FUA), before the write's data and tags: a writer that finds its
+//!   bits set finds them on the device.
+//!
+//! A flush, close (and everything on open: replay, recalculation, a resize) takes the state
+//! lock alone, so it waits for every D/B write under way and none starts meanwhile (in
+//! mode B a flush clears the bitmap only once no write that set a bit is in flight). Two
+//! mutexes order the journal's slow steps, each taken before the state lock and never
+//! while holding it:
 //!
 //! - `commit_lock`, held by the one commit under way (`integrity_commit`): it stamps the
 //!   uncommitted sections with their commit ids and MACs them under the state lock, then
@@ -32,10 +54,11 @@
 
 use crate::hash::{Algorithm, Hasher};
 use crate::journal_crypt::JournalCrypt;
+use crate::range_lock::RangeLock;
 use crate::tags::{read_unaligned, TagCache};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockWriteGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::thread::JoinHandle;
 use ucrypt_backend::{
     check_range, emulate, AlignedBuf, Backend, BackendError, BackendInfo, Caps, Io, IoKind,
@@ -222,6 +245,15 @@ struct Core {
     /// Tags beyond this sector are not checked (recalculating, read-only).
     unchecked_from: u64,
     state: RwLock<State>,
+    /// Modes D and B: the logical sectors of the requests under way (writes alone, reads
+    /// shared), taken under the state lock shared (see the module docs).
+    ranges: RangeLock,
+    /// Modes D and B: the aligned tag units (byte offsets on `inner`) a write is reading,
+    /// changing and writing back, alone (see the module docs).
+    tag_units: RangeLock,
+    /// Bitmap mode: the on-disk bitmap (in the journal area), one bit per region; its own
+    /// lock, held while a changed bitmap is written.
+    bitmap: Mutex<Option<Vec<u8>>>,
     /// Held by the one journal write-back under way (see the module docs); taken before
     /// the commit mutex and the state lock, never while holding them.
     writeback: Mutex<()>,
@@ -325,8 +357,6 @@ struct Writer {
 struct State {
     sb: Superblock,
     journal: Journal,
-    /// Bitmap mode: the on-disk bitmap (in the journal area), one bit per region.
-    bitmap: Option<Vec<u8>>,
     log2_blocks_per_bit: u8,
     closed: bool,
     /// A failure that leaves the journal or tags in doubt fails every later request, as
@@ -654,11 +684,13 @@ impl Core {
             state: RwLock::new(State {
                 sb,
                 journal,
-                bitmap: None,
                 log2_blocks_per_bit,
                 closed: false,
                 failed: None,
             }),
+            ranges: RangeLock::default(),
+            tag_units: RangeLock::default(),
+            bitmap: Mutex::new(None),
             writeback: Mutex::new(()),
             commit_lock: Mutex::new(()),
             writer: Mutex::new(Writer::default()),
@@ -734,8 +766,7 @@ impl Core {
                 st.sb.log2_blocks_per_bitmap_bit = st.log2_blocks_per_bit;
                 self.write_sb(st)?;
                 let blocks = self.geo.bitmap_blocks(st.log2_blocks_per_bit);
-                st.bitmap = Some(vec![0u8; (blocks * BITMAP_BLOCK_SIZE) as usize]);
-                self.write_bitmap(st)?;
+                self.install_bitmap(vec![0u8; (blocks * BITMAP_BLOCK_SIZE) as usize])?;
             }
         }
         if st.sb.flags.has(Flags::RECALCULATING) {
@@ -751,12 +782,11 @@ impl Core {
                 self.write_sb(st)?;
             }
         }
-        if self.mode == Mode::Bitmap && st.bitmap.is_none() && !self.read_only {
+        if self.mode == Mode::Bitmap && self.lock_bitmap()?.is_none() && !self.read_only {
             let blocks = self.geo.bitmap_blocks(st.log2_blocks_per_bit);
-            st.bitmap = Some(vec![0u8; (blocks * BITMAP_BLOCK_SIZE) as usize]);
             st.sb.flags.0 |= Flags::DIRTY_BITMAP;
             self.write_sb(st)?;
-            self.write_bitmap(st)?;
+            self.install_bitmap(vec![0u8; (blocks * BITMAP_BLOCK_SIZE) as usize])?;
         }
         drop(guard);
         self.unchecked_from = unchecked;
@@ -835,6 +865,24 @@ impl Core {
         let st = self
             .state
             .write()
+            .map_err(|_| BackendError::Other("dm-integrity state lock poisoned".into()))?;
+        if st.closed {
+            return Err(BackendError::Other(
+                "the dm-integrity device is closed".into(),
+            ));
+        }
+        if let Some(f) = &st.failed {
+            return Err(failed_err(f));
+        }
+        Ok(st)
+    }
+
+    /// The state lock shared, for a request (reads; writes in modes D and B), failing
+    /// once the device is closed or has failed.
+    fn lock_read(&self) -> Result<RwLockReadGuard<'_, State>, BackendError> {
+        let st = self
+            .state
+            .read()
             .map_err(|_| BackendError::Other("dm-integrity state lock poisoned".into()))?;
         if st.closed {
             return Err(BackendError::Other(
@@ -1500,12 +1548,16 @@ impl Core {
         }
     }
 
-    /// Direct and bitmap modes: data and tags of `buf` (at logical `sector`) in place.
+    /// Direct and bitmap modes: data and tags of `buf` (at logical `sector`) in place, the
+    /// tags given (`tag_size` bytes per block). The caller holds the state lock shared and
+    /// the request's logical range alone (see the module docs); each tag unit this write
+    /// changes only in part (shared with blocks outside that range) is locked alone while
+    /// it is read, changed and written back.
     fn write_direct(
         &self,
-        st: &mut State,
+        st: &State,
         buf: &[u8],
-        given: Option<&[u8]>,
+        tags: &[u8],
         sector: u64,
         fua: bool,
     ) -> Result<(), BackendError> {
@@ -1520,26 +1572,21 @@ impl Core {
             let room = self.geo.area_room(s).saturating_mul(512);
             let n = room.min((buf.len() - done) as u64) as usize;
             let part = &buf[done..done + n];
-            let mut tags = vec![0u8; n / bb * ts];
-            match given {
-                Some(t) => {
-                    let (at, len) = (done / bb * ts, tags.len());
-                    tags.copy_from_slice(&t[at..at + len]);
-                }
-                None => {
-                    for (k, block) in part.chunks(bb).enumerate() {
-                        self.tag(
-                            s + (k * bb / 512) as u64,
-                            block,
-                            &mut tags[k * ts..(k + 1) * ts],
-                        );
-                    }
-                }
-            }
+            let part_tags = &tags[done / bb * ts..(done + n) / bb * ts];
             self.data
                 .write_at(part, self.geo.data_sector(s) * 512, false)?;
+            // Tag units, not logical blocks, are locked here: the units a write touches are
+            // found from the device bytes alone, whatever blocks (of this area or, in any
+            // layout, another) share them, and the writers of neighbouring blocks wait for
+            // each other only for this read-modify-write, not for their data writes. No unit
+            // holds data (which `ranges` alone guards): the superblock, journal sections and
+            // metadata runs are whole multiples of 4096 bytes, and `align` is at most that.
+            let at = self.geo.tag_byte(s);
+            let first = at - at % self.align;
+            let end = (at + part_tags.len() as u64).div_ceil(self.align) * self.align;
+            let _units = self.tag_units.lock(first, end, true)?;
             let mut cache = TagCache::new(&*self.inner, self.align);
-            cache.put(self.geo.tag_byte(s), &tags)?;
+            cache.put(at, part_tags)?;
             cache.write_back()?;
             done += n;
         }
@@ -1606,48 +1653,66 @@ impl Core {
         Ok(b)
     }
 
-    fn write_bitmap(&self, st: &State) -> Result<(), BackendError> {
-        if let Some(b) = &st.bitmap {
-            self.inner.write_at(b, self.geo.journal_byte(0, 0), true)?;
-        }
+    fn lock_bitmap(&self) -> Result<MutexGuard<'_, Option<Vec<u8>>>, BackendError> {
+        self.bitmap
+            .lock()
+            .map_err(|_| BackendError::Other("dm-integrity bitmap lock poisoned".into()))
+    }
+
+    fn write_bitmap(&self, b: &[u8]) -> Result<(), BackendError> {
+        self.inner.write_at(b, self.geo.journal_byte(0, 0), true)
+    }
+
+    /// Bitmap mode: `b` becomes the bitmap, written (FUA).
+    fn install_bitmap(&self, b: Vec<u8>) -> Result<(), BackendError> {
+        let mut g = self.lock_bitmap()?;
+        self.write_bitmap(&b)?;
+        *g = Some(b);
         Ok(())
     }
 
     /// Bitmap mode: marks the regions of `[sector, sector + n)` dirty on disk (FUA) before
-    /// their data is written.
-    fn mark_dirty(&self, st: &mut State, sector: u64, n: u64) -> Result<(), BackendError> {
+    /// their data is written. The bitmap's lock is held while a changed bitmap is written:
+    /// a writer that finds its bits set finds them on the device.
+    fn mark_dirty(&self, st: &State, sector: u64, n: u64) -> Result<(), BackendError> {
         let shift = u32::from(self.geo.log2_sectors_per_block) + u32::from(st.log2_blocks_per_bit);
         let first = sector >> shift;
         let last = (sector + n - 1) >> shift;
-        let Some(b) = st.bitmap.as_mut() else {
+        let mut g = self.lock_bitmap()?;
+        let Some(b) = g.as_mut() else {
             return Ok(());
         };
-        let mut changed = false;
+        let clear = |bit: u64| {
+            let (byte, mask) = ((bit / 8) as usize, 1u8 << (bit % 8));
+            byte < b.len() && b[byte] & mask == 0
+        };
+        if !(first..=last).any(clear) {
+            return Ok(());
+        }
+        // Changed on a copy, kept once it is on the device: after a failed write no
+        // writer takes the bits as set.
+        let mut next = b.clone();
         for bit in first..=last {
             let (byte, mask) = ((bit / 8) as usize, 1u8 << (bit % 8));
-            if byte < b.len() && b[byte] & mask == 0 {
-                b[byte] |= mask;
-                changed = true;
+            if byte < next.len() {
+                next[byte] |= mask;
             }
         }
-        if changed {
-            self.write_bitmap(st)?;
-        }
+        self.write_bitmap(&next)?;
+        *b = next;
         Ok(())
     }
 
-    /// Bitmap mode, on flush: once the data and tags are durable, the bitmap is cleared
-    /// (the kernel does it `bitmap_flush_interval` after the last write).
-    fn clear_bitmap(&self, st: &mut State) -> Result<(), BackendError> {
-        let dirty = st
-            .bitmap
-            .as_ref()
-            .is_some_and(|b| b.iter().any(|&x| x != 0));
-        if dirty {
-            if let Some(b) = st.bitmap.as_mut() {
+    /// Bitmap mode, on flush (state lock held alone: no write under way): once the data
+    /// and tags are durable, the bitmap is cleared (the kernel does it
+    /// `bitmap_flush_interval` after the last write).
+    fn clear_bitmap(&self) -> Result<(), BackendError> {
+        let mut g = self.lock_bitmap()?;
+        if let Some(b) = g.as_mut() {
+            if b.iter().any(|&x| x != 0) {
                 b.fill(0);
+                self.write_bitmap(b)?;
             }
-            self.write_bitmap(st)?;
         }
         Ok(())
     }
@@ -1843,19 +1908,14 @@ impl Core {
         offset: u64,
     ) -> Result<(), BackendError> {
         self.check_request(offset, buf.len() as u64)?;
-        let st = self
-            .state
-            .read()
-            .map_err(|_| BackendError::Other("dm-integrity state lock poisoned".into()))?;
-        if st.closed {
-            return Err(BackendError::Other(
-                "the dm-integrity device is closed".into(),
-            ));
-        }
-        if let Some(f) = &st.failed {
-            return Err(failed_err(f));
-        }
+        let st = self.lock_read()?;
         let sector = offset / 512;
+        if matches!(self.mode, Mode::Direct | Mode::Bitmap) && !self.read_only {
+            // Its blocks' data and tags, never a writer's half (see the module docs).
+            let end = sector + buf.len() as u64 / 512;
+            let _range = self.ranges.lock(sector, end, false)?;
+            return self.read_checked(buf, tags, sector);
+        }
         if st.journal.newest.is_empty() {
             return self.read_checked(buf, tags, sector);
         }
@@ -1917,11 +1977,33 @@ impl Core {
         match self.mode {
             Mode::Journal => self.write_journaled(buf, tags, sector, fua),
             Mode::Direct | Mode::Bitmap => {
-                let mut st = self.lock_write()?;
-                self.write_direct(&mut st, buf, tags, sector, fua)
+                let own;
+                let tags = match tags {
+                    Some(t) => t,
+                    None => {
+                        own = self.tags_of(buf, sector);
+                        &own[..]
+                    }
+                };
+                let st = self.lock_read()?;
+                let end = sector + buf.len() as u64 / 512;
+                let _range = self.ranges.lock(sector, end, true)?;
+                self.write_direct(&st, buf, tags, sector, fua)
             }
             Mode::Recovery => Err(BackendError::ReadOnly),
         }
+    }
+
+    /// The internal hash's tags of the blocks of `buf` at logical `sector`.
+    fn tags_of(&self, buf: &[u8], sector: u64) -> Vec<u8> {
+        let bb = self.geo.block_bytes() as usize;
+        let ts = self.geo.tag_size as usize;
+        let mut t = vec![0u8; buf.len() / bb * ts];
+        for (k, block) in buf.chunks(bb).enumerate() {
+            let s = sector + k as u64 * self.spb();
+            self.tag(s, block, &mut t[k * ts..(k + 1) * ts]);
+        }
+        t
     }
 
     /// Journal mode: as many blocks as there are free entries into the journal under the
@@ -1944,12 +2026,7 @@ impl Core {
         let tags = match tags {
             Some(t) => t,
             None => {
-                let mut t = vec![0u8; blocks * ts];
-                for (k, block) in buf.chunks(bb).enumerate() {
-                    let s = sector + k as u64 * self.spb();
-                    self.tag(s, block, &mut t[k * ts..(k + 1) * ts]);
-                }
-                own = t;
+                own = self.tags_of(buf, sector);
                 &own[..]
             }
         };
@@ -2138,11 +2215,12 @@ impl Backend for Core {
             self.commit()?;
             return self.flush_devices();
         }
-        let mut st = self.lock_write()?;
+        // Alone: no D or B write is under way (each holds the state lock shared).
+        let _st = self.lock_write()?;
         match self.mode {
             Mode::Bitmap => {
                 self.flush_devices()?;
-                self.clear_bitmap(&mut st)
+                self.clear_bitmap()
             }
             Mode::Journal | Mode::Direct | Mode::Recovery => self.flush_devices(),
         }
@@ -2321,12 +2399,14 @@ impl Core {
                     wrote: false,
                 },
                 sb,
-                bitmap: None,
                 log2_blocks_per_bit,
                 closed: false,
                 failed: None,
             }),
             geo,
+            ranges: RangeLock::default(),
+            tag_units: RangeLock::default(),
+            bitmap: Mutex::new(None),
             writeback: Mutex::new(()),
             commit_lock: Mutex::new(()),
             writer: Mutex::new(Writer::default()),

@@ -23,6 +23,7 @@ mod crypt;
 mod device;
 pub mod hash;
 pub mod journal_crypt;
+mod range_lock;
 mod spread;
 mod tags;
 
