@@ -486,6 +486,21 @@ impl Journal {
     }
 }
 
+impl State {
+    /// Whether requests may use the device: not once it is closed or has failed.
+    fn usable(&self) -> Result<(), BackendError> {
+        if self.closed {
+            return Err(BackendError::Other(
+                "the dm-integrity device is closed".into(),
+            ));
+        }
+        match &self.failed {
+            Some(f) => Err(failed_err(f)),
+            None => Ok(()),
+        }
+    }
+}
+
 fn refused(msg: impl Into<String>) -> IntegrityError {
     IntegrityError::Refused(msg.into())
 }
@@ -866,14 +881,7 @@ impl Core {
             .state
             .write()
             .map_err(|_| BackendError::Other("dm-integrity state lock poisoned".into()))?;
-        if st.closed {
-            return Err(BackendError::Other(
-                "the dm-integrity device is closed".into(),
-            ));
-        }
-        if let Some(f) = &st.failed {
-            return Err(failed_err(f));
-        }
+        st.usable()?;
         Ok(st)
     }
 
@@ -884,14 +892,7 @@ impl Core {
             .state
             .read()
             .map_err(|_| BackendError::Other("dm-integrity state lock poisoned".into()))?;
-        if st.closed {
-            return Err(BackendError::Other(
-                "the dm-integrity device is closed".into(),
-            ));
-        }
-        if let Some(f) = &st.failed {
-            return Err(failed_err(f));
-        }
+        st.usable()?;
         Ok(st)
     }
 
