@@ -1,4 +1,4 @@
-//! Modes D and B over a backend with I/O latency: 4 KiB random writes, then random reads,
+//! Modes J, D and B over a backend with I/O latency: 4 KiB random writes, then random reads,
 //! from DEPTH threads at once (fio's psync engine with numjobs = DEPTH), over a memory
 //! backend whose every read and write first sleeps LAT_US microseconds (a device's latency,
 //! which the memory backend of `ucrypt bench` does not have). With one lock over every
@@ -6,8 +6,10 @@
 //! with it. Crc32c tags, 4096-byte blocks, IOPS medians of ROUNDS.
 //!
 //! ```text
-//! cargo run --release -p ucrypt-integrity --example latency_depth [LAT_US] [SECONDS] [ROUNDS]
+//! cargo run --release -p ucrypt-integrity --example latency_depth [LAT_US] [SECONDS] [ROUNDS] [MODES]
 //! ```
+//!
+//! MODES: the mode letters to measure, in order (default `JDB`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,9 +84,20 @@ fn main() {
     let lat: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(50);
     let secs: f64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(0.5);
     let rounds: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(3);
+    let modes: Vec<Mode> = args
+        .get(4)
+        .map_or("JDB", String::as_str)
+        .chars()
+        .filter_map(|c| match c {
+            'J' => Some(Mode::Journal),
+            'D' => Some(Mode::Direct),
+            'B' => Some(Mode::Bitmap),
+            _ => None,
+        })
+        .collect();
     println!("latency {lat} us per backend request, {secs} s per cell, median of {rounds}");
     println!("mode op    depth   IOPS");
-    for mode in [Mode::Direct, Mode::Bitmap] {
+    for mode in modes {
         let mem = Arc::new(Latency {
             mem: MemoryBackend::new(64 << 20).expect("memory"),
             lat: AtomicU64::new(0),

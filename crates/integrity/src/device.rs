@@ -13,13 +13,26 @@
 //!   served among those) and a reader never sees a block's new data with its old tag or the
 //!   reverse, nor half a block. Requests to other blocks go on in parallel, the data and
 //!   tag I/O of each included.
-//! - `tag_units`, over the byte offsets of the aligned tag units (`TagCache`'s) on the
+//! - `tag_units`, over the byte offsets of the aligned tag units (`TagUpdate`'s) on the
 //!   metadata device: tags of neighbouring blocks share units, so a write locks the units it
 //!   reads, changes and writes back, alone, for that read-modify-write only (the kernel's
 //!   per-buffer lock of dm-bufio). Tag units rather than a logical range widened to every
 //!   block sharing them: the units follow from device offsets alone, whatever the layout
 //!   (areas, tag buffers, a separate metadata device), and neighbours wait for each other's
-//!   tag update, not for each other's data. Taken after `ranges`, never the reverse.
+//!   tag update, not for each other's data. Taken after `ranges`, never the reverse. In
+//!   every mode, every writer of tags (D/B writes, the journal's write-back and replay,
+//!   recalculation) holds its units alone, and a read whose tags are not cached holds
+//!   them shared while it reads them and puts them in `tag_cache`.
+//! - `tag_cache` ([`UnitCache`]): the tag units last read or written, at most
+//!   `Options::tag_cache_bytes` (4 MiB) whatever the device's size, as the kernel keeps
+//!   dm-integrity's metadata in dm-bufio: reads whose units are there read no tags from
+//!   the device, the write-back and D/B writes read none of the units they change in
+//!   part. Write-through: a writer writes the device first and then the cache, so the
+//!   device gets every tag write as without it (same batches, same flushes), and the
+//!   `tag_units` lock keeps a read's fill from putting in bytes older than a write's (the
+//!   argument is at [`UnitCache`]). As dm-bufio's buffers do, a cached unit hides a tag
+//!   changed on the device behind the open device's back; data changed there is still
+//!   caught (tags are checked against data read from the device).
 //! - `bitmap` (mode B), a mutex held while a write marks its regions dirty and the changed
 //!   bitmap is written (FUA), before the write's data and tags: a writer that finds its
 //!   bits set finds them on the device.
@@ -55,7 +68,7 @@
 use crate::hash::{Algorithm, Hasher};
 use crate::journal_crypt::JournalCrypt;
 use crate::range_lock::RangeLock;
-use crate::tags::{read_unaligned, TagCache};
+use crate::tags::{TagUpdate, UnitCache, DEFAULT_TAG_CACHE_BYTES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
@@ -139,6 +152,10 @@ pub struct Options {
     /// `recalculate`: recompute every tag from the data on open (from sector 0 unless a
     /// recalculation is already under way).
     pub recalculate: bool,
+    /// Bytes of tag units kept in memory (the kernel's dm-bufio cache of metadata
+    /// buffers; default 4 MiB whatever the device's size, 0: none). Never dirty: every tag
+    /// write still reaches the device as it is made.
+    pub tag_cache_bytes: usize,
 }
 
 impl std::fmt::Debug for Options {
@@ -165,6 +182,7 @@ impl std::fmt::Debug for Options {
             .field("tag_size", &self.tag_size)
             .field("block_size", &self.block_size)
             .field("recalculate", &self.recalculate)
+            .field("tag_cache_bytes", &self.tag_cache_bytes)
             .finish()
     }
 }
@@ -196,6 +214,7 @@ impl Options {
             tag_size: None,
             block_size: None,
             recalculate: false,
+            tag_cache_bytes: DEFAULT_TAG_CACHE_BYTES,
         }
     }
 }
@@ -251,6 +270,8 @@ struct Core {
     /// Modes D and B: the aligned tag units (byte offsets on `inner`) a write is reading,
     /// changing and writing back, alone (see the module docs).
     tag_units: RangeLock,
+    /// The tag units last read or written (see the module docs and [`UnitCache`]).
+    tag_cache: UnitCache,
     /// Bitmap mode: the on-disk bitmap (in the journal area), one bit per region; its own
     /// lock, held while a changed bitmap is written.
     bitmap: Mutex<Option<Vec<u8>>>,
@@ -705,6 +726,7 @@ impl Core {
             }),
             ranges: RangeLock::default(),
             tag_units: RangeLock::default(),
+            tag_cache: UnitCache::new(align, opts.tag_cache_bytes),
             bitmap: Mutex::new(None),
             writeback: Mutex::new(()),
             commit_lock: Mutex::new(()),
@@ -1204,12 +1226,10 @@ impl Core {
 
     /// Writes runs of journal blocks to their places: the data (one batch, straight from
     /// the journal's sections), then the tags (each run's tags in one piece; only tag units
-    /// partly covered are read first).
+    /// partly covered and not in the cache are read first), holding the tag units from the
+    /// first run's to the last run's alone meanwhile (one range: a holder never waits for a
+    /// second one; reads that miss in between wait for this tag write, not the data's).
     fn write_runs(&self, runs: Vec<Run>) -> Result<(), BackendError> {
-        let mut tags = TagCache::new(&*self.inner, self.align);
-        for r in &runs {
-            tags.put(self.geo.tag_byte(r.sector), &r.tags)?;
-        }
         let ops: Vec<WriteOp<'_>> = runs
             .iter()
             .map(|r| WriteOp {
@@ -1219,7 +1239,44 @@ impl Core {
             })
             .collect();
         self.data.submit_writes(&ops)?;
+        let span = runs.iter().fold(None, |acc: Option<(u64, u64)>, r| {
+            let (first, end) = self.unit_span(self.geo.tag_byte(r.sector), r.tags.len());
+            Some(acc.map_or((first, end), |(f, e)| (f.min(first), e.max(end))))
+        });
+        let Some((first, end)) = span else {
+            return Ok(());
+        };
+        let _units = self.tag_units.lock(first, end, true)?;
+        let mut tags = TagUpdate::new(&*self.inner, self.align, &self.tag_cache);
+        for r in &runs {
+            tags.put(self.geo.tag_byte(r.sector), &r.tags)?;
+        }
         tags.write_back()
+    }
+
+    /// The aligned tag units holding `len` bytes at device byte `at`: `[first, end)`.
+    fn unit_span(&self, at: u64, len: usize) -> (u64, u64) {
+        let first = at - at % self.align;
+        let end = (at + len as u64).div_ceil(self.align) * self.align;
+        (first, end)
+    }
+
+    /// Reads `out.len()` tag bytes at device byte `at`: from the cache if it holds every
+    /// unit they touch, else from the device, whose units then go into the cache. The
+    /// units are held shared from that read to their insertion, so that no writer changes
+    /// them in between (see [`UnitCache`]).
+    fn read_tags(&self, at: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        if self.tag_cache.read(at, out) {
+            return Ok(());
+        }
+        let (first, end) = self.unit_span(at, out.len());
+        let _units = self.tag_units.lock(first, end, false)?;
+        let mut buf = vec![0u8; (end - first) as usize];
+        self.inner.read_at(&mut buf, first)?;
+        self.tag_cache.insert(first, &buf);
+        let from = (at - first) as usize;
+        out.copy_from_slice(&buf[from..from + out.len()]);
+        Ok(())
     }
 
     /// `integrity_commit`, first half (state lock held): pads the open section, stamps
@@ -1583,12 +1640,11 @@ impl Core {
             // holds data (which `ranges` alone guards): the superblock, journal sections and
             // metadata runs are whole multiples of 4096 bytes, and `align` is at most that.
             let at = self.geo.tag_byte(s);
-            let first = at - at % self.align;
-            let end = (at + part_tags.len() as u64).div_ceil(self.align) * self.align;
+            let (first, end) = self.unit_span(at, part_tags.len());
             let _units = self.tag_units.lock(first, end, true)?;
-            let mut cache = TagCache::new(&*self.inner, self.align);
-            cache.put(at, part_tags)?;
-            cache.write_back()?;
+            let mut update = TagUpdate::new(&*self.inner, self.align, &self.tag_cache);
+            update.put(at, part_tags)?;
+            update.write_back()?;
             done += n;
         }
         if fua {
@@ -1620,7 +1676,7 @@ impl Core {
                 if let Some(out) = tags_out.as_deref_mut() {
                     let at = done / bb * ts;
                     let want = &mut out[at..at + n / bb * ts];
-                    read_unaligned(&*self.inner, self.align, self.geo.tag_byte(s), want)?;
+                    self.read_tags(self.geo.tag_byte(s), want)?;
                 }
                 done += n;
                 continue;
@@ -1630,7 +1686,7 @@ impl Core {
                 continue;
             }
             let mut stored = vec![0u8; n / bb * ts];
-            read_unaligned(&*self.inner, self.align, self.geo.tag_byte(s), &mut stored)?;
+            self.read_tags(self.geo.tag_byte(s), &mut stored)?;
             for (k, block) in part.chunks(bb).enumerate() {
                 let bs = s + (k * bb / 512) as u64;
                 self.tag(bs, block, &mut tag);
@@ -1772,9 +1828,12 @@ impl Core {
                     &mut tags[k * ts..(k + 1) * ts],
                 );
             }
-            let mut cache = TagCache::new(&*self.inner, self.align);
-            cache.put(self.geo.tag_byte(s), &tags)?;
-            cache.write_back()?;
+            let at = self.geo.tag_byte(s);
+            let (first, end) = self.unit_span(at, tags.len());
+            let _units = self.tag_units.lock(first, end, true)?;
+            let mut update = TagUpdate::new(&*self.inner, self.align, &self.tag_cache);
+            update.put(at, &tags)?;
+            update.write_back()?;
             s += n;
         }
         Ok(())
@@ -2123,6 +2182,12 @@ impl IntegrityBackend {
         self.core.mode
     }
 
+    /// Tag units held in memory now, and the most it holds (`Options::tag_cache_bytes`
+    /// over the unit size).
+    pub fn tag_cache_units(&self) -> (usize, usize) {
+        (self.core.tag_cache.len(), self.core.tag_cache.capacity())
+    }
+
     /// Leaves the device as the kernel's suspend does: the journal committed, copied to
     /// its places and reset (mode J); the bitmap cleared and the journal area reset (B);
     /// everything flushed. Later requests fail.
@@ -2351,14 +2416,15 @@ impl Core {
         let block = geo.block_bytes();
         let log2_blocks_per_bit = sb.log2_blocks_per_bitmap_bit;
         let data = data.unwrap_or_else(|| Arc::clone(&inner));
+        let align = u64::from(
+            inner
+                .info()
+                .logical_block
+                .max(data.info().logical_block)
+                .max(512),
+        );
         Ok(Core {
-            align: u64::from(
-                inner
-                    .info()
-                    .logical_block
-                    .max(data.info().logical_block)
-                    .max(512),
-            ),
+            align,
             info: BackendInfo {
                 size_bytes: sb.provided_data_sectors * 512,
                 logical_block: block as u32,
@@ -2407,6 +2473,7 @@ impl Core {
             geo,
             ranges: RangeLock::default(),
             tag_units: RangeLock::default(),
+            tag_cache: UnitCache::new(align, opts.tag_cache_bytes),
             bitmap: Mutex::new(None),
             writeback: Mutex::new(()),
             commit_lock: Mutex::new(()),
