@@ -202,6 +202,29 @@ pub fn burn_stack_words<const WORDS: usize>() {
     std::hint::black_box(&buf);
 }
 
+/// Burns `WORDS` 8-byte words of the stack below the frame that holds it
+/// ([`burn_stack_words`]) when it goes out of scope, on every way out (error returns and
+/// unwinding included), if told to: for ciphers whose per-call code (a library's, not
+/// ours) leaves key material in its frames on every call, so that no thread that served
+/// a request keeps it in its stack (a thread that lives on, or one that exited: glibc
+/// keeps freed stacks for reuse) once the key is dropped.
+pub(crate) struct BurnOnReturn<const WORDS: usize>(bool);
+
+impl<const WORDS: usize> BurnOnReturn<WORDS> {
+    /// A guard that burns when dropped if `on`.
+    pub(crate) fn new(on: bool) -> Self {
+        BurnOnReturn(on)
+    }
+}
+
+impl<const WORDS: usize> Drop for BurnOnReturn<WORDS> {
+    fn drop(&mut self) {
+        if self.0 {
+            burn_stack_words::<WORDS>();
+        }
+    }
+}
+
 /// A heap value locked in RAM for its lifetime (a cipher's key schedule): locked after it
 /// is placed on the heap, dropped (the value zeroizes itself if it is `ZeroizeOnDrop`)
 /// before its pages are unlocked.

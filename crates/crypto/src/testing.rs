@@ -157,6 +157,69 @@ fn first_diff(a: &[u8], b: &[u8]) -> String {
     }
 }
 
+/// HMAC-SHA512's inner and outer states for `key` (at most 128 bytes), as
+/// [`hmac_sha256_states`] gives SHA-256's: SHA-512's eight 64-bit words after one block,
+/// native-endian.
+///
+/// # Panics
+/// If `key` is longer than a SHA-512 block.
+pub fn hmac_sha512_states(key: &[u8]) -> [[u8; 64]; 2] {
+    assert!(key.len() <= 128, "an HMAC-SHA512 key of at most 128 bytes");
+    [0x36u8, 0x5c].map(|pad| {
+        let mut block = [pad; 128];
+        for (b, k) in block.iter_mut().zip(key) {
+            *b ^= k;
+        }
+        let mut state: [u64; 8] = [
+            0x6a09e667f3bcc908,
+            0xbb67ae8584caa73b,
+            0x3c6ef372fe94f82b,
+            0xa54ff53a5f1d36f1,
+            0x510e527fade682d1,
+            0x9b05688c2b3e6c1f,
+            0x1f83d9abfb41bd6b,
+            0x5be0cd19137e2179,
+        ];
+        sha2::block_api::compress512(&mut state, &[block]);
+        let mut out = [0u8; 64];
+        for (o, w) in out.chunks_exact_mut(8).zip(state) {
+            o.copy_from_slice(&w.to_ne_bytes());
+        }
+        out
+    })
+}
+
+/// AES-GCM's hash key for the AES key `key` (16 or 32 bytes), in the two forms a scan for
+/// it looks for: `[H, twisted]`, where H = AES_K(0^128) is GHASH's key as the GCM
+/// specification writes it, and `twisted` is how x86-64's GHASH code (AWS-LC's CLMUL, AVX
+/// and AVX-512 `gcm_init_*`) keeps it: H read as a big-endian 128-bit number, shifted left
+/// one bit, reduced by 0xc2000000_00000000_00000000_00000001 when a bit falls out, stored
+/// little-endian (the first entry of its table of powers of H, which holds no raw H).
+///
+/// # Panics
+/// If `key` is neither 16 nor 32 bytes.
+pub fn gcm_hash_keys(key: &[u8]) -> [[u8; 16]; 2] {
+    use aes::cipher::{BlockCipherEncrypt, KeyInit};
+    let mut h = aes::Block::default();
+    match key.len() {
+        16 => aes::Aes128::new_from_slice(key)
+            .expect("a 16-byte key")
+            .encrypt_block(&mut h),
+        32 => aes::Aes256::new_from_slice(key)
+            .expect("a 32-byte key")
+            .encrypt_block(&mut h),
+        n => panic!("an AES-GCM key of 16 or 32 bytes, not {n}"),
+    }
+    let raw: [u8; 16] = h.into();
+    let n = u128::from_be_bytes(raw);
+    let reduce = if n >> 127 == 1 {
+        0xc200_0000_0000_0000_0000_0000_0000_0001
+    } else {
+        0
+    };
+    [raw, ((n << 1) ^ reduce).to_le_bytes()]
+}
+
 /// HMAC-SHA256's inner and outer states for `key` (at most 64 bytes): SHA-256's eight
 /// words after the block `key ^ 0x36..` and after `key ^ 0x5c..`, native-endian as an
 /// implementation holds them. They stand for the key (an HMAC keeps them, not the key),
@@ -182,4 +245,35 @@ pub fn hmac_sha256_states(key: &[u8]) -> [[u8; 32]; 2] {
         }
         out
     })
+}
+
+/// Where `needle` lies in the 64 KiB of this thread's stack below `top` (an address in a
+/// frame of the caller's, e.g. of a local it passed through [`std::hint::black_box`]),
+/// read through /proc/self/mem, not through pointers: its distances below `top`. For
+/// tests that check a cipher leaves no key in the stack of the thread that used it.
+///
+/// # Panics
+/// If /proc/self/mem cannot be read there.
+pub fn stack_below(top: usize, needle: &[u8]) -> Vec<usize> {
+    use std::io::{Read, Seek, SeekFrom};
+    let span = 64 * 1024;
+    let mut buf = vec![0u8; span];
+    let mut mem = std::fs::File::open("/proc/self/mem").expect("/proc/self/mem");
+    mem.seek(SeekFrom::Start((top - span) as u64))
+        .expect("seek in /proc/self/mem");
+    mem.read_exact(&mut buf).expect("read /proc/self/mem");
+    buf.windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle)
+        .map(|(i, _)| span - i)
+        .collect()
+}
+
+/// Leaves a copy of `key` (at most 128 bytes) in a frame below the caller's: what
+/// [`stack_below`] must find, so a test proves it sees the stack.
+#[inline(never)]
+pub fn plant_on_stack(key: &[u8]) {
+    let mut copy = [0u8; 128];
+    copy[..key.len()].copy_from_slice(key);
+    std::hint::black_box(&copy);
 }

@@ -201,4 +201,39 @@ mod tests {
         assert!(AwsAead::new(Algorithm::ChaCha20Poly1305, &[0; 16]).is_none());
         assert!(AwsAead::new(Algorithm::AesGcm, &[0; 24]).is_none());
     }
+
+    /// Where a keyed AES-GCM context keeps GHASH's key H = AES_K(0^128): on x86-64 with
+    /// carry-less multiply, only in the twisted form of [`crate::testing::gcm_hash_keys`]
+    /// (the first power in its table), never raw. So a scan of memory for H looks for the
+    /// twisted form; this checks that form (and H itself against the GCM specification's
+    /// test cases 1 and 13, all-zero keys).
+    #[test]
+    fn a_gcm_context_keeps_the_hash_key_twisted_not_raw() {
+        let zero = |n| hex::encode(crate::testing::gcm_hash_keys(&vec![0u8; n])[0]);
+        assert_eq!(zero(16), "66e94bd4ef8a2c3b884cfa59ca342b2e");
+        assert_eq!(zero(32), "dc95c078a2408989ad48a21492842087");
+        #[cfg(target_arch = "x86_64")]
+        let clmul = std::arch::is_x86_feature_detected!("pclmulqdq");
+        #[cfg(not(target_arch = "x86_64"))]
+        let clmul = false;
+        if !clmul {
+            return; // other GHASH code keeps other forms
+        }
+        for klen in [16u8, 32] {
+            let key: Vec<u8> = (0..klen).map(|i| i.wrapping_mul(53) ^ 0xa7).collect();
+            let [raw, twisted] = crate::testing::gcm_hash_keys(&key);
+            let c = AwsAead::new(Algorithm::AesGcm, &key).unwrap();
+            // SAFETY: `ctx` is a live EVP_AEAD_CTX from EVP_AEAD_CTX_new, readable for
+            // its size, and nothing writes it while `c` is borrowed here.
+            let ctx = unsafe {
+                std::slice::from_raw_parts(
+                    c.ctx.cast::<u8>(),
+                    std::mem::size_of::<ffi::EVP_AEAD_CTX>(),
+                )
+            };
+            let holds = |n: &[u8; 16]| ctx.windows(16).any(|w| w == n);
+            assert!(holds(&twisted), "AES-{} GCM: no twisted H", klen * 8);
+            assert!(!holds(&raw), "AES-{} GCM: raw H", klen * 8);
+        }
+    }
 }
