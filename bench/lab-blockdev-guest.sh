@@ -1,21 +1,25 @@
 #!/bin/bash
 # Guest half of bench/lab-blockdev.sh (runs as root in the guest of tests/lab/run.sh).
-#   lab-blockdev-guest.sh ATTACH RUNTIME_S OUT_DIR [CIPHERS] [DEVICES]
+#   lab-blockdev-guest.sh ATTACH RUNTIME_S OUT_DIR [CIPHERS] [DEVICES] [ROUNDS]
 # One brd ramdisk as backing; each cipher of CIPHERS (default "aes null": aes-xts-plain64
 # with a 512-bit key, and cipher_null-ecb with no key, both with 4096-byte sectors) over it
 # through each of DEVICES (default "ublk ublk-w2 nbd nbd-c2 dm-crypt"): ucrypt's ublk front
 # end (requests run on the queue thread, and with 2 worker threads), ucrypt's kernel NBD
 # front end (1 and 2 connections), and the kernel's own dm-crypt, given the same table
-# line, each cell on every device in turn. Also: ublk-i (the table with no_read_workqueue no_write_workqueue: crypto inline
-# instead of the automatic placement), ublk-d (the ramdisk opened O_DIRECT), ublk-id (both). fio (libaio,
-# direct) runs the same six jobs on each; results are fio JSON files in OUT_DIR, named
-# LABEL.RW.BS.QD.json (LABEL is the device, with "null-" before it for the null cipher).
+# line, each cell on every device in turn. Every ublk variant opens the ramdisk O_DIRECT,
+# as `ucrypt open` does a block device. Also: ublk-i (the table with no_read_workqueue
+# no_write_workqueue: crypto inline instead of the automatic placement), ublk-b (the
+# ramdisk through the page cache). fio (libaio,
+# direct) runs the same six jobs on each, ROUNDS times (default 1; the device order rotates
+# each round); results are fio JSON files in OUT_DIR, named LABEL.RW.BS.QD.rN.json (LABEL
+# is the device, with "null-" before it for the null cipher; N the round).
 # Which cipher code each side ran goes to OUT_DIR/ciphers.txt: the kernel's drivers from
 # /proc/crypto while dm-crypt holds the table, and the guest CPU's AES flags.
 set -eu
 ATTACH=$1 RT=$2 OUT=$3
 CIPHERS=${4:-aes null}
 DEVICES=${5:-ublk ublk-w2 nbd nbd-c2 dm-crypt}
+ROUNDS=${6:-1}
 mkdir -p "$OUT"
 MIB=256
 rmmod brd 2>/dev/null || true  # tests/lab/run.sh loads it with the default 4 MiB disks
@@ -29,7 +33,7 @@ T=$(mktemp -d)
 cell() { # DEVICE LABEL RW BS QD
   fio --name="$2" --filename="$1" --ioengine=libaio --direct=1 --rw=$3 --bs=$4 \
     --iodepth=$5 --numjobs=1 --time_based --runtime="$RT" --ramp_time=1 \
-    --output-format=json --output="$OUT/$2.$3.$4.$5.json" > /dev/null
+    --output-format=json --output="$OUT/$2.$3.$4.$5.r$ROUND.json" > /dev/null
 }
 start() { # FRONT ARGS...
   local front=$1; shift
@@ -46,6 +50,8 @@ stop() { kill -TERM "$PID"; wait "$PID" || true; }
   echo "# guest CPU AES flags: $(grep -m1 -o -w -E 'aes|vaes|avx2|avx512f|vpclmulqdq|pclmulqdq' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   grep -m1 '^model name' /proc/cpuinfo
 } > "$OUT/ciphers.txt"
+read -r -a DEVS <<< "$DEVICES"
+for ROUND in $(seq "$ROUNDS"); do
 for c in $CIPHERS; do
   case $c in
     aes) spec="aes-xts-plain64 $KEY" prefix= ;;
@@ -58,19 +64,21 @@ for c in $CIPHERS; do
   # Each cell on every device in turn (a device is attached for its cell and detached
   # after it), so that a loaded host's drift touches every device alike.
   for j in "randread 4k 1" "randread 4k 32" "randwrite 4k 1" "randwrite 4k 32" "read 1M 8" "write 1M 8"; do
-    for d in $DEVICES; do
+    n=${#DEVS[@]}
+    for i in $(seq 0 $((n - 1))); do
+      # Rotate the order each round: no device always runs first (or right after another).
+      d=${DEVS[$(( (i + ROUND - 1) % n ))]}
       case $d in
-        ublk) start ublk --no-recovery ;;
-        ublk-w2) start ublk --no-recovery --workers 2 ;;
-        ublk-i) TABLE=$T/table-i start ublk --no-recovery ;;
-        ublk-d) start ublk --no-recovery --direct ;;
-        ublk-id) TABLE=$T/table-i start ublk --no-recovery --direct ;;
+        ublk) start ublk --no-recovery --direct ;;
+        ublk-w2) start ublk --no-recovery --direct --workers 2 ;;
+        ublk-i) TABLE=$T/table-i start ublk --no-recovery --direct ;;
+        ublk-b) start ublk --no-recovery ;;
         nbd) start nbd ;;
         nbd-c2) start nbd --conns 2 ;;
         dm-crypt)
           dmsetup create ucbench --table "$(cat "$T/table")"; dmsetup mknodes
           # The drivers the kernel's crypto API picked for this table (skcipher instances).
-          if [ "$j" = "randread 4k 1" ]; then
+          if [ "$j" = "randread 4k 1" ] && [ "$ROUND" = 1 ]; then
             { echo "# $c: kernel dm-crypt table: $(dmsetup table ucbench | awk '{print $4}')"
               awk '/^name/{n=$3} /^driver/{d=$3} /^priority/{p=$3} /^type/{if ($3=="skcipher") print "#   " n " -> " d " (priority " p ")"}' /proc/crypto |
                 grep -E 'xts|ecb|null' | sort -u; } >> "$OUT/ciphers.txt"
@@ -82,7 +90,8 @@ for c in $CIPHERS; do
       esac
       cell "$DEV" "$prefix$d" $j; stop
     done
-    echo "# $c $j done"
+    echo "# round $ROUND: $c $j done"
   done
+done
 done
 nproc | sed 's/^/# vCPUs: /'

@@ -5,10 +5,12 @@
 # with cipher_null-ecb (4096-byte sectors; the null cipher measures the I/O path alone).
 #   bench/lab-blockdev.sh [RUNTIME_SECONDS]      (default 8 per cell; about 12 min in all)
 #   CIPHERS='aes null' DEVICES='ublk ublk-w2 nbd nbd-c2 dm-crypt' narrow the run (more
-#   devices: ublk-i, ublk-d, ublk-id, see the guest script).
-# Prints a table of IOPS (4k) / MiB/s (1M) and the ratios per cipher, and which cipher code
-# the kernel and the guest CPU offered; TCG distorts absolute speed, so only ratios inside
-# one run mean anything. Not part of CI.
+#   devices: ublk-i, ublk-b, see the guest script); ROUNDS=N repeats every cell
+#   on every device N times (the order rotating), for medians.
+# Prints a table of IOPS (4k) / MiB/s (1M) and the ratios per cipher (medians over rounds;
+# a ratio column is the median of the per-round ratios, whose spread follows), and which
+# cipher code the kernel and the guest CPU offered; TCG distorts absolute speed, so only
+# ratios inside one run mean anything. Not part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RT=${1:-8}
@@ -23,21 +25,32 @@ OUT=$(mktemp -d "$PWD/target/lab-bench.XXXXXX")
 CIPHERS=${CIPHERS:-aes null}
 DEVICES=${DEVICES:-ublk ublk-w2 nbd nbd-c2 dm-crypt}
 LAB_MODULES="${LAB_MODULES:-} crypto_null" LAB_TIMEOUT=${LAB_TIMEOUT:-5400} \
-  tests/lab/run.sh bench/lab-blockdev-guest.sh "$ATTACH" "$RT" "$OUT" "$CIPHERS" "$DEVICES"
+  tests/lab/run.sh bench/lab-blockdev-guest.sh "$ATTACH" "$RT" "$OUT" "$CIPHERS" "$DEVICES" "${ROUNDS:-1}"
 python3 - "$OUT" "$CIPHERS" <<'PY'
-import json, os, sys
+import glob, json, os, statistics, sys
 out, ciphers = sys.argv[1], sys.argv[2].split()
-devs = [d for d in ["ublk", "ublk-i", "ublk-d", "ublk-id", "ublk-w2", "nbd", "nbd-c2", "dm-crypt"]
+devs = [d for d in ["ublk", "ublk-i", "ublk-b", "ublk-w2", "nbd", "nbd-c2", "dm-crypt"]
         if any(f.split(".")[0] in (d, "null-" + d) for f in os.listdir(out))]
 cells = [("randread", "4k", 1), ("randread", "4k", 32), ("randwrite", "4k", 1),
          ("randwrite", "4k", 32), ("read", "1M", 8), ("write", "1M", 8)]
+def rounds(dev, rw, bs, qd):
+    """Round number -> IOPS (4k) or MiB/s (1M) of one device's cell."""
+    got = {}
+    for p in glob.glob(os.path.join(out, f"{dev}.{rw}.{bs}.{qd}.r*.json")):
+        j = json.load(open(p))["jobs"][0]
+        side = j["read"] if "read" in rw else j["write"]
+        got[p.rsplit(".r", 1)[1][:-5]] = side["iops"] if bs == "4k" else side["bw_bytes"] / 2**20
+    return got
 def val(dev, rw, bs, qd):
-    p = os.path.join(out, f"{dev}.{rw}.{bs}.{qd}.json")
-    if not os.path.exists(p):
-        return None
-    j = json.load(open(p))["jobs"][0]
-    side = j["read"] if "read" in rw else j["write"]
-    return side["iops"] if bs == "4k" else side["bw_bytes"] / 2**20
+    got = rounds(dev, rw, bs, qd)
+    return statistics.median(got.values()) if got else None
+def ratio(dev, base, rw, bs, qd):
+    a, b = rounds(dev, rw, bs, qd), rounds(base, rw, bs, qd)
+    per = [a[r] / b[r] for r in sorted(a) if r in b and b[r]]
+    if not per:
+        return "-"
+    spread = f" ({', '.join(f'{x:.2f}' for x in per)})" if len(per) > 1 else ""
+    return f"{statistics.median(per):.2f}x{spread}"
 for c in ciphers:
     prefix = "null-" if c == "null" else ""
     print(f"\n{'cipher_null-ecb' if c == 'null' else 'aes-xts-plain64 (512-bit key)'}, 4096-byte sectors\n")
@@ -47,9 +60,8 @@ for c in ciphers:
     for rw, bs, qd in cells:
         v = {d: val(prefix + d, rw, bs, qd) for d in devs}
         unit = "IOPS" if bs == "4k" else "MiB/s"
-        r = lambda a, b: f"{v[a] / v[b]:.2f}x" if v.get(a) and v.get(b) else "-"
         print(f"| {rw} {bs} QD{qd} | {unit} | " + " | ".join(f"{v[d]:.0f}" if v[d] else "-" for d in devs)
-              + " | " + " | ".join(r(d, "dm-crypt") for d in others) + " |")
+              + " | " + " | ".join(ratio(prefix + d, prefix + "dm-crypt", rw, bs, qd) for d in others) + " |")
 print()
 p = os.path.join(out, "ciphers.txt")
 if os.path.exists(p):
