@@ -62,12 +62,18 @@ fn munlock_page(page: usize) {
 /// A caller that got `true` must call [`unlock`] with the same range exactly once, while
 /// the memory is still allocated.
 pub fn lock(bytes: &[u8]) -> bool {
-    if bytes.is_empty() {
+    lock_range(bytes.as_ptr(), bytes.len())
+}
+
+/// [`lock`] of `[ptr, ptr + len)`, for memory that is not (or not yet) a valid `&[u8]` (a
+/// C library's allocation before it is written). Only the address is used.
+fn lock_range(ptr: *const u8, len: usize) -> bool {
+    if len == 0 {
         return false;
     }
     let mut held = PAGES.lock().unwrap_or_else(PoisonError::into_inner);
     let mut fresh = Vec::new();
-    for page in pages(bytes.as_ptr(), bytes.len()) {
+    for page in pages(ptr, len) {
         if !held.contains_key(&page) {
             if !mlock_page(page) {
                 for p in fresh {
@@ -78,7 +84,7 @@ pub fn lock(bytes: &[u8]) -> bool {
             fresh.push(page);
         }
     }
-    for page in pages(bytes.as_ptr(), bytes.len()) {
+    for page in pages(ptr, len) {
         *held.entry(page).or_insert(0) += 1;
     }
     true
@@ -86,11 +92,16 @@ pub fn lock(bytes: &[u8]) -> bool {
 
 /// Releases a [`lock`] of the same range; pages no other holder needs are unlocked.
 pub fn unlock(bytes: &[u8]) {
-    if bytes.is_empty() {
+    unlock_range(bytes.as_ptr(), bytes.len());
+}
+
+/// [`unlock`] of `[ptr, ptr + len)` (as [`lock_range`]).
+fn unlock_range(ptr: *const u8, len: usize) {
+    if len == 0 {
         return;
     }
     let mut held = PAGES.lock().unwrap_or_else(PoisonError::into_inner);
-    for page in pages(bytes.as_ptr(), bytes.len()) {
+    for page in pages(ptr, len) {
         if let Some(n) = held.get_mut(&page) {
             *n -= 1;
             if *n == 0 {
@@ -114,6 +125,66 @@ pub fn relock_after_fork() -> usize {
 /// How many pages are locked through [`lock`] now (for tests and diagnostics).
 pub fn locked_pages() -> usize {
     PAGES.lock().unwrap_or_else(PoisonError::into_inner).len()
+}
+
+/// Memory a C library allocated and owns (AWS-LC's `cipher_data`, where an
+/// `EVP_CIPHER_CTX` keeps its key schedule), locked through the same page counts as every
+/// other secret: a page it shares with another secret stays locked until both are gone.
+///
+/// The pages are those of the library's heap allocation, so the other allocations that
+/// share them (whatever the allocator put next to it) are locked along with it: a page or
+/// two per allocation, for as long as it lives, which keeps the bound of "only secrets
+/// (and their page neighbours) are locked".
+///
+/// Not `Drop`: its owner calls [`ForeignLock::zero_and_unlock`] while the allocation is
+/// still live, just before the library frees it (after the free, the pages may already
+/// hold someone else's memory). Never calling it only leaves the pages locked.
+pub(crate) struct ForeignLock {
+    ptr: *mut u8,
+    len: usize,
+    locked: bool,
+}
+
+impl ForeignLock {
+    /// Locks the pages of `[ptr, ptr + len)`, the range of an allocation its owner will
+    /// keep at this address until [`ForeignLock::zero_and_unlock`]. Safe: locking only
+    /// takes the address (nothing is read or written); the kernel refusing
+    /// (`RLIMIT_MEMLOCK`) leaves it unlocked, [`ForeignLock::is_locked`] false.
+    pub(crate) fn new(ptr: *mut u8, len: usize) -> Self {
+        let locked = lock_range(ptr, len);
+        ForeignLock { ptr, len, locked }
+    }
+
+    /// Whether the range's pages are locked in RAM.
+    #[cfg(test)]
+    pub(crate) fn is_locked(&self) -> bool {
+        self.locked
+    }
+
+    /// The locked range, as (address, length).
+    pub(crate) fn range(&self) -> (usize, usize) {
+        (self.ptr as usize, self.len)
+    }
+
+    /// Zeroes the range, then releases its pages (zeroed first: a page must not reach swap
+    /// while it holds the secret, as [`SecretBytes`]).
+    ///
+    /// # Safety
+    /// The range is still allocated (not yet freed) and writable, and nothing else reads
+    /// or writes it during the call.
+    pub(crate) unsafe fn zero_and_unlock(self) {
+        for i in 0..self.len {
+            // SAFETY: the caller's contract: `ptr + i` is inside the live, writable range
+            // and no one else accesses it. Byte writes through the raw pointer, volatile
+            // so they are kept although the memory is freed next; they need no valid
+            // Rust value there (the library may have left padding uninitialised).
+            unsafe { self.ptr.add(i).write_volatile(0) };
+        }
+        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+        if self.locked {
+            unlock_range(self.ptr, self.len);
+        }
+    }
 }
 
 /// A fixed-size secret buffer: locked in RAM while alive (where the kernel allows),
@@ -237,7 +308,10 @@ impl<T> LockedBox<T> {
     /// Moves `value` to the heap and locks it.
     pub fn new(value: T) -> Self {
         let inner = Box::new(value);
-        let locked = lock(as_bytes(&inner));
+        // `&*inner`: the value on the heap (`&inner` would be the Box itself, a pointer on
+        // this stack frame, which is what this locked until the AWS-LC AEAD's page test
+        // found it).
+        let locked = lock(as_bytes::<T>(&inner));
         LockedBox {
             inner: std::mem::ManuallyDrop::new(inner),
             locked,
@@ -298,6 +372,121 @@ impl<T> Drop for LockedBox<T> {
     }
 }
 
+/// Page-level evidence for tests of memory locked through this module: the table's count
+/// and the kernel's own flag for each page.
+#[cfg(test)]
+pub(crate) mod page_check {
+    use super::{page_size, pages, PoisonError, PAGES};
+    use std::collections::BTreeMap;
+
+    /// Whether the kernel has the page holding `addr` mlocked: its frame number from
+    /// `/proc/self/pagemap`, then bit 33 (`KPF_MLOCKED`) of `/proc/kpageflags`. `None`
+    /// when the frame number is hidden (without `CAP_SYS_ADMIN`) or the files cannot be
+    /// read; `Some(false)` for a page not in memory (a locked page always is).
+    pub(crate) fn kernel_mlocked(addr: usize) -> Option<bool> {
+        use std::os::unix::fs::FileExt;
+        let mut e = [0u8; 8];
+        std::fs::File::open("/proc/self/pagemap")
+            .ok()?
+            .read_exact_at(&mut e, (addr / page_size() * 8) as u64)
+            .ok()?;
+        let e = u64::from_le_bytes(e);
+        if (e >> 63) & 1 == 0 {
+            return Some(false);
+        }
+        let pfn = e & ((1 << 55) - 1);
+        if pfn == 0 {
+            return None;
+        }
+        let mut f = [0u8; 8];
+        std::fs::File::open("/proc/kpageflags")
+            .ok()?
+            .read_exact_at(&mut f, pfn * 8)
+            .ok()?;
+        Some((u64::from_le_bytes(f) >> 33) & 1 == 1)
+    }
+
+    /// The table's holders of `page` and the kernel's flag for it, read while the table is
+    /// held (so no lock or unlock of this module runs in between).
+    fn state(page: usize) -> (usize, Option<bool>) {
+        let held = PAGES.lock().unwrap_or_else(PoisonError::into_inner);
+        (held.get(&page).copied().unwrap_or(0), kernel_mlocked(page))
+    }
+
+    /// Drops `items` in order, checking for every page of every item's locked `ranges`
+    /// (address, length), before and after each drop: the kernel has the page locked
+    /// exactly when the table counts a holder; the table counts at least the ranges of the
+    /// items still alive; a drop takes away exactly the dropped item's ranges on it. So a
+    /// page two items share stays locked after the first leaves, and every page is
+    /// unlocked when its last holder leaves (unless a holder outside `items` is on it).
+    /// Returns (pages shared by two or more items, whether the kernel's flag was readable).
+    pub(crate) fn drop_checking_pages<T>(
+        mut items: Vec<T>,
+        ranges: impl Fn(&T) -> Vec<(usize, usize)>,
+    ) -> (usize, bool) {
+        // Page -> how many ranges of each item are on it.
+        let per_item: Vec<BTreeMap<usize, usize>> = items
+            .iter()
+            .map(|it| {
+                let mut m = BTreeMap::new();
+                for (a, l) in ranges(it) {
+                    for p in pages(a as *const u8, l) {
+                        *m.entry(p).or_insert(0) += 1;
+                    }
+                }
+                m
+            })
+            .collect();
+        let all: BTreeMap<usize, usize> = per_item
+            .iter()
+            .flat_map(|m| m.keys().map(|&p| (p, 0)))
+            .collect();
+        let shared = all
+            .keys()
+            .filter(|p| per_item.iter().filter(|m| m.contains_key(p)).count() >= 2)
+            .count();
+        let mut kernel_seen = false;
+        let mut check = |alive: &[BTreeMap<usize, usize>]| -> BTreeMap<usize, usize> {
+            all.keys()
+                .map(|&p| {
+                    let (holders, kernel) = state(p);
+                    let ours: usize = alive.iter().filter_map(|m| m.get(&p)).sum();
+                    assert!(
+                        holders >= ours,
+                        "page {p:#x}: table counts {holders} holders, {ours} alive"
+                    );
+                    if let Some(k) = kernel {
+                        kernel_seen = true;
+                        assert_eq!(
+                            k,
+                            holders > 0,
+                            "page {p:#x}: kernel's lock differs from {holders} holders"
+                        );
+                    }
+                    (p, holders)
+                })
+                .collect()
+        };
+        let mut before = check(&per_item);
+        for i in 0..per_item.len() {
+            drop(items.remove(0));
+            let after = check(&per_item[i + 1..]);
+            for (p, &h) in &after {
+                let gone = per_item[i].get(p).copied().unwrap_or(0);
+                assert_eq!(
+                    before[p].checked_sub(h),
+                    Some(gone),
+                    "page {p:#x}: {} holders before dropping item {i}, {h} after; it had \
+                     {gone}",
+                    before[p]
+                );
+            }
+            before = after;
+        }
+        (shared, kernel_seen)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,6 +539,71 @@ mod tests {
         assert_eq!(kernel_locked_kb(addr), 0, "the last holder unlocked it");
         // SAFETY: unmapping the page mapped above; no borrow of it is used after this.
         unsafe { libc::munmap(map, page_size()) };
+    }
+
+    #[test]
+    fn foreign_memory_is_zeroed_before_it_is_unlocked_and_counted_with_the_rest() {
+        // A page of its own, as above, standing in for a C library's allocation: two
+        // 536-byte "key schedules" on it, one locked as foreign memory, one as a slice.
+        // SAFETY: a fresh private anonymous mapping, unmapped at the end.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page_size(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let base = map.cast::<u8>();
+        // SAFETY: the first 1072 bytes of the one-page mapping, ours alone.
+        unsafe { std::ptr::write_bytes(base, 0xa5, 1072) };
+        let foreign = ForeignLock::new(base, 536);
+        if !foreign.is_locked() {
+            eprintln!("SKIP: mlock refused (RLIMIT_MEMLOCK)");
+            return;
+        }
+        // SAFETY: bytes 536..1072 of the mapping, not aliased by `foreign`'s range.
+        let other = unsafe { std::slice::from_raw_parts(base.add(536), 536) };
+        assert!(lock(other));
+        let addr = map as usize;
+        assert_eq!(kernel_locked_kb(addr), page_size() as u64 / 1024);
+        // SAFETY: the range is mapped and writable; nothing else touches it now.
+        unsafe { foreign.zero_and_unlock() };
+        // SAFETY: reading the mapping's first 1072 bytes, all initialised above.
+        let bytes = unsafe { std::slice::from_raw_parts(base, 1072) };
+        assert!(bytes[..536].iter().all(|&b| b == 0), "zeroed");
+        assert!(
+            bytes[536..].iter().all(|&b| b == 0xa5),
+            "its neighbour untouched"
+        );
+        assert_eq!(
+            kernel_locked_kb(addr),
+            page_size() as u64 / 1024,
+            "the other secret still holds the page"
+        );
+        unlock(other);
+        assert_eq!(kernel_locked_kb(addr), 0);
+        // SAFETY: unmapping the page mapped above; no borrow of it is used after this.
+        unsafe { libc::munmap(map, page_size()) };
+    }
+
+    /// A LockedBox locks the pages of its value on the heap (not of the Box pointer on
+    /// the stack, as it did) and releases them when dropped, shared pages counted.
+    #[test]
+    fn a_locked_box_locks_its_value_until_dropped() {
+        let boxes: Vec<LockedBox<[u64; 40]>> =
+            (0..16).map(|i| LockedBox::new([i as u64; 40])).collect();
+        if !boxes[0].is_locked() {
+            eprintln!("SKIP: mlock refused (RLIMIT_MEMLOCK)");
+            return;
+        }
+        let (shared, _) = page_check::drop_checking_pages(boxes, |b| {
+            vec![(std::ptr::from_ref::<[u64; 40]>(b) as usize, 320)]
+        });
+        assert!(shared > 0, "16 boxes of 320 bytes, none sharing a page");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! same way).
 #![allow(unsafe_code)]
 
+use crate::secret::LockedBox;
 use aws_lc_sys as ffi;
 
 /// Which AEAD.
@@ -30,26 +31,51 @@ pub const TAG_LEN: usize = 16;
 
 /// A keyed AEAD context (12-byte nonce, 16-byte tag).
 pub struct AwsAead {
-    ctx: *mut ffi::EVP_AEAD_CTX,
+    ctx: LockedBox<AeadState>,
 }
+
+/// An `EVP_AEAD_CTX` in memory of ours, keyed in place (`EVP_AEAD_CTX_init`): AES-GCM's
+/// key schedule and GHASH table and ChaCha20-Poly1305's key are inline in the struct (its
+/// `state`), so the struct is the whole secret, and it lives in a [`LockedBox`]. AWS-LC's
+/// own `EVP_AEAD_CTX_new` would put it in an allocation of the library's, outside the
+/// page counts.
+#[repr(transparent)]
+struct AeadState(ffi::EVP_AEAD_CTX);
 
 // SAFETY: the context has no thread affinity and, once keyed, is only read (see the module
 // comment): sealing and opening from several threads at once is what AWS-LC permits.
-unsafe impl Send for AwsAead {}
+unsafe impl Send for AeadState {}
 // SAFETY: as above.
-unsafe impl Sync for AwsAead {}
+unsafe impl Sync for AeadState {}
 
-impl Drop for AwsAead {
+impl AeadState {
+    /// The zero state (`EVP_AEAD_CTX_zero`): no AEAD, no key; safe to clean up.
+    fn blank() -> Self {
+        // SAFETY: every field of EVP_AEAD_CTX is a raw pointer, an integer or a byte
+        // array (its state union), for which all zeroes is a valid value; all zeroes is
+        // what EVP_AEAD_CTX_zero writes.
+        AeadState(unsafe { std::mem::zeroed() })
+    }
+}
+
+impl Drop for AeadState {
     fn drop(&mut self) {
-        // SAFETY: `ctx` came from EVP_AEAD_CTX_new and is freed once, here; the free
-        // cleanses the key schedule.
-        unsafe { ffi::EVP_AEAD_CTX_free(self.ctx) };
+        let p = std::ptr::from_mut(&mut self.0);
+        // SAFETY: `p` is a context in the zero state or keyed by EVP_AEAD_CTX_init (a
+        // failed init leaves it cleanable), cleaned up once, here. The cleanup of AES-GCM
+        // and ChaCha20-Poly1305 frees and zeroes nothing (their state is inline; only
+        // `EVP_AEAD_CTX_free`'s `OPENSSL_free` would cleanse it), so the struct is
+        // cleansed here, while the LockedBox still holds its pages locked.
+        unsafe {
+            ffi::EVP_AEAD_CTX_cleanup(p);
+            ffi::OPENSSL_cleanse(p.cast(), std::mem::size_of::<ffi::EVP_AEAD_CTX>());
+        }
     }
 }
 
 impl AwsAead {
     /// Keys a context, or None for a key length the algorithm does not take (or a library
-    /// failure).
+    /// failure). The context is placed in locked memory first and keyed there.
     pub fn new(alg: Algorithm, key: &[u8]) -> Option<AwsAead> {
         // SAFETY: constructors without preconditions returning static descriptions.
         let aead = unsafe {
@@ -60,9 +86,32 @@ impl AwsAead {
                 _ => return None,
             }
         };
-        // SAFETY: `key` is readable for its length; the library copies the key.
-        let ctx = unsafe { ffi::EVP_AEAD_CTX_new(aead, key.as_ptr(), key.len(), TAG_LEN) };
-        (!ctx.is_null()).then_some(AwsAead { ctx })
+        let ctx = LockedBox::filled(AeadState::blank(), |s| {
+            // SAFETY: `s.0` is a zeroed context at its final address (the LockedBox's heap
+            // allocation, never moved: AES-GCM's state does not depend on its address
+            // anyway, AWS-LC copies it verbatim); `key` is readable for its length and the
+            // library copies it.
+            unsafe {
+                ffi::EVP_AEAD_CTX_init(
+                    &mut s.0,
+                    aead,
+                    key.as_ptr(),
+                    key.len(),
+                    TAG_LEN,
+                    std::ptr::null_mut(),
+                ) == 1
+            }
+        });
+        if ctx.is_none() {
+            // SAFETY: clears this thread's error queue; no preconditions.
+            unsafe { ffi::ERR_clear_error() };
+        }
+        Some(AwsAead { ctx: ctx? })
+    }
+
+    /// The keyed context, for AWS-LC's (const) sealing and opening functions.
+    fn raw(&self) -> *const ffi::EVP_AEAD_CTX {
+        &self.ctx.0
     }
 
     /// Encrypts `data` in place and writes the tag.
@@ -83,7 +132,7 @@ impl AwsAead {
         // readable for their lengths; no extra input.
         let ok = unsafe {
             ffi::EVP_AEAD_CTX_seal_scatter(
-                self.ctx,
+                self.raw(),
                 p,
                 tag.as_mut_ptr(),
                 &mut tag_len,
@@ -120,7 +169,7 @@ impl AwsAead {
         // SAFETY: as in `seal`; `tag` is readable for TAG_LEN bytes.
         let ok = unsafe {
             ffi::EVP_AEAD_CTX_open_gather(
-                self.ctx,
+                self.raw(),
                 p,
                 nonce.as_ptr(),
                 NONCE_LEN,
@@ -202,6 +251,91 @@ mod tests {
         assert!(AwsAead::new(Algorithm::AesGcm, &[0; 24]).is_none());
     }
 
+    /// The bytes of a keyed context (its whole key state).
+    fn state_bytes(c: &AwsAead) -> &[u8] {
+        // SAFETY: `c.raw()` is a live, keyed EVP_AEAD_CTX, readable for its size, and
+        // nothing writes it while `c` is borrowed.
+        unsafe {
+            std::slice::from_raw_parts(
+                c.raw().cast::<u8>(),
+                std::mem::size_of::<ffi::EVP_AEAD_CTX>(),
+            )
+        }
+    }
+
+    /// A context's whole key state is in locked pages while it lives and is unlocked when
+    /// it is dropped, by the kernel's flag per page (as root) and the page counts:
+    /// contexts sharing a page do not unlock it for each other.
+    #[test]
+    fn key_state_stays_in_locked_pages_while_the_context_lives() {
+        let ctxs: Vec<AwsAead> = (0..8u8)
+            .map(|i| {
+                let key: Vec<u8> = (0..32u8).map(|j| j.wrapping_mul(37) ^ i).collect();
+                let alg = if i % 2 == 0 {
+                    Algorithm::ChaCha20Poly1305
+                } else {
+                    Algorithm::AesGcm
+                };
+                let c = AwsAead::new(alg, &key).unwrap();
+                if alg == Algorithm::ChaCha20Poly1305 {
+                    // ChaCha20-Poly1305 keeps the key as it is: inside the locked range.
+                    assert!(state_bytes(&c).windows(32).any(|w| w == key.as_slice()));
+                }
+                c
+            })
+            .collect();
+        if !ctxs[0].ctx.is_locked() {
+            eprintln!("SKIP: mlock refused (RLIMIT_MEMLOCK)");
+            return;
+        }
+        assert!(ctxs.iter().all(|c| c.ctx.is_locked()));
+        let (shared, kernel) =
+            crate::secret::page_check::drop_checking_pages(ctxs, |c: &AwsAead| {
+                vec![(c.raw() as usize, std::mem::size_of::<ffi::EVP_AEAD_CTX>())]
+            });
+        assert!(
+            shared > 0,
+            "no page held by two contexts: nothing shown about sharing"
+        );
+        if !kernel {
+            eprintln!("note: page frame numbers hidden (not root): checked the counts only");
+        }
+    }
+
+    /// Dropping the state cleans it up and zeroes it in place (AWS-LC's cleanup does not).
+    #[test]
+    fn a_dropped_state_is_zeroed_in_place() {
+        let key = [0x3cu8; 32];
+        for aead in [Algorithm::AesGcm, Algorithm::ChaCha20Poly1305] {
+            let mut s = std::mem::ManuallyDrop::new(AeadState::blank());
+            // SAFETY: `s.0` is a zeroed context that stays where it is; the key is
+            // readable for 32 bytes.
+            let ok = unsafe {
+                let a = match aead {
+                    Algorithm::AesGcm => ffi::EVP_aead_aes_256_gcm(),
+                    Algorithm::ChaCha20Poly1305 => ffi::EVP_aead_chacha20_poly1305(),
+                };
+                ffi::EVP_AEAD_CTX_init(&mut s.0, a, key.as_ptr(), 32, TAG_LEN, std::ptr::null_mut())
+            };
+            assert_eq!(ok, 1);
+            let n = std::mem::size_of::<ffi::EVP_AEAD_CTX>();
+            // SAFETY: reading the keyed struct's bytes (`ManuallyDrop` and `AeadState` are
+            // transparent over it); nothing writes it meanwhile.
+            let nonzero =
+                unsafe { std::slice::from_raw_parts(std::ptr::from_ref(&s).cast::<u8>(), n) }
+                    .iter()
+                    .filter(|&&b| b != 0)
+                    .count();
+            assert!(nonzero > 32, "{aead:?}: keyed state holds the key");
+            // SAFETY: dropped once; its storage (in `s`) stays and is only read after.
+            unsafe { std::mem::ManuallyDrop::drop(&mut s) };
+            // SAFETY: the storage of `s` is still ours, and every byte of it initialised.
+            let after =
+                unsafe { std::slice::from_raw_parts(std::ptr::from_ref(&s).cast::<u8>(), n) };
+            assert!(after.iter().all(|&b| b == 0), "{aead:?}: not zeroed");
+        }
+    }
+
     /// Where a keyed AES-GCM context keeps GHASH's key H = AES_K(0^128): on x86-64 with
     /// carry-less multiply, only in the twisted form of [`crate::testing::gcm_hash_keys`]
     /// (the first power in its table), never raw. So a scan of memory for H looks for the
@@ -223,14 +357,7 @@ mod tests {
             let key: Vec<u8> = (0..klen).map(|i| i.wrapping_mul(53) ^ 0xa7).collect();
             let [raw, twisted] = crate::testing::gcm_hash_keys(&key);
             let c = AwsAead::new(Algorithm::AesGcm, &key).unwrap();
-            // SAFETY: `ctx` is a live EVP_AEAD_CTX from EVP_AEAD_CTX_new, readable for
-            // its size, and nothing writes it while `c` is borrowed here.
-            let ctx = unsafe {
-                std::slice::from_raw_parts(
-                    c.ctx.cast::<u8>(),
-                    std::mem::size_of::<ffi::EVP_AEAD_CTX>(),
-                )
-            };
+            let ctx = state_bytes(&c);
             let holds = |n: &[u8; 16]| ctx.windows(16).any(|w| w == n);
             assert!(holds(&twisted), "AES-{} GCM: no twisted H", klen * 8);
             assert!(!holds(&raw), "AES-{} GCM: raw H", klen * 8);

@@ -11,6 +11,7 @@
 #![allow(unsafe_code)]
 
 use super::Mode;
+use crate::secret::ForeignLock;
 use aws_lc_sys as ffi;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -18,16 +19,61 @@ use std::sync::Mutex;
 struct Ctx {
     enc: *mut ffi::EVP_CIPHER_CTX,
     dec: *mut ffi::EVP_CIPHER_CTX,
+    /// The key schedules (each context's `cipher_data`, which AWS-LC allocates), locked
+    /// through [`crate::secret`]'s page counts: `[enc, dec]`, `None` until allocated.
+    schedules: [Option<ForeignLock>; 2],
 }
 
+/// AWS-LC's `EVP_AES_XTS_CTX` (crypto/fipsmodule/modes/internal.h), the `cipher_data` of an
+/// AES-256-XTS context: both AES key schedules, then the XTS mode's key and function
+/// pointers and a flag. Never built; only its size is used, as the length of the
+/// allocation to lock (the library's `ctx_size` is internal). The test
+/// `key_schedules_stay_in_locked_pages_while_the_contexts_live` checks it against the
+/// size AWS-LC records for the allocation.
+#[repr(C)]
+#[allow(dead_code)]
+struct XtsCtxLayout {
+    ks1: XtsKey,
+    ks2: XtsKey,
+    xts: [*const u8; 4],
+    data_unit_processed: u8,
+}
+
+/// `union { double align; AES_KEY ks; }`, as in `EVP_AES_XTS_CTX`.
+#[repr(C)]
+#[allow(dead_code)]
+union XtsKey {
+    align: f64,
+    ks: ffi::AES_KEY,
+}
+
+/// Bytes of an AES-256-XTS context's `cipher_data` (536 on x86-64).
+const XTS_CTX_BYTES: usize = std::mem::size_of::<XtsCtxLayout>();
+
 // SAFETY: an EVP_CIPHER_CTX has no thread affinity; it only must not be used by two threads
-// at the same time, which the Mutex around every Ctx guarantees.
+// at the same time, which the Mutex around every Ctx guarantees. The ForeignLocks are the
+// addresses of the contexts' own key schedules, touched only by Drop.
 unsafe impl Send for Ctx {}
 
 impl Drop for Ctx {
     fn drop(&mut self) {
-        // SAFETY: both pointers came from EVP_CIPHER_CTX_new and are freed once, here.
-        // EVP_CIPHER_CTX_free cleanses the key schedule (OPENSSL_cleanse) before freeing.
+        for (c, schedule) in [self.enc, self.dec].into_iter().zip(&mut self.schedules) {
+            if let Some(schedule) = schedule.take() {
+                // SAFETY: `c` is live (freed only below) and keyed with a cipher once, so
+                // its `cipher_data` is still the allocation `schedule` locked (only
+                // `EVP_CipherInit_ex` with a cipher reallocates it; per sector the cipher
+                // is NULL); nothing else uses `c` (`&mut self`). The zeroing is ours, while
+                // the pages are still locked: AWS-LC's free cleanses `cipher_data` too
+                // (`EVP_CIPHER_CTX_cleanup` -> `OPENSSL_free` -> `OPENSSL_cleanse`), but
+                // only after the pages are unlocked, as it frees them.
+                unsafe {
+                    debug_assert_eq!((*c).cipher_data.cast::<u8>() as usize, schedule.range().0);
+                    schedule.zero_and_unlock();
+                }
+            }
+        }
+        // SAFETY: both pointers came from EVP_CIPHER_CTX_new (or are NULL, which the free
+        // accepts) and are freed once, here.
         unsafe {
             ffi::EVP_CIPHER_CTX_free(self.enc);
             ffi::EVP_CIPHER_CTX_free(self.dec);
@@ -36,33 +82,68 @@ impl Drop for Ctx {
 }
 
 impl Ctx {
+    /// Keys an encrypt and a decrypt context. Each context's `cipher_data` is allocated
+    /// first (the cipher set, no key), locked, and only then keyed: the key schedule is
+    /// written into locked pages, never into pages that could be swapped out before they
+    /// were locked. If the kernel refuses the lock (`RLIMIT_MEMLOCK`) the context is keyed
+    /// all the same, unlocked, as [`crate::secret::SecretBytes`] degrades.
     fn new(key: &[u8]) -> Option<Ctx> {
+        if key.len() != 64 {
+            return None; // AWS-LC would read 64 bytes
+        }
         // SAFETY: plain constructor calls; failures are checked below and the partially
         // built Ctx is dropped (freeing whatever was allocated) on every error path.
-        unsafe {
-            let ctx = Ctx {
+        let mut ctx = unsafe {
+            Ctx {
                 enc: ffi::EVP_CIPHER_CTX_new(),
                 dec: ffi::EVP_CIPHER_CTX_new(),
-            };
-            if ctx.enc.is_null() || ctx.dec.is_null() {
-                return None;
+                schedules: [None, None],
             }
-            let cipher = ffi::EVP_aes_256_xts();
-            for (c, enc) in [(ctx.enc, 1), (ctx.dec, 0)] {
+        };
+        if ctx.enc.is_null() || ctx.dec.is_null() {
+            return None;
+        }
+        // SAFETY: a constructor without preconditions returning a static description.
+        let cipher = unsafe { ffi::EVP_aes_256_xts() };
+        for (i, (c, enc)) in [(ctx.enc, 1), (ctx.dec, 0)].into_iter().enumerate() {
+            // SAFETY: `c` is a live context of ours. Setting the cipher without a key or IV
+            // allocates `cipher_data` (XTS_CTX_BYTES) and clears its key pointers
+            // (EVP_CTRL_INIT); no key is written.
+            let data = unsafe {
                 if ffi::EVP_CipherInit_ex(
                     c,
                     cipher,
                     std::ptr::null_mut(),
-                    key.as_ptr(),
+                    std::ptr::null(),
                     std::ptr::null(),
                     enc,
                 ) != 1
                 {
                     return None;
                 }
+                (*c).cipher_data.cast::<u8>()
+            };
+            if data.is_null() {
+                return None;
             }
-            Some(ctx)
+            ctx.schedules[i] = Some(ForeignLock::new(data, XTS_CTX_BYTES));
+            // SAFETY: `c` has its cipher set; a NULL cipher keeps `cipher_data` where it is
+            // and expands `key` (64 readable bytes, checked above) into it.
+            let keyed = unsafe {
+                ffi::EVP_CipherInit_ex(
+                    c,
+                    std::ptr::null(),
+                    std::ptr::null_mut(),
+                    key.as_ptr(),
+                    std::ptr::null(),
+                    enc,
+                )
+            };
+            if keyed != 1 {
+                return None;
+            }
         }
+        Some(ctx)
     }
 
     /// One data unit out of place: reset the IV, transform `src` into `dst`.
@@ -292,6 +373,65 @@ mod tests {
         assert_eq!(a, b);
         fast.decrypt(&iv, &mut a);
         assert!(a.iter().enumerate().all(|(i, &x)| x == (i * 31) as u8));
+    }
+
+    /// Where each context's key schedule is, as (address, length): its `cipher_data`.
+    fn schedules(c: &Ctx) -> Vec<(usize, usize)> {
+        c.schedules
+            .iter()
+            .map(|s| s.as_ref().expect("keyed").range())
+            .collect()
+    }
+
+    /// Every context's key schedule (AWS-LC's `cipher_data`) is in locked pages from
+    /// keying until the context is freed, by the kernel's own flag for each page
+    /// (`/proc/kpageflags`, as root) and the page counts: contexts sharing a page do not
+    /// unlock it for each other, and the last one out unlocks it.
+    #[test]
+    fn key_schedules_stay_in_locked_pages_while_the_contexts_live() {
+        let key: Vec<u8> = (0..64).map(|i| (i * 11 + 5) as u8).collect();
+        let ctxs: Vec<Ctx> = (0..8).map(|_| Ctx::new(&key).unwrap()).collect();
+        if !ctxs[0].schedules[0].as_ref().unwrap().is_locked() {
+            eprintln!("SKIP: mlock refused (RLIMIT_MEMLOCK)");
+            return;
+        }
+        for c in &ctxs {
+            for (i, (addr, len)) in schedules(c).into_iter().enumerate() {
+                assert!(c.schedules[i].as_ref().unwrap().is_locked());
+                assert_eq!(len, XTS_CTX_BYTES);
+                // SAFETY: `addr` is the live `cipher_data` of a keyed context of `c`;
+                // AWS-LC's malloc records the allocation's size in the 8 bytes before it
+                // (OPENSSL_MALLOC_PREFIX), and nothing writes either while `c` is
+                // borrowed.
+                let (recorded, data) = unsafe {
+                    (
+                        (addr as *const usize).sub(1).read_unaligned(),
+                        std::slice::from_raw_parts(addr as *const u8, len),
+                    )
+                };
+                assert_eq!(recorded, XTS_CTX_BYTES, "EVP_AES_XTS_CTX's size changed");
+                // The tweak key's schedule (the second AES key, encrypting in both
+                // contexts) is inside the locked range: its first round key is the key's
+                // third quarter, as bytes (AES-NI) or as big-endian words (C code).
+                let raw = &key[32..48];
+                let words: Vec<u8> = raw
+                    .chunks(4)
+                    .flat_map(|w| [w[3], w[2], w[1], w[0]])
+                    .collect();
+                assert!(
+                    data.windows(16).any(|w| w == raw || w == &words[..]),
+                    "context {i}: no tweak key schedule in the locked range"
+                );
+            }
+        }
+        let (shared, kernel) = crate::secret::page_check::drop_checking_pages(ctxs, schedules);
+        assert!(
+            shared > 0,
+            "no page held by two contexts: nothing shown about sharing"
+        );
+        if !kernel {
+            eprintln!("note: page frame numbers hidden (not root): checked the counts only");
+        }
     }
 
     #[test]
