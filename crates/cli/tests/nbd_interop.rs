@@ -964,10 +964,11 @@ fn serving_an_image_larger_than_the_memory_budget_locks_only_keys() {
     let img = tmp.path().join("big.img");
     let size: u64 = 512 << 20;
     std::fs::File::create(&img).unwrap().set_len(size).unwrap();
-    // 512-byte sectors run ucrypt's VAES XTS (key schedules in LockedBoxes); 4096-byte
-    // sectors, LUKS2's default, AWS-LC's (its EVP_CIPHER_CTX key schedules, locked where
-    // the library allocated them: two per context slot, slots and spares per thread busy
-    // at once). Both stay a few pages per key, however many requests were served.
+    // On CPUs with AVX-512 VAES both sizes (4096 bytes is LUKS2's default) run ucrypt's
+    // VAES XTS (key schedules in LockedBoxes); elsewhere AWS-LC's (its EVP_CIPHER_CTX key
+    // schedules, locked where the library allocated them: two per context slot, slots and
+    // spares per thread busy at once). Both stay a few pages per key, however many
+    // requests were served.
     for sector in [512u32, 4096] {
         let key = hex::encode(random_bytes(64));
         let t = format!(

@@ -451,7 +451,7 @@ impl CipherSpec {
             _ => {}
         }
         if self.mode == ChainMode::Xts && cipher == "aes" && self.iv == Some(IvMode::Plain64) {
-            // AES-128/192 always, AES-256 on small sectors (LUKS1's 512 bytes): see
+            // AES-128/192 always, AES-256 on every dm-crypt sector size: see
             // `vaes_xts::AES256_MAX_UNIT_BYTES` for the measurement.
             if let Some(xts) = VaesXts::for_plain64_units(subkey, ss.len()) {
                 return Ok(Box::new(VaesXtsPlain64Lane {
