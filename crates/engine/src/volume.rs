@@ -341,8 +341,24 @@ impl Volume {
 
     /// Decrypts whole sectors at position `pos` in place, where the placement says.
     fn decrypt(&self, pos: u64, data: &mut [u8], place: Placement) -> Result<(), BackendError> {
+        self.crypt(pos, data, place, false)
+    }
+
+    /// Encrypts (`encrypt`) or decrypts whole sectors in place where the placement says:
+    /// inline, or in chunks on the workers (with this thread helping when split).
+    fn crypt(
+        &self,
+        pos: u64,
+        data: &mut [u8],
+        place: Placement,
+        encrypt: bool,
+    ) -> Result<(), BackendError> {
         let workers = match (&self.workers, place) {
             (Some(w), Placement::Workers | Placement::Split) => w,
+            _ if encrypt => {
+                self.cipher.encrypt(Sector512::from_bytes_floor(pos), data);
+                return Ok(());
+            }
             _ => {
                 self.cipher.decrypt(Sector512::from_bytes_floor(pos), data);
                 return Ok(());
@@ -356,9 +372,12 @@ impl Volume {
             let mut hand_off = HandOff::new(&completion, n);
             let mut jobs = [EMPTY_JOB; JOBS_PER_ROUND];
             for (i, chunk) in group.chunks_mut(split).enumerate() {
+                let completion = &completion;
                 jobs[i] = Job {
-                    kind: JobKind::Decrypt {
-                        completion: &completion,
+                    kind: if encrypt {
+                        JobKind::Encrypt { completion }
+                    } else {
+                        JobKind::Decrypt { completion }
                     },
                     first: Sector512::from_bytes_floor(base + (i * split) as u64),
                     ptr: chunk.as_mut_ptr(),
@@ -1026,11 +1045,18 @@ impl Volume {
         Ok(())
     }
 
-    /// Whole-sector writes placed inline are encrypted in the caller's buffer and written
-    /// from it: no copy into a pool or stack buffer first (dm-crypt must copy: the bio's
-    /// pages belong to the page cache). Under the same range lock as any write, so the
-    /// no-torn-reads guarantee holds; requests with partial sectors or for the workers take
-    /// the copying path (as a [`IoKind::Write`]) and leave `buf` as it was.
+    /// Whole-sector writes placed inline or split are encrypted in the caller's buffer and
+    /// written from it: no copy into a pool or stack buffer first (dm-crypt must copy: the
+    /// bio's pages belong to the page cache). A split one is encrypted in chunks by the
+    /// workers and this thread, then written whole from here: one write like an inline
+    /// one. Under the same range lock as any write, so the no-torn-reads guarantee holds;
+    /// requests with partial sectors or for the kernel's fixed workqueue placement take the
+    /// copying path (as a [`IoKind::Write`]) and leave `buf` as it was.
+    ///
+    /// Why one write after a split encryption: written chunk by chunk from several CPUs
+    /// (as the copying path does), 1M writes at depth 4 through NBD, which mostly split
+    /// (the next request is still arriving), ran at 0.8-0.9x of inline ones: the pieces'
+    /// writes contend for the file's lock. BENCHMARKING.md, 2026-12-04.
     fn write_owned(
         &self,
         buf: &mut [u8],
@@ -1048,14 +1074,14 @@ impl Volume {
         }
         check_range(offset, buf.len() as u64, self.info.size_bytes)?;
         let (_inflight, depth) = self.enter(buf.len());
-        if self.placement(true, buf.len(), depth) != Placement::Inline {
+        let place = self.placement(true, buf.len(), depth);
+        if !matches!(place, Placement::Inline | Placement::Split) {
             drop(_inflight);
             return self.write_impl(buf, offset, fua, ctx);
         }
         self.stats.write(ctx, buf.len());
         let _guard = (!self.atomic).then(|| self.locks.lock(offset, offset + buf.len() as u64));
-        self.cipher
-            .encrypt(Sector512::from_bytes_floor(offset), buf);
+        self.crypt(offset, buf, place, true)?;
         self.backend.write_at(buf, self.lower(offset), fua)
     }
 

@@ -25,6 +25,8 @@ use ucrypt_crypto::{Sector512, SectorCipher};
 pub(crate) enum JobKind {
     /// Decrypt in place, then count the chunk done.
     Decrypt { completion: *const Completion },
+    /// Encrypt in place, then count the chunk done (the issuer writes the whole request).
+    Encrypt { completion: *const Completion },
     /// Read the chunk's ciphertext from the backend at `offset`, decrypt it in place,
     /// count it done: the whole read in parallel (the automatic policy's split reads).
     ReadDecrypt {
@@ -520,6 +522,7 @@ fn run_job(s: &Shared, job: Job) {
     .map_err(|_| BackendError::Other("BUG: crypto worker panicked".into()));
     match job.kind {
         JobKind::Decrypt { completion }
+        | JobKind::Encrypt { completion }
         | JobKind::ReadDecrypt { completion, .. }
         | JobKind::Recrypt { completion, .. }
         | JobKind::RecryptIo { completion, .. } => {

@@ -55,10 +55,11 @@ fn every_configuration_writes_the_sector_ciphers_bytes() {
 }
 
 /// `IoKind::WriteOwned` (the NBD server's and ublk's write call) in every configuration:
-/// whole-sector requests of 4 KiB, 64 KiB and 1 MiB (inline ones encrypted in the caller's
-/// buffer, the rest through the copying path) and unaligned ones leave the sector
-/// cipher's ciphertext on the backend and read back as written; an unaligned request's
-/// buffer is left as it was.
+/// whole-sector requests of 4 KiB, 64 KiB and 1 MiB (inline and split ones encrypted in
+/// the caller's buffer, the kernel placement's through the copying path) and unaligned ones
+/// leave the sector cipher's ciphertext on the backend and read back as written; an
+/// unaligned request's buffer is left as it was, and the automatic policy's split 1 MiB
+/// request was encrypted where it lay.
 #[test]
 fn in_place_writes_leave_the_sector_ciphers_bytes() {
     use ucrypt_backend::{Io, IoCtx};
@@ -74,6 +75,11 @@ fn in_place_writes_leave_the_sector_ciphers_bytes() {
         let ctx = IoCtx::default();
         let mut whole = data.clone();
         v.submit(Io::write_owned(&mut whole, 0).ctx(ctx)).unwrap();
+        assert!(
+            whole == expected || (name != "auto" && whole == data),
+            "{name}: the owned buffer holds neither the plaintext nor, encrypted in place, \
+             the ciphertext"
+        );
         for (at, len) in [(4096usize, 4096usize), (65536, 65536), (200_704, 4096)] {
             let mut b = data[at..at + len].to_vec();
             v.submit(Io::write_owned(&mut b, at as u64).fua(true).ctx(ctx))
