@@ -9,7 +9,8 @@
 # line, each cell on every device in turn. Every ublk variant opens the ramdisk O_DIRECT,
 # as `ucrypt open` does a block device. Also: ublk-i (the table with no_read_workqueue
 # no_write_workqueue: crypto inline instead of the automatic placement), ublk-b (the
-# ramdisk through the page cache). fio (libaio,
+# ramdisk through the page cache), ublk-s1 (one worker taking requests only when several
+# are ready at once: UblkOptions::spill). fio (libaio,
 # direct) runs the same six jobs on each, ROUNDS times (default 1; the device order rotates
 # each round); results are fio JSON files in OUT_DIR, named LABEL.RW.BS.QD.rN.json (LABEL
 # is the device, with "null-" before it for the null cipher; N the round).
@@ -71,6 +72,7 @@ for c in $CIPHERS; do
       case $d in
         ublk) start ublk --no-recovery --direct ;;
         ublk-w2) start ublk --no-recovery --direct --workers 2 ;;
+        ublk-s1) start ublk --no-recovery --direct --workers 1 --spill ;;
         ublk-i) TABLE=$T/table-i start ublk --no-recovery --direct ;;
         ublk-b) start ublk --no-recovery ;;
         nbd) start nbd ;;

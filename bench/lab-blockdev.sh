@@ -5,7 +5,7 @@
 # with cipher_null-ecb (4096-byte sectors; the null cipher measures the I/O path alone).
 #   bench/lab-blockdev.sh [RUNTIME_SECONDS]      (default 8 per cell; about 12 min in all)
 #   CIPHERS='aes null' DEVICES='ublk ublk-w2 nbd nbd-c2 dm-crypt' narrow the run (more
-#   devices: ublk-i, ublk-b, see the guest script); ROUNDS=N repeats every cell
+#   devices: ublk-i, ublk-b, ublk-s1, see the guest script); ROUNDS=N repeats every cell
 #   on every device N times (the order rotating), for medians.
 # Prints a table of IOPS (4k) / MiB/s (1M) and the ratios per cipher (medians over rounds;
 # a ratio column is the median of the per-round ratios, whose spread follows), and which
@@ -29,7 +29,7 @@ LAB_MODULES="${LAB_MODULES:-} crypto_null" LAB_TIMEOUT=${LAB_TIMEOUT:-5400} \
 python3 - "$OUT" "$CIPHERS" <<'PY'
 import glob, json, os, statistics, sys
 out, ciphers = sys.argv[1], sys.argv[2].split()
-devs = [d for d in ["ublk", "ublk-i", "ublk-b", "ublk-w2", "nbd", "nbd-c2", "dm-crypt"]
+devs = [d for d in ["ublk", "ublk-i", "ublk-b", "ublk-w2", "ublk-s1", "nbd", "nbd-c2", "dm-crypt"]
         if any(f.split(".")[0] in (d, "null-" + d) for f in os.listdir(out))]
 cells = [("randread", "4k", 1), ("randread", "4k", 32), ("randwrite", "4k", 1),
          ("randwrite", "4k", 32), ("read", "1M", 8), ("write", "1M", 8)]

@@ -112,6 +112,7 @@ fn run() -> Result<(), String> {
         Some(FrontendKind::Ublk) => {
             let uopts = ucrypt_device::ublk::UblkOptions {
                 workers: num("--workers", 0)?,
+                spill: args.iter().any(|a| a == "--spill"),
                 user_recovery: !args.iter().any(|a| a == "--no-recovery"),
                 pin_queues: !args.iter().any(|a| a == "--unpin-queues"),
             };

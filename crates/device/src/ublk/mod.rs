@@ -34,6 +34,11 @@
 //! to N worker threads and wait for them through an eventfd read on the queue's io_uring,
 //! so a queue keeps up to its depth of requests in the backend at once (the way the NBD
 //! server's per-connection workers do), which helps when one submitter drives one queue.
+//! With [`UblkOptions::spill`] as well, a queue runs a request inline unless other requests
+//! became ready beside it, and then keeps about `N / (N + 1)` of those at hand on the
+//! workers and the rest inline: a lone request pays no hand-off, a burst of them uses
+//! more than the queue's one CPU. That is the default ([`UblkOptions::default`]: one
+//! worker per CPU but one, spilling).
 //!
 //! Each queue's thread runs on the CPUs blk-mq maps to that queue (libublk's placement),
 //! unless [`UblkOptions::pin_queues`] is off: then on any CPU the process may. Pinned, a
@@ -98,6 +103,9 @@ pub struct UblkOptions {
     /// Worker threads running backend calls off the queue threads (0: inline in each
     /// queue thread; see the module documentation).
     pub workers: usize,
+    /// With `workers`: hand a request to them only when other requests are ready beside
+    /// it (see the module documentation); without, every request goes to a worker.
+    pub spill: bool,
     /// Create the device with user recovery: a dead server leaves the device quiesced for
     /// [`recover`] instead of removing it.
     pub user_recovery: bool,
@@ -110,7 +118,12 @@ pub struct UblkOptions {
 impl Default for UblkOptions {
     fn default() -> Self {
         UblkOptions {
-            workers: 0,
+            // One worker per CPU but the queue's own, taking only bursts (`spill`): in the
+            // kernel lab (BENCHMARKING.md, 2026-12-04) that kept inline's 4 KiB depth-1
+            // latency and won 1.5-1.6x over it at depth 32; always handing off (`spill`
+            // off) halved depth 1.
+            workers: std::thread::available_parallelism().map_or(0, |n| n.get() - 1),
+            spill: true,
             user_recovery: true,
             pin_queues: true,
         }
@@ -228,6 +241,7 @@ fn start(
     let shared = Arc::new(Shared {
         export: Arc::clone(&export),
         pool: pool.as_ref().map(Pool::sender),
+        spill: uopts.spill.then_some(uopts.workers),
         tids: Mutex::new(Vec::new()),
     });
     let params = device_params(&*export, opts);

@@ -65,6 +65,8 @@ pub(super) fn device_params(export: &dyn Backend, opts: &AttachOptions) -> sys::
 pub(super) struct Shared {
     pub(super) export: Export,
     pub(super) pool: Option<mpsc::Sender<Job>>,
+    /// [`UblkOptions::spill`]: the pool's worker count when set.
+    pub(super) spill: Option<usize>,
     /// The queue threads' ids (for [`unpin_threads`]).
     pub(super) tids: Mutex<Vec<libc::pid_t>>,
 }
@@ -240,12 +242,14 @@ pub(super) fn queue_main(qid: u16, dev: &UblkDev, shared: &Arc<Shared>) {
     let exe_rc = Rc::new(smol::LocalExecutor::new());
     let exe = Rc::clone(&exe_rc);
     let buf_bytes = dev.dev_info.max_io_buf_bytes as usize;
+    let load = Rc::new(QueueLoad::default());
     let mut tasks = Vec::new();
     for tag in q.tags() {
         let q = Rc::clone(&q);
         let shared = Arc::clone(shared);
+        let load = Rc::clone(&load);
         tasks.push(exe.spawn(async move {
-            match io_task(&q, tag, &shared, buf_bytes).await {
+            match io_task(&q, tag, &shared, &load, buf_bytes).await {
                 Ok(()) | Err(UblkError::QueueIsDown) => {}
                 Err(e) => eprintln!("ucrypt: ublk queue {qid} tag {tag}: {}", describe(&e)),
             }
@@ -266,6 +270,7 @@ async fn io_task(
     q: &UblkQueue<'_>,
     tag: u16,
     shared: &Shared,
+    load: &QueueLoad,
     buf_bytes: usize,
 ) -> Result<(), UblkError> {
     let slot = Arc::new(Slot::new(buf_bytes)?);
@@ -287,10 +292,52 @@ async fn io_task(
                 let data = unsafe { slot.data() };
                 execute(&*shared.export, req, data)
             }
-            Some(tx) => offload(tx, req, &slot, shared).await,
+            Some(tx) => match shared.spill {
+                Some(workers) if !load.spill(workers).await => {
+                    // SAFETY: not handed to a worker: the task owns the slot.
+                    let data = unsafe { slot.data() };
+                    execute(&*shared.export, req, data)
+                }
+                Some(_) => {
+                    let res = offload(tx, req, &slot, shared).await;
+                    load.offloaded.set(load.offloaded.get() - 1);
+                    res
+                }
+                None => offload(tx, req, &slot, shared).await,
+            },
         };
         q.submit_io_commit_cmd(tag, BufDesc::Slice(slot.buf.as_slice()), res)
             .await?;
+    }
+}
+
+/// What one queue's tasks know of each other (all on the queue's thread).
+#[derive(Default)]
+pub(super) struct QueueLoad {
+    /// Tasks holding a request they have not yet started or handed off.
+    ready: std::cell::Cell<usize>,
+    /// Requests handed to the workers and not yet back.
+    pub(super) offloaded: std::cell::Cell<usize>,
+}
+
+impl QueueLoad {
+    /// [`UblkOptions::spill`]'s choice for a task that just got a request: whether to hand
+    /// it to the `workers` (counted in `offloaded`, which the caller decrements when the
+    /// request is back) or run it inline. The task counts itself ready and yields once, so
+    /// every task woken by the same batch of completions has counted itself before any
+    /// decides; then the queue keeps about `workers / (workers + 1)` of its requests at
+    /// hand (ready or offloaded) on the workers. A request ready alone always runs inline.
+    pub(super) async fn spill(&self, workers: usize) -> bool {
+        self.ready.set(self.ready.get() + 1);
+        smol::future::yield_now().await;
+        let ready = self.ready.get();
+        self.ready.set(ready - 1);
+        let off = self.offloaded.get();
+        let spill = ready > 1 && off * (workers + 1) < (off + ready) * workers;
+        if spill {
+            self.offloaded.set(off + 1);
+        }
+        spill
     }
 }
 

@@ -1,4 +1,4 @@
-use super::queue::{execute, Request};
+use super::queue::{execute, QueueLoad, Request};
 use super::*;
 use std::sync::Arc;
 use ucrypt_backend::{BackendInfo, Caps, IoKind, MemoryBackend};
@@ -277,4 +277,50 @@ fn unpinned_threads_may_run_on_every_allowed_cpu() {
         (0..libc::CPU_SETSIZE as usize).all(|c| cpu_isset(c, &after) == cpu_isset(c, &allowed)),
         "the thread may run on exactly the process's CPUs"
     );
+}
+
+/// `UblkOptions::spill`'s choice: a request ready alone runs inline; of a burst woken
+/// together, about `workers / (workers + 1)` go to the workers, whatever order the tasks
+/// run in, and once that share is out the rest stay inline.
+#[test]
+fn spill_sends_a_share_of_a_burst_and_never_a_lone_request() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    for (workers, burst, want) in [
+        (1, 1, 0),
+        (3, 1, 0),
+        (1, 2, 1),
+        (1, 8, 4),
+        (3, 8, 6),
+        (1, 32, 16),
+    ] {
+        let load = Rc::new(QueueLoad::default());
+        let spilled = Rc::new(RefCell::new(Vec::new()));
+        let exe = smol::LocalExecutor::new();
+        let tasks: Vec<_> = (0..burst)
+            .map(|_| {
+                let (load, spilled) = (Rc::clone(&load), Rc::clone(&spilled));
+                exe.spawn(async move {
+                    let s = load.spill(workers).await;
+                    spilled.borrow_mut().push(s);
+                })
+            })
+            .collect();
+        while exe.try_tick() {}
+        assert!(
+            tasks.iter().all(|t| t.is_finished()),
+            "a task did not finish"
+        );
+        let n = spilled.borrow().iter().filter(|&&s| s).count();
+        assert_eq!(n, want, "{workers} workers, a burst of {burst}");
+        assert_eq!(load.offloaded.get(), want, "offloaded count");
+        // The burst is served: a request arriving alone now runs inline.
+        load.offloaded.set(0);
+        let lone = exe.spawn({
+            let load = Rc::clone(&load);
+            async move { load.spill(workers).await }
+        });
+        while exe.try_tick() {}
+        assert!(!smol::block_on(lone), "a lone request was handed off");
+    }
 }
