@@ -10,7 +10,15 @@
 # as `ucrypt open` does a block device. Also: ublk-i (the table with no_read_workqueue
 # no_write_workqueue: crypto inline instead of the automatic placement), ublk-b (the
 # ramdisk through the page cache), ublk-s1 (one worker taking requests only when several
-# are ready at once: UblkOptions::spill). fio (libaio,
+# are ready at once: UblkOptions::spill). Controls that take the volume out: ublk-raw
+# (the ramdisk served as it is, no cipher and no engine) and ublk-zero (nothing served at
+# all: zeros read, writes dropped), both spilling as ublk-s1 does, beside the kernel's
+# dm-linear (the ramdisk through device-mapper, no crypt target). ublk-u and ublk-zero-u:
+# ublk-s1 and ublk-zero with the queue threads free to run on any CPU (--unpin-queues);
+# ublk-up and ublk-zero-up: those, polling for POLL_US (default 200) microseconds after
+# each round before they sleep (UblkOptions::poll); ublk-upi: ublk-up without workers.
+# Beside each fio JSON, LABEL.RW.BS.QD.rN.cpu holds the guest's busy CPU ticks during the
+# cell (every process and the kernel), the tick rate and the cell's seconds. fio (libaio,
 # direct) runs the same six jobs on each, ROUNDS times (default 1; the device order rotates
 # each round); results are fio JSON files in OUT_DIR, named LABEL.RW.BS.QD.rN.json (LABEL
 # is the device, with "null-" before it for the null cipher; N the round).
@@ -31,10 +39,16 @@ KEY=$(head -c 64 /dev/urandom | od -An -tx1 | tr -d ' \n')
 SECTORS=$((MIB * 2048))
 T=$(mktemp -d)
 
+busy() { # the guest's busy CPU time so far, in clock ticks (all CPUs, every process and the kernel)
+  awk '/^cpu /{print $2 + $3 + $4 + $7 + $8 + $9; exit}' /proc/stat
+}
 cell() { # DEVICE LABEL RW BS QD
+  local b0; b0=$(busy)
   fio --name="$2" --filename="$1" --ioengine=libaio --direct=1 --rw=$3 --bs=$4 \
     --iodepth=$5 --numjobs=1 --time_based --runtime="$RT" --ramp_time=1 \
     --output-format=json --output="$OUT/$2.$3.$4.$5.r$ROUND.json" > /dev/null
+  # Busy CPU of the cell (ramp included) over its wall time: how many CPUs it kept busy.
+  echo "$(( $(busy) - b0 )) $(getconf CLK_TCK) $((RT + 1))" > "$OUT/$2.$3.$4.$5.r$ROUND.cpu"
 }
 start() { # FRONT ARGS...
   local front=$1; shift
@@ -51,6 +65,18 @@ stop() { kill -TERM "$PID"; wait "$PID" || true; }
   echo "# guest CPU AES flags: $(grep -m1 -o -w -E 'aes|vaes|avx2|avx512f|vpclmulqdq|pclmulqdq' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   grep -m1 '^model name' /proc/cpuinfo
 } > "$OUT/ciphers.txt"
+# What a switch between two processes costs in this guest against one between two threads
+# of a process (a ublk server and its client are two processes; dm-crypt's kworker borrows
+# the client's address space): perf's pipe ping-pong, on one vCPU and across both.
+if command -v perf > /dev/null; then
+  for mode in processes threads; do
+    for cpus in 0 0,1; do
+      flag=; [ $mode = threads ] && flag=-T
+      us=$(taskset -c $cpus perf bench sched pipe $flag -l 20000 2>&1 | awk '/usecs\/op/{print $1}')
+      echo "# pipe ping-pong, $mode, CPUs $cpus: $us us per round trip"
+    done
+  done >> "$OUT/ciphers.txt"
+fi
 read -r -a DEVS <<< "$DEVICES"
 for ROUND in $(seq "$ROUNDS"); do
 for c in $CIPHERS; do
@@ -73,6 +99,18 @@ for c in $CIPHERS; do
         ublk) start ublk --no-recovery --direct ;;
         ublk-w2) start ublk --no-recovery --direct --workers 2 ;;
         ublk-s1) start ublk --no-recovery --direct --workers 1 --spill ;;
+        ublk-raw) start ublk --no-recovery --direct --workers 1 --spill --export raw ;;
+        ublk-u) start ublk --no-recovery --direct --workers 1 --spill --unpin-queues ;;
+        ublk-up) start ublk --no-recovery --direct --workers 1 --spill --unpin-queues --poll-us "${POLL_US:-200}" ;;
+        ublk-upi) start ublk --no-recovery --direct --unpin-queues --poll-us "${POLL_US:-200}" ;;
+        ublk-zero-up) start ublk --no-recovery --direct --workers 1 --spill --export zero --unpin-queues --poll-us "${POLL_US:-200}" ;;
+        ublk-zero-u) start ublk --no-recovery --direct --workers 1 --spill --export zero --unpin-queues ;;
+        ublk-zero) start ublk --no-recovery --direct --workers 1 --spill --export zero ;;
+        dm-linear)
+          dmsetup create ucbench --table "0 $SECTORS linear /dev/ram0 0"; dmsetup mknodes
+          cell /dev/mapper/ucbench "${prefix}dm-linear" $j
+          dmsetup remove ucbench
+          continue ;;
         ublk-i) TABLE=$T/table-i start ublk --no-recovery --direct ;;
         ublk-b) start ublk --no-recovery ;;
         nbd) start nbd ;;

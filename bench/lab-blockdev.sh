@@ -5,7 +5,7 @@
 # with cipher_null-ecb (4096-byte sectors; the null cipher measures the I/O path alone).
 #   bench/lab-blockdev.sh [RUNTIME_SECONDS]      (default 8 per cell; about 12 min in all)
 #   CIPHERS='aes null' DEVICES='ublk ublk-w2 nbd nbd-c2 dm-crypt' narrow the run (more
-#   devices: ublk-i, ublk-b, ublk-s1, see the guest script); ROUNDS=N repeats every cell
+#   devices: ublk-i, ublk-b, ublk-s1, ublk-u, ublk-raw, ublk-zero, ublk-zero-u, ublk-up, ublk-upi, ublk-zero-up, dm-linear, see the guest script); ROUNDS=N repeats every cell
 #   on every device N times (the order rotating), for medians.
 # Prints a table of IOPS (4k) / MiB/s (1M) and the ratios per cipher (medians over rounds;
 # a ratio column is the median of the per-round ratios, whose spread follows), and which
@@ -29,7 +29,9 @@ LAB_MODULES="${LAB_MODULES:-} crypto_null" LAB_TIMEOUT=${LAB_TIMEOUT:-5400} \
 python3 - "$OUT" "$CIPHERS" <<'PY'
 import glob, json, os, statistics, sys
 out, ciphers = sys.argv[1], sys.argv[2].split()
-devs = [d for d in ["ublk", "ublk-i", "ublk-b", "ublk-w2", "ublk-s1", "nbd", "nbd-c2", "dm-crypt"]
+devs = [d for d in ["ublk", "ublk-i", "ublk-b", "ublk-w2", "ublk-s1", "ublk-u", "ublk-up", "ublk-upi", "ublk-raw", "ublk-zero", "ublk-zero-u",
+                  "ublk-zero-up",
+                  "nbd", "nbd-c2", "dm-linear", "dm-crypt"]
         if any(f.split(".")[0] in (d, "null-" + d) for f in os.listdir(out))]
 cells = [("randread", "4k", 1), ("randread", "4k", 32), ("randwrite", "4k", 1),
          ("randwrite", "4k", 32), ("read", "1M", 8), ("write", "1M", 8)]
@@ -62,6 +64,18 @@ for c in ciphers:
         unit = "IOPS" if bs == "4k" else "MiB/s"
         print(f"| {rw} {bs} QD{qd} | {unit} | " + " | ".join(f"{v[d]:.0f}" if v[d] else "-" for d in devs)
               + " | " + " | ".join(ratio(prefix + d, prefix + "dm-crypt", rw, bs, qd) for d in others) + " |")
+    print(f"\nGuest CPUs kept busy during each cell (all processes and the kernel; 2.00 = both vCPUs), medians\n")
+    print("| cell | " + " | ".join(devs) + " |")
+    print("|---|" + "---|" * len(devs))
+    for rw, bs, qd in cells:
+        row = []
+        for d in devs:
+            got = []
+            for p in glob.glob(os.path.join(out, f"{prefix}{d}.{rw}.{bs}.{qd}.r*.cpu")):
+                ticks, hz, secs = map(float, open(p).read().split())
+                got.append(ticks / hz / secs)
+            row.append(f"{statistics.median(got):.2f}" if got else "-")
+        print(f"| {rw} {bs} QD{qd} | " + " | ".join(row) + " |")
 print()
 p = os.path.join(out, "ciphers.txt")
 if os.path.exists(p):

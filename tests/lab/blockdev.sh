@@ -2,7 +2,7 @@
 # Kernel checks of ucrypt's block-device front ends (issue 12, point 6). Runs as root in the
 # guest of tests/lab/run.sh (Debian's 6.12 kernel: ublk_drv, nbd, dm-crypt), started by
 # crates/cli/tests/lab_blockdev.rs:
-#   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk nbd recovery nbd-recovery,
+#   blockdev.sh UCRYPT ATTACH FRONTENDS...      (FRONTENDS: ublk ublk-poll nbd recovery nbd-recovery,
 #                                                reencrypt=PATH of tests/lab/reencrypt.sh and
 #                                                luks1reenc=PATH of tests/lab/reencrypt_luks1.sh)
 # UCRYPT is the ucrypt binary, ATTACH the crates/device `attach` example, or `cli` to go
@@ -19,6 +19,7 @@ check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; 
 W=$(mktemp -d /tmp/ucrypt-lab.XXXXXX)
 MNT=$W/mnt; mkdir -p "$MNT"
 SERVER_PID=
+OPEN_ARGS=() ATTACH_ARGS=()  # extra arguments of `ucrypt open` / `attach` (ublk-poll)
 
 # The volume: a small LUKS2 image (aes-xts-plain64, 4096-byte sectors) on the guest's tmpfs.
 IMG=$W/disk.img
@@ -44,7 +45,7 @@ start() {
         *) extra+=("$1"); shift ;;
       esac
     done
-    "$UCRYPT" open "$IMG" "$NAME" --device "$front" -d "$W/pass" "${extra[@]}" \
+    "$UCRYPT" open "$IMG" "$NAME" --device "$front" -d "$W/pass" "${extra[@]}" "${OPEN_ARGS[@]}" \
       > "$W/open.out" 2> "$W/open.err" || { echo "# open $NAME failed: $(cat "$W/open.err")"; return 1; }
     "$UCRYPT" status --json "$NAME" > "$W/status.json" || return 1
     DEV=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["node"])' "$W/status.json")
@@ -52,7 +53,7 @@ start() {
     return 0
   fi
   rm -f "$W/ready"
-  "$ATTACH" "$front" "$W/table" --ready "$W/ready" "$@" > "$W/attach.out" 2> "$W/attach.err" &
+  "$ATTACH" "$front" "$W/table" --ready "$W/ready" "$@" "${ATTACH_ARGS[@]}" > "$W/attach.out" 2> "$W/attach.err" &
   SERVER_PID=$!
   for _ in $(seq 600); do
     [ -s "$W/ready" ] && { DEV=$(cat "$W/ready"); return 0; }
@@ -80,58 +81,58 @@ dm_open() {
 }
 dm_close() { dmsetup remove uclab && losetup -d "$LOOP"; }
 
-frontend_round() {
-  local front=$1 N
-  start "$front" || { bad "$front: device appears"; return; }
-  ok "$front: $DEV appears"
+frontend_round() { # FRONT [LABEL]: LABEL names the checks (default FRONT)
+  local front=$1 L=${2:-$1} N
+  start "$front" || { bad "$L: device appears"; return; }
+  ok "$L: $DEV appears"
   N=$(basename "$DEV")
-  check "$front: logical block size is the sector size (4096)" \
+  check "$L: logical block size is the sector size (4096)" \
     test "$(cat /sys/block/$N/queue/logical_block_size)" = 4096
-  check "$front: size is the volume's" \
+  check "$L: size is the volume's" \
     test "$(( $(cat /sys/block/$N/size) * 512 ))" = "$(( $(awk '{print $2}' "$W/table") * 512 ))"
-  check "$front: mkfs.ext4" mkfs.ext4 -q -F "$DEV"
-  check "$front: mount" mount -t ext4 "$DEV" "$MNT"
+  check "$L: mkfs.ext4" mkfs.ext4 -q -F "$DEV"
+  check "$L: mount" mount -t ext4 "$DEV" "$MNT"
   head -c 3M /dev/urandom > "$W/a.$front"
   cp "$W/a.$front" "$MNT/a" && mkdir -p "$MNT/d" && seq 100000 > "$MNT/d/seq"
-  check "$front: write and sync" sync
+  check "$L: write and sync" sync
   # What `close` checks (Attachment::in_use): an exclusive open fails while mounted.
-  check "$front: node busy (O_EXCL refused) while mounted" \
+  check "$L: node busy (O_EXCL refused) while mounted" \
     sh -c "! python3 -c 'import os,sys; os.open(sys.argv[1], os.O_RDONLY|os.O_EXCL)' $DEV 2>/dev/null"
   if [ "$ATTACH" = cli ]; then
     "$UCRYPT" close "$NAME" > /dev/null 2>&1; rc=$?
-    check "$front: close refused while mounted (exit $rc, want 5)" test "$rc" = 5
-    check "$front: still served after the refused close" cmp -s "$MNT/a" "$W/a.$front"
+    check "$L: close refused while mounted (exit $rc, want 5)" test "$rc" = 5
+    check "$L: still served after the refused close" cmp -s "$MNT/a" "$W/a.$front"
     "$UCRYPT" status "$NAME" | sed 's/^/# status: /'
   fi
-  check "$front: umount" umount "$MNT"
+  check "$L: umount" umount "$MNT"
   if [ "$ATTACH" = cli ]; then
     # Held open without O_EXCL (as dd or a VM holds it): close must see it too.
     sleep 60 < "$DEV" & HOLDER=$!
     sleep 1
     "$UCRYPT" close "$NAME" > /dev/null 2>&1; rc=$?
-    check "$front: close refused while a process holds the node (exit $rc, want 5)" test "$rc" = 5
+    check "$L: close refused while a process holds the node (exit $rc, want 5)" test "$rc" = 5
     kill "$HOLDER"; wait "$HOLDER" 2>/dev/null
   fi
-  check "$front: server stops and detaches on SIGTERM" stop
-  check "$front: node removed after detach" sh -c "! test -s /sys/block/$N/size || test \$(cat /sys/block/$N/size) = 0"
-  start "$front" || { bad "$front: reopens"; return; }
-  check "$front: reopen and mount" mount -t ext4 -o ro "$DEV" "$MNT"
-  check "$front: data intact after reopen" test "$(sha "$MNT/a")" = "$(sha "$W/a.$front")"
+  check "$L: server stops and detaches on SIGTERM" stop
+  check "$L: node removed after detach" sh -c "! test -s /sys/block/$N/size || test \$(cat /sys/block/$N/size) = 0"
+  start "$front" || { bad "$L: reopens"; return; }
+  check "$L: reopen and mount" mount -t ext4 -o ro "$DEV" "$MNT"
+  check "$L: data intact after reopen" test "$(sha "$MNT/a")" = "$(sha "$W/a.$front")"
   umount "$MNT"; stop
   # The kernel's own dm-crypt reads what the front end wrote ...
   if dm_open; then
-    check "$front -> dm-crypt: mount" mount -t ext4 /dev/mapper/uclab "$MNT"
-    check "$front -> dm-crypt: same file" test "$(sha "$MNT/a")" = "$(sha "$W/a.$front")"
-    check "$front -> dm-crypt: same tree" cmp -s "$MNT/d/seq" <(seq 100000)
+    check "$L -> dm-crypt: mount" mount -t ext4 /dev/mapper/uclab "$MNT"
+    check "$L -> dm-crypt: same file" test "$(sha "$MNT/a")" = "$(sha "$W/a.$front")"
+    check "$L -> dm-crypt: same tree" cmp -s "$MNT/d/seq" <(seq 100000)
     # ... and the front end reads what dm-crypt wrote.
     head -c 2M /dev/urandom > "$W/b.$front"; cp "$W/b.$front" "$MNT/b"
     umount "$MNT"; dm_close
   else
-    bad "$front -> dm-crypt: dmsetup create"
+    bad "$L -> dm-crypt: dmsetup create"
   fi
-  start "$front" || { bad "$front: reopens after dm-crypt"; return; }
+  start "$front" || { bad "$L: reopens after dm-crypt"; return; }
   mount -t ext4 -o ro "$DEV" "$MNT"
-  check "dm-crypt -> $front: file written by dm-crypt" test "$(sha "$MNT/b")" = "$(sha "$W/b.$front")"
+  check "dm-crypt -> $L: file written by dm-crypt" test "$(sha "$MNT/b")" = "$(sha "$W/b.$front")"
   umount "$MNT"; stop
 }
 
@@ -202,6 +203,11 @@ recovery_round() {
 for f in $FRONTENDS; do
   case $f in
     ublk|nbd) frontend_round "$f" ;;
+    # ublk with hybrid polling (unpinned queue threads, requests inline): the same round.
+    ublk-poll)
+      OPEN_ARGS=(--ublk-poll 100) ATTACH_ARGS=(--unpin-queues --poll-us 100)
+      frontend_round ublk ublk-poll
+      OPEN_ARGS=() ATTACH_ARGS=() ;;
     recovery) recovery_round ublk ;;
     nbd-recovery) recovery_round nbd ;;
     # Reencryption interplay with cryptsetup's online mode (tests/lab/reencrypt.sh), in the

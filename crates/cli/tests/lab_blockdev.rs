@@ -5,7 +5,8 @@
 //! mount, write, busy while mounted, `ucrypt close` refused with exit code 5 while mounted
 //! (and the volume still served), umount, close, node gone, reopen, data intact; then the
 //! kernel's own dm-crypt (the table `luksOpen --print-table` gives) reads what the front
-//! end wrote and the front end reads what dm-crypt wrote. Crash recovery, for ublk (user
+//! end wrote and the front end reads what dm-crypt wrote; the ublk round again with
+//! `--ublk-poll 100` (hybrid polling, unpinned inline queue threads). Crash recovery, for ublk (user
 //! recovery) and kernel NBD (`NBD_CMD_RECONFIGURE`): `kill -9` of the server under a
 //! mounted filesystem doing fsync'd writes, `ucrypt open --recover` (the front end found
 //! by the instance's name), every fsync'd file intact, and dm-crypt reads them too.
@@ -32,6 +33,7 @@ fn open_by_name_as_ublk_and_kernel_nbd_on_a_real_kernel() {
             env!("CARGO_BIN_EXE_ucrypt").to_string(),
             "cli".into(),
             "ublk".into(),
+            "ublk-poll".into(),
             "nbd".into(),
             "recovery".into(),
             "nbd-recovery".into(),

@@ -67,6 +67,7 @@ fn an_instance_starts_answers_its_control_socket_and_stops() {
         fuse_dir: None,
         recover: false,
         vhost_socket: None,
+        ublk_poll: None,
         queues: None,
         signals: None,
     };

@@ -57,6 +57,7 @@ fn start(name: &str, frontend: FrontendKind) -> Start {
         recover: false,
         fuse_dir: None,
         vhost_socket: None,
+        ublk_poll: None,
     }
 }
 
@@ -100,6 +101,15 @@ fn an_instance_is_claimed_locked_described_served_and_released() {
         (
             ErrorKind::Invalid,
             "--vhost-socket PATH needs --device vhost-user (or auto)".into()
+        )
+    );
+    let mut s = start("s1", FrontendKind::None);
+    s.ublk_poll = Some(std::time::Duration::from_micros(50));
+    assert_eq!(
+        refusal(s.claim(&mut prompt)),
+        (
+            ErrorKind::Invalid,
+            "--ublk-poll USECS needs --device ublk (the front end here is none)".into()
         )
     );
     assert_eq!(

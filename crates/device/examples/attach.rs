@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! attach ublk|nbd TABLE_FILE [--name NAME] [--workers N] [--recover DEV_ID|auto] [--no-recovery]
-//!                            [--unpin-queues]
+//!                            [--unpin-queues] [--poll-us N]
 //!                            [--queues N] [--depth N] [--conns N] [--direct] [--ready FILE]
+//!                            [--export volume|raw|zero]
 //! ```
 //!
 //! TABLE_FILE holds one dm-crypt table line (`0 LEN crypt CIPHER KEY IV DEV OFFSET ...`,
@@ -16,6 +17,11 @@
 //! printed on stdout once it serves, and written to `--ready FILE` (atomically). SIGTERM
 //! or SIGINT detach (flush, remove the node) and exit; SIGKILL leaves a ublk device
 //! waiting for `--recover N`.
+//!
+//! `--export` picks what the front end serves, for measuring the front end alone: `volume`
+//! (the default) the table's decrypted view; `raw` the table's device as it is, no cipher
+//! and no engine (dm-linear's role); `zero` nothing at all (reads of zeros, writes dropped:
+//! dm-zero's role), so that only the front end's round trip is left.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -68,8 +74,10 @@ fn run() -> Result<(), String> {
         direct: args.iter().any(|a| a == "--direct"),
         ..FileOptions::default()
     };
-    let backend = FileBackend::open(table.device.to_string(), file_opts)
-        .map_err(|e| format!("{}: {e}", table.device))?;
+    let backend: ucrypt_device::Export = Arc::new(
+        FileBackend::open(table.device.to_string(), file_opts)
+            .map_err(|e| format!("{}: {e}", table.device))?,
+    );
     // The table's placement flags, as `ucrypt open` reads them (ucrypt::config).
     let mut engine = EngineOptions {
         no_read_workqueue: table.has(OptParam::NoReadWorkqueue),
@@ -87,7 +95,7 @@ fn run() -> Result<(), String> {
     }
     let volume = Volume::with_options(
         Arc::from(cipher),
-        Arc::new(backend),
+        Arc::clone(&backend),
         VolumeConfig {
             data_offset_bytes: table.offset_bytes(),
             length_bytes: table.length_bytes(),
@@ -98,7 +106,13 @@ fn run() -> Result<(), String> {
     )
     .map_err(|e| format!("volume: {e}"))?;
     let logical_block = table.sector_size_bytes();
-    let export: ucrypt_device::Export = Arc::new(volume);
+    let export: ucrypt_device::Export = match arg_value(&args, "--export").as_deref() {
+        None | Some("volume") => Arc::new(volume),
+        Some("raw") if table.offset_bytes() == 0 => backend,
+        Some("raw") => return Err("--export raw: the table's offset must be 0".into()),
+        Some("zero") => Arc::new(ucrypt_backend::zero::ZeroBackend::new(table.length_bytes())),
+        Some(other) => return Err(format!("--export: {other} (volume, raw or zero)")),
+    };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let opts = AttachOptions {
         name: arg_value(&args, "--name").unwrap_or_else(|| "attach".into()),
@@ -115,6 +129,10 @@ fn run() -> Result<(), String> {
                 spill: args.iter().any(|a| a == "--spill"),
                 user_recovery: !args.iter().any(|a| a == "--no-recovery"),
                 pin_queues: !args.iter().any(|a| a == "--unpin-queues"),
+                poll: arg_value(&args, "--poll-us")
+                    .map(|v| v.parse().map(std::time::Duration::from_micros))
+                    .transpose()
+                    .map_err(|_| "--poll-us: not a number".to_string())?,
             };
             let a = match arg_value(&args, "--recover") {
                 Some(id) => {

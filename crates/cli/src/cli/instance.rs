@@ -34,6 +34,9 @@ pub(crate) fn run(mut a: Args, name: String) -> Result<(), CliError> {
         recover: a.recover,
         fuse_dir: a.fuse.clone(),
         vhost_socket: a.vhost_socket.clone(),
+        ublk_poll: a
+            .ublk_poll
+            .map(|us| std::time::Duration::from_micros(us as u64)),
     };
     let claimed = start
         .claim(&mut Terminal::new(&a.header.tcrypt.progress))

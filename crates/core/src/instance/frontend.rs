@@ -29,6 +29,11 @@ pub struct Context {
     /// --recover`) instead of creating one; vhost-user: serve the dead instance's socket,
     /// where its VM reconnects.
     pub recover: bool,
+    /// ublk: after each round of requests a queue thread polls for the next one for this
+    /// long before it sleeps, runs requests on its own thread and may run on any CPU
+    /// (`--ublk-poll USECS`; [`ucrypt_device::ublk::UblkOptions::poll`]). `None`: the
+    /// default, sleeping queue threads on their queues' CPUs with a spilling worker pool.
+    pub ublk_poll: Option<std::time::Duration>,
 }
 
 fn is_root() -> bool {
@@ -155,6 +160,7 @@ pub fn check(kind: FrontendKind) -> Result<(), DeviceError> {
             nbd_socket: None,
             vhost_socket: PathBuf::new(),
             recover: false,
+            ublk_poll: None,
         };
         let probe: Export = std::sync::Arc::new(ucrypt_backend::ZeroBackend::new(0));
         attach(kind, probe, &attach_options("probe", false, 512), &ctx)?;
@@ -269,7 +275,19 @@ fn ublk(
     ctx: &Context,
 ) -> Result<Box<dyn Attachment>, DeviceError> {
     use ucrypt_device::ublk;
-    let uopts = ublk::UblkOptions::default();
+    let uopts = match ctx.ublk_poll {
+        None => ublk::UblkOptions::default(),
+        // Measured in the kernel lab (BENCHMARKING.md, 2026-12-04, runs 11-14): polling
+        // pays only on a thread that does not share its CPU with the submitter, and with
+        // requests inline (a worker would wait for a CPU the poller holds).
+        Some(d) => ublk::UblkOptions {
+            workers: 0,
+            spill: false,
+            pin_queues: false,
+            poll: Some(d),
+            ..ublk::UblkOptions::default()
+        },
+    };
     if ctx.recover {
         let id = ublk::find_waiting(&opts.name)?.ok_or_else(|| DeviceError::Unavailable {
             frontend: "ublk",

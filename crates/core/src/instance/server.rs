@@ -143,6 +143,8 @@ pub struct Config {
     pub recover: bool,
     /// vhost-user socket (default: `vhost-user.sock` in the instance directory).
     pub vhost_socket: Option<PathBuf>,
+    /// ublk: hybrid polling ([`frontend::Context::ublk_poll`]).
+    pub ublk_poll: Option<std::time::Duration>,
     /// Queues of the front end (ublk, vhost-user); default one per CPU.
     pub queues: Option<u16>,
     /// SIGTERM/SIGINT as the caller's signal thread takes them
@@ -276,6 +278,7 @@ pub fn serve(
             .clone()
             .unwrap_or_else(|| dir.paths.vhost_socket()),
         recover: config.recover,
+        ublk_poll: config.ublk_poll,
     };
     let mut options = frontend::attach_options(&desc.name, config.opts.read_only, sector);
     if let Some(q) = config.queues {

@@ -43,6 +43,8 @@ pub struct Start {
     pub fuse_dir: Option<PathBuf>,
     /// vhost-user: the socket a VM connects to (`--vhost-socket PATH`).
     pub vhost_socket: Option<PathBuf>,
+    /// ublk: hybrid polling (`--ublk-poll USECS`, [`frontend::Context::ublk_poll`]).
+    pub ublk_poll: Option<std::time::Duration>,
 }
 
 /// A claimed name: its runtime directory, the front end and endpoint it will serve.
@@ -55,6 +57,7 @@ pub struct Claimed {
     endpoint: Endpoint,
     fuse_dir: Option<PathBuf>,
     vhost_socket: Option<PathBuf>,
+    ublk_poll: Option<std::time::Duration>,
     recover: bool,
 }
 
@@ -169,6 +172,7 @@ impl Start {
             endpoint,
             fuse_dir: self.fuse_dir,
             vhost_socket,
+            ublk_poll: self.ublk_poll,
             recover: self.recover,
         })
     }
@@ -207,6 +211,12 @@ impl Start {
             return Err(Error::Invalid(
                 "--vhost-socket PATH needs --device vhost-user (or auto)".into(),
             ));
+        }
+        if self.ublk_poll.is_some() && kind != FrontendKind::Ublk {
+            return Err(Error::Invalid(format!(
+                "--ublk-poll USECS needs --device ublk (the front end here is {})",
+                kind.as_str()
+            )));
         }
         frontend::check(kind)?;
         Ok(kind)
@@ -448,6 +458,7 @@ impl Locked {
             fuse_dir: self.claimed.fuse_dir.clone(),
             recover: self.claimed.recover,
             vhost_socket: self.claimed.vhost_socket.clone(),
+            ublk_poll: self.claimed.ublk_poll,
             queues: serving.queues,
             signals,
         };

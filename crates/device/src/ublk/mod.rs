@@ -113,6 +113,12 @@ pub struct UblkOptions {
     /// Off: the queue threads may run on any CPU this process may (see "Where the backend
     /// runs" in the module documentation).
     pub pin_queues: bool,
+    /// After each round of requests, a queue thread keeps looking for the next one without
+    /// sleeping for up to this long before it waits the ordinary way (hybrid polling: the
+    /// next request finds the thread awake, at the price of that much CPU time per round).
+    /// `None` (the default): always sleep. Useful only with `pin_queues` off: a pinned
+    /// queue thread that polls keeps its own CPU from the submitter that shares it.
+    pub poll: Option<Duration>,
 }
 
 impl Default for UblkOptions {
@@ -126,6 +132,7 @@ impl Default for UblkOptions {
             spill: true,
             user_recovery: true,
             pin_queues: true,
+            poll: None,
         }
     }
 }
@@ -242,6 +249,7 @@ fn start(
         export: Arc::clone(&export),
         pool: pool.as_ref().map(Pool::sender),
         spill: uopts.spill.then_some(uopts.workers),
+        poll: uopts.poll,
         tids: Mutex::new(Vec::new()),
     });
     let params = device_params(&*export, opts);

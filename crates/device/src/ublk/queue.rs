@@ -67,6 +67,8 @@ pub(super) struct Shared {
     pub(super) pool: Option<mpsc::Sender<Job>>,
     /// [`UblkOptions::spill`]: the pool's worker count when set.
     pub(super) spill: Option<usize>,
+    /// [`UblkOptions::poll`].
+    pub(super) poll: Option<Duration>,
     /// The queue threads' ids (for [`unpin_threads`]).
     pub(super) tids: Mutex<Vec<libc::pid_t>>,
 }
@@ -255,13 +257,80 @@ pub(super) fn queue_main(qid: u16, dev: &UblkDev, shared: &Arc<Shared>) {
             }
         }));
     }
+    let poll = shared.poll;
     smol::block_on(exe_rc.run(async move {
         let run_ops = || while exe.try_tick() {};
         let done = || tasks.iter().all(|t| t.is_finished());
-        if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, done).await {
+        let result = match poll {
+            None => libublk::wait_and_handle_io_events(&q, Some(IDLE_SECS), run_ops, done).await,
+            Some(budget) => {
+                let idle = io_uring::types::Timespec::new().sec(IDLE_SECS);
+                let wait = || async {
+                    if poll_ring(&q, budget) {
+                        return Ok(false);
+                    }
+                    libublk::uring_async::uring_poll_io_fn::<io_uring::squeue::Entry>(
+                        &q,
+                        Some(idle),
+                        1,
+                    )
+                };
+                let reap = |timed_out| {
+                    libublk::uring_async::ublk_reap_io_events_with_update_queue(
+                        &q,
+                        timed_out,
+                        None,
+                        |cqe| libublk::uring_async::ublk_wake_task(cqe.user_data(), cqe),
+                    )
+                };
+                libublk::uring_async::run_uring_tasks(wait, reap, run_ops, done).await
+            }
+        };
+        if let Err(e) = result {
             eprintln!("ucrypt: ublk queue {qid}: {}", describe(&e));
         }
     }));
+}
+
+/// `io_uring_enter`'s flag to reap completions (`include/uapi/linux/io_uring.h`; the
+/// io-uring crate does not export its constants).
+const IORING_ENTER_GETEVENTS: u32 = 1;
+
+/// Seconds without a request after which libublk counts a queue idle.
+const IDLE_SECS: u64 = 20;
+
+/// [`UblkOptions::poll`]: submits what the queue's tasks queued and looks for completions
+/// without sleeping, again and again for up to `budget`; true as soon as there is one.
+/// False when the budget ran out (or the queue is stopping): the caller then waits the
+/// ordinary, sleeping way, which also handles the stop.
+fn poll_ring(q: &UblkQueue<'_>, budget: Duration) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if q.is_stopping() {
+            return false;
+        }
+        let ready = libublk::io::with_task_io_ring_mut(|ring| {
+            let pending = u32::try_from(ring.submission().len()).unwrap_or(u32::MAX);
+            // GETEVENTS with a minimum of 0 runs the ring's pending task work (the
+            // driver's new requests and commit results land that way under COOP_TASKRUN)
+            // and returns at once. An error (EINTR, EBUSY with a full completion queue)
+            // only ends this round: the completions are looked at all the same.
+            // SAFETY: no argument pointer is passed (`None`), so the kernel reads no
+            // memory of ours besides the rings the `IoUring` owns.
+            let _ = unsafe {
+                ring.submitter()
+                    .enter::<libc::sigset_t>(pending, 0, IORING_ENTER_GETEVENTS, None)
+            };
+            !ring.completion().is_empty()
+        });
+        if ready {
+            return true;
+        }
+        if start.elapsed() >= budget {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
 }
 
 /// One tag: fetch a request, run it, commit the result and fetch the next, until the
