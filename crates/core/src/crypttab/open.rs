@@ -99,6 +99,7 @@ impl Entry {
                     .map(|t| t.as_millis().div_ceil(1000).to_string()),
             ),
             ("--device", o.frontend.map(|f| f.as_str().to_string())),
+            ("--ublk-poll", o.ublk_poll.map(|us| us.to_string())),
         ];
         for (flag, value) in valued {
             if let Some(value) = value {
@@ -212,6 +213,10 @@ mod tests {
             argv("data /dev/null none luks,discard,x-ucrypt-device=ublk,tries=5,timeout=30s\n"),
             "ucrypt open --type luks --timeout=30 --tries=5 --allow-discards --device=ublk -- \
              /dev/null data"
+        );
+        assert_eq!(
+            argv("fast /dev/null none luks,x-ucrypt-device=ublk,x-ucrypt-ublk-poll=200\n"),
+            "ucrypt open --type luks --device=ublk --ublk-poll=200 -- /dev/null fast"
         );
         assert_eq!(
             argv(

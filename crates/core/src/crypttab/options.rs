@@ -147,6 +147,8 @@ pub struct Options {
     pub device_timeout: Option<Duration>,
     /// `x-ucrypt-device=`: the front end (default: `ucrypt open`'s automatic choice).
     pub frontend: Option<Frontend>,
+    /// `x-ucrypt-ublk-poll=USECS`: ublk's hybrid polling (`open --ublk-poll`).
+    pub ublk_poll: Option<u32>,
 }
 
 impl Default for Options {
@@ -183,6 +185,7 @@ impl Default for Options {
             netdev: false,
             device_timeout: None,
             frontend: None,
+            ublk_poll: None,
         }
     }
 }
@@ -336,6 +339,16 @@ pub(super) fn parse(items: &[String]) -> Result<Options, String> {
             "_netdev" if value.is_none() => o.netdev = true,
             "x-systemd.device-timeout" => o.device_timeout = Some(duration(key, need()?)?),
             "x-ucrypt-device" => o.frontend = Some(frontend(need()?)?),
+            "x-ucrypt-ublk-poll" => {
+                let v = need()?;
+                let us: u32 = number(key, v)?;
+                if !(1..=100_000).contains(&us) {
+                    return Err(format!(
+                        "{key}={v}: microseconds out of range (1 to 100000)"
+                    ));
+                }
+                o.ublk_poll = Some(us);
+            }
             _ => {
                 if let Some((_, why)) = REFUSED.iter().find(|(name, _)| *name == key) {
                     return Err(format!("option {item} is not supported: {why}"));
@@ -351,6 +364,11 @@ pub(super) fn parse(items: &[String]) -> Result<Options, String> {
         ));
     }
     check(&o)?;
+    if o.ublk_poll.is_some() && o.frontend.is_some_and(|f| f != Frontend::Ublk) {
+        return Err(
+            "option x-ucrypt-ublk-poll= needs x-ucrypt-device=ublk (or no x-ucrypt-device=)".into(),
+        );
+    }
     Ok(o)
 }
 
@@ -612,6 +630,13 @@ mod tests {
         assert!(p("x-ucrypt-device=vdpa")
             .unwrap_err()
             .contains("unknown front end"));
+        assert_eq!(
+            p("x-ucrypt-device=ublk,x-ucrypt-ublk-poll=200")
+                .unwrap()
+                .ublk_poll,
+            Some(200)
+        );
+        assert_eq!(p("x-ucrypt-ublk-poll=1").unwrap().ublk_poll, Some(1));
         assert_eq!(p("").unwrap(), Options::default());
         assert!(!p("noauto,auto").unwrap().noauto);
     }
@@ -637,6 +662,26 @@ mod tests {
             ),
             ("tpm2-pcrs=7", "option tpm2-pcrs=7 is not supported"),
             ("x-ucrypt-device=loop", "unknown front end"),
+            (
+                "x-ucrypt-ublk-poll=0",
+                "x-ucrypt-ublk-poll=0: microseconds out of range (1 to 100000)",
+            ),
+            (
+                "x-ucrypt-ublk-poll=100001",
+                "x-ucrypt-ublk-poll=100001: microseconds out of range",
+            ),
+            (
+                "x-ucrypt-ublk-poll=fast",
+                "x-ucrypt-ublk-poll=fast: not a number",
+            ),
+            (
+                "x-ucrypt-ublk-poll",
+                "option x-ucrypt-ublk-poll needs a value",
+            ),
+            (
+                "x-ucrypt-device=nbd,x-ucrypt-ublk-poll=50",
+                "option x-ucrypt-ublk-poll= needs x-ucrypt-device=ublk",
+            ),
             ("luks,plain", "more than one volume type"),
             ("cipher=aes-xts-plain64", "option cipher= is for plain"),
             ("luks,size=256", "option size= is for plain"),
