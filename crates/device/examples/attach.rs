@@ -108,8 +108,21 @@ fn run() -> Result<(), String> {
     let logical_block = table.sector_size_bytes();
     let export: ucrypt_device::Export = match arg_value(&args, "--export").as_deref() {
         None | Some("volume") => Arc::new(volume),
-        Some("raw") if table.offset_bytes() == 0 => backend,
-        Some("raw") => return Err("--export raw: the table's offset must be 0".into()),
+        // The raw export is the whole device: only a table that maps all of it from 0.
+        Some("raw")
+            if table.offset_bytes() == 0 && table.length_bytes() == backend.info().size_bytes =>
+        {
+            backend
+        }
+        Some("raw") => {
+            return Err(format!(
+                "--export raw: the table must map the whole device from offset 0 \
+                 ({} bytes at {}; the device has {})",
+                table.length_bytes(),
+                table.offset_bytes(),
+                backend.info().size_bytes
+            ))
+        }
         Some("zero") => Arc::new(ucrypt_backend::zero::ZeroBackend::new(table.length_bytes())),
         Some(other) => return Err(format!("--export: {other} (volume, raw or zero)")),
     };
