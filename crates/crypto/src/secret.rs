@@ -500,21 +500,40 @@ mod tests {
     use super::*;
 
     /// A fresh private anonymous page, so the kernel's lock count for it is not disturbed
-    /// by tests running alongside; the caller unmaps it.
+    /// by tests running alongside; the caller frees it with [`free_page`]. It sits between
+    /// two inaccessible guard pages: without them the kernel may merge it with another
+    /// test's page mapped right beside it (same flags, both locked), and `/proc/self/smaps`
+    /// then shows one two-page mapping (8 kB locked, or a start address that is not ours).
     fn own_page() -> *mut libc::c_void {
-        // SAFETY: a fresh private anonymous mapping of one page; nothing else refers to it.
+        let page = page_size();
+        // SAFETY: a fresh private anonymous mapping of three pages; nothing else refers
+        // to it.
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                page_size(),
-                libc::PROT_READ | libc::PROT_WRITE,
+                3 * page,
+                libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
         assert_ne!(map, libc::MAP_FAILED);
-        map
+        // SAFETY: the middle page of the mapping just made, made accessible; the guards
+        // keep PROT_NONE, so its mapping can merge with neither neighbour.
+        let mid = unsafe { map.cast::<u8>().add(page) }.cast::<libc::c_void>();
+        // SAFETY: `mid` is page-aligned and inside the three-page mapping above.
+        let rc = unsafe { libc::mprotect(mid, page, libc::PROT_READ | libc::PROT_WRITE) };
+        assert_eq!(rc, 0);
+        mid
+    }
+
+    /// Unmaps a page of [`own_page`] with its guards.
+    fn free_page(mid: *mut libc::c_void) {
+        let page = page_size();
+        // SAFETY: `mid` came from `own_page`: one page past the start of a three-page
+        // mapping of ours, which nothing uses any more.
+        unsafe { libc::munmap(mid.cast::<u8>().sub(page).cast(), 3 * page) };
     }
 
     /// The kernel's `Locked:` figure (kB) for the mapping that starts at `addr`.
@@ -552,8 +571,8 @@ mod tests {
         );
         unlock(b);
         assert_eq!(kernel_locked_kb(addr), 0, "the last holder unlocked it");
-        // SAFETY: unmapping the page mapped above; no borrow of it is used after this.
-        unsafe { libc::munmap(map, page_size()) };
+        // No borrow of the page is used after this.
+        free_page(map);
     }
 
     #[test]
@@ -590,8 +609,8 @@ mod tests {
         );
         unlock(other);
         assert_eq!(kernel_locked_kb(addr), 0);
-        // SAFETY: unmapping the page mapped above; no borrow of it is used after this.
-        unsafe { libc::munmap(map, page_size()) };
+        // No borrow of the page is used after this.
+        free_page(map);
     }
 
     /// A LockedBox locks the pages of its value on the heap (not of the Box pointer on
