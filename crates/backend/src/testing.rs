@@ -487,6 +487,8 @@ pub struct AsyncThreads {
     fail: Arc<std::sync::atomic::AtomicBool>,
     /// Requests accepted so far.
     pub accepted: Arc<std::sync::atomic::AtomicU64>,
+    /// Requests completed so far (counted just before their `done` is called).
+    pub completed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl AsyncThreads {
@@ -495,9 +497,11 @@ impl AsyncThreads {
         let (tx, rx) = std::sync::mpsc::channel::<AsyncIo>();
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let completed = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let handles = (0..threads.max(1))
             .map(|t| {
                 let (rx, inner, fail) = (Arc::clone(&rx), Arc::clone(&inner), Arc::clone(&fail));
+                let completed = Arc::clone(&completed);
                 std::thread::spawn(move || {
                     let mut seed = 0x9e37_79b9_u64 ^ t as u64;
                     loop {
@@ -528,6 +532,8 @@ impl AsyncThreads {
                                 AsyncOp::Write => inner.write_at(&buf[..len], offset, false),
                             }
                         };
+                        // Counted before `done`: whoever waits for `done` sees it.
+                        completed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         done(buf, r);
                     }
                 })
@@ -539,6 +545,7 @@ impl AsyncThreads {
             threads: std::sync::Mutex::new(handles),
             fail,
             accepted: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            completed,
         }
     }
 

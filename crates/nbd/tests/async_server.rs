@@ -178,7 +178,14 @@ fn many_client_threads_pass_the_conformance_suites() {
 
 #[test]
 fn a_client_that_hangs_up_with_requests_in_flight_leaves_the_server_serving() {
-    let (server, _a, _mem) = start(1 << 20);
+    let mem = Arc::new(MemoryBackend::new(1 << 20).unwrap());
+    let a = Arc::new(AsyncThreads::new(mem, 4));
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let opts = ServeOptions {
+        connections: open.clone(),
+        ..ServeOptions::default()
+    };
+    let server = Server::start(a.clone(), opts);
     for round in 0..4u64 {
         let mut s = server.connect();
         go(&mut s, false);
@@ -196,6 +203,25 @@ fn a_client_that_hangs_up_with_requests_in_flight_leaves_the_server_serving() {
         }
         drop(s);
     }
+    // The hung-up clients' connections end, and a connection ends only once every
+    // request it submitted has completed (none is lost or stuck holding it). Only then is
+    // the block's content defined: NBD orders nothing between an unacknowledged write and
+    // another connection's requests, so a write still in flight from a hung-up client may
+    // land after a new client's.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while open.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(
+        open.load(Ordering::SeqCst),
+        0,
+        "hung-up connections still open"
+    );
+    assert_eq!(
+        a.completed.load(Ordering::SeqCst),
+        a.accepted.load(Ordering::SeqCst),
+        "a hung-up client's connection ended with requests in flight"
+    );
     let mut s = server.connect();
     go(&mut s, false);
     request(&mut s, NBD_CMD_WRITE, 0, 1, 0, 4096, &block(7));
