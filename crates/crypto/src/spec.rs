@@ -768,6 +768,13 @@ mod tests {
                 });
             }
             // Why the generic path burns: its lane alone leaves the key below the caller.
+            // Checked in unoptimised builds only: there it does; an optimised build
+            // (`--release`, rustc 1.95, x86-64) keeps these round keys out of memory, but
+            // that is the optimiser's choice of the day (another target, compiler or AES
+            // backend may spill), so the burn stays in every build.
+            if !cfg!(debug_assertions) {
+                return;
+            }
             let key = [0x3cu8; 32];
             let s: CipherSpec = "aes-cbc-essiv:sha256".parse().unwrap();
             let lane = s.lane(&key, &key, &[], params(4096)).unwrap();
