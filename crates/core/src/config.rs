@@ -59,7 +59,7 @@ pub struct PerfOptions {
 impl PerfOptions {
     /// The libcryptsetup activation flags of the dm-crypt placement options, as
     /// cryptsetup stores them in a LUKS2 header on `open --persistent`
-    /// ([`crate::luks::set_persistent_flags`]).
+    /// ([`crate::luks::store_persistent_flags`]).
     pub fn activation_flags(&self) -> u32 {
         let mut f = 0;
         for (on, flag) in [

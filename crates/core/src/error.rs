@@ -23,7 +23,7 @@
 //!
 //! `Context` keeps the messages users see as they were with `anyhow`: each context is one
 //! link of the [`std::error::Error::source`] chain, and the CLI prints the chain joined by
-//! `": "`. The [`Context`] trait and the [`anyhow!`](crate::anyhow) / [`bail!`](crate::bail)
+//! `": "`. The [`Context`] trait and the [`anyhow!`](macro@anyhow) / [`bail!`](macro@bail)
 //! macros keep anyhow's names so the code reads as before (they build an
 //! [`Error::Invalid`]); nothing here depends on the `anyhow` crate.
 

@@ -1,7 +1,7 @@
 //! # ucrypt: dm-crypt rebuilt in userspace
 //!
 //! The library behind the `ucrypt` command (package `ucrypt-cli`): it assembles the layers
-//! (table line or unlocked header → [`format::Mapping`](ucrypt_format::Mapping) → backends
+//! (table line or unlocked header → [`format::Mapping`] → backends
 //! and [`ucrypt_engine::Volume`]) and runs named instances, so the command only parses,
 //! prompts and prints.
 //!

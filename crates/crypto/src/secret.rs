@@ -149,7 +149,7 @@ impl ForeignLock {
     /// Locks the pages of `[ptr, ptr + len)`, the range of an allocation its owner will
     /// keep at this address until [`ForeignLock::zero_and_unlock`]. Safe: locking only
     /// takes the address (nothing is read or written); the kernel refusing
-    /// (`RLIMIT_MEMLOCK`) leaves it unlocked, [`ForeignLock::is_locked`] false.
+    /// (`RLIMIT_MEMLOCK`) leaves it unlocked, `ForeignLock::is_locked` (a test helper) false.
     pub(crate) fn new(ptr: *mut u8, len: usize) -> Self {
         let locked = lock_range(ptr, len);
         ForeignLock { ptr, len, locked }

@@ -2321,7 +2321,7 @@ pub fn format(
     format_on(inner, None, sb, geo, opts, wipe)
 }
 
-/// [`format`] with a separate metadata device: the superblock, the journal and the tags on
+/// [`format()`] with a separate metadata device: the superblock, the journal and the tags on
 /// `meta`, the data (wiped with `wipe`) on `data`, as the kernel formats a table with
 /// `meta_device:` (`integritysetup format META --data-device DATA`): superblock version 2
 /// or more, interleave 0, no metadata padding, the journal as big as asked if it fits

@@ -7,7 +7,7 @@
 //! every method. [`crate::header::crypt_device`] and [`crate::header::load_luks`] open
 //! one; the commands' decisions on top of those calls are here: [`keyslots`] (adding,
 //! changing, converting and destroying keyslots), [`tokens`] (the `token` action), [`dump`] (`luksDump`),
-//! [`header`] (actions on the header as a whole, backup and restore), [`format`]
+//! [`header`] (actions on the header as a whole, backup and restore), [`format`](mod@format)
 //! (`luksFormat`, with `--integrity`), and below, the
 //! persistent flags, erasing every keyslot and the data-cipher check.
 

@@ -378,7 +378,7 @@ fn write_direct(
 const WRITE_PIECE: usize = 4 << 20;
 
 /// How many nice levels the `journal` pass's re-encrypting threads run below its I/O
-/// thread ([`transform`]). Each step of the I/O thread's chain (write, sync, header copy,
+/// thread ([`EngineOptions::worker_nice`]). Each step of the I/O thread's chain (write, sync, header copy,
 /// sync, ...) starts when the previous one's system call returns, so a woken I/O thread
 /// that waits for a CPU the re-encrypting threads hold delays the whole chain. `journal`,
 /// whose chain is its bound (its I/O thread was busy 1.28 s of a 1.45 s run), fell from

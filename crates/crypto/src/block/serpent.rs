@@ -11,7 +11,7 @@
 //! the vector units two-thirds idle (1.35x measured; four side by side gained nothing). The circuits are Osvik's ("Speeding up
 //! Serpent"), taken over from the `serpent` crate (MIT/Apache-2.0) unchanged except for
 //! being generic over the word type; the key schedule and the round structure follow the
-//! Serpent paper and that crate. The vectorisation is left to the compiler: [`Lanes`] is a
+//! Serpent paper and that crate. The vectorisation is left to the compiler: [`simd::Lanes`] is a
 //! plain array with per-lane operators, compiled once per instruction set behind
 //! `#[target_feature]` and picked at key setup by run-time CPU detection; the portable build
 //! of the same code is the fallback.

@@ -139,7 +139,7 @@ fn store_words(words: &[u32], sector: &mut [u8]) {
     }
 }
 
-/// `diffuser_a_decrypt` (the read direction): forward pass, d[i] += d[i−2] ⊕ rot(d[i−5]).
+/// `diffuser_a_decrypt` (the read direction): forward pass, `d[i] += d[i−2] ⊕ rot(d[i−5])`.
 fn diffuser_a_decrypt(d: &mut [u32]) {
     let mask = d.len() - 1;
     let n = d.len();
@@ -163,7 +163,7 @@ fn diffuser_a_encrypt(d: &mut [u32]) {
     }
 }
 
-/// `diffuser_b_decrypt` (the read direction): forward pass, d[i] += d[i+2] ⊕ rot(d[i+5]).
+/// `diffuser_b_decrypt` (the read direction): forward pass, `d[i] += d[i+2] ⊕ rot(d[i+5])`.
 fn diffuser_b_decrypt(d: &mut [u32]) {
     let mask = d.len() - 1;
     let n = d.len();

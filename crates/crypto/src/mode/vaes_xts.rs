@@ -396,7 +396,7 @@ unsafe fn xts<const R: usize, const DEC: bool>(
 /// little-endian, in the first 8 of 16 bytes). Encrypts four units' tweaks in one register,
 /// and broadcasts the round keys once per call instead of once per unit: at 4 KiB units
 /// that per-unit work was a tenth of the time. Units of whole 512-byte steps (every
-/// dm-crypt sector size) take the pipelined [`xts_plain64_steps`]; this loop, one [`unit`]
+/// dm-crypt sector size) take the pipelined [`xts_plain64_steps`]; this loop, one [`unit()`]
 /// after another, keeps the others.
 ///
 /// # Safety
