@@ -123,6 +123,10 @@ fn read_line() -> Result<Secret, CliError> {
     let mut line = Secret::new();
     let mut stdin = std::io::stdin().lock();
     loop {
+        // A signal caught before the read blocks would otherwise wait for the next one.
+        if PROMPT_INTERRUPTED.load(Ordering::SeqCst) {
+            return Err(interrupted());
+        }
         let avail = match stdin.fill_buf() {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
@@ -201,6 +205,9 @@ fn wait_for_line() -> Result<(), CliError> {
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs.into());
     loop {
+        if PROMPT_INTERRUPTED.load(Ordering::SeqCst) {
+            return Err(interrupted());
+        }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
             return Err(anyhow::anyhow!(
@@ -231,11 +238,13 @@ fn wait_for_line() -> Result<(), CliError> {
 fn prompt_tty(prompt: &str) -> Result<Secret, CliError> {
     use std::io::Write;
     let mut err = std::io::stderr();
-    let _ = write!(err, "{prompt}");
-    let _ = err.flush();
     let line = {
+        // Signals are caught and echo is off before the prompt shows: a Ctrl-C as soon as
+        // it appears ends the prompt as one pressed later does, and nothing typed echoes.
         let _signals = PromptSignals::new();
         let _guard = NoEcho::new(libc::STDIN_FILENO);
+        let _ = write!(err, "{prompt}");
+        let _ = err.flush();
         wait_for_line().and_then(|()| read_line())
     };
     let _ = writeln!(err);
@@ -384,11 +393,15 @@ pub(crate) fn confirm_or(
         .code(code);
     }
     eprintln!("\nWARNING!\n========\n{warning}.\n");
-    eprint!("Are you sure? (Type 'yes' in capital letters): ");
     let mut answer = String::new();
     {
         let _signals = PromptSignals::new();
+        eprint!("Are you sure? (Type 'yes' in capital letters): ");
         loop {
+            if PROMPT_INTERRUPTED.load(Ordering::SeqCst) {
+                eprintln!();
+                return Err(interrupted());
+            }
             match std::io::stdin().read_line(&mut answer) {
                 Ok(_) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
