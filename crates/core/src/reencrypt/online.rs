@@ -144,15 +144,18 @@ pub(crate) fn run(
     let request = Request::Reencrypt {
         hotzone: a.hotzone_size,
     };
+    // Stop requests are caught from before the pass starts: a Ctrl-C between the
+    // instance's answer and `follow` must stop the pass, not end this process with the
+    // pass running on in the instance.
+    progress.watch();
     call(&p, &request, Some(&passphrase), Duration::from_secs(600))?;
     drop(passphrase);
     follow(&p, name, &served, progress)
 }
 
 /// Follows the pass through the instance's status until it ends, asking it to stop once
-/// the caller asks.
+/// the caller asks (the caller has called [`Progress::watch`]).
 fn follow(p: &Paths, name: &str, served: &Path, progress: &mut dyn Progress) -> Result<()> {
-    progress.watch();
     let device = served.display().to_string();
     let read = |p| -> Result<Reencryption> {
         match call(p, &Request::Status, None, Duration::from_secs(10))? {
