@@ -261,7 +261,6 @@ fn accept_loop(
             c.current = None;
             c.session = None;
         }
-        connected.store(false, Ordering::SeqCst);
         // Dropping the daemon stops its queue threads. Whatever the VM wrote reaches the
         // device even if it went away without a flush.
         drop(daemon);
@@ -269,6 +268,10 @@ fn accept_loop(
         if let Err(e) = shared.export.flush() {
             eprintln!("ucrypt: vhost-user: flushing after the VM left: {e}");
         }
+        // In use until the connection's threads and descriptors are gone and its writes
+        // flushed: whoever waits for "not in use" (close, a test counting descriptors)
+        // finds nothing of it left.
+        connected.store(false, Ordering::SeqCst);
     }
 }
 
