@@ -578,7 +578,16 @@ fn close_deferred_and_cancel_deferred() {
     assert!(out.status.success(), "{out:?}");
     let _ = client.kill();
     let _ = client.wait();
-    std::thread::sleep(std::time::Duration::from_millis(1000));
+    // The server sees the client gone (no longer "in use"), and stays: cancelled.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stdout(&ucrypt(&run, &["integritysetup", "status", "dvol"])).contains("in use") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still in use after its client died"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
     assert!(
         run.join("dvol").exists(),
         "cancelled: it outlives its client"

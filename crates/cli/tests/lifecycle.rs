@@ -622,9 +622,15 @@ fn a_dead_servers_directory_is_recognised_and_cleaned() {
     assert!(!rt.dir().join("dead").exists());
     // The lock died with the server: the image opens again under the same name.
     rt.ok(&["open", "--table", &t, "dead", "--device", dev], b"");
+    let pid = rt.pid("dead");
     // SAFETY: as above.
-    unsafe { libc::kill(rt.pid("dead"), libc::SIGKILL) };
-    std::thread::sleep(Duration::from_millis(200));
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    // Its lock goes when its files are closed: wait for it to be gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // open meets the debris and cleans it too.
     rt.ok(&["open", "--table", &t, "dead", "--device", "none"], b"");
     assert_eq!(rt.ok(&["ls", "--json"], b"").matches("\"name\"").count(), 1);
@@ -2168,15 +2174,17 @@ fn stuck_or_hostile_control_clients_delay_no_one() {
     let st = rt.status("busy");
     let took = t0.elapsed();
     assert_eq!(st["name"], "busy", "{st}");
+    // Below the control socket's 5 s request deadline (what one stuck client served in
+    // turn would cost), with room for a loaded machine's process start.
     assert!(
-        took < Duration::from_secs(2),
+        took < Duration::from_secs(4),
         "status took {took:?} behind stuck clients"
     );
     let t0 = Instant::now();
     rt.ok(&["close", "busy"], b"");
     let took = t0.elapsed();
     assert!(
-        took < Duration::from_secs(3),
+        took < Duration::from_millis(4500),
         "close took {took:?} behind stuck clients"
     );
     wait_gone(&rt, "busy");

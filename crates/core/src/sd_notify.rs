@@ -14,12 +14,17 @@ pub fn notify(state: &str) -> std::io::Result<bool> {
     let Some(socket) = std::env::var_os("NOTIFY_SOCKET") else {
         return Ok(false);
     };
-    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(socket.as_os_str());
+    send(&socket, state).map(|()| true)
+}
+
+/// Sends `state` to the socket `$NOTIFY_SOCKET` names (`socket`).
+fn send(socket: &std::ffi::OsStr, state: &str) -> std::io::Result<()> {
+    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(socket);
     let addr = match bytes.split_first() {
         Some((b'@', name)) => {
             <SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name)?
         }
-        Some((b'/', _)) => SocketAddr::from_pathname(&socket)?,
+        Some((b'/', _)) => SocketAddr::from_pathname(socket)?,
         _ => {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -29,7 +34,7 @@ pub fn notify(state: &str) -> std::io::Result<bool> {
     };
     let sock = UnixDatagram::unbound()?;
     sock.send_to_addr(state.as_bytes(), &addr)?;
-    Ok(true)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -46,19 +51,16 @@ mod tests {
             <SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(name.as_bytes())
                 .unwrap();
         let rx2 = UnixDatagram::bind_addr(&abs).unwrap();
-        // The environment is the process's: both cases in one test, nothing else reads it.
-        std::env::set_var("NOTIFY_SOCKET", &path);
-        assert!(notify("READY=1\nSTATUS=up").unwrap());
+        // `send`, not `notify`: setting the process's environment while other tests'
+        // threads may read it from C (getenv) is not safe.
+        assert!(send(path.as_os_str(), "READY=1\nSTATUS=up").is_ok());
         let mut buf = [0u8; 64];
         let n = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"READY=1\nSTATUS=up");
-        std::env::set_var("NOTIFY_SOCKET", format!("@{name}"));
-        assert!(notify("STOPPING=1").unwrap());
+        assert!(send(format!("@{name}").as_ref(), "STOPPING=1").is_ok());
         let n = rx2.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"STOPPING=1");
-        std::env::set_var("NOTIFY_SOCKET", "relative");
-        assert!(notify("READY=1").is_err());
-        std::env::remove_var("NOTIFY_SOCKET");
-        assert!(!notify("READY=1").unwrap());
+        let e = send("relative".as_ref(), "READY=1").unwrap_err();
+        assert!(e.to_string().contains("neither a path"), "{e}");
     }
 }

@@ -117,8 +117,9 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    /// Whether `f`, run on a thread of its own, finishes within 200 ms (it must finish at
-    /// some point: the scope waits for it).
+    /// Whether `f`, run on a thread of its own, finishes while the caller still holds its
+    /// guards (within 10 s: a loaded machine may start the thread late; one that waits for
+    /// a guard would wait forever, the scope joining it).
     fn runs_while_held(lock: &RangeLock, f: impl FnOnce(&RangeLock) + Send) -> bool {
         let (tx, rx) = mpsc::channel();
         std::thread::scope(|s| {
@@ -126,8 +127,28 @@ mod tests {
                 f(lock);
                 tx.send(()).unwrap_or(());
             });
-            rx.recv_timeout(Duration::from_millis(200)).is_ok()
+            rx.recv_timeout(Duration::from_secs(10)).is_ok()
         })
+    }
+
+    /// Waits (up to 10 s) until `n` threads wait in `lock`.
+    fn wait_for_waiters(lock: &RangeLock, n: usize) {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let waiting = lock
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .waiting;
+            if waiting >= n {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "{waiting} of {n} waiting"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]
@@ -176,7 +197,8 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(50));
                 drop(g);
             });
-            std::thread::sleep(Duration::from_millis(50));
+            // W waits (for A) before B asks: without that, B would only overlap A.
+            wait_for_waiters(&lock, 1);
             s.spawn(|| {
                 let g = lock.lock(8, 9, false).unwrap();
                 btx.send(()).unwrap();
