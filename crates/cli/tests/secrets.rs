@@ -268,9 +268,25 @@ fn core_dumps_are_off_in_every_command_that_holds_keys() {
     let fields: Vec<&str> = core.split_whitespace().collect();
     assert_eq!((fields[4], fields[5]), ("0", "0"), "{core}");
     served.stop();
-    // The library call itself, in this process.
-    ucrypt::secure::disable_core_dumps().unwrap();
-    assert!(ucrypt::secure::core_dumps_disabled());
+    // The library call itself, in a child of this process: a process that is not
+    // dumpable has a root-owned /proc/self/mem, which the memory scan of another test of
+    // this binary, running meanwhile, could then not open unless run as root.
+    // SAFETY: the child only makes system calls (no allocation, no lock) and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        let ok =
+            ucrypt::secure::disable_core_dumps().is_ok() && ucrypt::secure::core_dumps_disabled();
+        // SAFETY: ends the child without running the parent's destructors or exit hooks.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above; `status` is ours.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "core dumps not off after disable_core_dumps (status {status:#x})"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
