@@ -610,11 +610,7 @@ fn a_dead_servers_directory_is_recognised_and_cleaned() {
     let pid = rt.pid("dead");
     // SAFETY: kill(2) on the server this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(exits_within(pid, 10), "killed server {pid} lingers");
     assert!(rt.dir().join("dead").exists(), "the debris is there");
     // status does not trust it, and cleans it.
     let out = rt.uc(&["status", "dead"], b"");
@@ -626,11 +622,7 @@ fn a_dead_servers_directory_is_recognised_and_cleaned() {
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     // Its lock goes when its files are closed: wait for it to be gone.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(exits_within(pid, 10), "killed server {pid} lingers");
     // open meets the debris and cleans it too.
     rt.ok(&["open", "--table", &t, "dead", "--device", "none"], b"");
     assert_eq!(rt.ok(&["ls", "--json"], b"").matches("\"name\"").count(), 1);
