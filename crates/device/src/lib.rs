@@ -415,6 +415,11 @@ mod tests {
         let detach = |n: &str| {
             let _ = Command::new("losetup").args(["-d", n]).status();
         };
+        // udev's probe of the new device (blkid) holds it open for a moment: let it end.
+        let _ = Command::new("udevadm")
+            .args(["settle", "--timeout=10"])
+            .stderr(std::process::Stdio::null())
+            .status();
         let free = block_device_in_use(node.as_ref());
         let holder = Command::new("sh")
             .args(["-c", &format!("exec sleep 30 < {node}")])
