@@ -378,15 +378,15 @@ fn write_direct(
 const WRITE_PIECE: usize = 4 << 20;
 
 /// How many nice levels the `journal` pass's re-encrypting threads run below its I/O
-/// thread ([`EngineOptions::worker_nice`]). Each step of the I/O thread's chain (write, sync, header copy,
-/// sync, ...) starts when the previous one's system call returns, so a woken I/O thread
-/// that waits for a CPU the re-encrypting threads hold delays the whole chain. `journal`,
-/// whose chain is its bound (its I/O thread was busy 1.28 s of a 1.45 s run), fell from
-/// 2.02 to 1.85 s (512 MiB, medians of 7 interleaved runs, load 9.7; in one traced run
-/// each its header updates took 0.54 s without, 0.29 s with); `checksum`, bound by the
-/// re-encrypting threads' CPU at that load, moved within the noise (0.67-4.07 s for one
-/// binary), and keeps its threads' priority: under load its bound is their CPU time, which
-/// a lower priority would give to other processes.
+/// thread ([`EngineOptions::worker_nice`]). Each step of the I/O thread's chain (write,
+/// sync, header copy, sync, ...) starts when the previous one's system call returns, so a
+/// woken I/O thread that waits for a CPU the re-encrypting threads hold delays the whole
+/// chain. `journal`, whose chain is its bound (its I/O thread was busy 1.28 s of a 1.45 s
+/// run), fell from 2.02 to 1.85 s (512 MiB, medians of 7 interleaved runs, load 9.7; in one
+/// traced run each its header updates took 0.54 s without, 0.29 s with); `checksum`, bound
+/// by the re-encrypting threads' CPU at that load, moved within the noise (0.67-4.07 s for
+/// one binary), and keeps its threads' priority: under load its bound is their CPU time,
+/// which a lower priority would give to other processes.
 const WORKER_NICE: i32 = 2;
 
 /// Bytes one thread reads, converts and (resilience `none`) writes at a time (the
