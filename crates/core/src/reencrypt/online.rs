@@ -3,9 +3,9 @@
 //! reencryption metadata (libcryptsetup, as offline) unless it is there already, hands the
 //! passphrase to the instance, which runs the data pass while its clients keep reading and
 //! writing (`crate::instance`'s `online` module), and follows the pass through the
-//! instance's status. A stop request stops the pass after its current hotzone; the instance keeps
-//! serving both keys, and a later run (or an offline `--resume-only` after `close`)
-//! finishes it.
+//! instance's status. A stop request stops the pass after its current hotzone; the
+//! instance keeps serving both keys, and a later run (or an offline `--resume-only` after
+//! `close`) finishes it.
 
 use super::init;
 use super::interact::{Level, Notice, PassKind, Progress, Summary};
